@@ -1,0 +1,1 @@
+"""Public functional API: validation and dispatch to kernels or references."""

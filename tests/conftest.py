@@ -1,0 +1,46 @@
+"""Test-suite set-up.
+
+Without a GPU, kernel tests run through the Triton interpreter, so
+``TRITON_INTERPRET=1`` is set here, before anything imports ``triton``.
+Tests marked ``cuda`` are skipped when no CUDA device is present.
+"""
+import os
+import random
+import zlib
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device():
+    """The device kernel tests run on: CUDA when present, else CPU (interpreter)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# Fresh random inputs on every run; set MEGAMOE_TEST_SEED to replay a run.
+RUN_SEED = int(os.environ.get("MEGAMOE_TEST_SEED", random.randrange(2**31)))
+
+
+def pytest_report_header(config):
+    return f"megamoe test seed: MEGAMOE_TEST_SEED={RUN_SEED}"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request):
+    """Seed torch from the run seed and the test's node id."""
+    torch.manual_seed(RUN_SEED ^ zlib.crc32(request.node.nodeid.encode()))
+    yield

@@ -1,0 +1,9 @@
+"""nvfp4-megamoe: NVFP4 inference kernels for DeepSeek-V4-class mixture-of-experts models.
+
+On Hopper (sm_90) the kernels decode FP4 weights exactly to bf16 inside Triton
+kernels and use the bf16 tensor cores; on CPU the same public functions run the
+pure-PyTorch references (or the Triton interpreter with ``TRITON_INTERPRET=1``).
+"""
+__version__ = "0.1.0"
+
+from .format import NVFP4Tensor  # noqa: F401

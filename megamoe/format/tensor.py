@@ -1,0 +1,95 @@
+"""The NVFP4 tensor container."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .constants import BLOCK_SIZE
+
+
+@dataclass
+class NVFP4Tensor:
+    """An NVFP4-quantized tensor of logical shape ``shape = (..., K)``.
+
+    Attributes:
+        data: uint8 ``(..., K // 2)``; two E2M1 codes per byte, low nibble =
+            even element (bit 3 of each nibble is the sign).
+        block_scale: torch.float8_e4m3fn ``(..., K // 16)``, plain row-major, one
+            scale per 16 consecutive elements along K.
+        global_scale: float32 tensor, 0-d (per tensor) or broadcastable to
+            ``shape[:-1] + (1,)`` (per row; ``(E, 1, 1)`` per expert for stacked
+            ``(E, N, K)`` weights).
+        shape: the logical shape ``(..., K)``.
+
+    Decoded value: ``e2m1(code) * (block_scale * global_scale)`` in float32.
+    """
+
+    data: torch.Tensor
+    block_scale: torch.Tensor
+    global_scale: torch.Tensor
+    shape: torch.Size
+
+    def __post_init__(self):
+        self.shape = torch.Size(self.shape)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check dtypes and shapes (host metadata only, never device values)."""
+        if not isinstance(self.data, torch.Tensor) or self.data.dtype != torch.uint8:
+            raise TypeError(f"data: expected a uint8 tensor, got {getattr(self.data, 'dtype', type(self.data))}")
+        if not isinstance(self.block_scale, torch.Tensor) or self.block_scale.dtype != torch.float8_e4m3fn:
+            raise TypeError(
+                "block_scale: expected a torch.float8_e4m3fn tensor, got "
+                f"{getattr(self.block_scale, 'dtype', type(self.block_scale))}"
+            )
+        if not isinstance(self.global_scale, torch.Tensor) or self.global_scale.dtype != torch.float32:
+            raise TypeError(
+                "global_scale: expected a float32 tensor, got "
+                f"{getattr(self.global_scale, 'dtype', type(self.global_scale))}"
+            )
+        if len(self.shape) < 1:
+            raise ValueError("shape: expected at least one dimension (..., K)")
+        k = self.shape[-1]
+        if k % BLOCK_SIZE:
+            raise ValueError(f"shape: last dimension K={k} must be a multiple of {BLOCK_SIZE}")
+        lead = tuple(self.shape[:-1])
+        if tuple(self.data.shape) != lead + (k // 2,):
+            raise ValueError(f"data: expected shape {lead + (k // 2,)}, got {tuple(self.data.shape)}")
+        if tuple(self.block_scale.shape) != lead + (k // BLOCK_SIZE,):
+            raise ValueError(
+                f"block_scale: expected shape {lead + (k // BLOCK_SIZE,)}, got {tuple(self.block_scale.shape)}"
+            )
+        if self.global_scale.dim() != 0:
+            row_shape = lead + (1,)
+            gs = tuple(self.global_scale.shape)
+            ok = len(gs) == len(row_shape) and all(g in (1, r) for g, r in zip(gs, row_shape)) and gs[-1] == 1
+            if not ok:
+                raise ValueError(
+                    f"global_scale: expected a 0-d tensor or a shape broadcastable to {row_shape} "
+                    f"with last dimension 1, got {gs}"
+                )
+        devices = {self.data.device, self.block_scale.device, self.global_scale.device}
+        if len(devices) != 1:
+            raise ValueError(f"data, block_scale and global_scale must share one device, got {devices}")
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def per_tensor(self) -> bool:
+        """True when one global scale covers the whole tensor."""
+        return self.global_scale.numel() == 1
+
+    def to(self, device) -> "NVFP4Tensor":
+        """Copy to ``device`` (not for hot paths)."""
+        return NVFP4Tensor(
+            self.data.to(device), self.block_scale.to(device), self.global_scale.to(device), self.shape
+        )
+
+    def nbytes(self) -> int:
+        """Bytes of packed data + block scales + global scales."""
+        return (
+            self.data.numel() + self.block_scale.numel() + 4 * self.global_scale.numel()
+        )

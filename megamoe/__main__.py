@@ -1,0 +1,5 @@
+import sys
+
+from megamoe.cli import main
+
+sys.exit(main())

@@ -7,3 +7,4 @@ pure-PyTorch references (or the Triton interpreter with ``TRITON_INTERPRET=1``).
 __version__ = "0.1.0"
 
 from .format import NVFP4Tensor  # noqa: F401
+from .ops.gemm import interleave_gate_up, nvfp4_grouped_mm, nvfp4_linear  # noqa: F401

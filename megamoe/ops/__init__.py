@@ -1,1 +1,2 @@
 """Public functional API: validation and dispatch to kernels or references."""
+from .gemm import interleave_gate_up, nvfp4_grouped_mm, nvfp4_linear  # noqa: F401

@@ -1,0 +1,321 @@
+"""NVFP4 weight x bf16 activation GEMMs for Hopper: dense and grouped (MoE experts).
+
+One kernel family, one launcher (:func:`launch_nvfp4_gemm`).
+
+Hopper has no FP4 tensor cores, so each program loads packed E2M1 weight bytes
+and their E4M3 block scales, decodes them *exactly* to bf16 in registers
+(``e2m1 * block_scale`` has at most 6 significant bits, so the bf16 product is
+exact), and feeds the bf16 tensor cores with ``tl.dot`` (fp32 accumulation).
+The per-tensor / per-expert / per-row ``global_scale`` is applied to the fp32
+accumulator in the epilogue.
+
+Swap-AB: the kernel computes ``out^T = W @ x^T`` tile by tile. The decoded
+weight tile (BLOCK_N, BLOCK_K) is the *left* operand, which wgmma may take
+straight from registers, and the activation tile x^T (BLOCK_K, BLOCK_M) is the
+right operand, staged through shared memory by the software pipeline. The
+token dimension is therefore the MMA's N dimension: decode tiles with 1-16
+tokens per expert use BLOCK_M = 16 and waste nothing on the weight side.
+
+Grouped scheduling without host syncs: rows are sorted by expert and
+``expert_offsets`` (E,) int32 holds cumulative row ends on the device. Every
+program reads the offsets once, builds the per-expert tile counts and their
+prefix sum in registers, and walks a *persistent* loop over work items
+``(m-tile, n-tile)``; the total number of work items is known only on the
+device and bounds the loop. Rows at or beyond ``expert_offsets[E-1]`` form a
+pseudo-expert ``E`` whose tiles skip the K loop and store zeros. The grid is
+sized from host-known upper bounds (``cdiv(T, BLOCK_M) + E + 1`` m-tiles) and
+capped at a few programs per SM, so nothing is read back to the host and the
+launch is CUDA-graph capturable.
+
+Epilogue options: bias (dense), and a fused SwiGLU for gate/up weights stored in
+the interleaved layout (row 2j = gate j, row 2j+1 = up j).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .nvfp4_jit import e4m3_decode
+
+# ---------------------------------------------------------------------------
+# Tile configurations, keyed by shape bucket.
+#
+# Key: rows per expert (T / E for grouped, M for dense), rounded up to a power
+# of two and capped. Values: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
+# num_stages, programs_per_sm). The config space was swept on an H100 with
+# benchmarks/bench_gemm.py --tune; see benchmarks/NOTES_gemm.md.
+#   decode (<= 16 rows per tile): tall-skinny tiles that stream weights; many
+#     programs per SM keep enough bytes in flight to approach the HBM roofline.
+#   prefill: large tiles; BLOCK_M (tokens) as large as registers allow, so the
+#     weight decode is amortised over many tokens.
+# ---------------------------------------------------------------------------
+GEMM_CONFIGS = {
+    16: (16, 64, 256, 4, 4, 4),
+    32: (32, 64, 256, 4, 4, 4),
+    64: (64, 64, 128, 4, 4, 3),
+    128: (128, 128, 64, 8, 3, 1),
+    256: (128, 128, 64, 8, 3, 1),
+    512: (128, 128, 64, 8, 3, 1),
+}
+# Small configuration for the Triton interpreter (CPU tests): tiny tiles so
+# that masking, multi-tile experts and the persistent loop are all exercised.
+INTERPRETER_CONFIG = (16, 32, 64, 4, 1, 1)
+INTERPRETER_PROGRAMS = 3
+
+
+def select_config(rows_per_expert: int, interpreter: bool):
+    """Pick (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, programs_per_sm)."""
+    if interpreter:
+        return INTERPRETER_CONFIG
+    bucket = 16
+    while bucket < rows_per_expert and bucket < 512:
+        bucket *= 2
+    return GEMM_CONFIGS[bucket]
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@triton.jit
+def _decode_weight_tile(packed, scale_bytes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_PRODUCT: tl.constexpr):
+    """(BLOCK_N, BLOCK_K//2) packed E2M1 bytes + (BLOCK_N, BLOCK_K//16) E4M3 bytes -> (BLOCK_N, BLOCK_K) bf16.
+
+    Exact: the E2M1 magnitude m becomes the bf16 bit pattern (m << 6) + 0x3F00
+    for m >= 2, 0x3F00 (0.5) for m == 1 and 0 for m == 0, the sign goes to bit
+    15, and the product with the block scale (<= 6 significant bits) is exact
+    in bf16. A 0x7F scale byte (non-finite block) decodes to NaN.
+    FP32_PRODUCT: multiply in float32 instead of bf16 (same bits; the Triton
+    interpreter has no bf16 arithmetic).
+    """
+    p = packed.to(tl.int32)
+    codes = tl.join(p & 0xF, p >> 4).reshape(BLOCK_N, BLOCK_K)  # low nibble = even element
+    magnitude = codes & 7
+    bits = tl.where(magnitude >= 2, (magnitude << 6) + 0x3F00, magnitude * 0x3F00)
+    bits = bits | ((codes & 8) << 12)
+    values = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    scale = e4m3_decode(scale_bytes)
+    if FP32_PRODUCT:
+        scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)).reshape(BLOCK_N, BLOCK_K)
+        return (values.to(tl.float32) * scale).to(tl.bfloat16)
+    else:
+        scale = scale.to(tl.bfloat16)  # exact: every e4m3 value is a bf16 value
+        scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)).reshape(BLOCK_N, BLOCK_K)
+        return values * scale
+
+
+@triton.jit
+def _to_bf16(v, INTERPRET: tl.constexpr):
+    """float32 -> bfloat16, round to nearest even (the interpreter's own cast truncates)."""
+    if INTERPRET:
+        bits = v.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        v = tl.where(v != v, v, rounded.to(tl.float32, bitcast=True))
+    return v.to(tl.bfloat16)
+
+
+@triton.jit
+def _k_step(
+    acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_PRODUCT: tl.constexpr,
+):
+    """One BLOCK_K step: acc (BLOCK_N, BLOCK_M) fp32 += decode(W tile) @ x^T tile."""
+    k0 = kt * BLOCK_K
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kb = tl.arange(0, BLOCK_K // 2)
+    offs_ks = tl.arange(0, BLOCK_K // 16)
+    k_mask = (k0 + offs_k) < K
+    xt = tl.load(x_ptrs + k0, mask=k_mask[:, None] & row_mask[None, :], other=0.0)
+    packed = tl.load(w_ptrs + k0 // 2, mask=col_mask[:, None] & ((k0 // 2 + offs_kb) < K // 2)[None, :], other=0)
+    scale_bytes = tl.load(
+        s_ptrs + k0 // 16, mask=col_mask[:, None] & ((k0 // 16 + offs_ks) < K // 16)[None, :], other=0
+    )
+    w = _decode_weight_tile(packed, scale_bytes, BLOCK_N, BLOCK_K, FP32_PRODUCT)
+    if FP32_PRODUCT:
+        # Interpreter: its bf16 tl.dot is wrong; bf16 values are exact in fp32, so this is the same product.
+        return tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(w, xt, acc)
+
+
+@triton.jit
+def _nvfp4_gemm_kernel(
+    x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr,
+    num_rows, N, K, num_experts, swiglu_limit, num_programs,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    GROUPED: tl.constexpr, HAS_ROW_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_tiles = (N + BLOCK_N - 1) // BLOCK_N  # (tl.cdiv gives a 1-element tensor in the interpreter)
+
+    if GROUPED:
+        # Per-"expert" row ranges; lane E is the padding pseudo-expert [offsets[E-1], T).
+        lane = tl.arange(0, BLOCK_E)
+        ends = tl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
+        prev = tl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
+        starts = tl.where(lane > num_experts, num_rows, prev)
+        ends = tl.minimum(tl.maximum(ends, 0), num_rows)
+        starts = tl.minimum(tl.maximum(starts, 0), num_rows)
+        counts = tl.maximum(ends - starts, 0)
+        tiles = (counts + BLOCK_M - 1) // BLOCK_M
+        tile_ends = tl.cumsum(tiles, 0)
+        total_tiles = tl.sum(tiles, 0)
+    else:
+        total_tiles = (num_rows + BLOCK_M - 1) // BLOCK_M
+    total_work = total_tiles * n_tiles
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kb = tl.arange(0, BLOCK_K // 2)
+    offs_ks = tl.arange(0, BLOCK_K // 16)
+    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+
+    # Persistent loop over work items (m-tile major, n-tile minor): programs
+    # that run concurrently share an expert's m-tiles, so its weights stay in L2.
+    work = pid
+    while work < total_work:
+        tile = work // n_tiles
+        n_start = (work % n_tiles) * BLOCK_N
+        if GROUPED:
+            expert = tl.sum((tile_ends <= tile).to(tl.int32), 0)
+            here = lane == expert
+            first_tile = tl.sum(tl.where(here, tile_ends - tiles, 0), 0)
+            row_start = tl.sum(tl.where(here, starts, 0), 0) + (tile - first_tile) * BLOCK_M
+            row_end = tl.sum(tl.where(here, ends, 0), 0)
+            is_real = expert < num_experts
+            expert_c = tl.minimum(expert, num_experts - 1).to(tl.int64)
+        else:
+            row_start = tile * BLOCK_M
+            row_end = num_rows
+            is_real = row_start >= 0
+            expert_c = 0
+
+        rows = row_start + offs_m
+        row_mask = rows < row_end
+        if HAS_ROW_INDEX:
+            src_rows = tl.load(row_index_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+        else:
+            src_rows = rows.to(tl.int64)
+        cols = n_start + offs_n
+        col_mask = cols < N
+
+        x_ptrs = x_ptr + src_rows[None, :] * stride_xm + offs_k[:, None]
+        w_ptrs = w_ptr + expert_c * stride_we + cols[:, None].to(tl.int64) * stride_wn + offs_kb[None, :]
+        s_ptrs = scale_ptr + expert_c * stride_se + cols[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
+
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        k_iters = tl.where(is_real, k_tiles, 0)
+        if INTERPRET:
+            # The interpreter cannot take a tensor as a range() bound (numpy >= 2): use a while loop.
+            kt = 0
+            while kt < k_iters:
+                acc = _k_step(acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K, BLOCK_N, BLOCK_K, True)
+                kt += 1
+        else:
+            for kt in range(0, k_iters):
+                acc = _k_step(acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K, BLOCK_N, BLOCK_K, False)
+
+        gscale = tl.load(
+            global_scale_ptr + expert_c * stride_ge + cols.to(tl.int64) * stride_gn, mask=col_mask, other=0.0
+        )
+        acc = acc * gscale[:, None]
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            acc = acc + bias[:, None]
+        acc = tl.where(is_real, acc, 0.0)
+        result = tl.trans(acc)  # (BLOCK_M, BLOCK_N)
+        out_rows = rows.to(tl.int64)[:, None] * stride_om
+        if SWIGLU:
+            gate, up = tl.split(result.reshape(BLOCK_M, BLOCK_N // 2, 2))
+            if HAS_LIMIT:
+                gate = tl.where(gate > swiglu_limit, swiglu_limit, gate)
+                up = tl.where(up > swiglu_limit, swiglu_limit, up)
+                up = tl.where(up < -swiglu_limit, -swiglu_limit, up)
+            y = gate / (1.0 + tl.exp(-gate)) * up
+            half_cols = n_start // 2 + tl.arange(0, BLOCK_N // 2)
+            tl.store(
+                out_ptr + out_rows + half_cols[None, :],
+                _to_bf16(y, INTERPRET),
+                mask=row_mask[:, None] & (half_cols < N // 2)[None, :],
+            )
+        else:
+            tl.store(
+                out_ptr + out_rows + cols[None, :],
+                _to_bf16(result, INTERPRET),
+                mask=row_mask[:, None] & col_mask[None, :],
+            )
+        work += num_programs
+
+
+def _global_scale_strides(global_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
+    """(stride per expert, stride per output row) of a broadcastable global scale (0 = broadcast)."""
+    if global_scale.dim() == 0:
+        return 0, 0
+    shape, strides = global_scale.shape, global_scale.stride()
+    stride_gn = strides[-2] if global_scale.dim() >= 2 and shape[-2] != 1 else 0
+    stride_ge = 0
+    if grouped and global_scale.dim() == 3 and shape[0] != 1:
+        stride_ge = strides[0]
+    return stride_ge, stride_gn
+
+
+def launch_nvfp4_gemm(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    block_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    expert_offsets: torch.Tensor | None = None,
+    row_index: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    swiglu: bool = False,
+    swiglu_limit: float | None = None,
+    interpreter: bool = False,
+    config=None,
+) -> torch.Tensor:
+    """Launch the NVFP4 GEMM (inputs already validated by ``megamoe.ops.gemm``).
+
+    Dense (``expert_offsets is None``): x (M, K) bf16; data (N, K//2) uint8;
+    block_scale (N, K//16) float8_e4m3fn; global_scale 0-d or (N, 1) fp32;
+    out (M, N) bf16. Grouped: x (T, K) bf16 sorted by expert, or (S, K) with
+    ``row_index`` (T,) int32; data (E, N, K//2); block_scale (E, N, K//16);
+    global_scale 0-d, (E, 1, 1) or (E, N, 1) fp32; expert_offsets (E,) int32;
+    out (T, N) bf16, or (T, N//2) with ``swiglu``. Last dimensions contiguous.
+    """
+    grouped = expert_offsets is not None
+    num_rows = out.shape[0]
+    n, k_half = data.shape[-2], data.shape[-1]
+    k = 2 * k_half
+    num_experts = data.shape[0] if grouped else 1
+    if num_rows == 0 or n == 0:
+        return out
+    rows_per_expert = max(1, num_rows // num_experts) if grouped else num_rows
+    block_m, block_n, block_k, num_warps, num_stages, per_sm = config or select_config(rows_per_expert, interpreter)
+    m_tiles_bound = triton.cdiv(num_rows, block_m) + (num_experts + 1 if grouped else 0)
+    work_bound = m_tiles_bound * triton.cdiv(n, block_n)
+    if interpreter:
+        programs = min(work_bound, INTERPRETER_PROGRAMS)
+    else:
+        programs = min(work_bound, _num_sms(x.device.index or 0) * per_sm)
+    stride_ge, stride_gn = _global_scale_strides(global_scale, grouped)
+    scale_u8 = block_scale.view(torch.uint8)
+    _nvfp4_gemm_kernel[(programs,)](
+        x, row_index if row_index is not None else x, data, scale_u8, global_scale,
+        expert_offsets if grouped else x, bias if bias is not None else x, out,
+        num_rows, n, k, num_experts, float(swiglu_limit) if swiglu_limit is not None else 0.0, programs,
+        x.stride(0), data.stride(0) if grouped else 0, data.stride(-2),
+        scale_u8.stride(0) if grouped else 0, scale_u8.stride(-2), stride_ge, stride_gn, out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_E=triton.next_power_of_2(num_experts + 1) if grouped else 1,
+        GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
+        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, INTERPRET=interpreter,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out

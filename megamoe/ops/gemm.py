@@ -1,0 +1,217 @@
+"""Public NVFP4 GEMM ops: dense ``nvfp4_linear`` and grouped ``nvfp4_grouped_mm``.
+
+Validation happens here on host metadata only (shapes, dtypes, devices); device
+values (``expert_offsets``, ``row_index``) are never read on the host, so the
+ops are sync-free and CUDA-graph capturable on the Triton path.
+
+Dispatch (``megamoe.ops._dispatch.use_triton``): CUDA tensors -> the Triton
+kernels in ``megamoe/kernels/nvfp4_gemm.py``; CPU tensors -> the PyTorch
+reference (``megamoe/reference/gemm.py``), or the Triton kernels through the
+interpreter when ``TRITON_INTERPRET=1``.
+
+Modes: ``"w4a16"`` (x stays bf16; the fast default) and ``"w4a4"`` (x is
+quantized to NVFP4 with a dynamic per-row global scale and decoded back to bf16
+before the GEMM, reproducing Blackwell W4A4 numerics to validate accuracy).
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ..format.tensor import NVFP4Tensor
+from ..reference import gemm as _reference
+from ..reference.gemm import deinterleave_gate_up, interleave_gate_up  # noqa: F401  (public layout helpers)
+from ._dispatch import use_triton
+
+MODES = _reference.MODES
+ACTIVATIONS = _reference.ACTIVATIONS
+
+
+def _check_x(x, k: int | None, name: str = "x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"{name}: expected bfloat16, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D (rows, K) tensor, got shape {tuple(x.shape)}")
+    if k is not None and x.shape[1] != k:
+        raise ValueError(f"{name}: expected K={k} columns (the weight's K), got {x.shape[1]}")
+
+
+def _check_weight(weight, dims: int, x: torch.Tensor) -> None:
+    if not isinstance(weight, NVFP4Tensor):
+        raise TypeError(f"weight: expected an NVFP4Tensor, got {type(weight).__name__}")
+    if len(weight.shape) != dims:
+        layout = "(N, K)" if dims == 2 else "(E, N, K)"
+        raise ValueError(f"weight: expected logical shape {layout}, got {tuple(weight.shape)}")
+    if weight.device != x.device:
+        raise ValueError(f"weight: expected device {x.device} (x's), got {weight.device}")
+
+
+def _check_mode(mode) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+
+
+def _check_out(out, shape: tuple, x: torch.Tensor) -> None:
+    if out is None:
+        return
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
+    if out.dtype != torch.bfloat16:
+        raise TypeError(f"out: expected bfloat16, got {out.dtype}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
+    if out.device != x.device:
+        raise ValueError(f"out: expected device {x.device}, got {out.device}")
+    if out.dim() == 2 and out.shape[1] > 1 and out.stride(1) != 1:
+        raise ValueError("out: expected a row-major tensor with unit stride along the last dimension")
+
+
+def _check_index(t, name: str, length: int | None, x: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected an int32 tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected int32, got {t.dtype}")
+    if t.dim() != 1 or (length is not None and t.shape[0] != length):
+        want = f"({length},)" if length is not None else "1-D"
+        raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
+    if t.device != x.device:
+        raise ValueError(f"{name}: expected device {x.device} (x's), got {t.device}")
+
+
+def _quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """w4a4: NVFP4 round trip of x with a per-row dynamic global scale (sync-free on the kernel path)."""
+    if x.numel() == 0:
+        return x
+    try:  # the fused quantize kernels (another family), when present
+        _quantize_ops = importlib.import_module("megamoe.ops.quantize")
+    except ImportError:
+        _quantize_ops = None
+    if _quantize_ops is not None and hasattr(_quantize_ops, "quantize") and hasattr(_quantize_ops, "dequantize"):
+        q = _quantize_ops.quantize(x, per_row=True)
+        return _quantize_ops.dequantize(q, torch.bfloat16)
+    return _reference.activations_for_mode(x, "w4a4")
+
+
+def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -> torch.Tensor:
+    """``x @ dequant(weight).T (+ bias)`` with NVFP4 weights.
+
+    x: (M, K) bf16.  weight: NVFP4Tensor of logical shape (N, K): data (N, K//2)
+    uint8 (low nibble = even element), block_scale (N, K//16) float8_e4m3fn,
+    global_scale float32 0-d or (N, 1).  bias: None or (N,) bf16/fp32.
+    mode: "w4a16" or "w4a4".  out: optional (M, N) bf16 buffer.
+    Returns (M, N) bf16 (float32 accumulation, one final rounding).
+    """
+    _check_x(x, None)
+    _check_weight(weight, 2, x)
+    n, k = weight.shape
+    _check_x(x, k)
+    _check_mode(mode)
+    m = x.shape[0]
+    _check_out(out, (m, n), x)
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias: expected a tensor or None, got {type(bias).__name__}")
+        if bias.dtype not in (torch.bfloat16, torch.float32, torch.float16):
+            raise TypeError(f"bias: expected a float tensor, got {bias.dtype}")
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias: expected shape ({n},), got {tuple(bias.shape)}")
+        if bias.device != x.device:
+            raise ValueError(f"bias: expected device {x.device}, got {bias.device}")
+    if not use_triton(x):
+        return _reference.nvfp4_linear(x, weight, bias, mode=mode, out=out)
+    from ..kernels.nvfp4_gemm import launch_nvfp4_gemm
+
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    xa = _quantized_activations(x) if mode == "w4a4" else x
+    return launch_nvfp4_gemm(
+        _contiguous_rows(xa),
+        weight.data.contiguous(),
+        weight.block_scale.contiguous(),
+        weight.global_scale,
+        out,
+        bias=bias.contiguous() if bias is not None else None,
+        interpreter=not x.is_cuda,
+    )
+
+
+def nvfp4_grouped_mm(
+    x,
+    weight: NVFP4Tensor,
+    expert_offsets,
+    *,
+    mode="w4a16",
+    out=None,
+    row_index=None,
+    activation=None,
+    swiglu_limit=None,
+) -> torch.Tensor:
+    """Grouped GEMM over experts with NVFP4 weights (rows sorted by expert).
+
+    x: (T, K) bf16 rows sorted by expert, or, with ``row_index`` (T,) int32 on
+        x's device, x: (S, K) and output row t reads ``x[row_index[t]]`` (the
+        dispatch gather fused into the activation loads).
+    weight: NVFP4Tensor of logical shape (E, N, K): data (E, N, K//2) uint8,
+        block_scale (E, N, K//16) float8_e4m3fn, global_scale fp32 0-d,
+        (E, 1, 1) or (E, N, 1).
+    expert_offsets: (E,) int32 cumulative, non-decreasing row ends on the device
+        (expert e owns rows [offsets[e-1], offsets[e])); never read on the host.
+        Rows >= offsets[E-1] are written as zeros.
+    activation: None -> out (T, N) bf16; "swiglu" -> out (T, N//2) bf16 =
+        silu(min(gate, limit)) * clamp(up, -limit, limit) for weights in the
+        :func:`interleave_gate_up` layout (no clamp when swiglu_limit is None).
+    mode: "w4a16" or "w4a4".  out: optional preallocated bf16 buffer.
+    """
+    _check_x(x, None)
+    _check_weight(weight, 3, x)
+    num_experts, n, k = weight.shape
+    _check_x(x, k)
+    _check_mode(mode)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if activation == "swiglu" and n % 2:
+        raise ValueError(f"weight: activation='swiglu' needs an even N (interleaved gate/up rows), got N={n}")
+    if swiglu_limit is not None:
+        if activation != "swiglu":
+            raise ValueError("swiglu_limit: only valid with activation='swiglu'")
+        if not isinstance(swiglu_limit, (int, float)) or not swiglu_limit > 0:
+            raise ValueError(f"swiglu_limit: expected a positive number or None, got {swiglu_limit!r}")
+    if num_experts == 0:
+        raise ValueError("weight: expected at least one expert (E >= 1)")
+    _check_index(expert_offsets, "expert_offsets", num_experts, x)
+    if row_index is not None:
+        _check_index(row_index, "row_index", None, x)
+        num_rows = row_index.shape[0]
+    else:
+        num_rows = x.shape[0]
+    n_out = n // 2 if activation == "swiglu" else n
+    _check_out(out, (num_rows, n_out), x)
+    if not use_triton(x):
+        return _reference.nvfp4_grouped_mm(
+            x, weight, expert_offsets, mode=mode, out=out, row_index=row_index,
+            activation=activation, swiglu_limit=swiglu_limit,
+        )
+    from ..kernels.nvfp4_gemm import launch_nvfp4_gemm
+
+    if out is None:
+        out = torch.empty((num_rows, n_out), dtype=torch.bfloat16, device=x.device)
+    xa = _quantized_activations(x) if mode == "w4a4" else x
+    return launch_nvfp4_gemm(
+        _contiguous_rows(xa),
+        weight.data.contiguous(),
+        weight.block_scale.contiguous(),
+        weight.global_scale,
+        out,
+        expert_offsets=expert_offsets,
+        row_index=row_index,
+        swiglu=activation == "swiglu",
+        swiglu_limit=swiglu_limit,
+        interpreter=not x.is_cuda,
+    )

@@ -38,38 +38,42 @@ import torch
 import triton
 import triton.language as tl
 
-from .nvfp4_jit import e4m3_decode
-
 # ---------------------------------------------------------------------------
 # Tile configurations, keyed by shape bucket.
 #
 # Key: rows per expert (T / E for grouped, M for dense), rounded up to a power
 # of two and capped. Values: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
-# num_stages, programs_per_sm). The config space was swept on an H100 with
-# benchmarks/bench_gemm.py --tune; see benchmarks/NOTES_gemm.md.
-#   decode (<= 16 rows per tile): tall-skinny tiles that stream weights; many
-#     programs per SM keep enough bytes in flight to approach the HBM roofline.
-#   prefill: large tiles; BLOCK_M (tokens) as large as registers allow, so the
-#     weight decode is amortised over many tokens.
+# num_stages, programs_per_sm, split_even_odd). The space was swept on an H100
+# with ``benchmarks/bench_gemm.py --tune`` (candidates listed there; results in
+# benchmarks/results/gemm_*.md and benchmarks/NOTES_gemm.md).
+#   decode (<= 32 rows per expert): the token dimension is the MMA's N (16 or
+#     32); weights stream through tall tiles, several programs per SM keep
+#     bytes in flight, and the even/odd split avoids register shuffles.
+#   prefill: BLOCK_M = 256 tokens per weight tile amortises the FP4 decode
+#     (the ALU cost per weight element) over as many tokens as registers allow.
 # ---------------------------------------------------------------------------
 GEMM_CONFIGS = {
-    16: (16, 64, 256, 4, 4, 4),
-    32: (32, 64, 256, 4, 4, 4),
-    64: (64, 64, 128, 4, 4, 3),
-    128: (128, 128, 64, 8, 3, 1),
-    256: (128, 128, 64, 8, 3, 1),
-    512: (128, 128, 64, 8, 3, 1),
+    16: (16, 64, 256, 4, 4, 4, True),
+    32: (32, 64, 256, 4, 4, 4, True),
+    64: (64, 128, 128, 8, 3, 2, False),
+    128: (256, 128, 64, 8, 3, 1, False),
+    256: (256, 128, 64, 8, 3, 1, False),
+    512: (256, 128, 64, 8, 3, 1, False),
 }
-# Small configuration for the Triton interpreter (CPU tests): tiny tiles so
-# that masking, multi-tile experts and the persistent loop are all exercised.
-INTERPRETER_CONFIG = (16, 32, 64, 4, 1, 1)
+# Small configurations for the Triton interpreter (CPU tests): tiny tiles so
+# that masking, multi-tile experts and the persistent loop are all exercised,
+# with both K orders (split even/odd for decode-like shapes, joined otherwise).
+INTERPRETER_CONFIGS = {
+    True: (16, 32, 64, 4, 1, 1, True),
+    False: (16, 32, 64, 4, 1, 1, False),
+}
 INTERPRETER_PROGRAMS = 3
 
 
 def select_config(rows_per_expert: int, interpreter: bool):
-    """Pick (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, programs_per_sm)."""
+    """Pick (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, programs_per_sm, split_even_odd)."""
     if interpreter:
-        return INTERPRETER_CONFIG
+        return INTERPRETER_CONFIGS[rows_per_expert <= 4]
     bucket = 16
     while bucket < rows_per_expert and bucket < 512:
         bucket *= 2
@@ -82,30 +86,46 @@ def _num_sms(device_index: int) -> int:
 
 
 @triton.jit
-def _decode_weight_tile(packed, scale_bytes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_PRODUCT: tl.constexpr):
-    """(BLOCK_N, BLOCK_K//2) packed E2M1 bytes + (BLOCK_N, BLOCK_K//16) E4M3 bytes -> (BLOCK_N, BLOCK_K) bf16.
+def _scale_factor(s):
+    """E4M3 block-scale bytes (int32) -> float32 ``scale * 2**118`` (exact); 0x7F / 0xFF -> NaN.
 
-    Exact: the E2M1 magnitude m becomes the bf16 bit pattern (m << 6) + 0x3F00
-    for m >= 2, 0x3F00 (0.5) for m == 1 and 0 for m == 0, the sign goes to bit
-    15, and the product with the block scale (<= 6 significant bits) is exact
-    in bf16. A 0x7F scale byte (non-finite block) decodes to NaN.
-    FP32_PRODUCT: multiply in float32 instead of bf16 (same bits; the Triton
-    interpreter has no bf16 arithmetic).
+    The factor 2**118 pairs with the E2M1 bit trick of :func:`_decode_weights`
+    (values carry 2**-126); the product is ``e2m1 * scale * 2**-8``, and the
+    epilogue multiplies by ``global_scale * 2**8``. Normal E4M3 (exponent field
+    e > 0) maps to the bf16/fp32 exponent ``e + 238`` by integer arithmetic;
+    subnormals (m * 2**-9) are m * 2**109.
+    """
+    magnitude_bits = (((s & 0x7F) << 4) + (238 << 7)) << 16
+    normal = (magnitude_bits | ((s & 0x80) << 24)).to(tl.float32, bitcast=True)
+    subnormal = (s & 7).to(tl.float32) * 6.490371073168535e32  # 2**109
+    subnormal = tl.where((s & 0x80) != 0, -subnormal, subnormal)
+    factor = tl.where((s & 0x78) == 0, subnormal, normal)
+    return tl.where((s & 0x7F) == 0x7F, float("nan"), factor)
+
+
+@triton.jit
+def _decode_weights(packed, scale_bytes, HIGH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+    """Decode one nibble of each byte: (BLOCK_N, BLOCK_K//16, 8) bytes -> (BLOCK_N, BLOCK_K//16, 8) bf16.
+
+    Bit trick: the nibble s|eem placed as ``s << 15 | eem << 6`` is the bf16 number
+    ``e2m1 * 2**-126`` (eem = 001 is the bf16 subnormal 2**-127); one multiply by
+    the bf16 factor ``scale * 2**118`` gives ``e2m1 * scale * 2**-8`` exactly
+    (<= 6 significant bits, exponent within bf16's normal range).
+    HIGH: take the high nibble (odd element) instead of the low one (even element).
     """
     p = packed.to(tl.int32)
-    codes = tl.join(p & 0xF, p >> 4).reshape(BLOCK_N, BLOCK_K)  # low nibble = even element
-    magnitude = codes & 7
-    bits = tl.where(magnitude >= 2, (magnitude << 6) + 0x3F00, magnitude * 0x3F00)
-    bits = bits | ((codes & 8) << 12)
-    values = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    scale = e4m3_decode(scale_bytes)
-    if FP32_PRODUCT:
-        scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)).reshape(BLOCK_N, BLOCK_K)
-        return (values.to(tl.float32) * scale).to(tl.bfloat16)
+    if HIGH:
+        bits = ((p & 0x70) << 2) | ((p & 0x80) << 8)
     else:
-        scale = scale.to(tl.bfloat16)  # exact: every e4m3 value is a bf16 value
-        scale = tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // 16, 16)).reshape(BLOCK_N, BLOCK_K)
-        return values * scale
+        bits = ((p & 7) << 6) | ((p & 8) << 12)
+    factor = _scale_factor(scale_bytes.to(tl.int32))[:, :, None]
+    if INTERPRET:
+        # The interpreter has no bf16 arithmetic and flushes bf16 subnormals: build the same
+        # value as an fp32 bit pattern (exact product, exact final cast).
+        return ((bits << 16).to(tl.float32, bitcast=True) * factor).to(tl.bfloat16)
+    values = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return values * factor.to(tl.bfloat16)
 
 
 @triton.jit
@@ -121,24 +141,44 @@ def _to_bf16(v, INTERPRET: tl.constexpr):
 @triton.jit
 def _k_step(
     acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_PRODUCT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_EVEN_ODD: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """One BLOCK_K step: acc (BLOCK_N, BLOCK_M) fp32 += decode(W tile) @ x^T tile."""
+    """One BLOCK_K step: acc (BLOCK_N, BLOCK_M) fp32 += decode(W tile) @ x^T tile (W carries 2**-8).
+
+    w_ptrs: (BLOCK_N, BLOCK_K//16, 8) byte pointers; s_ptrs: (BLOCK_N, BLOCK_K//16).
+    SPLIT_EVEN_ODD: x_ptrs is (BLOCK_K//2, BLOCK_M) pointing at the even K
+    elements; the low nibbles multiply the even x elements and the high nibbles
+    the odd ones in two half-K dots (no register shuffles on the weight side:
+    the decode-bound small-M path). Otherwise x_ptrs is (BLOCK_K, BLOCK_M) and
+    the two nibble halves are interleaved back into K order (one full dot).
+    """
     k0 = kt * BLOCK_K
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_kb = tl.arange(0, BLOCK_K // 2)
-    offs_ks = tl.arange(0, BLOCK_K // 16)
-    k_mask = (k0 + offs_k) < K
-    xt = tl.load(x_ptrs + k0, mask=k_mask[:, None] & row_mask[None, :], other=0.0)
-    packed = tl.load(w_ptrs + k0 // 2, mask=col_mask[:, None] & ((k0 // 2 + offs_kb) < K // 2)[None, :], other=0)
-    scale_bytes = tl.load(
-        s_ptrs + k0 // 16, mask=col_mask[:, None] & ((k0 // 16 + offs_ks) < K // 16)[None, :], other=0
-    )
-    w = _decode_weight_tile(packed, scale_bytes, BLOCK_N, BLOCK_K, FP32_PRODUCT)
-    if FP32_PRODUCT:
-        # Interpreter: its bf16 tl.dot is wrong; bf16 values are exact in fp32, so this is the same product.
-        return tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(w, xt, acc)
+    offs_g = tl.arange(0, BLOCK_K // 16)
+    offs_j = tl.arange(0, 8)
+    byte_k = (k0 // 2 + offs_g[:, None] * 8 + offs_j[None, :]) < K // 2  # (BLOCK_K//16, 8)
+    packed = tl.load(w_ptrs + k0 // 2, mask=col_mask[:, None, None] & byte_k[None, :, :], other=0)
+    scale_bytes = tl.load(s_ptrs + k0 // 16, mask=col_mask[:, None] & ((k0 // 16 + offs_g) < K // 16)[None, :], other=0)
+    w_even = _decode_weights(packed, scale_bytes, False, BLOCK_N, BLOCK_K, INTERPRET)
+    w_odd = _decode_weights(packed, scale_bytes, True, BLOCK_N, BLOCK_K, INTERPRET)
+    if SPLIT_EVEN_ODD:
+        offs_h = tl.arange(0, BLOCK_K // 2)
+        x_mask = ((k0 // 2 + offs_h) < K // 2)[:, None] & row_mask[None, :]
+        x_even = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)
+        x_odd = tl.load(x_ptrs + k0 + 1, mask=x_mask, other=0.0)
+        w_even = w_even.reshape(BLOCK_N, BLOCK_K // 2)
+        w_odd = w_odd.reshape(BLOCK_N, BLOCK_K // 2)
+        if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 values are exact in fp32
+            acc = tl.dot(w_even.to(tl.float32), x_even.to(tl.float32), acc, input_precision="ieee")
+            return tl.dot(w_odd.to(tl.float32), x_odd.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(w_even, x_even, acc)
+        return tl.dot(w_odd, x_odd, acc)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        xt = tl.load(x_ptrs + k0, mask=((k0 + offs_k) < K)[:, None] & row_mask[None, :], other=0.0)
+        w = tl.join(w_even, w_odd).reshape(BLOCK_N, BLOCK_K)  # low nibble = even element
+        if INTERPRET:
+            return tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(w, xt, acc)
 
 
 @triton.jit
@@ -148,7 +188,7 @@ def _nvfp4_gemm_kernel(
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     GROUPED: tl.constexpr, HAS_ROW_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERPRET: tl.constexpr,
+    SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, SPLIT_EVEN_ODD: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = (N + BLOCK_N - 1) // BLOCK_N  # (tl.cdiv gives a 1-element tensor in the interpreter)
@@ -172,8 +212,9 @@ def _nvfp4_gemm_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_kb = tl.arange(0, BLOCK_K // 2)
-    offs_ks = tl.arange(0, BLOCK_K // 16)
+    offs_h = tl.arange(0, BLOCK_K // 2)
+    offs_g = tl.arange(0, BLOCK_K // 16)
+    offs_j = tl.arange(0, 8)
     k_tiles = (K + BLOCK_K - 1) // BLOCK_K
 
     # Persistent loop over work items (m-tile major, n-tile minor): programs
@@ -205,9 +246,15 @@ def _nvfp4_gemm_kernel(
         cols = n_start + offs_n
         col_mask = cols < N
 
-        x_ptrs = x_ptr + src_rows[None, :] * stride_xm + offs_k[:, None]
-        w_ptrs = w_ptr + expert_c * stride_we + cols[:, None].to(tl.int64) * stride_wn + offs_kb[None, :]
-        s_ptrs = scale_ptr + expert_c * stride_se + cols[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
+        if SPLIT_EVEN_ODD:
+            x_ptrs = x_ptr + src_rows[None, :] * stride_xm + 2 * offs_h[:, None]
+        else:
+            x_ptrs = x_ptr + src_rows[None, :] * stride_xm + offs_k[:, None]
+        w_ptrs = (
+            w_ptr + expert_c * stride_we + cols[:, None, None].to(tl.int64) * stride_wn
+            + (offs_g[:, None] * 8 + offs_j[None, :])[None, :, :]
+        )
+        s_ptrs = scale_ptr + expert_c * stride_se + cols[:, None].to(tl.int64) * stride_sn + offs_g[None, :]
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         k_iters = tl.where(is_real, k_tiles, 0)
@@ -215,16 +262,18 @@ def _nvfp4_gemm_kernel(
             # The interpreter cannot take a tensor as a range() bound (numpy >= 2): use a while loop.
             kt = 0
             while kt < k_iters:
-                acc = _k_step(acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K, BLOCK_N, BLOCK_K, True)
+                acc = _k_step(acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K,
+                              BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, True)
                 kt += 1
         else:
             for kt in range(0, k_iters):
-                acc = _k_step(acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K, BLOCK_N, BLOCK_K, False)
+                acc = _k_step(acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K,
+                              BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, False)
 
         gscale = tl.load(
             global_scale_ptr + expert_c * stride_ge + cols.to(tl.int64) * stride_gn, mask=col_mask, other=0.0
         )
-        acc = acc * gscale[:, None]
+        acc = acc * (gscale * 256.0)[:, None]  # the decoded weights carry a factor 2**-8
         if HAS_BIAS:
             bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
             acc = acc + bias[:, None]
@@ -297,7 +346,7 @@ def launch_nvfp4_gemm(
     if num_rows == 0 or n == 0:
         return out
     rows_per_expert = max(1, num_rows // num_experts) if grouped else num_rows
-    block_m, block_n, block_k, num_warps, num_stages, per_sm = config or select_config(rows_per_expert, interpreter)
+    block_m, block_n, block_k, num_warps, num_stages, per_sm, split = config or select_config(rows_per_expert, interpreter)
     m_tiles_bound = triton.cdiv(num_rows, block_m) + (num_experts + 1 if grouped else 0)
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
     if interpreter:
@@ -315,7 +364,7 @@ def launch_nvfp4_gemm(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=triton.next_power_of_2(num_experts + 1) if grouped else 1,
         GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
-        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, INTERPRET=interpreter,
+        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, SPLIT_EVEN_ODD=split, INTERPRET=interpreter,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -276,3 +276,26 @@ def test_cuda_sync_free_and_graph_capture():
     for a, b in zip(fresh, (out_g, out_s, out_d)):
         assert torch.equal(a, b)
     assert not torch.equal(eager[0], fresh[0])
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_decode_is_bit_exact(device, grouped):
+    """x = identity rows, global scale 1: the output is the decoded weight itself, which is exact in bf16.
+
+    Covers every E2M1 code (the 0.5 code is the delicate one in the bit trick),
+    normal and subnormal E4M3 scales and a negative scale byte (NaN blocks: see the NaN test).
+    """
+    n, k = 32, 64
+    codes = torch.arange(n * k) % 16
+    data = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8).reshape(n, k // 2)
+    scale_bytes = torch.tensor([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0x3F, 0xB8, 0x45, 0x11, 0x02])
+    scale = scale_bytes[torch.arange(n * k // 16) % len(scale_bytes)].to(torch.uint8).reshape(n, k // 16)
+    w = NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), torch.tensor(1.0), (n, k))
+    expect = dequantize(w, torch.float32).t()  # (K, N): row m of x = e_m picks column m of W^T
+    x = torch.eye(k).bfloat16()
+    if grouped:
+        wg = NVFP4Tensor(data[None], w.block_scale[None], torch.ones(1, 1, 1), (1, n, k)).to(device)
+        out = nvfp4_grouped_mm(x.to(device), wg, torch.tensor([k], dtype=torch.int32, device=device))
+    else:
+        out = nvfp4_linear(x.to(device), w.to(device))
+    torch.testing.assert_close(out.cpu().float(), expect, rtol=0, atol=0, equal_nan=True)

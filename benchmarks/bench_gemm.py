@@ -1,0 +1,321 @@
+"""Benchmark the NVFP4 GEMMs against the bf16 PyTorch path and the two rooflines.
+
+DeepSeek-V4 expert shapes: hidden 7168, expert intermediate 2048, 256 experts,
+top-8 routing; gate_up is (E, N=4096, K=7168), down is (E, N=7168, K=2048).
+For each token count (1, 8, 64, 512, 4096, 16384) the routed rows T = 8 *
+tokens are sorted by expert and timed with ``triton.testing.do_bench``
+(median) for:
+
+* ``nvfp4``: ``megamoe.ops.nvfp4_grouped_mm`` (w4a16);
+* ``nvfp4_swiglu`` (gate_up only): the same with the fused SwiGLU epilogue;
+* ``bf16``: ``torch._grouped_mm`` on the dequantized bf16 weights;
+* HBM roofline: bytes of the *touched* experts' weights + scales + activations
+  in + outputs / 3.0 TB/s; tensor-core roofline: 2*T*N*K / 749 TFLOP/s.
+
+Input sets are rotated (several x buffers) so that L2 does not flatter the
+small cases; weights are far larger than L2 anyway.
+
+Writes ``benchmarks/results/gemm_<date>.json``, ``gemm_<date>.md`` and
+``gemm_<date>.png`` (roofline plot), or the paths given. ``--tune`` also
+sweeps the config candidates below per shape and records the best.
+
+Run:  PYTHONUNBUFFERED=1 python benchmarks/bench_gemm.py [--tune] [--tokens 1 8 ...] [--out-dir DIR]
+      python benchmarks/bench_gemm.py --plot-only results/gemm_X.json   (redraw the PNG)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+HBM_BYTES_PER_S = 3.0e12
+BF16_FLOPS = 749e12
+HIDDEN, INTER, EXPERTS, TOPK = 7168, 2048, 256, 8
+PROJECTIONS = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
+TOKENS = (1, 8, 64, 512, 4096, 16384)
+
+# Config candidates for --tune:
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, programs_per_sm, split_even_odd)
+DECODE_CANDIDATES = [
+    (16, 64, 256, 4, 4, 4, True),
+    (16, 128, 128, 4, 4, 2, True),
+    (16, 128, 256, 8, 3, 2, True),
+    (16, 64, 128, 4, 6, 4, True),
+    (16, 128, 256, 4, 3, 2, True),
+    (16, 64, 256, 4, 4, 4, False),
+    (32, 64, 256, 4, 4, 4, True),
+]
+PREFILL_CANDIDATES = [
+    (256, 128, 64, 8, 3, 1, False),
+    (256, 128, 128, 8, 3, 1, False),
+    (256, 128, 64, 8, 4, 1, False),
+    (128, 128, 64, 8, 3, 1, False),
+    (128, 256, 64, 8, 3, 1, False),
+    (128, 128, 64, 8, 3, 1, True),
+    (256, 128, 64, 8, 3, 1, True),
+]
+
+
+class Progress:
+    """tqdm when available, else a plain text bar on stderr."""
+
+    def __init__(self, total: int, desc: str):
+        try:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, file=sys.stderr)
+        except ImportError:
+            self._bar = None
+        self.total, self.done, self.desc = total, 0, desc
+
+    def update(self, note: str = ""):
+        self.done += 1
+        if self._bar is not None:
+            self._bar.set_postfix_str(note)
+            self._bar.update(1)
+        else:
+            filled = int(30 * self.done / self.total)
+            print(f"\r{self.desc} [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {note}",
+                  end="" if self.done < self.total else "\n", file=sys.stderr, flush=True)
+
+
+def route(tokens: int, generator: torch.Generator):
+    """Uniform top-8-of-256 routing -> per-expert row counts (host) for T = 8 * tokens rows."""
+    scores = torch.rand(tokens, EXPERTS, generator=generator)
+    experts = scores.topk(TOPK, dim=1).indices.flatten()
+    return torch.bincount(experts, minlength=EXPERTS)
+
+
+def make_weights(n: int, k: int, device):
+    """Random NVFP4 (E, N, K) weights built directly in the packed format (fast, no quantize pass)."""
+    from megamoe.format.tensor import NVFP4Tensor
+
+    data = torch.randint(0, 256, (EXPERTS, n, k // 2), dtype=torch.uint8, device=device)
+    scale_bytes = torch.randint(0x20, 0x48, (EXPERTS, n, k // 16), dtype=torch.uint8, device=device)
+    gs = (torch.rand(EXPERTS, 1, 1, device=device) + 0.5) * 1e-3
+    return NVFP4Tensor(data, scale_bytes.view(torch.float8_e4m3fn), gs, (EXPERTS, n, k))
+
+
+def dequantize_bf16(w):
+    from megamoe.format.tensor import NVFP4Tensor
+    from megamoe.reference.quantize import dequantize
+
+    out = torch.empty(w.shape, dtype=torch.bfloat16, device=w.device)
+    for e in range(w.shape[0]):  # one expert at a time: the float32 temporaries stay small
+        out[e] = dequantize(NVFP4Tensor(w.data[e], w.block_scale[e], w.global_scale[e], w.shape[1:]), torch.bfloat16)
+    return out
+
+
+def rooflines(counts: torch.Tensor, n: int, k: int, out_cols: int):
+    rows = int(counts.sum())
+    touched = int((counts > 0).sum())
+    weight_bytes = touched * (n * k // 2 + n * k // 16 + 4)
+    act_bytes = rows * k * 2 + rows * out_cols * 2 + EXPERTS * 4
+    hbm_s = (weight_bytes + act_bytes) / HBM_BYTES_PER_S
+    bf16_hbm_s = (touched * n * k * 2 + act_bytes) / HBM_BYTES_PER_S
+    flop_s = 2.0 * rows * n * k / BF16_FLOPS
+    return dict(rows=rows, touched_experts=touched, hbm_bytes=weight_bytes + act_bytes,
+                hbm_roofline_us=hbm_s * 1e6, bf16_hbm_roofline_us=bf16_hbm_s * 1e6,
+                tc_roofline_us=flop_s * 1e6, flops=2.0 * rows * n * k)
+
+
+def bench(fn, rep_ms: int):
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median") * 1e3  # us
+
+
+def run(args):
+    import triton
+
+    from megamoe.kernels import nvfp4_gemm as kern
+    from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm
+
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    records, tuning = [], []
+    steps = len(PROJECTIONS) * len(args.tokens)
+    progress = Progress(steps, "gemm bench")
+    for proj, (n, k) in PROJECTIONS.items():
+        w = make_weights(n, k, device)
+        w_bf16 = dequantize_bf16(w)
+        w_bf16_t = w_bf16.transpose(1, 2)  # (E, K, N) view for torch._grouped_mm
+        wi = interleave_gate_up(w) if proj == "gate_up" else None
+        for tokens in args.tokens:
+            counts = route(tokens, gen)
+            offsets = counts.cumsum(0).to(torch.int32).to(device)
+            t = int(counts.sum())
+            n_sets = max(2, min(8, int(2e8 // max(1, t * k * 2))))  # rotate inputs where they are small
+            xs = [torch.randn(t, k, device=device).bfloat16() for _ in range(n_sets)]
+            out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
+            out_sw = torch.empty(t, n // 2, dtype=torch.bfloat16, device=device)
+            it = [0]
+
+            def next_x():
+                it[0] = (it[0] + 1) % n_sets
+                return xs[it[0]]
+
+            rep = args.rep_ms if t < 20000 else max(args.rep_ms, 200)
+            rec = dict(projection=proj, tokens=tokens, n=n, k=k)
+            rec.update(rooflines(counts, n, k, n))
+
+            # correctness spot check of this exact problem against the bf16 path
+            ref = torch._grouped_mm(xs[0], w_bf16_t, offs=offsets)
+            got = nvfp4_grouped_mm(xs[0], w, offsets)
+            rec["rel_err_vs_bf16_path"] = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+
+            if args.tune:
+                rows_per_expert = max(1, t // EXPERTS)
+                cands = DECODE_CANDIDATES if rows_per_expert <= 32 else PREFILL_CANDIDATES
+                best = None
+                for cfg in cands:
+                    try:
+                        fn = lambda cfg=cfg: kern.launch_nvfp4_gemm(  # noqa: E731
+                            next_x(), w.data, w.block_scale, w.global_scale, out,
+                            expert_offsets=offsets, config=cfg)
+                        fn()
+                        us = bench(fn, rep)
+                    except Exception as exc:  # noqa: BLE001 (a config that does not compile/fit)
+                        us = float("inf")
+                        print(f"\n  config {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+                    tuning.append(dict(projection=proj, tokens=tokens, config=list(cfg), us=us))
+                    if best is None or us < best[1]:
+                        best = (cfg, us)
+                rec["tuned_best_config"], rec["tuned_best_us"] = list(best[0]), best[1]
+
+            rec["nvfp4_us"] = bench(lambda: nvfp4_grouped_mm(next_x(), w, offsets, out=out), rep)
+            if wi is not None:
+                rec["nvfp4_swiglu_us"] = bench(
+                    lambda: nvfp4_grouped_mm(next_x(), wi, offsets, out=out_sw, activation="swiglu", swiglu_limit=10.0),
+                    rep)
+            rec["bf16_grouped_mm_us"] = bench(lambda: torch._grouped_mm(next_x(), w_bf16_t, offs=offsets), rep)
+            rec["config"] = list(kern.select_config(max(1, t // EXPERTS), False))
+            rec["hbm_roofline_fraction"] = rec["hbm_roofline_us"] / rec["nvfp4_us"]
+            rec["speedup_vs_bf16"] = rec["bf16_grouped_mm_us"] / rec["nvfp4_us"]
+            rec["nvfp4_tflops"] = rec["flops"] / rec["nvfp4_us"] / 1e6
+            rec["bf16_tflops"] = rec["flops"] / rec["bf16_grouped_mm_us"] / 1e6
+            records.append(rec)
+            progress.update(f"{proj} T={t}: {rec['nvfp4_us']:.1f}us vs bf16 {rec['bf16_grouped_mm_us']:.1f}us")
+            del xs, out, out_sw
+        del w, w_bf16, w_bf16_t, wi
+        torch.cuda.empty_cache()
+
+    meta = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+        python=platform.python_version(), command="python " + " ".join(sys.argv),
+        hbm_tb_s=HBM_BYTES_PER_S / 1e12, bf16_tflops=BF16_FLOPS / 1e12,
+        weight_bytes_nvfp4_per_expert_gate_up=4096 * 7168 * 9 // 16,
+        weight_bytes_bf16_per_expert_gate_up=4096 * 7168 * 2,
+    )
+    return dict(meta=meta, records=records, tuning=tuning)
+
+
+def write_markdown(result, path):
+    m = result["meta"]
+    lines = [
+        "# NVFP4 grouped GEMM benchmark (DeepSeek-V4 experts, 256 experts, top-8)",
+        "",
+        f"- date: {m['date']}; device: {m['device']}; torch {m['torch']}; triton {m['triton']}",
+        f"- command: `{m['command']}`",
+        f"- rooflines: HBM {m['hbm_tb_s']} TB/s (touched weights + scales + activations), "
+        f"bf16 tensor cores {m['bf16_tflops']} TFLOP/s; times are do_bench medians in microseconds",
+        "",
+        "| proj | tokens | rows | experts touched | nvfp4 us | swiglu us | bf16 _grouped_mm us | HBM roofline us "
+        "| TC roofline us | % of HBM roofline | speedup vs bf16 | nvfp4 TFLOP/s | bf16 TFLOP/s | rel err vs bf16 |",
+        "|" + "---|" * 14,
+    ]
+    for r in result["records"]:
+        sw = f"{r['nvfp4_swiglu_us']:.1f}" if "nvfp4_swiglu_us" in r else "-"
+        lines.append(
+            f"| {r['projection']} | {r['tokens']} | {r['rows']} | {r['touched_experts']} | {r['nvfp4_us']:.1f} | {sw} "
+            f"| {r['bf16_grouped_mm_us']:.1f} | {r['hbm_roofline_us']:.1f} | {r['tc_roofline_us']:.1f} "
+            f"| {100 * r['hbm_roofline_fraction']:.0f}% | {r['speedup_vs_bf16']:.2f}x | {r['nvfp4_tflops']:.0f} "
+            f"| {r['bf16_tflops']:.0f} | {r['rel_err_vs_bf16_path']:.1e} |"
+        )
+    if result.get("tuning"):
+        lines += ["", "## Config sweep (--tune)", "", "| proj | tokens | config (BM, BN, BK, warps, stages, per-SM) | us |",
+                  "|---|---|---|---|"]
+        for t in result["tuning"]:
+            lines.append(f"| {t['projection']} | {t['tokens']} | {tuple(t['config'])} | {t['us']:.1f} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_plot(result, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot written (redraw with --plot-only on a machine that has it)")
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, proj in zip(axes, PROJECTIONS):
+        recs = [r for r in result["records"] if r["projection"] == proj]
+        if not recs:
+            continue
+        toks = [r["tokens"] for r in recs]
+        roof = [max(r["hbm_roofline_us"], r["tc_roofline_us"]) for r in recs]
+        ax.plot(toks, [r["nvfp4_us"] for r in recs], "o-", label="nvfp4 (ours, w4a16)")
+        ax.plot(toks, [r["bf16_grouped_mm_us"] for r in recs], "s-", label="bf16 torch._grouped_mm")
+        ax.plot(toks, [r["hbm_roofline_us"] for r in recs], "--", label="HBM roofline (nvfp4 bytes, 3.0 TB/s)")
+        ax.plot(toks, [r["bf16_hbm_roofline_us"] for r in recs], ":", label="HBM roofline (bf16 bytes)")
+        ax.plot(toks, [r["tc_roofline_us"] for r in recs], "-.", label="bf16 tensor-core roofline (749 TFLOP/s)")
+        ax.plot(toks, roof, color="gray", alpha=0.3, linewidth=6, label="max(rooflines)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        n, k = PROJECTIONS[proj]
+        ax.set_title(f"{proj}: (256, N={n}, K={k}), top-8")
+        ax.set_xlabel("tokens (rows = 8 x tokens)")
+        ax.set_ylabel("time (us), lower is better")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"NVFP4 grouped GEMM on {result['meta']['device']} ({result['meta']['date']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--tune", action="store_true", help="sweep the config candidates per shape")
+    parser.add_argument("--rep-ms", type=int, default=60)
+    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--tag", default=None, help="file name stem (default gemm_<UTC date-time>)")
+    parser.add_argument("--plot-only", default=None, help="redraw the PNG (and markdown) from a JSON result")
+    args = parser.parse_args()
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            result = json.load(f)
+        stem = os.path.splitext(args.plot_only)[0]
+        write_markdown(result, stem + ".md")
+        write_plot(result, stem + ".png")
+        return
+    if not torch.cuda.is_available():
+        sys.exit("bench_gemm.py needs a CUDA GPU")
+    t0 = time.time()
+    result = run(args)
+    result["meta"]["wall_s"] = round(time.time() - t0, 1)
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = os.path.join(args.out_dir, args.tag or "gemm_" + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M"))
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    write_markdown(result, stem + ".md")
+    write_plot(result, stem + ".png")
+    with open(stem + ".md") as f:
+        print(f.read())
+
+
+if __name__ == "__main__":
+    main()

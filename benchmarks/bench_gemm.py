@@ -45,22 +45,15 @@ TOKENS = (1, 8, 64, 512, 4096, 16384)
 # Config candidates for --tune:
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, programs_per_sm, split_even_odd)
 DECODE_CANDIDATES = [
-    (16, 64, 256, 4, 4, 4, True),
-    (16, 128, 128, 4, 4, 2, True),
-    (16, 128, 256, 8, 3, 2, True),
-    (16, 64, 128, 4, 6, 4, True),
-    (16, 128, 256, 4, 3, 2, True),
-    (16, 64, 256, 4, 4, 4, False),
-    (32, 64, 256, 4, 4, 4, True),
+    (16, 64, 64, 4, 2, 4, True),
+    (16, 128, 128, 4, 2, 4, True),
+    (16, 64, 128, 4, 2, 4, True),
+    (32, 64, 64, 4, 2, 4, True),
 ]
 PREFILL_CANDIDATES = [
     (256, 128, 64, 8, 3, 1, False),
-    (256, 128, 128, 8, 3, 1, False),
-    (256, 128, 64, 8, 4, 1, False),
     (128, 128, 64, 8, 3, 1, False),
-    (128, 256, 64, 8, 3, 1, False),
-    (128, 128, 64, 8, 3, 1, True),
-    (256, 128, 64, 8, 3, 1, True),
+    (256, 128, 64, 8, 2, 1, False),
 ]
 
 

@@ -53,9 +53,9 @@ import triton.language as tl
 #     (the ALU cost per weight element) over as many tokens as registers allow.
 # ---------------------------------------------------------------------------
 GEMM_CONFIGS = {
-    16: (16, 64, 256, 4, 4, 4, True),
-    32: (32, 64, 256, 4, 4, 4, True),
-    64: (64, 128, 128, 8, 3, 2, False),
+    16: (16, 64, 64, 4, 2, 4, True),
+    32: (32, 64, 64, 4, 2, 4, True),
+    64: (64, 128, 64, 8, 3, 1, False),
     128: (256, 128, 64, 8, 3, 1, False),
     256: (256, 128, 64, 8, 3, 1, False),
     512: (256, 128, 64, 8, 3, 1, False),
@@ -104,28 +104,72 @@ def _scale_factor(s):
 
 
 @triton.jit
-def _decode_weights(packed, scale_bytes, HIGH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    INTERPRET: tl.constexpr):
-    """Decode one nibble of each byte: (BLOCK_N, BLOCK_K//16, 8) bytes -> (BLOCK_N, BLOCK_K//16, 8) bf16.
+def _decode_weights_portable(packed, factor):
+    """Portable decode (the Triton interpreter's path), same bits as :func:`_decode_weights_asm`.
 
-    Bit trick: the nibble s|eem placed as ``s << 15 | eem << 6`` is the bf16 number
-    ``e2m1 * 2**-126`` (eem = 001 is the bf16 subnormal 2**-127); one multiply by
-    the bf16 factor ``scale * 2**118`` gives ``e2m1 * scale * 2**-8`` exactly
-    (<= 6 significant bits, exponent within bf16's normal range).
-    HIGH: take the high nibble (odd element) instead of the low one (even element).
+    packed: (BLOCK_N, BLOCK_K//2) uint8; factor: (BLOCK_N, BLOCK_K//2) float32
+    (``scale * 2**118`` per byte). Returns (even, odd) (BLOCK_N, BLOCK_K//2) bf16
+    = ``e2m1 * scale * 2**-8`` of the low / high nibbles. The nibble s|eem placed as
+    ``s << 15 | eem << 6`` is the bf16 number ``e2m1 * 2**-126`` (eem = 001 is a
+    subnormal); here it is built as an fp32 bit pattern (the interpreter flushes
+    bf16 subnormals and has no bf16 arithmetic), the product is exact.
     """
     p = packed.to(tl.int32)
-    if HIGH:
-        bits = ((p & 0x70) << 2) | ((p & 0x80) << 8)
-    else:
-        bits = ((p & 7) << 6) | ((p & 8) << 12)
-    factor = _scale_factor(scale_bytes.to(tl.int32))[:, :, None]
-    if INTERPRET:
-        # The interpreter has no bf16 arithmetic and flushes bf16 subnormals: build the same
-        # value as an fp32 bit pattern (exact product, exact final cast).
-        return ((bits << 16).to(tl.float32, bitcast=True) * factor).to(tl.bfloat16)
-    values = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return values * factor.to(tl.bfloat16)
+    lo = ((p & 7) << 22) | ((p & 8) << 28)
+    hi = ((p & 0x70) << 18) | ((p & 0x80) << 24)
+    even = (lo.to(tl.float32, bitcast=True) * factor).to(tl.bfloat16)
+    odd = (hi.to(tl.float32, bitcast=True) * factor).to(tl.bfloat16)
+    return even, odd
+
+
+@triton.jit
+def _decode_weights_asm(packed, factor):
+    """GPU decode: 4 packed bytes -> 4 even + 4 odd bf16 weights in ~3 instructions per weight.
+
+    Same contract as :func:`_decode_weights_portable`. Per 4 bytes b0..b3 (one
+    32-bit register): ``prmt`` spreads (b0, b1) and (b2, b3) into the two 16-bit
+    halves, shifts + ``lop3`` place the E2M1 magnitude bits at bf16 bits 6-8 and
+    the sign at bit 15 (``e2m1 * 2**-126`` in each half: a bf16x2 pair), and one
+    ``mul.rn.bf16x2`` by the bf16 factor ``scale * 2**118`` gives the exact
+    ``e2m1 * scale * 2**-8`` (bf16 arithmetic keeps subnormal inputs on sm_90).
+    """
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t0, t1, a, b, s0, s1, z;
+        mov.b32 z, 0;
+        cvt.rn.bf16x2.f32 s0, $6, $5;
+        cvt.rn.bf16x2.f32 s1, $8, $7;
+        prmt.b32 t0, $4, z, 0x7170;
+        prmt.b32 t1, $4, z, 0x7372;
+        shl.b32 a, t0, 6;
+        and.b32 b, t0, 0x00080008;
+        shl.b32 b, b, 12;
+        lop3.b32 a, a, 0x01C001C0, b, 0xEA;
+        mul.rn.bf16x2 $0, a, s0;
+        shl.b32 a, t1, 6;
+        and.b32 b, t1, 0x00080008;
+        shl.b32 b, b, 12;
+        lop3.b32 a, a, 0x01C001C0, b, 0xEA;
+        mul.rn.bf16x2 $1, a, s1;
+        shl.b32 a, t0, 2;
+        and.b32 b, t0, 0x00800080;
+        shl.b32 b, b, 8;
+        lop3.b32 a, a, 0x01C001C0, b, 0xEA;
+        mul.rn.bf16x2 $2, a, s0;
+        shl.b32 a, t1, 2;
+        and.b32 b, t1, 0x00800080;
+        shl.b32 b, b, 8;
+        lop3.b32 a, a, 0x01C001C0, b, 0xEA;
+        mul.rn.bf16x2 $3, a, s1;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r,r,r,r",
+        args=[packed, factor],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
 
 
 @triton.jit
@@ -139,13 +183,34 @@ def _to_bf16(v, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _k_step(
-    acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_EVEN_ODD: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    """One BLOCK_K step: acc (BLOCK_N, BLOCK_M) fp32 += decode(W tile) @ x^T tile (W carries 2**-8).
+def _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                      EVEN_N: tl.constexpr):
+    """Packed bytes (BLOCK_N, BLOCK_K//2) and scale bytes (BLOCK_N, BLOCK_K//16) of K step ``kt``.
 
-    w_ptrs: (BLOCK_N, BLOCK_K//16, 8) byte pointers; s_ptrs: (BLOCK_N, BLOCK_K//16).
+    ``kt`` must be a valid step (callers clamp prefetch indices). Masks are
+    only emitted for ragged K / N edges (EVEN_K / EVEN_N false).
+    """
+    k0 = kt * BLOCK_K
+    if EVEN_K and EVEN_N:
+        packed = tl.load(w_ptrs + k0 // 2)
+        scale_bytes = tl.load(s_ptrs + k0 // 16)
+    else:
+        offs_b = tl.arange(0, BLOCK_K // 2)
+        offs_g = tl.arange(0, BLOCK_K // 16)
+        packed = tl.load(w_ptrs + k0 // 2, mask=col_mask[:, None] & ((k0 // 2 + offs_b) < K // 2)[None, :], other=0)
+        scale_mask = col_mask[:, None] & ((k0 // 16 + offs_g) < K // 16)[None, :]
+        scale_bytes = tl.load(s_ptrs + k0 // 16, mask=scale_mask, other=0)
+    return packed, scale_bytes
+
+
+@triton.jit
+def _mma_step(
+    acc, packed, scale_bytes, kt, x_ptrs, row_mask, K,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_EVEN_ODD: tl.constexpr, EVEN_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """acc (BLOCK_N, BLOCK_M) fp32 += decode(W step kt) @ x^T step kt (the decoded W carries 2**-8).
+
     SPLIT_EVEN_ODD: x_ptrs is (BLOCK_K//2, BLOCK_M) pointing at the even K
     elements; the low nibbles multiply the even x elements and the high nibbles
     the odd ones in two half-K dots (no register shuffles on the weight side:
@@ -153,20 +218,20 @@ def _k_step(
     the two nibble halves are interleaved back into K order (one full dot).
     """
     k0 = kt * BLOCK_K
-    offs_g = tl.arange(0, BLOCK_K // 16)
-    offs_j = tl.arange(0, 8)
-    byte_k = (k0 // 2 + offs_g[:, None] * 8 + offs_j[None, :]) < K // 2  # (BLOCK_K//16, 8)
-    packed = tl.load(w_ptrs + k0 // 2, mask=col_mask[:, None, None] & byte_k[None, :, :], other=0)
-    scale_bytes = tl.load(s_ptrs + k0 // 16, mask=col_mask[:, None] & ((k0 // 16 + offs_g) < K // 16)[None, :], other=0)
-    w_even = _decode_weights(packed, scale_bytes, False, BLOCK_N, BLOCK_K, INTERPRET)
-    w_odd = _decode_weights(packed, scale_bytes, True, BLOCK_N, BLOCK_K, INTERPRET)
+    factor = _scale_factor(scale_bytes.to(tl.int32))
+    factor = tl.broadcast_to(factor[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)).reshape(BLOCK_N, BLOCK_K // 2)
+    if INTERPRET:
+        w_even, w_odd = _decode_weights_portable(packed, factor)
+    else:
+        w_even, w_odd = _decode_weights_asm(packed, factor)
     if SPLIT_EVEN_ODD:
         offs_h = tl.arange(0, BLOCK_K // 2)
-        x_mask = ((k0 // 2 + offs_h) < K // 2)[:, None] & row_mask[None, :]
+        if EVEN_K:
+            x_mask = row_mask[None, :]
+        else:
+            x_mask = ((k0 // 2 + offs_h) < K // 2)[:, None] & row_mask[None, :]
         x_even = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)
         x_odd = tl.load(x_ptrs + k0 + 1, mask=x_mask, other=0.0)
-        w_even = w_even.reshape(BLOCK_N, BLOCK_K // 2)
-        w_odd = w_odd.reshape(BLOCK_N, BLOCK_K // 2)
         if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 values are exact in fp32
             acc = tl.dot(w_even.to(tl.float32), x_even.to(tl.float32), acc, input_precision="ieee")
             return tl.dot(w_odd.to(tl.float32), x_odd.to(tl.float32), acc, input_precision="ieee")
@@ -174,7 +239,11 @@ def _k_step(
         return tl.dot(w_odd, x_odd, acc)
     else:
         offs_k = tl.arange(0, BLOCK_K)
-        xt = tl.load(x_ptrs + k0, mask=((k0 + offs_k) < K)[:, None] & row_mask[None, :], other=0.0)
+        if EVEN_K:
+            x_mask = row_mask[None, :]
+        else:
+            x_mask = ((k0 + offs_k) < K)[:, None] & row_mask[None, :]
+        xt = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)
         w = tl.join(w_even, w_odd).reshape(BLOCK_N, BLOCK_K)  # low nibble = even element
         if INTERPRET:
             return tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
@@ -188,7 +257,8 @@ def _nvfp4_gemm_kernel(
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     GROUPED: tl.constexpr, HAS_ROW_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, SPLIT_EVEN_ODD: tl.constexpr, INTERPRET: tl.constexpr,
+    SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, SPLIT_EVEN_ODD: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = (N + BLOCK_N - 1) // BLOCK_N  # (tl.cdiv gives a 1-element tensor in the interpreter)
@@ -214,7 +284,6 @@ def _nvfp4_gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     offs_h = tl.arange(0, BLOCK_K // 2)
     offs_g = tl.arange(0, BLOCK_K // 16)
-    offs_j = tl.arange(0, 8)
     k_tiles = (K + BLOCK_K - 1) // BLOCK_K
 
     # Persistent loop over work items (m-tile major, n-tile minor): programs
@@ -245,30 +314,39 @@ def _nvfp4_gemm_kernel(
             src_rows = rows.to(tl.int64)
         cols = n_start + offs_n
         col_mask = cols < N
+        if EVEN_N:
+            w_cols = cols
+        else:
+            w_cols = tl.minimum(cols, N - 1)  # clamp instead of masking; the store masks the columns
 
         if SPLIT_EVEN_ODD:
             x_ptrs = x_ptr + src_rows[None, :] * stride_xm + 2 * offs_h[:, None]
         else:
             x_ptrs = x_ptr + src_rows[None, :] * stride_xm + offs_k[:, None]
-        w_ptrs = (
-            w_ptr + expert_c * stride_we + cols[:, None, None].to(tl.int64) * stride_wn
-            + (offs_g[:, None] * 8 + offs_j[None, :])[None, :, :]
-        )
-        s_ptrs = scale_ptr + expert_c * stride_se + cols[:, None].to(tl.int64) * stride_sn + offs_g[None, :]
+        w_ptrs = w_ptr + expert_c * stride_we + w_cols[:, None].to(tl.int64) * stride_wn + offs_h[None, :]
+        s_ptrs = scale_ptr + expert_c * stride_se + w_cols[:, None].to(tl.int64) * stride_sn + offs_g[None, :]
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         k_iters = tl.where(is_real, k_tiles, 0)
+        last = tl.maximum(k_iters - 1, 0)
+        # Weight bytes feed ALU decode, not the dot, so Triton's pipeliner does
+        # not stage them: prefetch them by hand two K steps ahead, in registers
+        # (prefetch indices are clamped to the last step: no masks needed).
+        p0, s0 = _load_weight_step(w_ptrs, s_ptrs, 0, col_mask, K, BLOCK_K, EVEN_K, True)
+        p1, s1 = _load_weight_step(w_ptrs, s_ptrs, tl.minimum(1, last), col_mask, K, BLOCK_K, EVEN_K, True)
         if INTERPRET:
             # The interpreter cannot take a tensor as a range() bound (numpy >= 2): use a while loop.
             kt = 0
             while kt < k_iters:
-                acc = _k_step(acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K,
-                              BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, True)
+                p2, s2 = _load_weight_step(w_ptrs, s_ptrs, tl.minimum(kt + 2, last), col_mask, K, BLOCK_K, EVEN_K, True)
+                acc = _mma_step(acc, p0, s0, kt, x_ptrs, row_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, True)
+                p0, s0, p1, s1 = p1, s1, p2, s2
                 kt += 1
         else:
             for kt in range(0, k_iters):
-                acc = _k_step(acc, kt, x_ptrs, w_ptrs, s_ptrs, row_mask, col_mask, K,
-                              BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, False)
+                p2, s2 = _load_weight_step(w_ptrs, s_ptrs, tl.minimum(kt + 2, last), col_mask, K, BLOCK_K, EVEN_K, True)
+                acc = _mma_step(acc, p0, s0, kt, x_ptrs, row_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, False)
+                p0, s0, p1, s1 = p1, s1, p2, s2
 
         gscale = tl.load(
             global_scale_ptr + expert_c * stride_ge + cols.to(tl.int64) * stride_gn, mask=col_mask, other=0.0
@@ -364,7 +442,7 @@ def launch_nvfp4_gemm(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=triton.next_power_of_2(num_experts + 1) if grouped else 1,
         GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
-        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, SPLIT_EVEN_ODD=split, INTERPRET=interpreter,
+        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, SPLIT_EVEN_ODD=split, EVEN_K=k % block_k == 0, EVEN_N=n % block_n == 0, INTERPRET=interpreter,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -53,12 +53,12 @@ import triton.language as tl
 #     (the ALU cost per weight element) over as many tokens as registers allow.
 # ---------------------------------------------------------------------------
 GEMM_CONFIGS = {
-    16: (16, 64, 64, 4, 2, 4, True),
-    32: (32, 64, 64, 4, 2, 4, True),
+    16: (16, 64, 128, 4, 3, 4, False),
+    32: (32, 64, 128, 4, 3, 4, False),
     64: (64, 128, 64, 8, 3, 1, False),
-    128: (256, 128, 64, 8, 3, 1, False),
-    256: (256, 128, 64, 8, 3, 1, False),
-    512: (256, 128, 64, 8, 3, 1, False),
+    128: (128, 128, 128, 8, 3, 1, False),
+    256: (128, 128, 128, 8, 3, 1, False),
+    512: (128, 128, 128, 8, 3, 1, False),
 }
 # Small configurations for the Triton interpreter (CPU tests): tiny tiles so
 # that masking, multi-tile experts and the persistent loop are all exercised,
@@ -187,8 +187,8 @@ def _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, K, BLOCK_K: tl.constexpr, EV
                       EVEN_N: tl.constexpr):
     """Packed bytes (BLOCK_N, BLOCK_K//2) and scale bytes (BLOCK_N, BLOCK_K//16) of K step ``kt``.
 
-    ``kt`` must be a valid step (callers clamp prefetch indices). Masks are
-    only emitted for ragged K / N edges (EVEN_K / EVEN_N false).
+    Masks are only emitted for a ragged K edge (EVEN_K false); rows past N
+    are clamped by the caller instead of masked.
     """
     k0 = kt * BLOCK_K
     if EVEN_K and EVEN_N:
@@ -225,13 +225,14 @@ def _mma_step(
     else:
         w_even, w_odd = _decode_weights_asm(packed, factor)
     if SPLIT_EVEN_ODD:
-        offs_h = tl.arange(0, BLOCK_K // 2)
+        # one contiguous (pipelined) load, de-interleaved in registers
+        offs_k = tl.arange(0, BLOCK_K)
         if EVEN_K:
-            x_mask = row_mask[None, :]
+            xk_mask = row_mask[None, :]
         else:
-            x_mask = ((k0 // 2 + offs_h) < K // 2)[:, None] & row_mask[None, :]
-        x_even = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)
-        x_odd = tl.load(x_ptrs + k0 + 1, mask=x_mask, other=0.0)
+            xk_mask = ((k0 + offs_k) < K)[:, None] & row_mask[None, :]
+        xt = tl.load(x_ptrs + k0, mask=xk_mask, other=0.0)
+        x_even, x_odd = tl.split(tl.permute(xt.reshape(BLOCK_K // 2, 2, xt.shape[1]), (0, 2, 1)))
         if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 values are exact in fp32
             acc = tl.dot(w_even.to(tl.float32), x_even.to(tl.float32), acc, input_precision="ieee")
             return tl.dot(w_odd.to(tl.float32), x_odd.to(tl.float32), acc, input_precision="ieee")
@@ -319,34 +320,26 @@ def _nvfp4_gemm_kernel(
         else:
             w_cols = tl.minimum(cols, N - 1)  # clamp instead of masking; the store masks the columns
 
-        if SPLIT_EVEN_ODD:
-            x_ptrs = x_ptr + src_rows[None, :] * stride_xm + 2 * offs_h[:, None]
-        else:
-            x_ptrs = x_ptr + src_rows[None, :] * stride_xm + offs_k[:, None]
+        x_ptrs = x_ptr + src_rows[None, :] * stride_xm + offs_k[:, None]
         w_ptrs = w_ptr + expert_c * stride_we + w_cols[:, None].to(tl.int64) * stride_wn + offs_h[None, :]
         s_ptrs = scale_ptr + expert_c * stride_se + w_cols[:, None].to(tl.int64) * stride_sn + offs_g[None, :]
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         k_iters = tl.where(is_real, k_tiles, 0)
-        last = tl.maximum(k_iters - 1, 0)
-        # Weight bytes feed ALU decode, not the dot, so Triton's pipeliner does
-        # not stage them: prefetch them by hand two K steps ahead, in registers
-        # (prefetch indices are clamped to the last step: no masks needed).
-        p0, s0 = _load_weight_step(w_ptrs, s_ptrs, 0, col_mask, K, BLOCK_K, EVEN_K, True)
-        p1, s1 = _load_weight_step(w_ptrs, s_ptrs, tl.minimum(1, last), col_mask, K, BLOCK_K, EVEN_K, True)
         if INTERPRET:
             # The interpreter cannot take a tensor as a range() bound (numpy >= 2): use a while loop.
             kt = 0
             while kt < k_iters:
-                p2, s2 = _load_weight_step(w_ptrs, s_ptrs, tl.minimum(kt + 2, last), col_mask, K, BLOCK_K, EVEN_K, True)
-                acc = _mma_step(acc, p0, s0, kt, x_ptrs, row_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, True)
-                p0, s0, p1, s1 = p1, s1, p2, s2
+                pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, K, BLOCK_K, EVEN_K, True)
+                acc = _mma_step(acc, pa, sa, kt, x_ptrs, row_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, True)
                 kt += 1
         else:
+            # Triton's software pipeliner stages both the weight bytes and the
+            # activation tile through shared memory (cp.async, num_stages deep).
+            # (A hand-written register prefetch of the weights defeated it.)
             for kt in range(0, k_iters):
-                p2, s2 = _load_weight_step(w_ptrs, s_ptrs, tl.minimum(kt + 2, last), col_mask, K, BLOCK_K, EVEN_K, True)
-                acc = _mma_step(acc, p0, s0, kt, x_ptrs, row_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, False)
-                p0, s0, p1, s1 = p1, s1, p2, s2
+                pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, K, BLOCK_K, EVEN_K, True)
+                acc = _mma_step(acc, pa, sa, kt, x_ptrs, row_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, False)
 
         gscale = tl.load(
             global_scale_ptr + expert_c * stride_ge + cols.to(tl.int64) * stride_gn, mask=col_mask, other=0.0

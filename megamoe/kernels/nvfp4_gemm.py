@@ -41,24 +41,22 @@ import triton.language as tl
 # ---------------------------------------------------------------------------
 # Tile configurations, keyed by shape bucket.
 #
-# Key: rows per expert (T / E for grouped, M for dense), rounded up to a power
-# of two and capped. Values: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
-# num_stages, programs_per_sm, split_even_odd). The space was swept on an H100
-# with ``benchmarks/bench_gemm.py --tune`` (candidates listed there; results in
-# benchmarks/results/gemm_*.md and benchmarks/NOTES_gemm.md).
+# Key: upper bound on rows per expert (T / E for grouped, M for dense); the
+# first key >= rows_per_expert wins. Values: (BLOCK_M, BLOCK_N, BLOCK_K,
+# num_warps, num_stages, programs_per_sm, split_even_odd). The space was swept
+# on an H100 with ``benchmarks/bench_gemm.py --tune`` (candidates listed there;
+# results in benchmarks/results/gemm_*.md and benchmarks/NOTES_gemm.md).
 #   decode (<= 32 rows per expert): the token dimension is the MMA's N (16 or
-#     32); weights stream through tall tiles, several programs per SM keep
-#     bytes in flight, and the even/odd split avoids register shuffles.
-#   prefill: BLOCK_M = 256 tokens per weight tile amortises the FP4 decode
+#     32); weights stream through 64-row tiles, 4 programs per SM.
+#   prefill: BLOCK_M = 128-256 tokens per weight tile amortises the FP4 decode
 #     (the ALU cost per weight element) over as many tokens as registers allow.
 # ---------------------------------------------------------------------------
 GEMM_CONFIGS = {
-    16: (16, 64, 128, 4, 3, 4, False),
-    32: (32, 64, 128, 4, 3, 4, False),
+    4: (16, 64, 128, 4, 3, 4, True),
+    32: (32, 64, 128, 4, 3, 4, True),
     64: (64, 128, 64, 8, 3, 1, False),
-    128: (128, 128, 128, 8, 3, 1, False),
     256: (128, 128, 128, 8, 3, 1, False),
-    512: (128, 128, 128, 8, 3, 1, False),
+    1 << 62: (256, 128, 64, 8, 3, 1, False),
 }
 # Small configurations for the Triton interpreter (CPU tests): tiny tiles so
 # that masking, multi-tile experts and the persistent loop are all exercised,
@@ -74,10 +72,10 @@ def select_config(rows_per_expert: int, interpreter: bool):
     """Pick (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, programs_per_sm, split_even_odd)."""
     if interpreter:
         return INTERPRETER_CONFIGS[rows_per_expert <= 4]
-    bucket = 16
-    while bucket < rows_per_expert and bucket < 512:
-        bucket *= 2
-    return GEMM_CONFIGS[bucket]
+    for bound, config in GEMM_CONFIGS.items():
+        if rows_per_expert <= bound:
+            return config
+    raise AssertionError("unreachable: the last bound is unbounded")
 
 
 @functools.lru_cache(maxsize=None)
@@ -89,7 +87,7 @@ def _num_sms(device_index: int) -> int:
 def _scale_factor(s):
     """E4M3 block-scale bytes (int32) -> float32 ``scale * 2**118`` (exact); 0x7F / 0xFF -> NaN.
 
-    The factor 2**118 pairs with the E2M1 bit trick of :func:`_decode_weights`
+    The factor 2**118 pairs with the E2M1 bit trick of :func:`_decode_weights_asm`
     (values carry 2**-126); the product is ``e2m1 * scale * 2**-8``, and the
     epilogue multiplies by ``global_scale * 2**8``. Normal E4M3 (exponent field
     e > 0) maps to the bf16/fp32 exponent ``e + 238`` by integer arithmetic;
@@ -218,7 +216,11 @@ def _mma_step(
     the two nibble halves are interleaved back into K order (one full dot).
     """
     k0 = kt * BLOCK_K
-    factor = _scale_factor(scale_bytes.to(tl.int32))
+    if INTERPRET:
+        factor = _scale_factor(scale_bytes.to(tl.int32))
+    else:
+        # hardware e4m3 -> f16 -> f32 conversion (exact; 0x7F/0xFF -> NaN), times 2**118 (exact)
+        factor = scale_bytes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 3.3230699894622794e35
     factor = tl.broadcast_to(factor[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)).reshape(BLOCK_N, BLOCK_K // 2)
     if INTERPRET:
         w_even, w_odd = _decode_weights_portable(packed, factor)
@@ -245,9 +247,10 @@ def _mma_step(
         else:
             x_mask = ((k0 + offs_k) < K)[:, None] & row_mask[None, :]
         xt = tl.load(x_ptrs + k0, mask=x_mask, other=0.0)
-        w = tl.join(w_even, w_odd).reshape(BLOCK_N, BLOCK_K)  # low nibble = even element
         if INTERPRET:
+            w = tl.join(w_even, w_odd).reshape(BLOCK_N, BLOCK_K)  # low nibble = even element
             return tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+        w = tl.join(w_even, w_odd).reshape(BLOCK_N, BLOCK_K)  # low nibble = even element
         return tl.dot(w, xt, acc)
 
 

@@ -254,7 +254,9 @@ def _mma_step(
         return tl.dot(w, xt, acc)
 
 
-@triton.jit
+# num_rows / num_programs change from call to call: no value specialisation, so a warmed-up
+# model never recompiles when the token count changes (only the config bucket can).
+@triton.jit(do_not_specialize=["num_rows", "num_programs"])
 def _nvfp4_gemm_kernel(
     x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr,
     num_rows, N, K, num_experts, swiglu_limit, num_programs,

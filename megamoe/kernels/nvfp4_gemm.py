@@ -29,6 +29,14 @@ launch is CUDA-graph capturable.
 
 Epilogue options: bias (dense), and a fused SwiGLU for gate/up weights stored in
 the interleaved layout (row 2j = gate j, row 2j+1 = up j).
+
+Triton interpreter (CPU tests, ``INTERPRET`` constexpr): with Triton 3.6 and
+numpy 2.x the interpreter cannot use a tensor as a ``range()`` bound, computes
+bf16 ``tl.dot`` wrongly, truncates fp32 -> bf16 casts and flushes bf16
+subnormals, so that path uses while loops, fp32 dots on exactly-representable
+values, an explicit round-to-nearest-even cast and an fp32 form of the decode.
+The GPU path (inline PTX decode, hardware E4M3 conversion) is sm_90 only here;
+no ``tl.dot_scaled`` path for sm_100/sm_120 is provided.
 """
 from __future__ import annotations
 

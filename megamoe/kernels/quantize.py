@@ -220,9 +220,10 @@ def _quantize_rows_kernel(
 
 @triton.jit
 def _bf16_rne(v):
-    """float32 -> bfloat16, round to nearest even, NaN -> 0x7FC0 (torch's bits), by integer ops.
+    """float32 -> bfloat16, round to nearest even, NaN -> 0x7FC0 (canonical NaN), by integer ops.
 
-    The interpreter's own cast truncates; this gives torch's bits everywhere.
+    The interpreter's own cast truncates; this gives torch's bits for every
+    non-NaN value on GPU and interpreter alike.
     """
     bits = v.to(tl.int32, bitcast=True)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16

@@ -41,20 +41,23 @@ from ..format.constants import AMAX_FLOOR, BLOCK_SIZE, E4M3_NAN_BYTE, GLOBAL_SCA
 from .nvfp4_jit import e2m1_decode, e2m1_magnitude_code, e4m3_decode, e4m3_encode, sign_bit
 
 # ---------------------------------------------------------------------------
-# Tile configurations (BLOCK_M rows, BLOCK_K elements along K, num_warps).
-# Measured on an H100 with ``benchmarks/bench_quantize.py --tune`` (results in
-# benchmarks/results/quantize_*.md). The kernels are pure streaming: a tile of
-# ~8K elements per program keeps enough bytes in flight per SM.
-#   "tiles": the single-pass kernel (given scale, per-tensor dynamic pass 2).
-#   "rows":  the per-row dynamic kernel (whole rows per program, loop over K).
-#   "dequant": the dequantize kernel.
-#   "amax":  (BLOCK elements per chunk, num_warps, max partials).
+# Tile configurations: kind -> ((max_rows, config), ...), first bucket whose
+# max_rows >= M wins; config = (BLOCK_M rows, BLOCK_K elements along K,
+# num_warps), or for "amax" (BLOCK elements per chunk, num_warps, max partials).
+# Chosen from the H100 sweep of ``benchmarks/bench_quantize.py --tune`` (results
+# in benchmarks/results/quantize_*.md). The kernels are pure streaming; a tile
+# of a few thousand elements per program keeps enough bytes in flight per SM,
+# and few-row problems take 1-row tiles so that they still fill the machine.
+#   "tiles":   single-pass kernel (given scale; per-tensor dynamic pass 2).
+#   "rows":    per-row dynamic kernel (whole rows per program, 2 sweeps over K).
+#   "dequant": dequantize kernel.
+#   "amax":    per-tensor amax partials (pass 1).
 # ---------------------------------------------------------------------------
 QUANTIZE_CONFIGS = {
-    "tiles": (8, 1024, 8),
-    "rows": (4, 1024, 8),
-    "dequant": (8, 1024, 8),
-    "amax": (8192, 8, 512),
+    "tiles": ((256, (1, 1024, 4)), (1 << 62, (8, 1024, 8))),
+    "rows": ((256, (1, 1024, 4)), (1 << 62, (4, 1024, 8))),
+    "dequant": ((256, (1, 1024, 4)), (1 << 62, (8, 1024, 8))),
+    "amax": ((1 << 62, (8192, 8, 512)),),
 }
 # Small tiles for the Triton interpreter (CPU tests): several tiles per row and
 # per column so that masking, multi-tile rows and the partial reduction are all
@@ -266,13 +269,19 @@ def _dequantize_kernel(
     tl.store(out_ptr + rows[:, None, None] * K + cols[None, :, :], result, mask=omask)
 
 
-def _config(name: str, interpreter: bool):
-    return (INTERPRETER_CONFIGS if interpreter else QUANTIZE_CONFIGS)[name]
+def select_config(kind: str, rows: int, interpreter: bool = False) -> tuple:
+    """The tile configuration of kernel ``kind`` ("tiles", "rows", "dequant", "amax") for ``rows`` rows."""
+    if interpreter:
+        return INTERPRETER_CONFIGS[kind]
+    for max_rows, config in QUANTIZE_CONFIGS[kind]:
+        if rows <= max_rows:
+            return config
+    raise AssertionError("unreachable: the last bucket is unbounded")
 
 
 def amax_partials_count(numel: int, interpreter: bool = False) -> int:
     """Number of amax partials (programs of the per-tensor first pass) for ``numel`` elements."""
-    block, _, max_partials = _config("amax", interpreter)
+    block, _, max_partials = select_config("amax", 0, interpreter)
     return max(1, min(triton.cdiv(numel, block), max_partials))
 
 
@@ -306,7 +315,7 @@ def launch_quantize(
     k_loop = cols_p * BLOCK_SIZE
     common = dict(AMAX_FLOOR_C=AMAX_FLOOR, DIVISOR=GLOBAL_SCALE_DIVISOR, NAN_BYTE=E4M3_NAN_BYTE)
     if global_scale is None and per_row:
-        block_m, block_k, warps = config or _config("rows", interpreter)
+        block_m, block_k, warps = config or select_config("rows", M, interpreter)
         if scale_only:
             data, block_scale, swz, grid_rows, k_loop = x, x, x, M, K
         _quantize_rows_kernel[(triton.cdiv(grid_rows, block_m),)](
@@ -317,7 +326,7 @@ def launch_quantize(
         return
     if global_scale is None:
         num_partials = amax_partials_count(M * K, interpreter)
-        amax_block, amax_warps, max_partials = _config("amax", interpreter)
+        amax_block, amax_warps, max_partials = select_config("amax", M, interpreter)
         _amax_partials_kernel[(num_partials,)](
             x, partials, M * K, num_partials, BLOCK=amax_block, FINALIZE=False, num_warps=amax_warps, **common)
         if scale_only:
@@ -330,7 +339,7 @@ def launch_quantize(
         num_partials, max_partials = 1, 1
         mode = GS_GIVEN_SCALAR if global_scale.numel() == 1 else GS_GIVEN_PER_ROW
         gs_in = partials = global_scale_out = global_scale
-    block_m, block_k, warps = config or _config("tiles", interpreter)
+    block_m, block_k, warps = config or select_config("tiles", M, interpreter)
     grid = (triton.cdiv(grid_rows, block_m), triton.cdiv(k_loop, block_k))
     _quantize_tiles_kernel[grid](
         x, data, block_scale, swz, gs_in, partials, global_scale_out, M, K, rows_p, cols_p, num_partials,
@@ -345,7 +354,7 @@ def launch_dequantize(data, block_scale, global_scale, out, *, config=None, inte
     global_scale: float32 with 1 element (per tensor) or M contiguous elements (per row).
     """
     M, K = out.shape
-    block_m, block_k, warps = config or _config("dequant", interpreter)
+    block_m, block_k, warps = config or select_config("dequant", M, interpreter)
     grid = (triton.cdiv(M, block_m), triton.cdiv(K, block_k))
     _dequantize_kernel[grid](data, block_scale, global_scale, out, M, K, PER_ROW=global_scale.numel() != 1,
                              BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps)

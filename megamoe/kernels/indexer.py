@@ -1,0 +1,88 @@
+"""Indexer scoring kernel: V4 lightning-indexer scores of one query per request over its NVFP4 keys.
+
+``scores[b, t] = sum_h weights[b, h] * relu(q[b, h] . key_t)`` for ``t < n_entries[b]``, ``-inf`` for
+``n_entries[b] <= t < max_entries``. Keys are read from the paged pool through the block table and
+decoded in-kernel: E2M1 code * E4M3 block scale is exact in bf16 (<= 2 + 4 significant bits), so the
+bf16 tensor-core dot sees the exact key; products accumulate in float32. Even and odd key elements (the
+low and high nibbles) are multiplied with the even and odd query dims separately, so the packed bytes
+never need interleaving. One program per (row, BLOCK_T entries). Reference:
+``megamoe.reference.kvcache.indexer_scores`` (float64; agreement to float32 summation order).
+"""
+import triton
+import triton.language as tl
+
+from .nvfp4_jit import e2m1_decode, e4m3_decode
+
+#: Entries per program (GPU, interpreter).
+BLOCK_T = {"gpu": 64, "interpreter": 16}
+
+
+@triton.jit
+def _exact_bf16(v):
+    """float32 -> bfloat16 for values exactly representable in bf16 (dropping 16 zero bits); unlike a
+    plain cast this is right in the interpreter too."""
+    return (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _indexer_scores_kernel(
+    q_ptr,                        # (B, H, KEY_DIM) bf16
+    weights_ptr,                  # (B, H) float32
+    slots_ptr, n_entries_ptr,     # (B,) int32
+    block_table_ptr,              # (S, MAX_LB) int32
+    key_data_ptr,                 # (P, KEY_DIM // 2) uint8
+    key_scale_ptr,                # (P, KEY_DIM // 16) uint8
+    scores_ptr,                   # (B, max_entries) float32
+    max_entries, max_lb,
+    H: tl.constexpr, KEY_DIM: tl.constexpr, EPB: tl.constexpr, BLOCK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    row = tl.program_id(0)
+    t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    HALF: tl.constexpr = KEY_DIM // 2
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    n = tl.load(n_entries_ptr + row)
+    live = t < tl.minimum(n, max_entries)
+    page = tl.load(block_table_ptr + slot * max_lb + t // EPB, mask=live & (t // EPB < max_lb), other=-1)
+    live = live & (page >= 0)
+    src = page.to(tl.int64) * EPB + t % EPB
+
+    i = tl.arange(0, HALF)[None, :]
+    packed = tl.load(key_data_ptr + src[:, None] * HALF + i, mask=live[:, None], other=0).to(tl.int32)
+    scale_code = tl.load(key_scale_ptr + src[:, None] * (KEY_DIM // 16) + i // 8, mask=live[:, None], other=0)
+    scale = e4m3_decode(scale_code)
+    k_even = _exact_bf16(e2m1_decode(packed & 0xF) * scale)
+    k_odd = _exact_bf16(e2m1_decode(packed >> 4) * scale)
+
+    h = tl.arange(0, H)[:, None]
+    q_row = q_ptr + row * (H * KEY_DIM) + h * KEY_DIM
+    q_even = tl.load(q_row + 2 * i)
+    q_odd = tl.load(q_row + 2 * i + 1)
+    if INTERPRET:  # the interpreter's bf16 dot is wrong; the bf16 values are exact in float32
+        logits = (tl.dot(k_even.to(tl.float32), tl.trans(q_even.to(tl.float32)))
+                  + tl.dot(k_odd.to(tl.float32), tl.trans(q_odd.to(tl.float32))))
+    else:
+        logits = tl.dot(k_even, tl.trans(q_even)) + tl.dot(k_odd, tl.trans(q_odd))   # (BLOCK, H) float32
+    w = tl.load(weights_ptr + row * H + tl.arange(0, H))
+    score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
+    score = tl.where(live, score, float("-inf"))
+    tl.store(scores_ptr + row.to(tl.int64) * max_entries + t, score, mask=t < max_entries)
+
+
+def launch_indexer_scores(q, weights, slots, n_entries, block_table, index_keys, index_key_scale_u8, scores,
+                          *, entries_per_block: int, interpreter: bool = False):
+    """q: (B, H, Di) bf16 contiguous; weights: (B, H) float32; slots, n_entries: (B,) int32;
+    block_table: (S, L) int32; index_keys: (P, Di // 2) uint8; index_key_scale_u8: (P, Di // 16) uint8;
+    scores: (B, max_entries) float32 output."""
+    B, H, key_dim = q.shape
+    max_entries = scores.shape[1]
+    if B == 0 or max_entries == 0:
+        return
+    block = BLOCK_T["interpreter" if interpreter else "gpu"]
+    grid = (B, triton.cdiv(max_entries, block))
+    _indexer_scores_kernel[grid](
+        q, weights, slots, n_entries, block_table, index_keys, index_key_scale_u8, scores,
+        max_entries, block_table.shape[1],
+        H=H, KEY_DIM=key_dim, EPB=entries_per_block, BLOCK=block, INTERPRET=interpreter,
+        num_warps=4,
+    )

@@ -1,0 +1,78 @@
+"""Dequantizing reader: gather selected compressed entries from the paged pool back to bf16.
+
+``out[b, j] = [bf16(fp8 * scale), rope]`` of entry ``indices[b, j]`` of slot ``slots[b]``; index -1 (or an
+unallocated page) gives zeros. One program per (row, BLOCK_K selected entries). Bit-exact with
+``megamoe.reference.kvcache.gather_entries`` (integer E4M3 decode, integer bf16 round-to-nearest-even).
+"""
+import triton
+import triton.language as tl
+
+from .nvfp4_jit import e4m3_decode
+
+BLOCK_K = 16
+
+
+@triton.jit
+def _bf16_bits_rne(v):
+    """float32 -> bf16 bit pattern (int16), round to nearest even; NaN -> 0x7FC0."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(v != v, 0x7FC0, rounded)
+    return rounded.to(tl.int16)
+
+
+@triton.jit
+def _gather_entries_kernel(
+    indices_ptr,                  # (B, K) int32
+    slots_ptr,                    # (B,) int32
+    block_table_ptr,              # (S, MAX_LB) int32
+    fp8_ptr,                      # (P, NOPE) uint8
+    scale_ptr,                    # (P,) float32
+    rope_ptr,                     # (P, ROPE) int16
+    out_ptr,                      # (B, K, NOPE + ROPE) int16 view of bf16
+    K, max_lb,
+    EPB: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr,
+    NOPE_P2: tl.constexpr, ROPE_P2: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    jmask = j < K
+    HEAD_DIM: tl.constexpr = NOPE + ROPE
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    t = tl.load(indices_ptr + row * K + j, mask=jmask, other=-1)
+    logical = tl.where(t >= 0, t // EPB, 0)
+    page = tl.load(block_table_ptr + slot * max_lb + logical, mask=(t >= 0) & (logical < max_lb), other=-1)
+    valid = (t >= 0) & (page >= 0)
+    src = page.to(tl.int64) * EPB + tl.where(t >= 0, t % EPB, 0)
+
+    n = tl.arange(0, NOPE_P2)[None, :]
+    nmask = (n < NOPE) & valid[:, None]
+    code = tl.load(fp8_ptr + src[:, None] * NOPE + n, mask=nmask, other=0)
+    scale = tl.load(scale_ptr + src, mask=valid, other=0.0)
+    value = e4m3_decode(code) * scale[:, None]
+    bits = tl.where(nmask, _bf16_bits_rne(value), 0).to(tl.int16)
+    out_row = (row * K + j).to(tl.int64) * HEAD_DIM
+    tl.store(out_ptr + out_row[:, None] + n, bits, mask=(n < NOPE) & jmask[:, None])
+
+    r = tl.arange(0, ROPE_P2)[None, :]
+    rmask = (r < ROPE) & valid[:, None]
+    rope = tl.load(rope_ptr + src[:, None] * ROPE + r, mask=rmask, other=0)
+    tl.store(out_ptr + out_row[:, None] + NOPE + r, rope, mask=(r < ROPE) & jmask[:, None])
+
+
+def launch_gather_entries(indices, slots, block_table, entries_fp8_u8, entries_scale, entries_rope_i16, out_i16,
+                          *, entries_per_block: int):
+    """indices: (B, K) int32; slots: (B,) int32; block_table: (S, L) int32; pool tensors flattened over
+    (page, slot); out_i16: (B, K, head_dim) int16 view of the bf16 output."""
+    B, K = indices.shape
+    if B == 0 or K == 0:
+        return
+    nope = entries_fp8_u8.shape[-1]
+    rope = entries_rope_i16.shape[-1]
+    grid = (B, triton.cdiv(K, BLOCK_K))
+    _gather_entries_kernel[grid](
+        indices, slots, block_table, entries_fp8_u8, entries_scale, entries_rope_i16, out_i16,
+        K, block_table.shape[1],
+        EPB=entries_per_block, NOPE=nope, ROPE=rope,
+        NOPE_P2=triton.next_power_of_2(nope), ROPE_P2=triton.next_power_of_2(rope), BLOCK=BLOCK_K,
+    )

@@ -1,0 +1,171 @@
+"""Functional steps of the compressed cache: validation and dispatch (Triton kernels or references).
+
+Dispatch rule (``megamoe.ops._dispatch.use_triton``): CUDA tensors -> Triton; CPU tensors -> the PyTorch
+reference, or the Triton launcher through the interpreter when ``TRITON_INTERPRET=1``. Nothing here
+reads device values on the host, so every step is sync-free and CUDA-graph capturable on the Triton path.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops._dispatch import interpreter_enabled, use_triton
+from .state import CompressorState, PagedPool
+
+
+def _ref():
+    from ..reference import kvcache as ref  # late import: reference.kvcache imports this package's modules
+    return ref
+
+
+def _check(t, name: str, dtype, shape: tuple, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def _check_batch(slots, positions, active, B: int, device) -> None:
+    _check(slots, "slots", torch.int32, (B,), device)
+    _check(positions, "positions", torch.int32, (B,), device)
+    if active is not None:
+        _check(active, "active", torch.bool, (B,), device)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """(pages, epb, ...) -> (pages * epb, ...) view."""
+    return t.view(t.shape[0] * t.shape[1], *t.shape[2:])
+
+
+def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tensor, slots: torch.Tensor,
+                    positions: torch.Tensor, active: torch.Tensor, pooled: torch.Tensor,
+                    flush: torch.Tensor) -> None:
+    """Append one token per active row to its slot's tail; rows reaching a multiple of m pool and rotate.
+
+    kv, score: (B, C * D) float32, C = 2 for CSA (``[:D]`` overlap half, ``[D:]`` main half), 1 for HCA.
+    slots, positions: (B,) int32 (position of the appended token); active: (B,) bool.
+    pooled: (B, D) float32 output (rows that flush are written, others untouched).
+    flush: (B,) bool output (active and ``(pos + 1) % m == 0``). ``state`` is mutated in place.
+    """
+    B, dev = kv.shape[0], kv.device
+    _check(kv, "kv", torch.float32, (B, state.cols), dev)
+    _check(score, "score", torch.float32, (B, state.cols), dev)
+    _check_batch(slots, positions, active, B, dev)
+    _check(pooled, "pooled", torch.float32, (B, state.width), dev)
+    _check(flush, "flush", torch.bool, (B,), dev)
+    if use_triton(kv):
+        from ..kernels.kvcache_compress import launch_compress_step
+        launch_compress_step(kv, score, slots, positions, active.view(torch.int8), state.tail_k, state.tail_z,
+                             state.tail_kb, state.tail_zb, state.tail_len, pooled, flush.view(torch.int8),
+                             ratio=state.ratio, width=state.width, overlap=state.overlap)
+        return
+    out, fl = _ref().compressor_step(state, kv, score, slots, positions, active, pooled_out=pooled)
+    pooled.copy_(out)
+    flush.copy_(fl)
+
+
+def flush_write(pool: PagedPool, block_table: torch.Tensor, entry: torch.Tensor, index_key: torch.Tensor | None,
+                flush: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, *, ratio: int) -> None:
+    """Quantize + scatter the flushing rows' entries into the pool (others: no-op, inside the kernel).
+
+    entry: (B, head_dim) bf16 (last rope_dim dims stored bf16, the rest FP8 with one float32 scale);
+    index_key: (B, index_head_dim) bf16 for CSA (stored NVFP4), None for HCA; flush: (B,) bool;
+    slots, positions: (B,) int32 (row b writes entry ``positions[b] // ratio``); block_table: (S, L) int32.
+    """
+    B, dev = entry.shape[0], entry.device
+    nope, rope = pool.entries_fp8.shape[-1], pool.entries_rope.shape[-1]
+    _check(entry, "entry", torch.bfloat16, (B, nope + rope), dev)
+    if (index_key is None) != (pool.index_keys is None):
+        raise ValueError("index_key: expected a (B, index_head_dim) bf16 tensor exactly when the pool has "
+                         "indexer keys (CSA)")
+    if index_key is not None:
+        _check(index_key, "index_key", torch.bfloat16, (B, pool.index_keys.shape[-1] * 2), dev)
+    _check(flush, "flush", torch.bool, (B,), dev)
+    _check_batch(slots, positions, None, B, dev)
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.device != dev:
+        raise TypeError(f"block_table: expected a 2-D int32 tensor on {dev}")
+    if use_triton(entry):
+        from ..kernels.kvcache_flush import launch_flush_write
+        keys = None if index_key is None else _flat(pool.index_keys)
+        key_scale = None if index_key is None else _flat(pool.index_key_scale).view(torch.uint8)
+        launch_flush_write(entry, index_key, flush.view(torch.int8), slots, positions, block_table,
+                           _flat(pool.entries_fp8).view(torch.uint8), _flat(pool.entries_scale),
+                           _flat(pool.entries_rope).view(torch.int16), keys, key_scale,
+                           ratio=ratio, entries_per_block=pool.entries_scale.shape[1])
+        return
+    _ref().flush_write(pool, block_table, entry, index_key, flush, slots, positions, ratio)
+
+
+def gather_entries(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tensor, indices: torch.Tensor,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize selected entries: indices (B, K) int32 (-1 = none) -> (B, K, head_dim) bf16.
+
+    Non-RoPE dims: ``bf16(fp8 * scale)``; RoPE dims as stored; -1 / unallocated: zeros.
+    """
+    B, K = indices.shape
+    dev = indices.device
+    d = pool.entries_fp8.shape[-1] + pool.entries_rope.shape[-1]
+    _check(indices, "indices", torch.int32, (B, K), dev)
+    _check(slots, "slots", torch.int32, (B,), dev)
+    if out is None:
+        out = torch.empty((B, K, d), dtype=torch.bfloat16, device=dev)
+    _check(out, "out", torch.bfloat16, (B, K, d), dev)
+    if use_triton(indices):
+        from ..kernels.kvcache_gather import launch_gather_entries
+        launch_gather_entries(indices, slots, block_table, _flat(pool.entries_fp8).view(torch.uint8),
+                              _flat(pool.entries_scale), _flat(pool.entries_rope).view(torch.int16),
+                              out.view(torch.int16), entries_per_block=pool.entries_scale.shape[1])
+        return out
+    out.copy_(_ref().gather_entries(pool, block_table, slots, indices))
+    return out
+
+
+def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, weights: torch.Tensor,
+                   slots: torch.Tensor, n_entries: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """V4 indexer scores: q (B, H, Di) bf16, weights (B, H) float32 (already including
+    ``softmax_scale * H**-0.5``), n_entries (B,) int32 -> scores (B, T) float32 (written in place),
+    ``sum_h w_h relu(q_h . k_t)`` for ``t < n_entries[b]``, -inf after."""
+    if pool.index_keys is None:
+        raise ValueError("pool: has no indexer keys (HCA caches have no indexer)")
+    B, H, di = q.shape
+    dev = q.device
+    _check(q, "q", torch.bfloat16, (B, H, pool.index_keys.shape[-1] * 2), dev)
+    _check(weights, "weights", torch.float32, (B, H), dev)
+    _check(slots, "slots", torch.int32, (B,), dev)
+    _check(n_entries, "n_entries", torch.int32, (B,), dev)
+    if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[0] != B or not scores.is_contiguous():
+        raise ValueError(f"scores: expected a contiguous (B={B}, T) float32 tensor")
+    if use_triton(q):
+        from ..kernels.indexer import launch_indexer_scores
+        launch_indexer_scores(q, weights, slots, n_entries, block_table, _flat(pool.index_keys),
+                              _flat(pool.index_key_scale).view(torch.uint8), scores,
+                              entries_per_block=pool.entries_scale.shape[1], interpreter=interpreter_enabled())
+        return scores
+    scores.copy_(_ref().indexer_scores(pool, block_table, q, weights, slots, n_entries, scores.shape[1]))
+    return scores
+
+
+def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, T) float32 -> (B, min(k, T)) int32: best first, ties to the lower index, -1 for -inf slots."""
+    return _ref().select_topk(scores, k)
+
+
+def swa_append(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+               active: torch.Tensor) -> None:
+    """One vectorized scatter into the sliding-window cache.
+
+    swa_rows: (S * window + 1, D) storage whose last row is a scratch row; row ``slot * window + pos % window``
+    receives ``kv[b]`` for active rows, inactive rows write the scratch row (no host branching).
+    """
+    B = kv.shape[0]
+    _check(kv, "kv", swa_rows.dtype, (B, swa_rows.shape[1]), swa_rows.device)
+    _check_batch(slots, positions, active, B, swa_rows.device)
+    scratch = swa_rows.shape[0] - 1
+    rows = slots.to(torch.int64) * window + torch.remainder(positions, window)
+    rows = torch.where(active, rows, torch.full_like(rows, scratch))
+    swa_rows.index_copy_(0, rows, kv)

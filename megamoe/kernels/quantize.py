@@ -34,6 +34,7 @@ device values on the host, so they are CUDA-graph capturable.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -54,9 +55,9 @@ from .nvfp4_jit import e2m1_decode, e2m1_magnitude_code, e4m3_decode, e4m3_encod
 #   "amax":    per-tensor amax partials (pass 1).
 # ---------------------------------------------------------------------------
 QUANTIZE_CONFIGS = {
-    "tiles": ((256, (1, 1024, 4)), (1 << 62, (8, 1024, 8))),
-    "rows": ((256, (1, 1024, 4)), (1 << 62, (4, 1024, 8))),
-    "dequant": ((256, (1, 1024, 4)), (1 << 62, (8, 1024, 8))),
+    "tiles": ((256, (1, 1024, 4)), (1 << 62, (2, 1024, 4))),
+    "rows": ((256, (1, 2048, 8)), (1 << 62, (1, 1024, 4))),
+    "dequant": ((1 << 62, (1, 1024, 4)),),
     "amax": ((1 << 62, (8192, 8, 512)),),
 }
 # Small tiles for the Triton interpreter (CPU tests): several tiles per row and
@@ -68,6 +69,9 @@ INTERPRETER_CONFIGS = {
     "dequant": (4, 64, 4),
     "amax": (256, 4, 512),
 }
+
+# Element kinds (quantize input / dequantize output): how a pair word maps to two float32.
+_IN_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 # Global-scale modes of ``_quantize_tiles_kernel``.
 GS_GIVEN_SCALAR = 0
@@ -114,40 +118,71 @@ def _amax_partials_kernel(
 
 
 @triton.jit
+def _load_pairs(words_ptr, offsets, mask, IN_KIND: tl.constexpr):
+    """Load (even, odd) elements as float32 from one word per pair (exact conversions).
+
+    words: x reinterpreted as int32 pairs (IN_KIND 0: bf16, 1: fp16) or int64
+    pairs (IN_KIND 2: fp32); the even element sits in the low half (little
+    endian). One wide load per pair keeps the accesses vectorised without any
+    register shuffles to separate even from odd elements.
+    """
+    w = tl.load(words_ptr + offsets, mask=mask, other=0)
+    if IN_KIND == 0:
+        even = (w << 16).to(tl.float32, bitcast=True)
+        odd = (w & -65536).to(tl.float32, bitcast=True)
+    elif IN_KIND == 1:
+        even = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        odd = ((w >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        even = (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+        odd = (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return even, odd
+
+
+@triton.jit
+def _e2m1_codes(x, denom):
+    """4-bit codes of x / denom (exact division, RNE, ties to even code; sign of x)."""
+    return e2m1_magnitude_code(tl.abs(tl.div_rn(x, denom))) | (sign_bit(x) << 3)
+
+
+@triton.jit
 def _quantize_tile(
-    x_ptr, data_ptr, scale_ptr, swz_ptr, gs, row0, k0, M, K, rows_p, cols_p,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SWIZZLE: tl.constexpr, NAN_BYTE: tl.constexpr,
+    words_ptr, data_ptr, scale_ptr, swz_ptr, gs, row0, k0, M, K, rows_p, cols_p,
+    IN_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SWIZZLE: tl.constexpr,
+    NAN_BYTE: tl.constexpr,
 ):
-    """Quantize the (BLOCK_M, BLOCK_K) tile at (row0, k0); ``gs``: (BLOCK_M,) float32."""
+    """Quantize the (BLOCK_M, BLOCK_K) tile at (row0, k0); ``gs``: (BLOCK_M,) float32.
+
+    Works on (BLOCK_M, BLOCK_K // 16, 8) pairs: axis 1 = 16-element block,
+    axis 2 = pair within the block; the packed byte of a pair is
+    ``code(even) | code(odd) << 4``.
+    """
     NB: tl.constexpr = BLOCK_K // 16
     rows = row0 + tl.arange(0, BLOCK_M).to(tl.int64)
     blocks = k0 // 16 + tl.arange(0, NB)
-    lanes = tl.arange(0, 16)
-    cols = blocks[:, None] * 16 + lanes[None, :]  # (NB, 16)
+    half_k = K // 2
+    pcols = blocks[:, None] * 8 + tl.arange(0, 8)[None, :]  # (NB, 8) pair index along the row
     row_ok = rows < M
-    mask = row_ok[:, None, None] & (cols < K)[None, :, :]
-    x = tl.load(x_ptr + rows[:, None, None] * K + cols[None, :, :], mask=mask, other=0.0).to(tl.float32)
+    pmask = row_ok[:, None, None] & (pcols < half_k)[None, :, :]
+    poffs = rows[:, None, None] * half_k + pcols[None, :, :]
+    even, odd = _load_pairs(words_ptr, poffs, pmask, IN_KIND)
 
-    a = tl.abs(x)
-    finite = a < float("inf")
-    block_amax = tl.max(tl.where(finite, a, 0.0), axis=2)  # (BM, NB)
-    block_bad = tl.max((~finite).to(tl.int32), axis=2) > 0
+    a_even = tl.abs(even)
+    a_odd = tl.abs(odd)
+    fin_even = a_even < float("inf")
+    fin_odd = a_odd < float("inf")
+    block_amax = tl.maximum(tl.max(tl.where(fin_even, a_even, 0.0), axis=2),
+                            tl.max(tl.where(fin_odd, a_odd, 0.0), axis=2))  # (BM, NB)
+    block_bad = tl.max(((~fin_even) | (~fin_odd)).to(tl.int32), axis=2) > 0
     gs2 = gs[:, None]
     scale_f32 = tl.minimum(tl.div_rn(block_amax, gs2 * 6.0), 448.0)
     byte = e4m3_encode(scale_f32)
     scale_dec = e4m3_decode(byte)
     safe = (scale_dec > 0) & (~block_bad)
-    denom = tl.where(safe, scale_dec * gs2, 1.0)
-    v = tl.div_rn(x, denom[:, :, None])
-    code = e2m1_magnitude_code(tl.abs(v)) | (sign_bit(x) << 3)
-    code = tl.where(safe[:, :, None], code, 0)
-    low, high = tl.split(tl.reshape(code, (BLOCK_M, NB, 8, 2)))
-    packed = (low | (high << 4)).to(tl.uint8)  # (BM, NB, 8)
-
-    half_k = K // 2
-    pcols = blocks[:, None] * 8 + tl.arange(0, 8)[None, :]
-    pmask = row_ok[:, None, None] & (pcols < half_k)[None, :, :]
-    tl.store(data_ptr + rows[:, None, None] * half_k + pcols[None, :, :], packed, mask=pmask)
+    denom = tl.where(safe, scale_dec * gs2, 1.0)[:, :, None]
+    packed = _e2m1_codes(even, denom) | (_e2m1_codes(odd, denom) << 4)
+    packed = tl.where(safe[:, :, None], packed, 0).to(tl.uint8)  # (BM, NB, 8)
+    tl.store(data_ptr + poffs, packed, mask=pmask)
 
     byte = tl.where(block_bad, NAN_BYTE, byte).to(tl.uint8)
     num_blocks = K // 16
@@ -165,9 +200,9 @@ def _quantize_tile(
 
 @triton.jit(do_not_specialize=["M", "rows_p", "num_partials"])
 def _quantize_tiles_kernel(
-    x_ptr, data_ptr, scale_ptr, swz_ptr, gs_ptr, partials_ptr, gs_out_ptr,
+    words_ptr, data_ptr, scale_ptr, swz_ptr, gs_ptr, partials_ptr, gs_out_ptr,
     M, K, rows_p, cols_p, num_partials,
-    GS_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    GS_MODE: tl.constexpr, IN_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PARTIALS_BLOCK: tl.constexpr, SWIZZLE: tl.constexpr,
     AMAX_FLOOR_C: tl.constexpr, DIVISOR: tl.constexpr, NAN_BYTE: tl.constexpr,
 ):
@@ -187,15 +222,15 @@ def _quantize_tiles_kernel(
         gs = tl.zeros((BLOCK_M,), dtype=tl.float32) + gs_scalar
         if (pid_m == 0) & (pid_k == 0):
             tl.store(gs_out_ptr, gs_scalar)
-    _quantize_tile(x_ptr, data_ptr, scale_ptr, swz_ptr, gs, row0, k0, M, K, rows_p, cols_p,
-                   BLOCK_M, BLOCK_K, SWIZZLE, NAN_BYTE)
+    _quantize_tile(words_ptr, data_ptr, scale_ptr, swz_ptr, gs, row0, k0, M, K, rows_p, cols_p,
+                   IN_KIND, BLOCK_M, BLOCK_K, SWIZZLE, NAN_BYTE)
 
 
 @triton.jit(do_not_specialize=["M", "rows_p"])
 def _quantize_rows_kernel(
-    x_ptr, data_ptr, scale_ptr, swz_ptr, gs_out_ptr,
+    x_ptr, words_ptr, data_ptr, scale_ptr, swz_ptr, gs_out_ptr,
     M, K, k_loop, rows_p, cols_p,
-    QUANTIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SWIZZLE: tl.constexpr,
+    QUANTIZE: tl.constexpr, IN_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SWIZZLE: tl.constexpr,
     AMAX_FLOOR_C: tl.constexpr, DIVISOR: tl.constexpr, NAN_BYTE: tl.constexpr,
 ):
     row0 = tl.program_id(0).to(tl.int64) * BLOCK_M
@@ -216,30 +251,34 @@ def _quantize_rows_kernel(
     if QUANTIZE:
         k0 = 0
         while k0 < k_loop:
-            _quantize_tile(x_ptr, data_ptr, scale_ptr, swz_ptr, gs, row0, k0, M, K, rows_p, cols_p,
-                           BLOCK_M, BLOCK_K, SWIZZLE, NAN_BYTE)
+            _quantize_tile(words_ptr, data_ptr, scale_ptr, swz_ptr, gs, row0, k0, M, K, rows_p, cols_p,
+                           IN_KIND, BLOCK_M, BLOCK_K, SWIZZLE, NAN_BYTE)
             k0 += BLOCK_K
 
 
 @triton.jit
 def _bf16_rne(v):
-    """float32 -> bfloat16, round to nearest even, NaN -> 0x7FC0 (canonical NaN), by integer ops.
+    """float32 -> bfloat16 bit pattern (int32 0..0xFFFF): round to nearest even, NaN -> 0x7FC0.
 
-    The interpreter's own cast truncates; this gives torch's bits for every
-    non-NaN value on GPU and interpreter alike.
+    Integer ops: the interpreter's own cast truncates; this gives torch's bits
+    for every non-NaN value on GPU and interpreter alike.
     """
     bits = v.to(tl.int32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    rounded = tl.where(v != v, 0x7FC0, rounded)
-    return rounded.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    return tl.where(v != v, 0x7FC0, rounded)
 
 
 @triton.jit(do_not_specialize=["M"])
 def _dequantize_kernel(
-    data_ptr, scale_ptr, gs_ptr, out_ptr, M, K,
-    PER_ROW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    data_ptr, scale_ptr, gs_ptr, out_words_ptr, M, K,
+    PER_ROW: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """out = e2m1(code) * (block_scale * global_scale), float32 math, cast to out's dtype."""
+    """out = e2m1(code) * (block_scale * global_scale), float32 math, rounded to out's dtype.
+
+    Works on (BLOCK_M, BLOCK_K // 16, 8) packed bytes; the two values of a byte
+    are written as one word of ``out`` (int32 for bf16 / fp16 out, OUT_KIND 0 / 1;
+    int64 for fp32, OUT_KIND 2), even element in the low half.
+    """
     NB: tl.constexpr = BLOCK_K // 16
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
@@ -248,25 +287,26 @@ def _dequantize_kernel(
     half_k = K // 2
     pcols = blocks[:, None] * 8 + tl.arange(0, 8)[None, :]  # (NB, 8)
     pmask = row_ok[:, None, None] & (pcols < half_k)[None, :, :]
-    packed = tl.load(data_ptr + rows[:, None, None] * half_k + pcols[None, :, :], mask=pmask, other=0).to(tl.int32)
+    poffs = rows[:, None, None] * half_k + pcols[None, :, :]
+    packed = tl.load(data_ptr + poffs, mask=pmask, other=0).to(tl.int32)
     smask = row_ok[:, None] & (blocks < num_blocks)[None, :]
     sbyte = tl.load(scale_ptr + rows[:, None] * num_blocks + blocks[None, :], mask=smask, other=0)
     if PER_ROW:
         gs = tl.load(gs_ptr + rows, mask=row_ok, other=1.0)
     else:
         gs = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.load(gs_ptr)
-    scale = e4m3_decode(sbyte) * gs[:, None]  # (BM, NB)
-    low = e2m1_decode(packed & 15)
-    high = e2m1_decode(packed >> 4)
-    values = tl.reshape(tl.join(low, high), (BLOCK_M, NB, 16))
-    out = values * scale[:, :, None]
-    cols = blocks[:, None] * 16 + tl.arange(0, 16)[None, :]
-    omask = row_ok[:, None, None] & (cols < K)[None, :, :]
-    if out_ptr.dtype.element_ty == tl.bfloat16:
-        result = _bf16_rne(out)
+    scale = (e4m3_decode(sbyte) * gs[:, None])[:, :, None]  # (BM, NB, 1)
+    even = e2m1_decode(packed & 15) * scale
+    odd = e2m1_decode(packed >> 4) * scale
+    if OUT_KIND == 0:
+        word = _bf16_rne(even) | (_bf16_rne(odd) << 16)
+    elif OUT_KIND == 1:
+        word = (even.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | \
+            (odd.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16)
     else:
-        result = out.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + rows[:, None, None] * K + cols[None, :, :], result, mask=omask)
+        word = (even.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | \
+            (odd.to(tl.int32, bitcast=True).to(tl.int64) << 32)
+    tl.store(out_words_ptr + poffs, word, mask=pmask)
 
 
 def select_config(kind: str, rows: int, interpreter: bool = False) -> tuple:
@@ -313,14 +353,16 @@ def launch_quantize(
         rows_p, cols_p = M, K // BLOCK_SIZE
         grid_rows, swz = M, block_scale
     k_loop = cols_p * BLOCK_SIZE
+    in_kind = _IN_KINDS[x.dtype]
+    words = x.view(torch.int64 if in_kind == 2 else torch.int32)  # (M, K // 2): one word per (even, odd) pair
     common = dict(AMAX_FLOOR_C=AMAX_FLOOR, DIVISOR=GLOBAL_SCALE_DIVISOR, NAN_BYTE=E4M3_NAN_BYTE)
     if global_scale is None and per_row:
         block_m, block_k, warps = config or select_config("rows", M, interpreter)
         if scale_only:
             data, block_scale, swz, grid_rows, k_loop = x, x, x, M, K
         _quantize_rows_kernel[(triton.cdiv(grid_rows, block_m),)](
-            x, data, block_scale, swz, global_scale_out, M, K, k_loop, rows_p, cols_p,
-            QUANTIZE=not scale_only, BLOCK_M=block_m, BLOCK_K=block_k, SWIZZLE=swizzled is not None,
+            x, words, data, block_scale, swz, global_scale_out, M, K, k_loop, rows_p, cols_p,
+            QUANTIZE=not scale_only, IN_KIND=in_kind, BLOCK_M=block_m, BLOCK_K=block_k, SWIZZLE=swizzled is not None,
             num_warps=warps, **common,
         )
         return
@@ -342,8 +384,8 @@ def launch_quantize(
     block_m, block_k, warps = config or select_config("tiles", M, interpreter)
     grid = (triton.cdiv(grid_rows, block_m), triton.cdiv(k_loop, block_k))
     _quantize_tiles_kernel[grid](
-        x, data, block_scale, swz, gs_in, partials, global_scale_out, M, K, rows_p, cols_p, num_partials,
-        GS_MODE=mode, BLOCK_M=block_m, BLOCK_K=block_k, PARTIALS_BLOCK=triton.next_power_of_2(max_partials),
+        words, data, block_scale, swz, gs_in, partials, global_scale_out, M, K, rows_p, cols_p, num_partials,
+        GS_MODE=mode, IN_KIND=in_kind, BLOCK_M=block_m, BLOCK_K=block_k, PARTIALS_BLOCK=triton.next_power_of_2(max_partials),
         SWIZZLE=swizzled is not None, num_warps=warps, **common,
     )
 
@@ -356,5 +398,7 @@ def launch_dequantize(data, block_scale, global_scale, out, *, config=None, inte
     M, K = out.shape
     block_m, block_k, warps = config or select_config("dequant", M, interpreter)
     grid = (triton.cdiv(M, block_m), triton.cdiv(K, block_k))
-    _dequantize_kernel[grid](data, block_scale, global_scale, out, M, K, PER_ROW=global_scale.numel() != 1,
-                             BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps)
+    out_kind = _IN_KINDS[out.dtype]
+    out_words = out.view(torch.int64 if out_kind == 2 else torch.int32)
+    _dequantize_kernel[grid](data, block_scale, global_scale, out_words, M, K, PER_ROW=global_scale.numel() != 1,
+                             OUT_KIND=out_kind, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps)

@@ -139,7 +139,8 @@ def test_cli_quantize_check(capsys):
 
     parser = argparse.ArgumentParser()
     quantize_check.register(parser.add_subparsers())
-    args = parser.parse_args(["quantize-check", "--rows", "9", "--cols", "96", "--per-row", "--device", "cpu"])
+    # auto: CUDA on a GPU machine; on CPU the interpreter (conftest already set TRITON_INTERPRET=1)
+    args = parser.parse_args(["quantize-check", "--rows", "9", "--cols", "96", "--per-row", "--device", "auto"])
     assert args.func(args) == 0
     text = capsys.readouterr().out
     assert "OK: bit-exact" in text and "relative RMS error" in text

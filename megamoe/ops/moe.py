@@ -1,0 +1,171 @@
+"""MoE routing, dispatch and combine ops (sync-free, CUDA-graph capturable).
+
+* :func:`route` -- DeepSeek-V3/V4 router; validation + the single routing
+  definition of ``megamoe/reference/moe.py`` (torch ops on the device), so the
+  fast path and the reference route identically (ties: lower expert index).
+* :func:`dispatch` -- stable sort of the T*k (token, slot) pairs by expert on
+  the device: ``expert_offsets`` (E,) int32 via ``searchsorted`` (no
+  ``bincount``, which syncs), the permutation, the GEMM ``row_index`` (token of
+  each sorted row) and ``inv_perm`` (sorted row of each pair) for the combine.
+* :func:`combine` -- ``out[t] = shared[t] + sum_j w[t, j] * y[inv_perm[t*k+j]]``
+  in float32, one bf16 rounding; Triton kernel (``megamoe/kernels/moe_combine.py``)
+  on CUDA / under the interpreter, torch ops otherwise. A gather, no atomics:
+  deterministic.
+
+None of these read device values on the host. Buffers may be passed in
+(``out=``/``buffers=``) to avoid per-call allocations.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..reference import moe as _reference
+from ._dispatch import interpreter_enabled, use_triton
+
+
+def _check_tensor(t, name: str, dtypes: tuple, dim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype in {dtypes}, got {t.dtype}")
+    if t.dim() != dim:
+        raise ValueError(f"{name}: expected {dim} dimensions, got shape {tuple(t.shape)}")
+
+
+def route(
+    hidden_states: torch.Tensor,
+    gate_weight: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+    *,
+    top_k: int,
+    scoring_func: str = "sqrtsoftplus",
+    n_group: int = 1,
+    topk_group: int = 1,
+    norm_topk_prob: bool = True,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router: (T, H) hidden states -> (topk_weights (T, k) fp32, topk_ids (T, k) int32).
+
+    gate_weight: (E, H) bf16/fp32 on the same device; correction_bias: None or
+    (E,) fp32 (``e_score_correction_bias``, selection only). Semantics, tie-break
+    and NaN policy: ``megamoe/reference/moe.py``.
+    """
+    floats = (torch.bfloat16, torch.float16, torch.float32)
+    _check_tensor(hidden_states, "hidden_states", floats, 2)
+    _check_tensor(gate_weight, "gate_weight", floats, 2)
+    num_experts, hidden = gate_weight.shape
+    if hidden_states.shape[1] != hidden:
+        raise ValueError(f"hidden_states: expected {hidden} columns (gate_weight's H), got {hidden_states.shape[1]}")
+    if gate_weight.device != hidden_states.device:
+        raise ValueError(f"gate_weight: expected device {hidden_states.device}, got {gate_weight.device}")
+    if correction_bias is not None:
+        _check_tensor(correction_bias, "correction_bias", (torch.float32,), 1)
+        if correction_bias.shape[0] != num_experts or correction_bias.device != hidden_states.device:
+            raise ValueError(f"correction_bias: expected ({num_experts},) on {hidden_states.device}, got "
+                             f"{tuple(correction_bias.shape)} on {correction_bias.device}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k: expected an int in 1..{num_experts}, got {top_k!r}")
+    if num_experts % n_group or not 1 <= topk_group <= n_group:
+        raise ValueError(f"n_group/topk_group: need n_group | E={num_experts} and 1 <= topk_group <= n_group, "
+                         f"got {n_group}/{topk_group}")
+    return _reference.route(
+        hidden_states, gate_weight, correction_bias, top_k=top_k, scoring_func=scoring_func,
+        n_group=n_group, topk_group=topk_group, norm_topk_prob=norm_topk_prob,
+        routed_scaling_factor=routed_scaling_factor,
+    )
+
+
+def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None = None) -> dict:
+    """Group the (token, slot) pairs by expert on the device, without host syncs.
+
+    topk_ids: (T, k) int32/int64. Returns a dict of device tensors:
+    ``expert_offsets`` (E,) int32 cumulative row ends; ``sorted_expert`` (T*k,)
+    expert of each sorted row (non-decreasing); ``row_index`` (T*k,) int32 token
+    of each sorted row (pairs of one expert keep token order: a stable sort);
+    ``inv_perm`` (T*k,) int32 sorted row of pair ``t*k + j``.
+    buffers: optional preallocated tensors with the same keys, each with at
+    least T*k elements (``expert_offsets``: exactly E), plus ``arange`` (>= T*k
+    int32 0..) and ``experts`` (E,) of topk_ids' integer dtype 0..E-1.
+    """
+    _check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), 2)
+    num_tokens, top_k = topk_ids.shape
+    pairs = num_tokens * top_k
+    device = topk_ids.device
+    b = buffers or {}
+    flat = topk_ids.reshape(-1)
+    if "sorted_expert" in b:
+        sorted_expert, perm = b["sorted_expert"][:pairs], b["perm"][:pairs]
+        torch.sort(flat, stable=True, out=(sorted_expert, perm))
+    else:
+        sorted_expert, perm = torch.sort(flat, stable=True)
+    experts = b.get("experts")
+    if experts is None:
+        experts = torch.arange(num_experts, dtype=flat.dtype, device=device)
+    offsets = b.get("expert_offsets")
+    if offsets is None:
+        offsets = torch.empty(num_experts, dtype=torch.int32, device=device)
+    torch.searchsorted(sorted_expert, experts, right=True, out_int32=True, out=offsets)
+    row_index = b["row_index"][:pairs] if "row_index" in b else torch.empty(pairs, dtype=torch.int32, device=device)
+    torch.floor_divide(perm, top_k, out=row_index)  # perm[r] = pair t*k + j of sorted row r -> token t
+    inv_perm = b["inv_perm"][:pairs] if "inv_perm" in b else torch.empty(pairs, dtype=torch.int32, device=device)
+    arange = b["arange"][:pairs] if "arange" in b else torch.arange(pairs, dtype=torch.int32, device=device)
+    inv_perm.scatter_(0, perm, arange)
+    return {
+        "expert_offsets": offsets,
+        "sorted_expert": sorted_expert,
+        "row_index": row_index,
+        "inv_perm": inv_perm,
+    }
+
+
+def combine(
+    expert_out: torch.Tensor,
+    inv_perm: torch.Tensor,
+    topk_weights: torch.Tensor,
+    shared: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Weighted gather-sum back to token order (+ the shared expert's output).
+
+    expert_out: (R >= T*k, H) bf16 rows sorted by expert. inv_perm: (T*k,)
+    int32, sorted row of pair ``t*k + j``. topk_weights: (T, k) fp32.
+    shared: None or (T, H) bf16. out: optional (T, H) bf16 buffer.
+    Returns (T, H) bf16: ``shared[t] + sum_j w[t, j] * expert_out[inv_perm[t*k+j]]``
+    in float32 (shared first, then j ascending), rounded once.
+    """
+    _check_tensor(expert_out, "expert_out", (torch.bfloat16,), 2)
+    _check_tensor(topk_weights, "topk_weights", (torch.float32,), 2)
+    _check_tensor(inv_perm, "inv_perm", (torch.int32,), 1)
+    num_tokens, top_k = topk_weights.shape
+    hidden = expert_out.shape[1]
+    if inv_perm.shape[0] != num_tokens * top_k:
+        raise ValueError(f"inv_perm: expected ({num_tokens * top_k},), got {tuple(inv_perm.shape)}")
+    if expert_out.shape[0] < num_tokens * top_k:
+        raise ValueError(f"expert_out: expected at least {num_tokens * top_k} rows, got {expert_out.shape[0]}")
+    if shared is not None:
+        _check_tensor(shared, "shared", (torch.bfloat16,), 2)
+        if tuple(shared.shape) != (num_tokens, hidden):
+            raise ValueError(f"shared: expected shape {(num_tokens, hidden)}, got {tuple(shared.shape)}")
+    if out is None:
+        out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=expert_out.device)
+    elif out.dtype != torch.bfloat16 or tuple(out.shape) != (num_tokens, hidden):
+        raise ValueError(f"out: expected a ({num_tokens}, {hidden}) bf16 tensor, got {tuple(out.shape)} {out.dtype}")
+    for name, t in (("inv_perm", inv_perm), ("topk_weights", topk_weights), ("shared", shared), ("out", out)):
+        if t is not None and t.device != expert_out.device:
+            raise ValueError(f"{name}: expected device {expert_out.device}, got {t.device}")
+    if use_triton(expert_out):
+        from ..kernels.moe_combine import launch_moe_combine
+
+        if expert_out.stride(1) != 1:
+            expert_out = expert_out.contiguous()
+        return launch_moe_combine(
+            expert_out, inv_perm.contiguous(), topk_weights.contiguous(), shared, out,
+            interpreter=interpreter_enabled() and not expert_out.is_cuda,
+        )
+    acc = shared.float() if shared is not None else torch.zeros((num_tokens, hidden), device=expert_out.device)
+    gathered = expert_out.index_select(0, inv_perm.long()).float().view(num_tokens, top_k, hidden)
+    for j in range(top_k):
+        acc = acc + topk_weights[:, j : j + 1] * gathered[:, j]
+    out.copy_(acc)
+    return out

@@ -1,0 +1,208 @@
+"""Pure-PyTorch references for the DeepSeek-style NVFP4 MoE block.
+
+Routing (:func:`route`) is the single definition used by the reference *and* the
+fast path (``megamoe.ops.moe.route`` validates and calls it), so routing
+decisions are identical by construction on the same device and inputs. It is
+made of torch ops only, never reads device values on the host, and is
+CUDA-graph capturable.
+
+Routing semantics (DeepSeek-V3/V4, "noaux_tc"):
+
+1. ``logits = x.float() @ gate_weight.float().T`` (T, E) in float32.
+2. ``scores = score_fn(logits)``: sigmoid, softmax over E, or sqrtsoftplus
+   ``sqrt(softplus(logits))`` (DeepSeek-V4).
+3. Selection key ``= scores + e_score_correction_bias`` (bias optional; used for
+   selection only). NaN keys (a token with NaN hidden state) become -inf.
+4. Group-limited routing when ``n_group > 1``: group score = sum of the two
+   largest keys in the group; the ``topk_group`` best groups are kept, the keys
+   of other groups become -inf.
+5. The ``top_k`` experts with the largest keys are selected. **Tie-break:** a
+   stable descending sort, so among equal keys the lower expert index wins
+   (the same rule picks groups in step 4).
+6. Weights = the unbiased ``scores`` of the selected experts; with
+   ``norm_topk_prob`` divided by their sum (+1e-20); times
+   ``routed_scaling_factor``.
+
+NaN policy: a token whose hidden state contains NaN gets NaN scores; it is
+routed to experts 0..k-1 (its keys are all -inf after step 3; lowest indices
+win) with NaN weights, so its output row is NaN. Other tokens are unaffected
+(every stage is row-independent).
+
+The layer reference (:func:`moe_forward`) evaluates the whole block in float32
+on exactly decoded weights: ``out[t] = shared(x[t]) + sum_j w[t, j] *
+expert_{id[t, j]}(x[t])`` with ``expert(x) = W2 @ swiglu(W13 @ x)`` and
+``swiglu = silu(min(gate, limit)) * clamp(up, -limit, limit)``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..format.tensor import NVFP4Tensor
+from .quantize import compute_global_scale, dequantize, quantize
+
+ROUTING_EPS = 1e-20
+
+
+def score_function(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
+    """(T, E) float32 logits -> (T, E) float32 scores."""
+    if scoring_func == "sigmoid":
+        return torch.sigmoid(logits)
+    if scoring_func == "softmax":
+        return torch.softmax(logits, dim=-1)
+    if scoring_func == "sqrtsoftplus":
+        return torch.sqrt(F.softplus(logits))
+    raise ValueError(f"scoring_func: expected 'sigmoid', 'softmax' or 'sqrtsoftplus', got {scoring_func!r}")
+
+
+def _stable_topk_indices(key: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries along the last dim; ties -> lower index first."""
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    return order[..., :k]
+
+
+def route(
+    hidden_states: torch.Tensor,
+    gate_weight: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+    *,
+    top_k: int,
+    scoring_func: str = "sqrtsoftplus",
+    n_group: int = 1,
+    topk_group: int = 1,
+    norm_topk_prob: bool = True,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-style router (see the module docstring for the exact rules).
+
+    hidden_states: (T, H) bf16/fp32. gate_weight: (E, H) bf16/fp32.
+    correction_bias: None or (E,) float32 (``e_score_correction_bias``).
+    Returns ``(topk_weights (T, k) float32, topk_ids (T, k) int32)``; the k ids
+    of a token are in selection order (descending key).
+    """
+    logits = hidden_states.float() @ gate_weight.float().t()
+    scores = score_function(logits, scoring_func)
+    key = scores if correction_bias is None else scores + correction_bias.float()
+    key = torch.nan_to_num(key, nan=float("-inf"))
+    num_tokens, num_experts = key.shape
+    if n_group > 1:
+        grouped = key.view(num_tokens, n_group, num_experts // n_group)
+        group_key = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
+        group_key = torch.nan_to_num(group_key, nan=float("-inf"))
+        keep = _stable_topk_indices(group_key, topk_group)
+        group_mask = torch.zeros_like(group_key, dtype=torch.bool).scatter_(1, keep, True)
+        key = grouped.masked_fill(~group_mask.unsqueeze(-1), float("-inf")).view(num_tokens, num_experts)
+    topk_ids = _stable_topk_indices(key, top_k)
+    topk_weights = scores.gather(1, topk_ids)
+    if norm_topk_prob:
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + ROUTING_EPS)
+    topk_weights = topk_weights * routed_scaling_factor
+    return topk_weights, topk_ids.to(torch.int32)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
+    """``silu(min(gate, limit)) * clamp(up, -limit, limit)`` in the input dtype (no clamp for None)."""
+    if swiglu_limit is not None:
+        gate = torch.clamp(gate, max=swiglu_limit)
+        up = torch.clamp(up, min=-swiglu_limit, max=swiglu_limit)
+    return F.silu(gate) * up
+
+
+def _expert_slice(weight: NVFP4Tensor, e: int) -> NVFP4Tensor:
+    gs = weight.global_scale
+    if gs.dim() != 0:
+        gs = gs[e] if gs.shape[0] != 1 else gs[0]
+    return NVFP4Tensor(weight.data[e], weight.block_scale[e], gs, weight.shape[1:])
+
+
+def _fake_quant(x: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
+    """w4a4 activations: NVFP4 round trip (per-row dynamic scale when global_scale is None) -> float32."""
+    if x.numel() == 0:
+        return x.float()
+    if global_scale is None:
+        global_scale = compute_global_scale(x, per_row=True)
+    return dequantize(quantize(x.to(torch.bfloat16), global_scale), torch.bfloat16).float()
+
+
+def expert_ffn(
+    x: torch.Tensor,
+    w13: NVFP4Tensor,
+    w2: NVFP4Tensor,
+    swiglu_limit: float | None,
+    *,
+    mode: str = "w4a16",
+    input_scale: torch.Tensor | None = None,
+    inter_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One expert in float32: ``W2 @ swiglu(W13 @ x)``.
+
+    x: (M, H). w13: NVFP4Tensor (2*I, H), rows ``[gate(I); up(I)]`` (not
+    interleaved). w2: NVFP4Tensor (H, I). mode "w4a4" fake-quantizes the
+    inputs of both GEMMs (static scales when given, else per-row dynamic).
+    Returns (M, H) float32.
+    """
+    xf = _fake_quant(x, input_scale) if mode == "w4a4" else x.float()
+    h = xf @ dequantize(w13, torch.float32).t()
+    inter = h.shape[1] // 2
+    act = swiglu(h[:, :inter], h[:, inter:], swiglu_limit)
+    if mode == "w4a4":
+        act = _fake_quant(act, inter_scale)
+    return act @ dequantize(w2, torch.float32).t()
+
+
+def moe_forward(
+    hidden_states: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: NVFP4Tensor,
+    w2: NVFP4Tensor,
+    *,
+    swiglu_limit: float | None,
+    shared_w13: NVFP4Tensor | None = None,
+    shared_w2: NVFP4Tensor | None = None,
+    mode: str = "w4a16",
+    input_scales: dict | None = None,
+) -> torch.Tensor:
+    """Float32 reference of the whole MoE block (routed experts + shared expert).
+
+    hidden_states: (T, H) bf16. topk_weights: (T, k) fp32; topk_ids: (T, k) int.
+    w13: NVFP4Tensor (E, 2*I, H) with rows ``[gate(I); up(I)]`` per expert (the
+    checkpoint order, not the kernel's interleaved layout). w2: NVFP4Tensor
+    (E, H, I). shared_w13 / shared_w2: (2*Is, H) / (H, Is) NVFP4Tensor or None.
+    mode: "w4a16" or "w4a4"; input_scales (w4a4 static scales, else dynamic
+    per-row): ``{"l1": 0-d, "l2": (E,), "shared_l1": 0-d, "shared_l2": 0-d}``.
+    Returns (T, H) float32. Reads device values on the host (a reference).
+    """
+    scales = input_scales or {}
+    num_tokens = hidden_states.shape[0]
+    out = torch.zeros((num_tokens, w2.shape[1]), dtype=torch.float32, device=hidden_states.device)
+    ids = topk_ids.long()
+    for e in torch.unique(ids).tolist():
+        token_idx, slot = torch.nonzero(ids == e, as_tuple=True)
+        l2 = scales.get("l2")
+        y = expert_ffn(
+            hidden_states[token_idx], _expert_slice(w13, e), _expert_slice(w2, e), swiglu_limit,
+            mode=mode, input_scale=scales.get("l1"), inter_scale=None if l2 is None else l2[e],
+        )
+        out.index_add_(0, token_idx, y * topk_weights[token_idx, slot].float().unsqueeze(-1))
+    if shared_w13 is not None:
+        out += expert_ffn(
+            hidden_states, shared_w13, shared_w2, swiglu_limit, mode=mode,
+            input_scale=scales.get("shared_l1"), inter_scale=scales.get("shared_l2"),
+        )
+    return out
+
+
+def dispatch(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference dispatch: sort the T*k (token, slot) pairs by expert, stably.
+
+    topk_ids: (T, k) int. Returns ``(expert_offsets (E,) int32 cumulative row
+    ends, perm (T*k,) int64 pair index of each sorted row, row_index (T*k,)
+    int32 token of each sorted row)``. Pairs of one expert keep token order.
+    """
+    flat = topk_ids.reshape(-1).long()
+    k = topk_ids.shape[1] if topk_ids.dim() == 2 else 1
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
+    perm = torch.argsort(flat, stable=True)
+    return torch.cumsum(counts, 0).to(torch.int32), perm, (perm // k).to(torch.int32)

@@ -1,0 +1,107 @@
+"""Nvfp4MoE / Nvfp4SharedExpert vs the float32 reference layer (decoded weights, same routing)."""
+import pytest
+import torch
+
+from megamoe.layers import Nvfp4MoE
+from megamoe.models import MoEConfig
+
+TINY = MoEConfig(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, shared_intermediate_size=32,
+                 scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="tiny")
+
+
+def _rel(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def layer():
+    return Nvfp4MoE.random(TINY, seed=1234, max_num_tokens=16)
+
+
+def test_w4a16_matches_float32_reference(layer):
+    x = torch.randn(11, TINY.hidden_size).bfloat16()
+    out = layer.forward(x).clone()
+    routing = layer.last_routing
+    ref = layer.reference_forward(x, routing)
+    assert _rel(out, ref) < 1e-2
+    w, ids = layer.route(x)  # routing is reproducible on the same inputs
+    assert torch.equal(ids, routing[1]) and torch.equal(w, routing[0])
+    # the bound is tight enough that a wrong pipeline fails it: drop the shared expert from the reference
+    wrong = ref - layer.shared.reference_forward(x)
+    assert _rel(out, wrong) > 5e-2
+
+
+def test_one_token_and_empty_experts(layer):
+    x = torch.randn(1, TINY.hidden_size).bfloat16()  # 1 token: 6 of 8 experts get no rows
+    out = layer.forward(x).clone()
+    assert _rel(out, layer.reference_forward(x, layer.last_routing)) < 1e-2
+
+
+def test_all_tokens_to_one_expert():
+    cfg = TINY.replace(top_k=1, shared_intermediate_size=0)
+    lay = Nvfp4MoE.random(cfg, seed=7, max_num_tokens=8)
+    lay.correction_bias = torch.zeros(cfg.num_experts)
+    lay.correction_bias[5] = 100.0
+    x = torch.randn(6, cfg.hidden_size).bfloat16()
+    out = lay.forward(x).clone()
+    assert (lay.last_routing[1] == 5).all()
+    assert _rel(out, lay.reference_forward(x, lay.last_routing)) < 1e-2
+
+
+def test_too_many_tokens_and_bad_input(layer):
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        layer.forward(torch.randn(17, TINY.hidden_size).bfloat16())
+    with pytest.raises(TypeError, match="bfloat16"):
+        layer.forward(torch.randn(2, TINY.hidden_size))
+    with pytest.raises(ValueError, match="hidden_states"):
+        layer.forward(torch.randn(2, 48).bfloat16())
+    assert layer.forward(torch.empty(0, TINY.hidden_size).bfloat16()).shape == (0, TINY.hidden_size)
+
+
+def test_nan_token_gives_nan_row_only(layer):
+    x = torch.randn(4, TINY.hidden_size).bfloat16()
+    clean = layer.forward(x).clone()
+    x[1, 7] = float("nan")
+    out = layer.forward(x).clone()
+    assert torch.isnan(out[1]).all()
+    assert torch.equal(out[[0, 2, 3]], clean[[0, 2, 3]])
+
+
+def test_w4a4_dynamic_and_calibrated():
+    lay = Nvfp4MoE.random(TINY, seed=99, max_num_tokens=8, mode="w4a4")
+    x = torch.randn(5, TINY.hidden_size).bfloat16()
+    out = lay.forward(x).clone()
+    assert _rel(out, lay.reference_forward(x, lay.last_routing)) < 1e-2
+    scales = lay.calibrate(x)
+    assert scales["l2"].shape == (TINY.num_experts,) and (scales["l2"] > 0).all()
+    out_static = lay.forward(x).clone()
+    ref = lay.reference_forward(x, lay.last_routing)
+    assert _rel(out_static, ref) < 1e-2
+    assert not torch.equal(out_static, out)  # static scales really change the quantization
+
+
+def test_custom_op_is_opaque_to_torch_compile(layer):
+    x = torch.randn(3, TINY.hidden_size).bfloat16()
+    expected = layer.forward(x).clone()
+    compiled = torch.compile(lambda t: layer.compiled_forward(t) * 2, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), expected * 2, rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["w4a16", "w4a4"])
+def test_cuda_graph_and_no_host_syncs(mode):
+    lay = Nvfp4MoE.random(TINY, seed=3, max_num_tokens=64, device="cuda", mode=mode)
+    x = torch.randn(37, TINY.hidden_size, device="cuda").bfloat16()
+    eager = lay.forward(x).clone()
+    assert _rel(eager, lay.reference_forward(x, lay.last_routing)) < 1e-2
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lay.forward(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    replay = lay.capture(37)
+    assert torch.equal(replay(x), eager)
+    x2 = torch.randn_like(x)
+    eager2 = lay.forward(x2).clone()
+    assert torch.equal(replay(x2), eager2)

@@ -1,0 +1,123 @@
+"""Router, dispatch and combine ops (megamoe/ops/moe.py) vs brute-force oracles."""
+import math
+
+import pytest
+import torch
+
+from megamoe.ops import moe as moe_ops
+from megamoe.reference import moe as moe_ref
+
+
+def _brute_route(x, gate, bias, top_k, scoring, n_group=1, topk_group=1, norm=True, scale=1.0):
+    """Per-token Python oracle with the documented tie-break (lower expert index wins)."""
+    logits = (x.float() @ gate.float().t()).tolist()
+    num_experts = gate.shape[0]
+    ids, weights = [], []
+    for row in logits:
+        if scoring == "sigmoid":
+            s = [1 / (1 + math.exp(-v)) for v in row]
+        elif scoring == "softmax":
+            m = max(row)
+            z = sum(math.exp(v - m) for v in row)
+            s = [math.exp(v - m) / z for v in row]
+        else:
+            s = [math.sqrt(math.log1p(math.exp(v))) for v in row]
+        key = [si + (bias[e].item() if bias is not None else 0.0) for e, si in enumerate(s)]
+        allowed = set(range(num_experts))
+        if n_group > 1:
+            size = num_experts // n_group
+            gscore = [sum(sorted(key[g * size:(g + 1) * size], reverse=True)[:2]) for g in range(n_group)]
+            groups = sorted(range(n_group), key=lambda g: (-gscore[g], g))[:topk_group]
+            allowed = {e for g in groups for e in range(g * size, (g + 1) * size)}
+        order = sorted(allowed, key=lambda e: (-key[e], e))[:top_k]
+        w = [s[e] for e in order]
+        if norm:
+            tot = sum(w)
+            w = [v / tot for v in w]
+        ids.append(order)
+        weights.append([v * scale for v in w])
+    return torch.tensor(weights), torch.tensor(ids, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("scoring", ["sigmoid", "softmax", "sqrtsoftplus"])
+@pytest.mark.parametrize("groups", [(1, 1), (4, 2)])
+def test_route_matches_oracle(scoring, groups):
+    t, h, e, k = 7, 32, 16, 3
+    x = torch.randn(t, h).bfloat16()
+    gate = torch.randn(e, h).bfloat16() * 0.3
+    bias = torch.rand(e) * 0.05
+    w, ids = moe_ops.route(x, gate, bias, top_k=k, scoring_func=scoring, n_group=groups[0],
+                           topk_group=groups[1], routed_scaling_factor=1.5)
+    w_ref, ids_ref = _brute_route(x, gate, bias, k, scoring, *groups, scale=1.5)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_route_ties_pick_lowest_index_and_bias_only_selects():
+    x = torch.randn(3, 16).bfloat16()
+    gate = torch.zeros(8, 16).bfloat16()  # every score equal: pure ties
+    w, ids = moe_ops.route(x, gate, None, top_k=3, scoring_func="sigmoid", norm_topk_prob=False)
+    assert ids.tolist() == [[0, 1, 2]] * 3
+    bias = torch.zeros(8)
+    bias[5] = 1.0  # selection prefers 5, but its weight stays the unbiased score
+    w, ids = moe_ops.route(x, gate, bias, top_k=2, scoring_func="sigmoid", norm_topk_prob=False)
+    assert ids.tolist() == [[5, 0]] * 3
+    torch.testing.assert_close(w, torch.full((3, 2), 0.5))
+
+
+def test_route_nan_token_is_isolated():
+    x = torch.randn(4, 16).bfloat16()
+    x[2, 3] = float("nan")
+    gate = torch.randn(8, 16).bfloat16()
+    w, ids = moe_ops.route(x, gate, torch.zeros(8), top_k=2)
+    assert ids[2].tolist() == [0, 1] and torch.isnan(w[2]).all()
+    keep = [0, 1, 3]
+    w2, ids2 = moe_ops.route(x[keep], gate, torch.zeros(8), top_k=2)
+    assert torch.equal(ids[keep], ids2) and torch.equal(w[keep], w2)
+
+
+def test_route_rejects_bad_arguments():
+    x = torch.randn(2, 16).bfloat16()
+    with pytest.raises(ValueError, match="hidden_states"):
+        moe_ops.route(x, torch.randn(8, 32), None, top_k=2)
+    with pytest.raises(ValueError, match="top_k"):
+        moe_ops.route(x, torch.randn(8, 16), None, top_k=9)
+    with pytest.raises(TypeError, match="correction_bias"):
+        moe_ops.route(x, torch.randn(8, 16), torch.zeros(8, dtype=torch.int32), top_k=2)
+
+
+@pytest.mark.parametrize("case", ["random", "one_expert", "empty_experts", "no_tokens"])
+def test_dispatch(case):
+    e, k = 8, 2
+    if case == "random":
+        ids = torch.stack([torch.randperm(e)[:k] for _ in range(13)]).int()
+    elif case == "one_expert":
+        ids = torch.full((6, 1), 3, dtype=torch.int32)
+    elif case == "empty_experts":
+        ids = torch.tensor([[7, 2]], dtype=torch.int32)
+    else:
+        ids = torch.empty((0, k), dtype=torch.int32)
+    d = moe_ops.dispatch(ids, e)
+    offsets, perm, row_index = moe_ref.dispatch(ids, e)
+    assert torch.equal(d["expert_offsets"], offsets) and torch.equal(d["row_index"], row_index)
+    kk = ids.shape[1]
+    pairs = torch.arange(ids.numel())
+    inv = d["inv_perm"].long()
+    assert torch.equal(d["sorted_expert"][inv], ids.reshape(-1))  # pair p lands in a row of its expert
+    assert torch.equal(d["row_index"][inv].long(), pairs // kk)  # ... and that row reads its token
+    assert torch.equal(torch.sort(inv).values, pairs)  # a permutation
+
+
+@pytest.mark.parametrize("with_shared", [False, True])
+@pytest.mark.parametrize("tokens", [0, 1, 5])
+def test_combine_kernel_matches_torch(with_shared, tokens):
+    k, h = 3, 80  # h not a multiple of the interpreter's BLOCK_H
+    y = torch.randn(tokens * k + 2, h).bfloat16()
+    inv = torch.randperm(tokens * k).int()
+    w = torch.rand(tokens, k)
+    shared = torch.randn(tokens, h).bfloat16() if with_shared else None
+    out = moe_ops.combine(y, inv, w, shared)
+    ref = (shared.float() if with_shared else torch.zeros(tokens, h))
+    for j in range(k):
+        ref = ref + w[:, j:j + 1] * y[inv.view(tokens, k)[:, j].long()].float()
+    torch.testing.assert_close(out.float(), ref, rtol=2 ** -8, atol=1e-6)

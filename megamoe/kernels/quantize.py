@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ..format.constants import AMAX_FLOOR, BLOCK_SIZE, E4M3_NAN_BYTE, GLOBAL_SCALE_DIVISOR
-from .nvfp4_jit import e2m1_decode, e2m1_magnitude_code, e4m3_decode, e4m3_encode, sign_bit
+from .nvfp4_jit import e2m1_decode, e4m3_decode, e4m3_encode
 
 # ---------------------------------------------------------------------------
 # Tile configurations: kind -> ((max_rows, config), ...), first bucket whose
@@ -140,9 +140,26 @@ def _load_pairs(words_ptr, offsets, mask, IN_KIND: tl.constexpr):
 
 
 @triton.jit
+def _e2m1_magnitude_code_fast(a):
+    """Same result as ``nvfp4_jit.e2m1_magnitude_code`` for float32 a >= 0 (not NaN), in fewer instructions.
+
+    a >= 1: saturate at 6, round the mantissa to 1 bit (nearest even) with an
+    integer add; then (exponent, mantissa bit) is the code: 1 -> 2, 1.5 -> 3,
+    2 -> 4, 3 -> 5, 4 -> 6, 6 -> 7. a < 1: the code is RNE(2a) in {0, 1, 2},
+    obtained exactly by adding 2**23 (2a is exact).
+    """
+    bits = tl.minimum(a, 6.0).to(tl.int32, bitcast=True)
+    rounded = bits + 0x1FFFFF + ((bits >> 22) & 1)
+    high = (rounded >> 22) - 252
+    low = (a * 2.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    return tl.where(a < 1.0, low, high)
+
+
+@triton.jit
 def _e2m1_codes(x, denom):
     """4-bit codes of x / denom (exact division, RNE, ties to even code; sign of x)."""
-    return e2m1_magnitude_code(tl.abs(tl.div_rn(x, denom))) | (sign_bit(x) << 3)
+    magnitude = _e2m1_magnitude_code_fast(tl.abs(tl.div_rn(x, denom)))
+    return magnitude | ((x.to(tl.int32, bitcast=True) >> 28) & 8)
 
 
 @triton.jit

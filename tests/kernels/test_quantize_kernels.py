@@ -10,8 +10,12 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import megamoe.ops.quantize  # noqa: F401
+from megamoe.format.e2m1 import e2m1_encode
+from megamoe.kernels import quantize as kernels
 import megamoe.reference.quantize  # noqa: F401
 from megamoe.format.layouts import swizzled_128x4_shape, to_swizzled_128x4
 from megamoe.ops._dispatch import use_triton
@@ -237,3 +241,24 @@ def test_non_contiguous_input(device):
     check(x)
     check(x, per_row=True)
     check(torch.randn(4, 2, 32, device=device).transpose(0, 1))
+
+
+@triton.jit
+def _fast_code_kernel(a_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, kernels._e2m1_magnitude_code_fast(a), mask=offs < n)
+
+
+def test_fast_e2m1_code_matches_reference_rounding(device):
+    """The bit-trick E2M1 magnitude code == the reference's threshold rounding on hard values."""
+    mids = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0])
+    bits = mids.view(torch.int32)
+    near = torch.cat([bits + d for d in range(-3, 4)]).clamp(min=0).view(torch.float32)
+    random_bits = torch.randint(0, 0x41000000, (20000,), dtype=torch.int32).view(torch.float32)  # [0, 8) and below
+    special = torch.tensor([float("inf"), 3.4e38, 1e-45, 1e-38, 6.000001, 5.999999])
+    a = torch.cat([near, random_bits, special, torch.rand(5000) * 7])
+    out = torch.empty(a.shape, dtype=torch.int32, device=device)
+    _fast_code_kernel[(triton.cdiv(a.numel(), 1024),)](a.to(device), out, a.numel(), BLOCK=1024)
+    want = e2m1_encode(a).to(torch.int32)
+    assert torch.equal(out.cpu(), want)

@@ -11,7 +11,9 @@ checks, for each live request:
   kernel produced (exactly) and within one bf16 ulp of the reference's; FP8 dims within E4M3 rounding
   of the reference entry (|err| <= (2**-4 + 2**-7) |ref| + scale * 2**-9);
 * the pool bytes changed only at the entries flushed this step (inactive rows are no-ops);
-* CSA: the selected top-k indices == the reference's (which scores its own reference-quantized keys).
+* CSA: the selected top-k indices == the reference's (which scores its own reference-quantized keys in
+  float64), position by position; a difference is tolerated (and counted in ``topk_near_tie_swaps``) only
+  between two entries whose reference scores agree within 1e-5 of the largest |score|.
 """
 from __future__ import annotations
 
@@ -95,7 +97,8 @@ def run_side_by_side(config: CompressedCacheConfig, *, steps: int, batch: int, d
     rows = [None] * batch          # request id per row
     life = [0] * batch
     next_rid = 0
-    stats = {"steps": 0, "flushes": 0, "entries_checked": 0, "topk_checked": 0, "rope_ulp_diffs": 0,
+    stats = {"steps": 0, "flushes": 0, "entries_checked": 0, "topk_checked": 0, "topk_exact": 0,
+             "topk_near_tie_swaps": 0, "rope_ulp_diffs": 0,
              "joins": 0, "leaves": 0}
     for step in range(steps):
         # ---- host side: requests leave / join, pages for this step (outside the graph)
@@ -216,11 +219,24 @@ def run_side_by_side(config: CompressedCacheConfig, *, steps: int, batch: int, d
                 assert bool(((g - w).abs() <= tol).all()), f"step {step} row {r}: FP8 entry off the reference"
                 stats["entries_checked"] += 1
             if topk is not None:
-                want_idx = sim.topk(rid, inputs["q"][r].cpu(), inputs["weights"][r].cpu(), c.max_entries,
-                                    c.index_topk)
-                assert torch.equal(topk[r].cpu(), want_idx), (
-                    f"step {step} row {r}: top-k {topk[r].cpu().tolist()} != {want_idx.tolist()}")
+                ref_scores = sim.scores(rid, host["q"], host["weights"], c.max_entries)
+                want_idx = ref.select_topk(ref_scores[None], c.index_topk)[0]
+                got_idx = topk[r].cpu()
                 stats["topk_checked"] += 1
+                if torch.equal(got_idx, want_idx):
+                    stats["topk_exact"] += 1
+                else:
+                    # Allowed only: swaps between entries whose reference scores agree to float32 summation
+                    # noise (the kernel sums in float32, the reference in float64).
+                    tol = 1e-5 * float(ref_scores[torch.isfinite(ref_scores)].abs().max())
+                    got_set = set(got_idx.tolist()) - {-1}
+                    want_set = set(want_idx.tolist()) - {-1}
+                    assert len(got_set) == len(want_set), f"step {step} row {r}: top-k size"
+                    for a, b in zip(got_idx.tolist(), want_idx.tolist()):
+                        if a != b:
+                            assert a >= 0 and b >= 0 and abs(float(ref_scores[a] - ref_scores[b])) <= tol, (
+                                f"step {step} row {r}: top-k {got_idx.tolist()} != {want_idx.tolist()}")
+                    stats["topk_near_tie_swaps"] += 1
         if check_every and step % check_every == 0:
             after = _entry_bytes(cache)
             changed = (after != before).any(dim=1).nonzero().flatten().tolist()

@@ -334,12 +334,16 @@ class ReferenceDecodeSim:
                     zb[pos - start + m] = hist[pos][1][:width]
         return k, z, kb, zb, r["pos"] - start
 
-    def topk(self, rid, q: torch.Tensor, weights: torch.Tensor, max_entries: int, k: int) -> torch.Tensor:
-        """Top-k entry indices (min(k, max_entries),) int32 of one query (q (H, Di), weights (H,))."""
+    def scores(self, rid, q: torch.Tensor, weights: torch.Tensor, max_entries: int) -> torch.Tensor:
+        """(max_entries,) float32 indexer scores of one query (q (H, Di), weights (H,)) over the stored keys."""
         r = self.requests[rid]
         n = min(self.n_entries(rid), max_entries)
-        scores = torch.full((1, max_entries), float("-inf"))
+        scores = torch.full((max_entries,), float("-inf"))
         if n:
             keys = torch.stack([r["keys"][e] for e in range(n)])
-            scores[0, :n] = score_keys(q.float(), weights.float(), keys)
-        return select_topk(scores, k)[0]
+            scores[:n] = score_keys(q.float(), weights.float(), keys)
+        return scores
+
+    def topk(self, rid, q: torch.Tensor, weights: torch.Tensor, max_entries: int, k: int) -> torch.Tensor:
+        """Top-k entry indices (min(k, max_entries),) int32 of one query (q (H, Di), weights (H,))."""
+        return select_topk(self.scores(rid, q, weights, max_entries)[None], k)[0]

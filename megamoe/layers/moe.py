@@ -51,6 +51,14 @@ from ..reference import moe as moe_reference
 MODES = ("w4a16", "w4a4")
 
 
+def _resolve_device(device) -> torch.device:
+    """'cuda' -> 'cuda:<current>' so that device comparisons with tensors' devices hold."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _check_nvfp4(t, name: str, shape: tuple, device) -> None:
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"{name}: expected an NVFP4Tensor, got {type(t).__name__}")
@@ -98,7 +106,7 @@ class Nvfp4SharedExpert:
         if not isinstance(max_num_tokens, int) or max_num_tokens < 1:
             raise ValueError(f"max_num_tokens: expected a positive int, got {max_num_tokens!r}")
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        self.max_num_tokens, self.device, self.mode = max_num_tokens, torch.device(device), mode
+        self.max_num_tokens, self.device, self.mode = max_num_tokens, _resolve_device(device), mode
         self.swiglu_limit = swiglu_limit
         self.w13 = self.w2 = None  # checkpoint-order weights (reference)
         self._w13_kernel = self._w2_kernel = None  # (1, 2I, H) interleaved, (1, H, I)
@@ -179,7 +187,7 @@ class Nvfp4MoE:
         if not isinstance(max_num_tokens, int) or max_num_tokens < 1:
             raise ValueError(f"max_num_tokens: expected a positive int, got {max_num_tokens!r}")
         self.config, self.max_num_tokens, self.mode = config, max_num_tokens, mode
-        self.device = dev = torch.device(device)
+        self.device = dev = _resolve_device(device)
         c = config
         pairs = max_num_tokens * c.top_k
         self.gate_weight = self.correction_bias = self.w13 = self.w2 = None
@@ -256,7 +264,7 @@ class Nvfp4MoE:
     @classmethod
     def random(cls, config: MoEConfig, *, seed: int = 0, return_bf16: bool = False, **kwargs):
         """A layer with random weights (std 1/sqrt(fan_in)) quantized to NVFP4; optionally also the bf16 ones."""
-        device = torch.device(kwargs.get("device", "cpu"))
+        device = _resolve_device(kwargs.get("device", "cpu"))
         gen = torch.Generator(device=device).manual_seed(seed)
         c = config
 

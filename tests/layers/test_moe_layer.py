@@ -67,16 +67,22 @@ def test_nan_token_gives_nan_row_only(layer):
     assert torch.equal(out[[0, 2, 3]], clean[[0, 2, 3]])
 
 
+# w4a4: the reference fake-quantizes its own float32 intermediate, the layer the bf16 GEMM output; a last-bit
+# difference can move a value across an E2M1 rounding boundary (one code step is 1/6..1/3 relative), so on a
+# tiny layer a few such flips give ~1e-2. 5e-2 still fails for a missing expert / shared term (> 5e-2 above).
+W4A4_BOUND = 5e-2
+
+
 def test_w4a4_dynamic_and_calibrated():
     lay = Nvfp4MoE.random(TINY, seed=99, max_num_tokens=8, mode="w4a4")
     x = torch.randn(5, TINY.hidden_size).bfloat16()
     out = lay.forward(x).clone()
-    assert _rel(out, lay.reference_forward(x, lay.last_routing)) < 1e-2
+    assert _rel(out, lay.reference_forward(x, lay.last_routing)) < W4A4_BOUND
     scales = lay.calibrate(x)
     assert scales["l2"].shape == (TINY.num_experts,) and (scales["l2"] > 0).all()
     out_static = lay.forward(x).clone()
     ref = lay.reference_forward(x, lay.last_routing)
-    assert _rel(out_static, ref) < 1e-2
+    assert _rel(out_static, ref) < W4A4_BOUND
     assert not torch.equal(out_static, out)  # static scales really change the quantization
 
 
@@ -93,7 +99,7 @@ def test_cuda_graph_and_no_host_syncs(mode):
     lay = Nvfp4MoE.random(TINY, seed=3, max_num_tokens=64, device="cuda", mode=mode)
     x = torch.randn(37, TINY.hidden_size, device="cuda").bfloat16()
     eager = lay.forward(x).clone()
-    assert _rel(eager, lay.reference_forward(x, lay.last_routing)) < 1e-2
+    assert _rel(eager, lay.reference_forward(x, lay.last_routing)) < (1e-2 if mode == "w4a16" else W4A4_BOUND)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

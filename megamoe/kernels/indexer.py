@@ -14,7 +14,7 @@ import triton.language as tl
 from .nvfp4_jit import e2m1_decode, e4m3_decode
 
 #: Entries per program (GPU, interpreter).
-BLOCK_T = {"gpu": 64, "interpreter": 16}
+BLOCK_T = {"gpu": 128, "interpreter": 16}
 
 
 @triton.jit
@@ -48,9 +48,12 @@ def _indexer_scores_kernel(
     src = page.to(tl.int64) * EPB + t % EPB
 
     i = tl.arange(0, HALF)[None, :]
+    GROUPS: tl.constexpr = KEY_DIM // 16
     packed = tl.load(key_data_ptr + src[:, None] * HALF + i, mask=live[:, None], other=0).to(tl.int32)
-    scale_code = tl.load(key_scale_ptr + src[:, None] * (KEY_DIM // 16) + i // 8, mask=live[:, None], other=0)
-    scale = e4m3_decode(scale_code)
+    # one E4M3 decode per 16-element group, broadcast over the group's 8 bytes
+    scale_code = tl.load(key_scale_ptr + src[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :],
+                         mask=live[:, None], other=0)
+    scale = tl.reshape(tl.broadcast_to(e4m3_decode(scale_code)[:, :, None], (BLOCK, GROUPS, 8)), (BLOCK, HALF))
     k_even = _exact_bf16(e2m1_decode(packed & 0xF) * scale)
     k_odd = _exact_bf16(e2m1_decode(packed >> 4) * scale)
 
@@ -84,5 +87,5 @@ def launch_indexer_scores(q, weights, slots, n_entries, block_table, index_keys,
         q, weights, slots, n_entries, block_table, index_keys, index_key_scale_u8, scores,
         max_entries, block_table.shape[1],
         H=H, KEY_DIM=key_dim, EPB=entries_per_block, BLOCK=block, INTERPRET=interpreter,
-        num_warps=4,
+        num_warps=4 if interpreter else 8,
     )

@@ -207,13 +207,32 @@ def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, 
     return scores
 
 
-def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """scores (B, T) float32 -> (B, min(k, T)) int32 entry indices, best first, ties to the lower index,
-    -1 where the score is -inf (no entry). Graph-safe (stable sort on device)."""
+def select_topk_sorted(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Oracle of :func:`select_topk` by a stable descending sort (slower on GPU)."""
     k = min(k, scores.shape[1])
     values, order = torch.sort(scores, dim=1, descending=True, stable=True)
     values, order = values[:, :k], order[:, :k]
     return torch.where(values == float("-inf"), torch.full_like(order, -1), order).to(torch.int32)
+
+
+def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """scores (B, T) float32 -> (B, min(k, T)) int32 entry indices, best first, ties to the lower index,
+    -1 where the score is -inf (no entry). Graph-safe and sync-free.
+
+    Each score is turned into a unique int64 key, ``(order-preserving int32 of the float) << 32 |
+    (T - 1 - index)``, so ``torch.topk`` on the keys has no ties and its result is fully defined (same as
+    a stable descending sort; -0.0 equals +0.0; NaN scores rank above +inf).
+    """
+    T = scores.shape[1]
+    k = min(k, T)
+    bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0 (equal scores, equal keys)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    index = torch.arange(T, device=scores.device, dtype=torch.int64)
+    keys = (ordered << 32) | (T - 1 - index)
+    top = torch.topk(keys, k, dim=1, sorted=True).values
+    order = (T - 1) - (top & 0xFFFFFFFF)
+    neg_inf = (0xFF800000 - (1 << 32)) ^ 0x7FFFFFFF  # order-preserving int of -inf
+    return torch.where((top >> 32) == neg_inf, torch.full_like(order, -1), order).to(torch.int32)
 
 
 # ----------------------------------------------------------------------------------------------

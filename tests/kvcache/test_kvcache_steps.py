@@ -257,3 +257,15 @@ def test_validation_errors():
         CompressedCacheConfig(kind="mla")
     with pytest.raises(ValueError, match="rope_dim"):
         CompressedCacheConfig(head_dim=64, rope_dim=64)
+
+
+def test_select_topk_matches_stable_sort(device):
+    for _ in range(20):
+        T = int(torch.randint(1, 70, ()))
+        scores = torch.randint(-3, 4, (4, T)).float() * torch.rand(())
+        scores[scores == 3 * scores.max()] = float("-inf")
+        scores[torch.rand(4, T) < 0.2] = float("-inf")
+        scores[torch.rand(4, T) < 0.1] = -0.0
+        k = int(torch.randint(1, 80, ()))
+        got = ref.select_topk(scores.to(device), k).cpu()
+        assert torch.equal(got, ref.select_topk_sorted(scores, k))

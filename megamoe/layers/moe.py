@@ -12,8 +12,12 @@ Pipeline of :meth:`Nvfp4MoE.forward` (all on the device, no host syncs):
    SwiGLU + clamp into its epilogue (w13 stored gate/up *interleaved*, done once
    at load);
 4. L2: ``nvfp4_grouped_mm(inter, w2, expert_offsets)``;
-5. shared expert (same two GEMMs with one group) and the combine kernel:
-   ``out[t] = shared[t] + sum_j w[t, j] * y[inv_perm[t*k + j]]``.
+5. combine kernel: ``out[t] = sum_j w[t, j] * y[inv_perm[t*k + j]]`` (float32, one
+   bf16 rounding). The shared expert, when as wide as a routed expert
+   (DeepSeek-V4), is appended to the stacked weights as group E and every token
+   gets it as an extra slot with weight 1.0, so it runs *inside* the same two
+   grouped GEMMs (``fuse_shared_expert=True``, default); otherwise it runs as
+   its own one-group pipeline and the combine adds its output.
 
 Activation modes: ``"w4a16"`` (bf16 activations) and ``"w4a4"``: the inputs of
 both GEMMs are quantized to NVFP4 and decoded back to bf16 before the bf16
@@ -179,7 +183,8 @@ class Nvfp4MoE:
     ``w2`` NVFP4Tensor (E, H, I); shared expert ``(2*Is, H)`` / ``(H, Is)``.
     """
 
-    def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16"):
+    def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
+                 fuse_shared_expert: bool = True):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
         if mode not in MODES:
@@ -189,7 +194,13 @@ class Nvfp4MoE:
         self.config, self.max_num_tokens, self.mode = config, max_num_tokens, mode
         self.device = dev = _resolve_device(device)
         c = config
-        pairs = max_num_tokens * c.top_k
+        # The shared expert runs as routed expert number E (weight 1.0, every token) inside the same two grouped
+        # GEMMs when its width equals the routed experts' (DeepSeek-V4: both 2048): one launch per GEMM, and
+        # its tiles share the machine with the routed experts' instead of running after them.
+        self.fused_shared = bool(fuse_shared_expert and c.shared_intermediate_size == c.intermediate_size)
+        self._slots = c.top_k + (1 if self.fused_shared else 0)  # rows per token in the grouped GEMMs
+        self._groups = c.num_experts + (1 if self.fused_shared else 0)
+        pairs = max_num_tokens * self._slots
         self.gate_weight = self.correction_bias = self.w13 = self.w2 = None
         self._w13_kernel = None
         self.input_scales: dict | None = None  # static w4a4: {"l1": 0-d, "l2": (E,)} or None (dynamic)
@@ -204,9 +215,12 @@ class Nvfp4MoE:
             "row_index": torch.empty(pairs, dtype=torch.int32, device=dev),
             "inv_perm": torch.empty(pairs, dtype=torch.int32, device=dev),
             "arange": torch.arange(pairs, dtype=torch.int32, device=dev),
-            "experts": torch.arange(c.num_experts, dtype=torch.int32, device=dev),
-            "expert_offsets": torch.empty(c.num_experts, dtype=torch.int32, device=dev),
+            "experts": torch.arange(self._groups, dtype=torch.int32, device=dev),
+            "expert_offsets": torch.empty(self._groups, dtype=torch.int32, device=dev),
         }
+        if self.fused_shared:  # routing with the shared expert appended as slot k: id E, weight 1.0 (set once)
+            self._ids_ext = torch.full((max_num_tokens, self._slots), c.num_experts, dtype=torch.int32, device=dev)
+            self._weights_ext = torch.ones((max_num_tokens, self._slots), dtype=torch.float32, device=dev)
         self._x_q = torch.empty((max_num_tokens, c.hidden_size), dtype=torch.bfloat16, device=dev)
         self._inter = torch.empty((pairs, c.intermediate_size), dtype=torch.bfloat16, device=dev)
         self._inter_q = torch.empty_like(self._inter)
@@ -237,13 +251,20 @@ class Nvfp4MoE:
             correction_bias = None
         _check_nvfp4(w13, "w13", (c.num_experts, 2 * c.intermediate_size, c.hidden_size), dev)
         _check_nvfp4(w2, "w2", (c.num_experts, c.hidden_size, c.intermediate_size), dev)
-        self.gate_weight, self.correction_bias = gate_weight.contiguous(), correction_bias
+        # fp32 once at load: the router computes its logits in fp32 (bf16 -> fp32 is exact, routing unchanged)
+        self.gate_weight, self.correction_bias = gate_weight.float().contiguous(), correction_bias
         self.w13, self.w2 = w13, w2
-        self._w13_kernel = gemm_ops.interleave_gate_up(w13)
         if self.shared is not None:
             if shared_w13 is None or shared_w2 is None:
                 raise ValueError("shared_w13/shared_w2: the config has a shared expert; got None")
             self.shared.load_weights(shared_w13, shared_w2)
+        if self.fused_shared:
+            self._w13_kernel = gemm_ops.interleave_gate_up(_append_expert(w13, shared_w13))
+            self._w2_kernel = _append_expert(w2, shared_w2)
+            self.shared._w13_kernel = self.shared._w2_kernel = None  # its GEMMs run inside the routed ones
+        else:
+            self._w13_kernel = gemm_ops.interleave_gate_up(w13)
+            self._w2_kernel = w2
 
     @classmethod
     def from_bf16(cls, config: MoEConfig, gate_weight, correction_bias, w13_bf16, w2_bf16,
@@ -299,13 +320,17 @@ class Nvfp4MoE:
         c = self.config
         _check_hidden(hidden_states, c.hidden_size, self.max_num_tokens, self.device)
         t = hidden_states.shape[0]
-        pairs = t * c.top_k
+        pairs = t * self._slots
         out = self._out[:t]
         if t == 0:
             return out
         topk_weights, topk_ids = self.route(hidden_states)
         self.last_routing = (topk_weights, topk_ids)
-        d = moe_ops.dispatch(topk_ids, c.num_experts, buffers=self._dispatch_buffers)
+        if self.fused_shared:
+            self._ids_ext[:t, : c.top_k].copy_(topk_ids)
+            self._weights_ext[:t, : c.top_k].copy_(topk_weights)
+            topk_ids, topk_weights = self._ids_ext[:t], self._weights_ext[:t]
+        d = moe_ops.dispatch(topk_ids, self._groups, buffers=self._dispatch_buffers)
         offsets = d["expert_offsets"]
         x, gemm_mode = hidden_states, self.mode
         static = self.mode == "w4a4" and self.input_scales is not None
@@ -316,10 +341,12 @@ class Nvfp4MoE:
             activation="swiglu", swiglu_limit=c.swiglu_limit,
         )
         if static:
-            row_scale = self.input_scales["l2"].index_select(0, d["sorted_expert"]).unsqueeze(1)  # (pairs, 1)
+            l2 = self.input_scales["l2_groups"] if self.fused_shared else self.input_scales["l2"]
+            row_scale = l2.index_select(0, d["sorted_expert"]).unsqueeze(1)  # (pairs, 1)
             inter = _quant_roundtrip(inter, row_scale, self._inter_q[:pairs])
-        expert_out = gemm_ops.nvfp4_grouped_mm(inter, self.w2, offsets, mode=gemm_mode, out=self._expert_out[:pairs])
-        shared = self.shared.forward(hidden_states) if self.shared is not None else None
+        expert_out = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, offsets, mode=gemm_mode,
+                                               out=self._expert_out[:pairs])
+        shared = self.shared.forward(hidden_states) if self.shared is not None and not self.fused_shared else None
         return moe_ops.combine(expert_out, d["inv_perm"], topk_weights, shared, out=out)
 
     __call__ = forward
@@ -361,7 +388,7 @@ class Nvfp4MoE:
             raise ValueError("hidden_states_sample: expected at least one token")
         l1 = quantize_ops.compute_global_scale(x)
         _, topk_ids = self.route(x)
-        d = moe_ops.dispatch(topk_ids, c.num_experts)
+        d = moe_ops.dispatch(topk_ids, self._groups)  # routed rows only; the fused shared group stays empty
         inter = gemm_ops.nvfp4_grouped_mm(x, self._w13_kernel, d["expert_offsets"], row_index=d["row_index"],
                                           activation="swiglu", swiglu_limit=c.swiglu_limit)
         row_amax = inter.float().abs().nan_to_num(0.0).amax(dim=1)
@@ -377,12 +404,23 @@ class Nvfp4MoE:
         self.mode = "w4a4"
         if self.shared is not None:
             s = self.shared
-            s_inter = gemm_ops.nvfp4_grouped_mm(x, s._w13_kernel, torch.full((1,), x.shape[0], dtype=torch.int32,
+            s_w13 = gemm_ops.interleave_gate_up(_stack1(s.w13))
+            s_inter = gemm_ops.nvfp4_grouped_mm(x, s_w13, torch.full((1,), x.shape[0], dtype=torch.int32,
                                                 device=self.device), activation="swiglu",
                                                 swiglu_limit=s.swiglu_limit)
             s.input_scales = {"l1": l1, "l2": quantize_ops.compute_global_scale(s_inter)}
             s.mode = "w4a4"
+        self._fuse_scales()
         return self.input_scales
+
+    def _fuse_scales(self) -> None:
+        """Fused shared expert: one L1 scale for all (the max), L2 scale of group E = the shared one."""
+        if not self.fused_shared or self.input_scales is None or not self.shared.input_scales:
+            return
+        l1 = torch.maximum(self.input_scales["l1"], self.shared.input_scales["l1"])
+        self.input_scales["l1"] = self.shared.input_scales["l1"] = l1
+        l2 = self.input_scales["l2"][: self.config.num_experts]
+        self.input_scales["l2_groups"] = torch.cat((l2, self.shared.input_scales["l2"].reshape(1)))
 
     def set_input_scales(self, l1: torch.Tensor, l2: torch.Tensor, shared_l1=None, shared_l2=None) -> None:
         """Static w4a4 scales (e.g. ModelOpt ``input_scale``): l1 0-d, l2 (E,) fp32 on the layer's device."""
@@ -394,6 +432,9 @@ class Nvfp4MoE:
         if self.shared is not None and shared_l1 is not None and shared_l2 is not None:
             self.shared.input_scales = {"l1": shared_l1.float().to(self.device),
                                         "l2": shared_l2.float().to(self.device)}
+        elif self.fused_shared:
+            raise ValueError("shared_l1/shared_l2: the fused shared expert needs its static scales too")
+        self._fuse_scales()
 
     def set_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -441,10 +482,34 @@ class Nvfp4MoE:
         c = self.config
         e = c.num_experts if experts_touched is None else experts_touched
         per_expert = (self.w13.nbytes() + self.w2.nbytes()) // c.num_experts
-        total = e * per_expert + self.gate_weight.numel() * self.gate_weight.element_size()
+        total = e * per_expert + self.gate_weight.numel() * 2  # the checkpoint's bf16 gate (held as fp32 here)
         if self.shared is not None:
             total += self.shared.w13.nbytes() + self.shared.w2.nbytes()
         return total
+
+
+def _per_expert_global_scale(gs: torch.Tensor, experts: int) -> torch.Tensor:
+    """0-d / (E,1,1) / (E,R,1) / (R,1) -> (experts, 1 or R, 1)."""
+    if gs.dim() == 0:
+        return gs.reshape(1, 1, 1).expand(experts, 1, 1)
+    if gs.dim() == 2:
+        gs = gs.unsqueeze(0)
+    return gs.expand(experts, gs.shape[1], 1)
+
+
+def _append_expert(stacked: NVFP4Tensor, extra: NVFP4Tensor) -> NVFP4Tensor:
+    """(E, N, K) stacked experts + one (N, K) expert -> (E+1, N, K), global scales merged exactly (load time)."""
+    e = stacked.shape[0]
+    gs_a = _per_expert_global_scale(stacked.global_scale, e)
+    gs_b = _per_expert_global_scale(extra.global_scale, 1)
+    rows = max(gs_a.shape[1], gs_b.shape[1])
+    gs = torch.cat((gs_a.expand(e, rows, 1), gs_b.expand(1, rows, 1))).contiguous()
+    return NVFP4Tensor(
+        torch.cat((stacked.data, extra.data.unsqueeze(0))),
+        torch.cat((stacked.block_scale, extra.block_scale.unsqueeze(0))),
+        gs,
+        (e + 1,) + tuple(stacked.shape[1:]),
+    )
 
 
 def quantize_weight(w: torch.Tensor) -> NVFP4Tensor:

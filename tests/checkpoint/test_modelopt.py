@@ -46,10 +46,16 @@ def test_input_scales_become_static_w4a4_scales(bf16_weights):
     scales = {m: 0.01 * (1 + idx) for idx, m in enumerate(sorted(modules))}
     sd = quantize_model_weights(sd_bf16, input_scales=scales)
     layer = load_moe_layer(sd, CFG, max_num_tokens=4, mode="w4a4")
-    l1_expected = max(scales[f"experts.{e}.{p}"] for e in range(4) for p in ("gate_proj", "up_proj"))
+    # one L1 scale for the routed experts and the (fused) shared expert: the max of their gate/up input scales
+    l1_modules = [f"experts.{e}.{p}" for e in range(4) for p in ("gate_proj", "up_proj")]
+    l1_expected = max(scales[m] for m in l1_modules + ["shared_experts.gate_proj", "shared_experts.up_proj"])
     assert layer.input_scales["l1"].item() == pytest.approx(l1_expected)
     assert layer.input_scales["l2"][2].item() == pytest.approx(scales["experts.2.down_proj"])
     assert layer.shared.input_scales["l2"].item() == pytest.approx(scales["shared_experts.down_proj"])
+    x = torch.randn(3, CFG.hidden_size).bfloat16()
+    out = layer.forward(x).clone()
+    ref = layer.reference_forward(x, layer.last_routing)
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 5e-2  # w4a4 bound, see tests/layers
 
 
 def test_missing_and_misshaped_tensors(bf16_weights):

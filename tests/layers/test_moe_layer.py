@@ -111,3 +111,14 @@ def test_cuda_graph_and_no_host_syncs(mode):
     x2 = torch.randn_like(x)
     eager2 = lay.forward(x2).clone()
     assert torch.equal(replay(x2), eager2)
+
+
+def test_fused_and_separate_shared_expert_agree():
+    fused = Nvfp4MoE.random(TINY, seed=21, max_num_tokens=8)
+    separate = Nvfp4MoE.random(TINY, seed=21, max_num_tokens=8, fuse_shared_expert=False)
+    assert fused.fused_shared and not separate.fused_shared
+    x = torch.randn(6, TINY.hidden_size).bfloat16()
+    a, b = fused.forward(x).clone(), separate.forward(x).clone()
+    ref = fused.reference_forward(x, fused.last_routing)
+    assert _rel(a, ref) < 1e-2 and _rel(b, ref) < 1e-2
+    assert _rel(a, b.float()) < 4e-3  # same GEMMs, only the combine's summation order differs

@@ -32,3 +32,11 @@ def test_side_by_side_full_size_cuda_graph(kind, ratio):
     print(stats)
     assert stats["steps"] == 300 and stats["flushes"] >= 8
     assert stats["topk_near_tie_swaps"] <= max(2, stats["topk_checked"] // 100)
+
+
+def test_side_by_side_reference_dispatch(monkeypatch):
+    """CPU without the interpreter: the ops dispatch to the PyTorch references (plumbing check)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cfg = CompressedCacheConfig(kind="csa", ratio=4, max_slots=2, **SMALL)
+    stats = run_side_by_side(cfg, steps=16, batch=2, device="cpu", seed=7)
+    assert stats["flushes"] >= 2

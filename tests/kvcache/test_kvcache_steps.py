@@ -269,3 +269,32 @@ def test_select_topk_matches_stable_sort(device):
         k = int(torch.randint(1, 80, ()))
         got = ref.select_topk(scores.to(device), k).cpu()
         assert torch.equal(got, ref.select_topk_sorted(scores, k))
+
+
+@pytest.mark.parametrize("kind", ["csa", "hca"])
+def test_empty_batch_is_a_no_op(kind, device):
+    cfg = _cfg(kind, 4)
+    cache = CompressedKVCache(cfg, device)
+    before = _pool_bytes(cache)
+    e32 = torch.zeros((0,), dtype=torch.int32, device=device)
+    eb = torch.zeros((0,), dtype=torch.bool, device=device)
+    C = 2 if cfg.overlap else 1
+    ops.compressor_step(cache.state, torch.zeros((0, C * cfg.head_dim), device=device),
+                        torch.zeros((0, C * cfg.head_dim), device=device), e32, e32, eb,
+                        torch.zeros((0, cfg.head_dim), device=device), eb.clone())
+    key = torch.zeros((0, cfg.index_head_dim), dtype=torch.bfloat16, device=device) if cfg.has_indexer else None
+    ops.flush_write(cache.pool, cache.block_table, torch.zeros((0, cfg.head_dim), dtype=torch.bfloat16, device=device),
+                    key, eb, e32, e32, ratio=4)
+    out = ops.gather_entries(cache.pool, cache.block_table, e32, torch.zeros((0, 3), dtype=torch.int32, device=device))
+    assert out.shape == (0, 3, cfg.head_dim)
+    if cfg.has_indexer:
+        scores = torch.zeros((0, 10), device=device)
+        ops.indexer_scores(cache.pool, cache.block_table,
+                           torch.zeros((0, cfg.index_n_heads, cfg.index_head_dim), dtype=torch.bfloat16, device=device),
+                           torch.zeros((0, cfg.index_n_heads), device=device), e32, e32, scores)
+        assert ops.select_topk(scores, 4).shape == (0, 4)
+    else:
+        with pytest.raises(ValueError, match="indexer"):
+            ops.indexer_scores(cache.pool, cache.block_table, torch.zeros((0, 16, 32), dtype=torch.bfloat16),
+                               torch.zeros((0, 16)), e32, e32, torch.zeros((0, 10)))
+    assert all(torch.equal(a, b) for a, b in zip(_pool_bytes(cache), before))

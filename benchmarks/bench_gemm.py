@@ -9,6 +9,10 @@ tokens are sorted by expert and timed with ``triton.testing.do_bench``
 * ``nvfp4``: ``megamoe.ops.nvfp4_grouped_mm`` (w4a16);
 * ``nvfp4_swiglu`` (gate_up only): the same with the fused SwiGLU epilogue;
 * ``bf16``: ``torch._grouped_mm`` on the dequantized bf16 weights;
+* up to 64 tokens, both NVFP4 kernels called directly: the tensor-core GEMM
+  (``nvfp4_gemm``) and the CUDA-core decode kernel (``nvfp4_gemv``), and which
+  one the op routes to; ``--gemv-tune`` sweeps the decode kernel's configs,
+  ``--dense`` adds dense decode GEMMs (M <= 16) against ``F.linear``;
 * HBM roofline: bytes of the *touched* experts' weights + scales + activations
   in + outputs / 3.0 TB/s; tensor-core roofline: 2*T*N*K / 749 TFLOP/s.
 
@@ -19,7 +23,7 @@ Writes ``benchmarks/results/gemm_<date>.json``, ``gemm_<date>.md`` and
 ``gemm_<date>.png`` (roofline plot), or the paths given. ``--tune`` also
 sweeps the config candidates below per shape and records the best.
 
-Run:  PYTHONUNBUFFERED=1 python benchmarks/bench_gemm.py [--tune] [--tokens 1 8 ...] [--out-dir DIR]
+Run:  PYTHONUNBUFFERED=1 python benchmarks/bench_gemm.py [--tune] [--gemv-tune] [--dense] [--tokens 1 8 ...] [--out-dir DIR]
       python benchmarks/bench_gemm.py --plot-only results/gemm_X.json   (redraw the PNG)
 """
 from __future__ import annotations
@@ -50,6 +54,22 @@ DECODE_CANDIDATES = [
     (16, 128, 64, 4, 3, 4, False),
     (32, 64, 128, 4, 3, 4, True),
 ]
+# Decode kernel (megamoe/kernels/nvfp4_gemv.py) candidates for --gemv-tune:
+# (ROWS, BLOCK_N, BLOCK_K, num_warps, num_stages, maxnreg)
+GEMV_CANDIDATES = [
+    (1, 64, 256, 4, 1, 128),
+    (1, 64, 256, 4, 1, None),
+    (1, 32, 256, 2, 1, 128),
+    (1, 64, 512, 8, 1, 128),
+    (2, 64, 256, 4, 1, 168),
+    (2, 64, 256, 4, 1, None),
+    (2, 64, 128, 4, 1, None),
+    (2, 32, 256, 2, 1, None),
+    (4, 32, 128, 2, 1, None),
+]
+DENSE_SHAPES = ((4096, 7168), (7168, 2048))  # (N, K) of dense decode GEMMs timed with --dense
+DENSE_ROWS = (1, 2, 4, 8, 16)
+GEMV_MAX_TOKENS = 64  # the decode kernel is timed up to this many tokens
 PREFILL_CANDIDATES = [
     (128, 128, 128, 8, 3, 1, False),
     (256, 128, 64, 8, 3, 1, False),
@@ -130,6 +150,7 @@ def run(args):
     import triton
 
     from megamoe.kernels import nvfp4_gemm as kern
+    from megamoe.kernels import nvfp4_gemv as gemv
     from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm
 
     device = torch.device("cuda")
@@ -184,6 +205,39 @@ def run(args):
                         best = (cfg, us)
                 rec["tuned_best_config"], rec["tuned_best_us"] = list(best[0]), best[1]
 
+            if tokens <= GEMV_MAX_TOKENS:
+                # both kernels called directly (whatever the op routes to), same inputs
+                rec["tc_us"] = bench(lambda: kern.launch_nvfp4_gemm(
+                    next_x(), w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets), rep)
+                got_v = gemv.launch_nvfp4_gemv(xs[0], w.data, w.block_scale, w.global_scale, out,
+                                               expert_offsets=offsets)
+                rec["gemv_rel_err_vs_bf16_path"] = ((got_v.float() - ref.float()).norm() / ref.float().norm()).item()
+                rec["gemv_us"] = bench(lambda: gemv.launch_nvfp4_gemv(
+                    next_x(), w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets), rep)
+                rec["gemv_config"] = list(gemv.select_gemv_config(
+                    triton.cdiv(t, min(EXPERTS, t)), False))
+                if wi is not None:
+                    rec["gemv_swiglu_us"] = bench(lambda: gemv.launch_nvfp4_gemv(
+                        next_x(), wi.data, wi.block_scale, wi.global_scale, out_sw, expert_offsets=offsets,
+                        swiglu=True, swiglu_limit=10.0), rep)
+                if args.gemv_tune:
+                    best = None
+                    for cfg in GEMV_CANDIDATES:
+                        try:
+                            fn = lambda cfg=cfg: gemv.launch_nvfp4_gemv(  # noqa: E731
+                                next_x(), w.data, w.block_scale, w.global_scale, out,
+                                expert_offsets=offsets, config=cfg)
+                            fn()
+                            us = bench(fn, rep)
+                        except Exception as exc:  # noqa: BLE001
+                            us = float("inf")
+                            print(f"\n  gemv config {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}",
+                                  file=sys.stderr)
+                        tuning.append(dict(projection=proj, tokens=tokens, kernel="gemv", config=list(cfg), us=us))
+                        if best is None or us < best[1]:
+                            best = (cfg, us)
+                    rec["gemv_best_config"], rec["gemv_best_us"] = list(best[0]), best[1]
+            rec["route"] = "gemv" if gemv.gemv_preferred(t, EXPERTS, n, k) else "tensor-core"
             rec["nvfp4_us"] = bench(lambda: nvfp4_grouped_mm(next_x(), w, offsets, out=out), rep)
             if wi is not None:
                 rec["nvfp4_swiglu_us"] = bench(
@@ -201,6 +255,7 @@ def run(args):
         del w, w_bf16, w_bf16_t, wi
         torch.cuda.empty_cache()
 
+    dense = run_dense(args) if args.dense else []
     meta = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -209,7 +264,47 @@ def run(args):
         weight_bytes_nvfp4_per_expert_gate_up=4096 * 7168 * 9 // 16,
         weight_bytes_bf16_per_expert_gate_up=4096 * 7168 * 2,
     )
-    return dict(meta=meta, records=records, tuning=tuning)
+    return dict(meta=meta, records=records, tuning=tuning, dense=dense)
+
+
+def run_dense(args):
+    """Dense decode GEMMs: tensor-core kernel vs decode kernel (both direct), the op, bf16 F.linear."""
+    from megamoe.format.tensor import NVFP4Tensor
+    from megamoe.kernels import nvfp4_gemm as kern
+    from megamoe.kernels import nvfp4_gemv as gemv
+    from megamoe.ops.gemm import nvfp4_linear
+    from megamoe.reference.quantize import dequantize
+
+    device = torch.device("cuda")
+    rows = []
+    for n, k in DENSE_SHAPES:
+        data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+        sb = torch.randint(0x20, 0x48, (n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+        w = NVFP4Tensor(data, sb, torch.tensor(1e-3, device=device), (n, k))
+        w_bf16 = dequantize(w, torch.bfloat16)
+        for m in DENSE_ROWS:
+            xs = [torch.randn(m, k, device=device).bfloat16() for _ in range(4)]
+            out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+            it = [0]
+
+            def next_x():
+                it[0] = (it[0] + 1) % len(xs)
+                return xs[it[0]]
+
+            ref = torch.nn.functional.linear(xs[0], w_bf16).float()
+            got = gemv.launch_nvfp4_gemv(xs[0], data, sb, w.global_scale, out).float()
+            roof = (n * k * 9 / 16 + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6
+            rows.append(dict(
+                n=n, k=k, m=m, hbm_roofline_us=roof,
+                gemv_rel_err_vs_bf16=((got - ref).norm() / ref.norm()).item(),
+                tc_us=bench(lambda: kern.launch_nvfp4_gemm(next_x(), data, sb, w.global_scale, out), args.rep_ms),
+                gemv_us=bench(lambda: gemv.launch_nvfp4_gemv(next_x(), data, sb, w.global_scale, out), args.rep_ms),
+                op_us=bench(lambda: nvfp4_linear(next_x(), w, out=out), args.rep_ms),
+                bf16_us=bench(lambda: torch.nn.functional.linear(next_x(), w_bf16), args.rep_ms),
+                route="gemv" if gemv.gemv_preferred(m, None, n, k) else "tensor-core",
+            ))
+        del data, sb, w, w_bf16
+    return rows
 
 
 def write_markdown(result, path):
@@ -236,11 +331,36 @@ def write_markdown(result, path):
             f"| {100 * r['hbm_roofline_fraction']:.0f}% | {r['speedup_vs_bf16']:.2f}x | {r['nvfp4_tflops']:.0f} "
             f"| {r['bf16_tflops']:.0f} | {r['rel_err_vs_bf16_path']:.1e} |"
         )
+    dec = [r for r in result["records"] if "gemv_us" in r]
+    if dec:
+        lines += ["", "## Decode: tensor-core kernel vs CUDA-core decode kernel (both called directly)", "",
+                  "| proj | tokens | rows | tensor-core us | gemv us (config) | gemv best tuned us (config) "
+                  "| gemv swiglu us | HBM roofline us | gemv % of HBM roofline | gemv speedup vs tensor-core "
+                  "| gemv rel err vs bf16 | op routes to |",
+                  "|" + "---|" * 12]
+        for r in dec:
+            best = (f"{r['gemv_best_us']:.1f} {tuple(r['gemv_best_config'])}" if "gemv_best_us" in r else "-")
+            sw = f"{r['gemv_swiglu_us']:.1f}" if "gemv_swiglu_us" in r else "-"
+            lines.append(
+                f"| {r['projection']} | {r['tokens']} | {r['rows']} | {r['tc_us']:.1f} "
+                f"| {r['gemv_us']:.1f} {tuple(r['gemv_config'])} | {best} | {sw} | {r['hbm_roofline_us']:.1f} "
+                f"| {100 * r['hbm_roofline_us'] / r['gemv_us']:.0f}% | {r['tc_us'] / r['gemv_us']:.2f}x "
+                f"| {r['gemv_rel_err_vs_bf16_path']:.1e} | {r['route']} |")
+    if result.get("dense"):
+        lines += ["", "## Dense decode (nvfp4_linear): tensor-core kernel vs decode kernel (both direct)", "",
+                  "| N | K | M | tensor-core us | gemv us | op us | bf16 F.linear us | HBM roofline us "
+                  "| gemv % of roofline | gemv rel err vs bf16 | op routes to |", "|" + "---|" * 11]
+        for r in result["dense"]:
+            lines.append(
+                f"| {r['n']} | {r['k']} | {r['m']} | {r['tc_us']:.1f} | {r['gemv_us']:.1f} | {r['op_us']:.1f} "
+                f"| {r['bf16_us']:.1f} | {r['hbm_roofline_us']:.1f} | {100 * r['hbm_roofline_us'] / r['gemv_us']:.0f}% "
+                f"| {r['gemv_rel_err_vs_bf16']:.1e} | {r['route']} |")
     if result.get("tuning"):
-        lines += ["", "## Config sweep (--tune)", "", "| proj | tokens | config (BM, BN, BK, warps, stages, per-SM) | us |",
-                  "|---|---|---|---|"]
+        lines += ["", "## Config sweep (--tune / --gemv-tune)", "",
+                  "| proj | tokens | kernel | config | us |", "|---|---|---|---|---|"]
         for t in result["tuning"]:
-            lines.append(f"| {t['projection']} | {t['tokens']} | {tuple(t['config'])} | {t['us']:.1f} |")
+            lines.append(f"| {t['projection']} | {t['tokens']} | {t.get('kernel', 'tensor-core')} "
+                         f"| {tuple(t['config'])} | {t['us']:.1f} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -285,6 +405,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     parser.add_argument("--tune", action="store_true", help="sweep the config candidates per shape")
+    parser.add_argument("--dense", action="store_true", help="also time dense decode GEMMs (M <= 16)")
+    parser.add_argument("--gemv-tune", action="store_true", help="sweep the decode-kernel candidates (<= 64 tokens)")
     parser.add_argument("--rep-ms", type=int, default=60)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--tag", default=None, help="file name stem (default gemm_<UTC date-time>)")

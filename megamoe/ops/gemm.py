@@ -9,6 +9,14 @@ kernels in ``megamoe/kernels/nvfp4_gemm.py``; CPU tensors -> the PyTorch
 reference (``megamoe/reference/gemm.py``), or the Triton kernels through the
 interpreter when ``TRITON_INTERPRET=1``.
 
+Decode routing (CUDA only): small row counts go to the CUDA-core kernel of
+``megamoe/kernels/nvfp4_gemv.py`` instead of the tensor-core GEMM when
+:func:`megamoe.kernels.nvfp4_gemv.gemv_preferred` says so - a shape-bucket rule
+on host-known values (rows, experts, N, K; never device values) set from H100
+measurements (``benchmarks/NOTES_gemm.md``). The interpreter (CPU) path keeps
+the tensor-core kernel, whose CPU tests stay meaningful; the decode kernel has
+its own (``tests/kernels/test_nvfp4_gemv.py``).
+
 Modes: ``"w4a16"`` (x stays bf16; the fast default) and ``"w4a4"`` (x is
 quantized to NVFP4 with a dynamic per-row global scale and decoded back to bf16
 before the GEMM, reproducing Blackwell W4A4 numerics to validate accuracy).
@@ -99,6 +107,17 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _decode_launcher(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts, n: int, k: int):
+    """The CUDA-core decode launcher when the shape rule prefers it (CUDA tensors only), else None."""
+    if not x.is_cuda:
+        return None
+    from ..kernels import nvfp4_gemv
+
+    if nvfp4_gemv.gemv_preferred(num_rows, num_experts, n, k) and nvfp4_gemv.gemv_supports(x, data):
+        return nvfp4_gemv.launch_nvfp4_gemv
+    return None
+
+
 def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -> torch.Tensor:
     """``x @ dequant(weight).T (+ bias)`` with NVFP4 weights.
 
@@ -130,10 +149,12 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
 
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    xa = _quantized_activations(x) if mode == "w4a4" else x
-    return launch_nvfp4_gemm(
-        _contiguous_rows(xa),
-        weight.data.contiguous(),
+    xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
+    data = weight.data.contiguous()
+    launch = _decode_launcher(xa, data, m, None, n, k) or launch_nvfp4_gemm
+    return launch(
+        xa,
+        data,
         weight.block_scale.contiguous(),
         weight.global_scale,
         out,
@@ -202,10 +223,12 @@ def nvfp4_grouped_mm(
 
     if out is None:
         out = torch.empty((num_rows, n_out), dtype=torch.bfloat16, device=x.device)
-    xa = _quantized_activations(x) if mode == "w4a4" else x
-    return launch_nvfp4_gemm(
-        _contiguous_rows(xa),
-        weight.data.contiguous(),
+    xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
+    data = weight.data.contiguous()
+    launch = _decode_launcher(xa, data, num_rows, num_experts, n, k) or launch_nvfp4_gemm
+    return launch(
+        xa,
+        data,
         weight.block_scale.contiguous(),
         weight.global_scale,
         out,

@@ -7,21 +7,16 @@ bf16 tensor-core dot sees the exact key; products accumulate in float32. Even an
 low and high nibbles) are multiplied with the even and odd query dims separately, so the packed bytes
 never need interleaving. One program per (row, BLOCK_T entries). Reference:
 ``megamoe.reference.kvcache.indexer_scores`` (float64; agreement to float32 summation order).
+The FP4 -> bf16 decode is the GEMM kernels' (``nvfp4_gemm``: keys come out as ``k * 2**-8``, undone on the
+scores).
 """
 import triton
 import triton.language as tl
 
-from .nvfp4_jit import e2m1_decode, e4m3_decode
+from .nvfp4_gemm import _decode_weights_asm, _decode_weights_portable, _scale_factor
 
 #: Entries per program (GPU, interpreter).
 BLOCK_T = {"gpu": 128, "interpreter": 16}
-
-
-@triton.jit
-def _exact_bf16(v):
-    """float32 -> bfloat16 for values exactly representable in bf16 (dropping 16 zero bits); unlike a
-    plain cast this is right in the interpreter too."""
-    return (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -49,13 +44,17 @@ def _indexer_scores_kernel(
 
     i = tl.arange(0, HALF)[None, :]
     GROUPS: tl.constexpr = KEY_DIM // 16
-    packed = tl.load(key_data_ptr + src[:, None] * HALF + i, mask=live[:, None], other=0).to(tl.int32)
-    # one E4M3 decode per 16-element group, broadcast over the group's 8 bytes
+    packed = tl.load(key_data_ptr + src[:, None] * HALF + i, mask=live[:, None], other=0)
+    # one E4M3 decode per 16-element group (as scale * 2**118), broadcast over the group's 8 bytes
     scale_code = tl.load(key_scale_ptr + src[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :],
-                         mask=live[:, None], other=0)
-    scale = tl.reshape(tl.broadcast_to(e4m3_decode(scale_code)[:, :, None], (BLOCK, GROUPS, 8)), (BLOCK, HALF))
-    k_even = _exact_bf16(e2m1_decode(packed & 0xF) * scale)
-    k_odd = _exact_bf16(e2m1_decode(packed >> 4) * scale)
+                         mask=live[:, None], other=0).to(tl.int32)
+    factor = tl.reshape(tl.broadcast_to(_scale_factor(scale_code)[:, :, None], (BLOCK, GROUPS, 8)), (BLOCK, HALF))
+    # exact bf16 keys * 2**-8 (the GEMM's FP4 decode: inline asm on the GPU, integer bit patterns in the
+    # interpreter); the 2**8 goes back onto the scores below (a power of two: same rounding)
+    if INTERPRET:
+        k_even, k_odd = _decode_weights_portable(packed, factor)
+    else:
+        k_even, k_odd = _decode_weights_asm(packed, factor)
 
     h = tl.arange(0, H)[:, None]
     q_row = q_ptr + row * (H * KEY_DIM) + h * KEY_DIM
@@ -67,7 +66,7 @@ def _indexer_scores_kernel(
     else:
         logits = tl.dot(k_even, tl.trans(q_even)) + tl.dot(k_odd, tl.trans(q_odd))   # (BLOCK, H) float32
     w = tl.load(weights_ptr + row * H + tl.arange(0, H))
-    score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
+    score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1) * 256.0
     score = tl.where(live, score, float("-inf"))
     tl.store(scores_ptr + row.to(tl.int64) * max_entries + t, score, mask=t < max_entries)
 

@@ -131,7 +131,7 @@ def bench_config(config, token_counts, progress, seed=0):
         rows.append({
             "config": c.name, "tokens": t, "experts_touched": touched,
             "nvfp4_eager_us": eager_ms * 1e3, "nvfp4_graph_us": graph_ms * 1e3, "bf16_graph_us": bf16_ms * 1e3,
-            "route_dispatch_combine_graph_us": overhead_ms * 1e3, "shared_expert_fused": layer.fused_shared,
+            "route_dispatch_combine_graph_us": overhead_ms * 1e3, "shared_expert_fused": layer.fused_shared and t <= layer.fuse_shared_max_tokens,
             "hbm_roofline_us": hbm_us, "tc_roofline_us": tc_us,
             "pct_of_roofline": 100.0 * roof_us / (graph_ms * 1e3),
             "speedup_vs_bf16": bf16_ms / graph_ms,
@@ -157,7 +157,8 @@ def write_results(rows, out_dir, tag, command):
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = [
         "# NVFP4 MoE layer benchmark (routed experts + shared expert, w4a16)", "",
-        f"- shared expert fused into the routed grouped GEMMs: {sorted({r['shared_expert_fused'] for r in rows})}",
+        "- shared expert fused into the routed grouped GEMMs at token counts: "
+        f"{sorted({r['tokens'] for r in rows if r['shared_expert_fused']})}",
         f"- date: {meta['date']}; device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}",
         f"- command: `{command}`",
         "- times: do_bench medians in microseconds, 4 rotating input batches; bf16 = same router/dispatch, "

@@ -166,6 +166,12 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
     return NVFP4Tensor(t.data.unsqueeze(0), t.block_scale.unsqueeze(0), gs, (1,) + tuple(t.shape))
 
 
+# Fused shared expert only up to this many tokens. H100, DeepSeek-V4-Flash dims, graph replay
+# (benchmarks/results/moe_v1.md = separate, moe_v2.md = always fused): 1 token 153.7 -> 137.3 us (fused better);
+# 8 tokens 412.4 -> 493.4 us and 64 tokens 1890 -> 2540 us (fused worse: the shared group's T rows are tiled with
+# the routed experts' small decode tiles, so its weights are decoded once per 16-row tile).
+FUSE_SHARED_MAX_TOKENS = 4
+
 _LAYERS: "weakref.WeakValueDictionary[int, Nvfp4MoE]" = weakref.WeakValueDictionary()
 _LAYER_IDS = itertools.count()
 
@@ -184,7 +190,7 @@ class Nvfp4MoE:
     """
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
-                 fuse_shared_expert: bool = True):
+                 fuse_shared_expert: bool = True, fuse_shared_max_tokens: int | None = None):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
         if mode not in MODES:
@@ -197,7 +203,11 @@ class Nvfp4MoE:
         # The shared expert runs as routed expert number E (weight 1.0, every token) inside the same two grouped
         # GEMMs when its width equals the routed experts' (DeepSeek-V4: both 2048): one launch per GEMM, and
         # its tiles share the machine with the routed experts' instead of running after them.
+        # It pays only at the smallest batches (see FUSE_SHARED_MAX_TOKENS); the choice is made on the host from the
+        # token count (a shape), so each captured graph has one fixed path.
         self.fused_shared = bool(fuse_shared_expert and c.shared_intermediate_size == c.intermediate_size)
+        self.fuse_shared_max_tokens = (FUSE_SHARED_MAX_TOKENS if fuse_shared_max_tokens is None
+                                       else fuse_shared_max_tokens)
         self._slots = c.top_k + (1 if self.fused_shared else 0)  # rows per token in the grouped GEMMs
         self._groups = c.num_experts + (1 if self.fused_shared else 0)
         pairs = max_num_tokens * self._slots
@@ -260,8 +270,7 @@ class Nvfp4MoE:
             self.shared.load_weights(shared_w13, shared_w2)
         if self.fused_shared:
             self._w13_kernel = gemm_ops.interleave_gate_up(_append_expert(w13, shared_w13))
-            self._w2_kernel = _append_expert(w2, shared_w2)
-            self.shared._w13_kernel = self.shared._w2_kernel = None  # its GEMMs run inside the routed ones
+            self._w2_kernel = _append_expert(w2, shared_w2)  # group E stays empty when the shared runs apart
         else:
             self._w13_kernel = gemm_ops.interleave_gate_up(w13)
             self._w2_kernel = w2
@@ -320,13 +329,14 @@ class Nvfp4MoE:
         c = self.config
         _check_hidden(hidden_states, c.hidden_size, self.max_num_tokens, self.device)
         t = hidden_states.shape[0]
-        pairs = t * self._slots
+        fuse = self.fused_shared and t <= self.fuse_shared_max_tokens
+        pairs = t * (self._slots if fuse else c.top_k)
         out = self._out[:t]
         if t == 0:
             return out
         topk_weights, topk_ids = self.route(hidden_states)
         self.last_routing = (topk_weights, topk_ids)
-        if self.fused_shared:
+        if fuse:
             self._ids_ext[:t, : c.top_k].copy_(topk_ids)
             self._weights_ext[:t, : c.top_k].copy_(topk_weights)
             topk_ids, topk_weights = self._ids_ext[:t], self._weights_ext[:t]
@@ -341,12 +351,12 @@ class Nvfp4MoE:
             activation="swiglu", swiglu_limit=c.swiglu_limit,
         )
         if static:
-            l2 = self.input_scales["l2_groups"] if self.fused_shared else self.input_scales["l2"]
+            l2 = self.input_scales.get("l2_groups", self.input_scales["l2"])
             row_scale = l2.index_select(0, d["sorted_expert"]).unsqueeze(1)  # (pairs, 1)
             inter = _quant_roundtrip(inter, row_scale, self._inter_q[:pairs])
         expert_out = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, offsets, mode=gemm_mode,
                                                out=self._expert_out[:pairs])
-        shared = self.shared.forward(hidden_states) if self.shared is not None and not self.fused_shared else None
+        shared = self.shared.forward(hidden_states) if self.shared is not None and not fuse else None
         return moe_ops.combine(expert_out, d["inv_perm"], topk_weights, shared, out=out)
 
     __call__ = forward

@@ -95,9 +95,10 @@ def test_custom_op_is_opaque_to_torch_compile(layer):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode", ["w4a16", "w4a4"])
-def test_cuda_graph_and_no_host_syncs(mode):
+@pytest.mark.parametrize("tokens", [2, 37])  # fused shared expert (<= 4 tokens) and separate
+def test_cuda_graph_and_no_host_syncs(mode, tokens):
     lay = Nvfp4MoE.random(TINY, seed=3, max_num_tokens=64, device="cuda", mode=mode)
-    x = torch.randn(37, TINY.hidden_size, device="cuda").bfloat16()
+    x = torch.randn(tokens, TINY.hidden_size, device="cuda").bfloat16()
     eager = lay.forward(x).clone()
     assert _rel(eager, lay.reference_forward(x, lay.last_routing)) < (1e-2 if mode == "w4a16" else W4A4_BOUND)
     torch.cuda.synchronize()
@@ -106,7 +107,7 @@ def test_cuda_graph_and_no_host_syncs(mode):
         lay.forward(x)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    replay = lay.capture(37)
+    replay = lay.capture(tokens)
     assert torch.equal(replay(x), eager)
     x2 = torch.randn_like(x)
     eager2 = lay.forward(x2).clone()
@@ -117,7 +118,8 @@ def test_fused_and_separate_shared_expert_agree():
     fused = Nvfp4MoE.random(TINY, seed=21, max_num_tokens=8)
     separate = Nvfp4MoE.random(TINY, seed=21, max_num_tokens=8, fuse_shared_expert=False)
     assert fused.fused_shared and not separate.fused_shared
-    x = torch.randn(6, TINY.hidden_size).bfloat16()
+    x = torch.randn(3, TINY.hidden_size).bfloat16()  # <= fuse_shared_max_tokens: the fused path runs
+    assert x.shape[0] <= fused.fuse_shared_max_tokens
     a, b = fused.forward(x).clone(), separate.forward(x).clone()
     ref = fused.reference_forward(x, fused.last_routing)
     assert _rel(a, ref) < 1e-2 and _rel(b, ref) < 1e-2

@@ -70,7 +70,7 @@ def _graph(fn, static_in):
 def bench_config(config, token_counts, progress, seed=0):
     import triton.testing
 
-    from megamoe.layers.moe import Nvfp4MoE
+    from megamoe.layers.moe import DISPATCH_KERNEL_MAX_PAIRS, Nvfp4MoE
     from megamoe.ops import moe as moe_ops
 
     max_tokens = max(token_counts)
@@ -113,7 +113,8 @@ def bench_config(config, token_counts, progress, seed=0):
         # the non-GEMM part of the layer alone (router, dispatch, combine), graph replay
         def overhead(x):
             w, i = layer.route(x)
-            d = moe_ops.dispatch(i, c.num_experts)
+            backend = "triton" if i.numel() <= DISPATCH_KERNEL_MAX_PAIRS else "torch"  # as the layer's "auto"
+            d = moe_ops.dispatch(i, c.num_experts, backend=backend)
             return moe_ops.combine(layer._expert_out, d["inv_perm"], w)
 
         static_o = xs[0].clone()

@@ -171,6 +171,9 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
 # 8 tokens 412.4 -> 493.4 us and 64 tokens 1890 -> 2540 us (fused worse: the shared group's T rows are tiled with
 # the routed experts' small decode tiles, so its weights are decoded once per 16-row tile).
 FUSE_SHARED_MAX_TOKENS = 4
+# "auto" dispatch uses the single-program Triton kernel (megamoe/kernels/moe_dispatch.py) up to this many
+# (token, slot) pairs and the torch sort path above (the kernel is serial over 32-pair chunks).
+DISPATCH_KERNEL_MAX_PAIRS = 512
 
 _LAYERS: "weakref.WeakValueDictionary[int, Nvfp4MoE]" = weakref.WeakValueDictionary()
 _LAYER_IDS = itertools.count()
@@ -190,14 +193,18 @@ class Nvfp4MoE:
     """
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
-                 fuse_shared_expert: bool = True, fuse_shared_max_tokens: int | None = None):
+                 fuse_shared_expert: bool = True, fuse_shared_max_tokens: int | None = None,
+                 dispatch_backend: str = "auto"):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         if not isinstance(max_num_tokens, int) or max_num_tokens < 1:
             raise ValueError(f"max_num_tokens: expected a positive int, got {max_num_tokens!r}")
+        if dispatch_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"dispatch_backend: expected 'auto', 'torch' or 'triton', got {dispatch_backend!r}")
         self.config, self.max_num_tokens, self.mode = config, max_num_tokens, mode
+        self.dispatch_backend = dispatch_backend
         self.device = dev = _resolve_device(device)
         c = config
         # The shared expert runs as routed expert number E (weight 1.0, every token) inside the same two grouped
@@ -340,7 +347,10 @@ class Nvfp4MoE:
             self._ids_ext[:t, : c.top_k].copy_(topk_ids)
             self._weights_ext[:t, : c.top_k].copy_(topk_weights)
             topk_ids, topk_weights = self._ids_ext[:t], self._weights_ext[:t]
-        d = moe_ops.dispatch(topk_ids, self._groups, buffers=self._dispatch_buffers)
+        backend = self.dispatch_backend
+        if backend == "auto":  # host decision on a shape: the one-launch kernel for decode-sized batches
+            backend = "triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"
+        d = moe_ops.dispatch(topk_ids, self._groups, buffers=self._dispatch_buffers, backend=backend)
         offsets = d["expert_offsets"]
         x, gemm_mode = hidden_states, self.mode
         static = self.mode == "w4a4" and self.input_scales is not None

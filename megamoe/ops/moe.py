@@ -75,7 +75,8 @@ def route(
     )
 
 
-def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None = None) -> dict:
+def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None = None,
+             backend: str = "torch") -> dict:
     """Group the (token, slot) pairs by expert on the device, without host syncs.
 
     topk_ids: (T, k) int32/int64. Returns a dict of device tensors:
@@ -86,13 +87,21 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
     buffers: optional preallocated tensors with the same keys, each with at
     least T*k elements (``expert_offsets``: exactly E), plus ``arange`` (>= T*k
     int32 0..) and ``experts`` (E,) of topk_ids' integer dtype 0..E-1.
+    backend: "torch" (stable radix sort + searchsorted + scatter; any size) or
+    "triton" (``megamoe/kernels/moe_dispatch.py``: one single-program launch,
+    meant for decode-sized batches; int32 ids; identical outputs). "triton" on
+    a CPU tensor without ``TRITON_INTERPRET=1`` falls back to "torch".
     """
     _check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), 2)
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
     num_tokens, top_k = topk_ids.shape
     pairs = num_tokens * top_k
     device = topk_ids.device
     b = buffers or {}
     flat = topk_ids.reshape(-1)
+    if backend == "triton" and use_triton(topk_ids) and pairs > 0:
+        return _dispatch_triton(flat, top_k, num_experts, pairs, b)
     if "sorted_expert" in b:
         sorted_expert, perm = b["sorted_expert"][:pairs], b["perm"][:pairs]
         torch.sort(flat, stable=True, out=(sorted_expert, perm))
@@ -116,6 +125,23 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
         "row_index": row_index,
         "inv_perm": inv_perm,
     }
+
+
+def _dispatch_triton(flat: torch.Tensor, top_k: int, num_experts: int, pairs: int, b: dict) -> dict:
+    from ..kernels.moe_dispatch import launch_moe_dispatch
+
+    device = flat.device
+
+    def buf(name, n):
+        return b[name][:n] if name in b else torch.empty(n, dtype=torch.int32, device=device)
+
+    ids = flat if flat.dtype == torch.int32 and flat.is_contiguous() else flat.to(torch.int32).contiguous()
+    offsets = b["expert_offsets"] if "expert_offsets" in b else torch.empty(num_experts, dtype=torch.int32,
+                                                                            device=device)
+    out = {"expert_offsets": offsets, "sorted_expert": buf("sorted_expert", pairs),
+           "row_index": buf("row_index", pairs), "inv_perm": buf("inv_perm", pairs)}
+    launch_moe_dispatch(ids, top_k, num_experts, offsets, out["sorted_expert"], out["row_index"], out["inv_perm"])
+    return out
 
 
 def combine(

@@ -194,7 +194,7 @@ class Nvfp4MoE:
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
                  fuse_shared_expert: bool = True, fuse_shared_max_tokens: int | None = None,
-                 dispatch_backend: str = "auto"):
+                 dispatch_backend: str = "auto", router_backend: str = "triton"):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
         if mode not in MODES:
@@ -205,6 +205,10 @@ class Nvfp4MoE:
             raise ValueError(f"dispatch_backend: expected 'auto', 'torch' or 'triton', got {dispatch_backend!r}")
         self.config, self.max_num_tokens, self.mode = config, max_num_tokens, mode
         self.dispatch_backend = dispatch_backend
+        if router_backend not in ("torch", "triton"):
+            raise ValueError(f"router_backend: expected 'torch' or 'triton', got {router_backend!r}")
+        # "triton": torch scores + one selection kernel (identical ids; on CPU without the interpreter, torch)
+        self.router_backend = router_backend
         self.device = dev = _resolve_device(device)
         c = config
         # The shared expert runs as routed expert number E (weight 1.0, every token) inside the same two grouped
@@ -235,6 +239,8 @@ class Nvfp4MoE:
             "experts": torch.arange(self._groups, dtype=torch.int32, device=dev),
             "expert_offsets": torch.empty(self._groups, dtype=torch.int32, device=dev),
         }
+        self._route_weights = torch.empty((max_num_tokens, c.top_k), dtype=torch.float32, device=dev)
+        self._route_ids = torch.empty((max_num_tokens, c.top_k), dtype=torch.int32, device=dev)
         if self.fused_shared:  # routing with the shared expert appended as slot k: id E, weight 1.0 (set once)
             self._ids_ext = torch.full((max_num_tokens, self._slots), c.num_experts, dtype=torch.int32, device=dev)
             self._weights_ext = torch.ones((max_num_tokens, self._slots), dtype=torch.float32, device=dev)
@@ -321,12 +327,13 @@ class Nvfp4MoE:
         return layer
 
     # ------------------------------------------------------------------ forward
-    def route(self, hidden_states: torch.Tensor):
+    def route(self, hidden_states: torch.Tensor, out=None):
+        """(topk_weights (T, k) fp32, topk_ids (T, k) int32) with the layer's router backend."""
         c = self.config
         return moe_ops.route(
             hidden_states, self.gate_weight, self.correction_bias, top_k=c.top_k, scoring_func=c.scoring_func,
             n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
-            routed_scaling_factor=c.routed_scaling_factor,
+            routed_scaling_factor=c.routed_scaling_factor, backend=self.router_backend, out=out,
         )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -341,12 +348,13 @@ class Nvfp4MoE:
         out = self._out[:t]
         if t == 0:
             return out
-        topk_weights, topk_ids = self.route(hidden_states)
-        self.last_routing = (topk_weights, topk_ids)
-        if fuse:
-            self._ids_ext[:t, : c.top_k].copy_(topk_ids)
-            self._weights_ext[:t, : c.top_k].copy_(topk_weights)
+        if fuse:  # the router writes the first k columns; column k is the shared expert (id E, weight 1)
+            topk_weights, topk_ids = self.route(hidden_states, out=(self._weights_ext, self._ids_ext))
+            self.last_routing = (topk_weights, topk_ids)
             topk_ids, topk_weights = self._ids_ext[:t], self._weights_ext[:t]
+        else:
+            topk_weights, topk_ids = self.route(hidden_states, out=(self._route_weights, self._route_ids))
+            self.last_routing = (topk_weights, topk_ids)
         backend = self.dispatch_backend
         if backend == "auto":  # host decision on a shape: the one-launch kernel for decode-sized batches
             backend = "triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"

@@ -43,8 +43,19 @@ def route(
     topk_group: int = 1,
     norm_topk_prob: bool = True,
     routed_scaling_factor: float = 1.0,
+    backend: str = "torch",
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Router: (T, H) hidden states -> (topk_weights (T, k) fp32, topk_ids (T, k) int32).
+
+    backend: "torch" (the reference's ops) or "triton": the same torch scores,
+    then one kernel (``megamoe/kernels/moe_router.py``) for bias, NaN policy,
+    stable top-k, gather, renormalisation and scaling -- identical ids, weights
+    equal up to the last ulp. "triton" falls back to "torch" for group-limited
+    routing or when the tensors do not take the Triton path.
+    out: optional ``(weights (T, >=k) fp32, ids (T, >=k) int32)`` buffers with
+    unit column stride (triton backend: written in place; the first k columns
+    are returned).
 
     gate_weight: (E, H) bf16/fp32 on the same device; correction_bias: None or
     (E,) fp32 (``e_score_correction_bias``, selection only). Semantics, tie-break
@@ -68,11 +79,29 @@ def route(
     if num_experts % n_group or not 1 <= topk_group <= n_group:
         raise ValueError(f"n_group/topk_group: need n_group | E={num_experts} and 1 <= topk_group <= n_group, "
                          f"got {n_group}/{topk_group}")
-    return _reference.route(
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
+    if backend == "triton" and n_group == 1 and use_triton(hidden_states):
+        from ..kernels.moe_router import launch_moe_topk
+
+        num_tokens = hidden_states.shape[0]
+        scores = _reference.router_scores(hidden_states, gate_weight, scoring_func)
+        if out is None:
+            out = (torch.empty((num_tokens, top_k), dtype=torch.float32, device=hidden_states.device),
+                   torch.empty((num_tokens, top_k), dtype=torch.int32, device=hidden_states.device))
+        weights, ids = out[0][:num_tokens], out[1][:num_tokens]
+        launch_moe_topk(scores, correction_bias, top_k, norm_topk_prob, routed_scaling_factor, weights, ids)
+        return weights[:, :top_k], ids[:, :top_k]
+    result = _reference.route(
         hidden_states, gate_weight, correction_bias, top_k=top_k, scoring_func=scoring_func,
         n_group=n_group, topk_group=topk_group, norm_topk_prob=norm_topk_prob,
         routed_scaling_factor=routed_scaling_factor,
     )
+    if out is not None:
+        num_tokens = hidden_states.shape[0]
+        out[0][:num_tokens, :top_k].copy_(result[0])
+        out[1][:num_tokens, :top_k].copy_(result[1])
+    return result
 
 
 def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None = None,

@@ -55,6 +55,11 @@ def score_function(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
     raise ValueError(f"scoring_func: expected 'sigmoid', 'softmax' or 'sqrtsoftplus', got {scoring_func!r}")
 
 
+def router_scores(hidden_states: torch.Tensor, gate_weight: torch.Tensor, scoring_func: str) -> torch.Tensor:
+    """Steps 1-2 of the router: (T, H) x (E, H) -> (T, E) float32 scores (shared by every router backend)."""
+    return score_function(hidden_states.float() @ gate_weight.float().t(), scoring_func)
+
+
 def _stable_topk_indices(key: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest entries along the last dim; ties -> lower index first."""
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices
@@ -80,8 +85,7 @@ def route(
     Returns ``(topk_weights (T, k) float32, topk_ids (T, k) int32)``; the k ids
     of a token are in selection order (descending key).
     """
-    logits = hidden_states.float() @ gate_weight.float().t()
-    scores = score_function(logits, scoring_func)
+    scores = router_scores(hidden_states, gate_weight, scoring_func)
     key = scores if correction_bias is None else scores + correction_bias.float()
     key = torch.nan_to_num(key, nan=float("-inf"))
     num_tokens, num_experts = key.shape

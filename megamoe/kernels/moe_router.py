@@ -1,0 +1,85 @@
+"""MoE router selection in one launch: bias, NaN policy, stable top-k, gather, renormalise, scale.
+
+One kernel, one launcher (:func:`launch_moe_topk`). Input: the float32 scores
+(T, E) computed by torch exactly as the reference router computes them (so the
+selection keys are bit-identical); this kernel replaces the ~9 small torch ops
+that follow (bias add, nan_to_num, stable sort, slice, gather, sum, eps add,
+divide, scale, int cast) and writes the ids / weights straight into strided
+buffers (e.g. the first k columns of the layer's (T, k+1) buffers with the
+fused shared-expert slot).
+
+Selection = the reference's stable descending sort: k times, take the maximum
+key among the experts not yet taken and, among equal keys, the lowest index;
+NaN keys count as -inf. The key ``score + bias`` is one float32 add, as in
+torch, so the selected ids are identical to the reference's. The weights
+``score / (sum + 1e-20) * scale`` may differ from torch in the last ulp (the
+order of the k-term sum).
+
+Group-limited routing (n_group > 1) is not handled here (the op falls back to torch).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _moe_topk_kernel(
+    scores_ptr,  # (T, E) fp32
+    bias_ptr,  # (E,) fp32 (read if HAS_BIAS)
+    weights_ptr,  # (T, >=k) fp32 out, row stride stride_w
+    ids_ptr,  # (T, >=k) int32 out, row stride stride_i
+    num_experts,
+    stride_s,
+    stride_w,
+    stride_i,
+    routed_scaling_factor,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, E_PAD)
+    valid = cols < num_experts
+    scores = tl.load(scores_ptr + token * stride_s + cols, mask=valid, other=0.0)
+    key = scores
+    if HAS_BIAS:
+        key = key + tl.load(bias_ptr + cols, mask=valid, other=0.0)
+    key = tl.where(key != key, float("-inf"), key)
+    taken = cols >= num_experts
+    slots = tl.arange(0, K_PAD)
+    chosen_w = tl.zeros((K_PAD,), dtype=tl.float32)
+    chosen_i = tl.zeros((K_PAD,), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        cand = tl.where(taken, float("-inf"), key)
+        best = tl.max(cand, axis=0)
+        idx = tl.min(tl.where((cand == best) & (taken == 0), cols, E_PAD), axis=0)
+        hit = cols == idx
+        taken = taken | hit
+        w = tl.sum(tl.where(hit, scores, 0.0), axis=0)
+        chosen_w = tl.where(slots == j, w, chosen_w)
+        chosen_i = tl.where(slots == j, idx, chosen_i)
+    if NORMALIZE:
+        total = tl.sum(chosen_w, axis=0)
+        chosen_w = chosen_w / (total + 1e-20)
+    chosen_w = chosen_w * routed_scaling_factor
+    keep = slots < TOP_K
+    tl.store(weights_ptr + token * stride_w + slots, chosen_w, mask=keep)
+    tl.store(ids_ptr + token * stride_i + slots, chosen_i, mask=keep)
+
+
+def launch_moe_topk(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, norm_topk_prob: bool,
+                    routed_scaling_factor: float, weights_out: torch.Tensor, ids_out: torch.Tensor) -> None:
+    """scores (T, E) fp32 unit column stride; bias (E,) fp32 or None; outputs (T, >=k) fp32 / int32, unit column stride."""
+    num_tokens, num_experts = scores.shape
+    if num_tokens == 0:
+        return
+    _moe_topk_kernel[(num_tokens,)](
+        scores, bias if bias is not None else scores, weights_out, ids_out, num_experts,
+        scores.stride(0), weights_out.stride(0), ids_out.stride(0), float(routed_scaling_factor),
+        TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(num_experts),
+        HAS_BIAS=bias is not None, NORMALIZE=bool(norm_topk_prob), num_warps=4,
+    )

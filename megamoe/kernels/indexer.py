@@ -13,7 +13,7 @@ scores).
 import triton
 import triton.language as tl
 
-from .nvfp4_gemm import _decode_weights_asm, _decode_weights_portable, _scale_factor
+from .nvfp4_jit import decode_e2m1_pairs_portable, decode_e2m1_pairs_sm90, e4m3_scale_factor_2p118
 
 #: Entries per program (GPU, interpreter).
 BLOCK_T = {"gpu": 128, "interpreter": 16}
@@ -48,13 +48,13 @@ def _indexer_scores_kernel(
     # one E4M3 decode per 16-element group (as scale * 2**118), broadcast over the group's 8 bytes
     scale_code = tl.load(key_scale_ptr + src[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :],
                          mask=live[:, None], other=0).to(tl.int32)
-    factor = tl.reshape(tl.broadcast_to(_scale_factor(scale_code)[:, :, None], (BLOCK, GROUPS, 8)), (BLOCK, HALF))
+    factor = tl.reshape(tl.broadcast_to(e4m3_scale_factor_2p118(scale_code)[:, :, None], (BLOCK, GROUPS, 8)), (BLOCK, HALF))
     # exact bf16 keys * 2**-8 (the GEMM's FP4 decode: inline asm on the GPU, integer bit patterns in the
     # interpreter); the 2**8 goes back onto the scores below (a power of two: same rounding)
     if INTERPRET:
-        k_even, k_odd = _decode_weights_portable(packed, factor)
+        k_even, k_odd = decode_e2m1_pairs_portable(packed, factor)
     else:
-        k_even, k_odd = _decode_weights_asm(packed, factor)
+        k_even, k_odd = decode_e2m1_pairs_sm90(packed, factor)
 
     h = tl.arange(0, H)[:, None]
     q_row = q_ptr + row * (H * KEY_DIM) + h * KEY_DIM

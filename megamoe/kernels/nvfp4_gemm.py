@@ -46,6 +46,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .nvfp4_jit import (
+    decode_e2m1_pairs_portable,
+    decode_e2m1_pairs_sm90,
+    e4m3_scale_factor_2p118,
+    round_to_bf16,
+)
+
 # ---------------------------------------------------------------------------
 # Tile configurations, keyed by shape bucket.
 #
@@ -92,103 +99,6 @@ def _num_sms(device_index: int) -> int:
 
 
 @triton.jit
-def _scale_factor(s):
-    """E4M3 block-scale bytes (int32) -> float32 ``scale * 2**118`` (exact); 0x7F / 0xFF -> NaN.
-
-    The factor 2**118 pairs with the E2M1 bit trick of :func:`_decode_weights_asm`
-    (values carry 2**-126); the product is ``e2m1 * scale * 2**-8``, and the
-    epilogue multiplies by ``global_scale * 2**8``. Normal E4M3 (exponent field
-    e > 0) maps to the bf16/fp32 exponent ``e + 238`` by integer arithmetic;
-    subnormals (m * 2**-9) are m * 2**109.
-    """
-    magnitude_bits = (((s & 0x7F) << 4) + (238 << 7)) << 16
-    normal = (magnitude_bits | ((s & 0x80) << 24)).to(tl.float32, bitcast=True)
-    subnormal = (s & 7).to(tl.float32) * 6.490371073168535e32  # 2**109
-    subnormal = tl.where((s & 0x80) != 0, -subnormal, subnormal)
-    factor = tl.where((s & 0x78) == 0, subnormal, normal)
-    return tl.where((s & 0x7F) == 0x7F, float("nan"), factor)
-
-
-@triton.jit
-def _decode_weights_portable(packed, factor):
-    """Portable decode (the Triton interpreter's path), same bits as :func:`_decode_weights_asm`.
-
-    packed: (BLOCK_N, BLOCK_K//2) uint8; factor: (BLOCK_N, BLOCK_K//2) float32
-    (``scale * 2**118`` per byte). Returns (even, odd) (BLOCK_N, BLOCK_K//2) bf16
-    = ``e2m1 * scale * 2**-8`` of the low / high nibbles. The nibble s|eem placed as
-    ``s << 15 | eem << 6`` is the bf16 number ``e2m1 * 2**-126`` (eem = 001 is a
-    subnormal); here it is built as an fp32 bit pattern (the interpreter flushes
-    bf16 subnormals and has no bf16 arithmetic), the product is exact.
-    """
-    p = packed.to(tl.int32)
-    lo = ((p & 7) << 22) | ((p & 8) << 28)
-    hi = ((p & 0x70) << 18) | ((p & 0x80) << 24)
-    even = (lo.to(tl.float32, bitcast=True) * factor).to(tl.bfloat16)
-    odd = (hi.to(tl.float32, bitcast=True) * factor).to(tl.bfloat16)
-    return even, odd
-
-
-@triton.jit
-def _decode_weights_asm(packed, factor):
-    """GPU decode: 4 packed bytes -> 4 even + 4 odd bf16 weights in ~3 instructions per weight.
-
-    Same contract as :func:`_decode_weights_portable`. Per 4 bytes b0..b3 (one
-    32-bit register): ``prmt`` spreads (b0, b1) and (b2, b3) into the two 16-bit
-    halves, shifts + ``lop3`` place the E2M1 magnitude bits at bf16 bits 6-8 and
-    the sign at bit 15 (``e2m1 * 2**-126`` in each half: a bf16x2 pair), and one
-    ``mul.rn.bf16x2`` by the bf16 factor ``scale * 2**118`` gives the exact
-    ``e2m1 * scale * 2**-8`` (bf16 arithmetic keeps subnormal inputs on sm_90).
-    """
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 t0, t1, a, b, s0, s1, z;
-        mov.b32 z, 0;
-        cvt.rn.bf16x2.f32 s0, $6, $5;
-        cvt.rn.bf16x2.f32 s1, $8, $7;
-        prmt.b32 t0, $4, z, 0x7170;
-        prmt.b32 t1, $4, z, 0x7372;
-        shl.b32 a, t0, 6;
-        and.b32 b, t0, 0x00080008;
-        shl.b32 b, b, 12;
-        lop3.b32 a, a, 0x01C001C0, b, 0xEA;
-        mul.rn.bf16x2 $0, a, s0;
-        shl.b32 a, t1, 6;
-        and.b32 b, t1, 0x00080008;
-        shl.b32 b, b, 12;
-        lop3.b32 a, a, 0x01C001C0, b, 0xEA;
-        mul.rn.bf16x2 $1, a, s1;
-        shl.b32 a, t0, 2;
-        and.b32 b, t0, 0x00800080;
-        shl.b32 b, b, 8;
-        lop3.b32 a, a, 0x01C001C0, b, 0xEA;
-        mul.rn.bf16x2 $2, a, s0;
-        shl.b32 a, t1, 2;
-        and.b32 b, t1, 0x00800080;
-        shl.b32 b, b, 8;
-        lop3.b32 a, a, 0x01C001C0, b, 0xEA;
-        mul.rn.bf16x2 $3, a, s1;
-        }
-        """,
-        constraints="=r,=r,=r,=r,r,r,r,r,r",
-        args=[packed, factor],
-        dtype=(tl.bfloat16, tl.bfloat16),
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
-def _to_bf16(v, INTERPRET: tl.constexpr):
-    """float32 -> bfloat16, round to nearest even (the interpreter's own cast truncates)."""
-    if INTERPRET:
-        bits = v.to(tl.int32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-        v = tl.where(v != v, v, rounded.to(tl.float32, bitcast=True))
-    return v.to(tl.bfloat16)
-
-
-@triton.jit
 def _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                       EVEN_N: tl.constexpr):
     """Packed bytes (BLOCK_N, BLOCK_K//2) and scale bytes (BLOCK_N, BLOCK_K//16) of K step ``kt``.
@@ -225,15 +135,15 @@ def _mma_step(
     """
     k0 = kt * BLOCK_K
     if INTERPRET:
-        factor = _scale_factor(scale_bytes.to(tl.int32))
+        factor = e4m3_scale_factor_2p118(scale_bytes.to(tl.int32))
     else:
         # hardware e4m3 -> f16 -> f32 conversion (exact; 0x7F/0xFF -> NaN), times 2**118 (exact)
         factor = scale_bytes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 3.3230699894622794e35
     factor = tl.broadcast_to(factor[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)).reshape(BLOCK_N, BLOCK_K // 2)
     if INTERPRET:
-        w_even, w_odd = _decode_weights_portable(packed, factor)
+        w_even, w_odd = decode_e2m1_pairs_portable(packed, factor)
     else:
-        w_even, w_odd = _decode_weights_asm(packed, factor)
+        w_even, w_odd = decode_e2m1_pairs_sm90(packed, factor)
     if SPLIT_EVEN_ODD:
         # one contiguous (pipelined) load, de-interleaved in registers
         offs_k = tl.arange(0, BLOCK_K)
@@ -374,13 +284,13 @@ def _nvfp4_gemm_kernel(
             half_cols = n_start // 2 + tl.arange(0, BLOCK_N // 2)
             tl.store(
                 out_ptr + out_rows + half_cols[None, :],
-                _to_bf16(y, INTERPRET),
+                round_to_bf16(y, INTERPRET),
                 mask=row_mask[:, None] & (half_cols < N // 2)[None, :],
             )
         else:
             tl.store(
                 out_ptr + out_rows + cols[None, :],
-                _to_bf16(result, INTERPRET),
+                round_to_bf16(result, INTERPRET),
                 mask=row_mask[:, None] & col_mask[None, :],
             )
         work += num_programs

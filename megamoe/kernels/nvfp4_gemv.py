@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .nvfp4_gemm import _decode_weights_portable, _scale_factor, _to_bf16
+from .nvfp4_jit import decode_e2m1_pairs_portable, e4m3_scale_factor_2p118, round_to_bf16
 
 # ---------------------------------------------------------------------------
 # Tile configurations. Key: upper bound on the average rows per touched expert
@@ -274,10 +274,10 @@ def _nvfp4_gemv_kernel(
                 up = tl.where(up < -swiglu_limit, -swiglu_limit, up)
             y = gate / (1.0 + tl.exp(-gate)) * up
             half_cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-            tl.store(out_ptr + out_rows + half_cols[None, :], _to_bf16(y, INTERPRET),
+            tl.store(out_ptr + out_rows + half_cols[None, :], round_to_bf16(y, INTERPRET),
                      mask=row_mask[:, None] & (half_cols < N // 2)[None, :])
         else:
-            tl.store(out_ptr + out_rows + cols[None, :], _to_bf16(acc, INTERPRET),
+            tl.store(out_ptr + out_rows + cols[None, :], round_to_bf16(acc, INTERPRET),
                      mask=row_mask[:, None] & col_mask[None, :])
         r0 += ROWS
 
@@ -304,10 +304,10 @@ def _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, k0, K, BLOCK_K: tl.constexpr, EVE
 def _decode_fp32_portable(words, factor):
     """Interpreter form of :func:`_decode_fp32_asm` (same values, same output order)."""
     b0, b1, b2, b3 = (words & 0xFF), ((words >> 8) & 0xFF), ((words >> 16) & 0xFF), ((words >> 24) & 0xFF)
-    e0, o0 = _decode_weights_portable(b0, factor)
-    e1, o1 = _decode_weights_portable(b1, factor)
-    e2, o2 = _decode_weights_portable(b2, factor)
-    e3, o3 = _decode_weights_portable(b3, factor)
+    e0, o0 = decode_e2m1_pairs_portable(b0, factor)
+    e1, o1 = decode_e2m1_pairs_portable(b1, factor)
+    e2, o2 = decode_e2m1_pairs_portable(b2, factor)
+    e3, o3 = decode_e2m1_pairs_portable(b3, factor)
     return (e0.to(tl.float32), e1.to(tl.float32), e2.to(tl.float32), e3.to(tl.float32),
             o0.to(tl.float32), o1.to(tl.float32), o2.to(tl.float32), o3.to(tl.float32))
 
@@ -316,7 +316,7 @@ def _decode_fp32_portable(words, factor):
 def _fma_step(acc, words, scale_bytes, xt, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
     """acc (ROWS, BLOCK_N, BLOCK_K//8) fp32 += the 8 products x * W of each K word (W carries 2**-8)."""
     if INTERPRET:
-        factor = _scale_factor(scale_bytes.to(tl.int32))
+        factor = e4m3_scale_factor_2p118(scale_bytes.to(tl.int32))
     else:
         # hardware e4m3 -> f32 (exact; 0x7F/0xFF -> NaN), times 2**118 (exact): pairs with the bit-trick decode
         factor = scale_bytes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 3.3230699894622794e35

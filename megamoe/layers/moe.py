@@ -2,11 +2,14 @@
 
 Pipeline of :meth:`Nvfp4MoE.forward` (all on the device, no host syncs):
 
-1. router (``megamoe.ops.moe.route``): fp32 gate GEMM, scoring, correction
-   bias, optional group limit, top-k, renormalisation, routed scaling;
-2. dispatch (``megamoe.ops.moe.dispatch``): stable sort of the T*k pairs by
+1. router (``megamoe.ops.moe.route``): fp32 gate GEMM and scoring in torch,
+   then one Triton kernel (``router_backend="triton"``) for correction bias,
+   top-k with the reference's tie-break, renormalisation, routed scaling
+   (ids identical to the reference router; group-limited configs use torch);
+2. dispatch (``megamoe.ops.moe.dispatch``): stable grouping of the T*k pairs by
    expert -> ``expert_offsets``, ``row_index`` (token of each sorted row),
-   ``inv_perm``;
+   ``inv_perm``; one Triton launch up to ``DISPATCH_KERNEL_MAX_PAIRS`` pairs,
+   torch sort + searchsorted above (identical outputs);
 3. L1: ``nvfp4_grouped_mm(x, w13, expert_offsets, row_index=row_index,
    activation="swiglu")`` -- the row gather is fused into the GEMM's A loads and
    SwiGLU + clamp into its epilogue (w13 stored gate/up *interleaved*, done once
@@ -251,7 +254,7 @@ class Nvfp4MoE:
         self._out = torch.empty((max_num_tokens, c.hidden_size), dtype=torch.bfloat16, device=dev)
         self._layer_id = next(_LAYER_IDS)
         _LAYERS[self._layer_id] = self
-        self.last_routing = None  # (topk_weights, topk_ids) of the last forward, device tensors
+        self.last_routing = None  # (topk_weights, topk_ids) of the last forward: views of layer buffers
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, gate_weight, correction_bias, w13: NVFP4Tensor, w2: NVFP4Tensor,

@@ -10,3 +10,5 @@ from .format import NVFP4Tensor  # noqa: F401
 from .ops.gemm import interleave_gate_up, nvfp4_grouped_mm, nvfp4_linear  # noqa: F401
 from .ops.quantize import compute_global_scale, dequantize, quantize  # noqa: F401
 from .kvcache import CompressedCacheConfig, CompressedKVCache  # noqa: F401
+from .layers import Nvfp4MoE, Nvfp4SharedExpert  # noqa: F401
+from .checkpoint import load_moe_layer, quantize_model_weights  # noqa: F401

@@ -296,7 +296,7 @@ def _nvfp4_gemm_kernel(
         work += num_programs
 
 
-def _global_scale_strides(global_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
+def global_scale_strides(global_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
     """(stride per expert, stride per output row) of a broadcastable global scale (0 = broadcast)."""
     if global_scale.dim() == 0:
         return 0, 0
@@ -347,7 +347,7 @@ def launch_nvfp4_gemm(
         programs = min(work_bound, INTERPRETER_PROGRAMS)
     else:
         programs = min(work_bound, _num_sms(x.device.index or 0) * per_sm)
-    stride_ge, stride_gn = _global_scale_strides(global_scale, grouped)
+    stride_ge, stride_gn = global_scale_strides(global_scale, grouped)
     scale_u8 = block_scale.view(torch.uint8)
     _nvfp4_gemm_kernel[(programs,)](
         x, row_index if row_index is not None else x, data, scale_u8, global_scale,

@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .nvfp4_gemm import global_scale_strides
 from .nvfp4_jit import decode_e2m1_pairs_portable, e4m3_scale_factor_2p118, round_to_bf16
 
 # ---------------------------------------------------------------------------
@@ -341,16 +342,6 @@ def _fma_step(acc, words, scale_bytes, xt, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
     return acc
 
 
-def _global_scale_strides(global_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
-    """(stride per expert, stride per output row) of a broadcastable global scale (0 = broadcast)."""
-    if global_scale.dim() == 0:
-        return 0, 0
-    shape, strides = global_scale.shape, global_scale.stride()
-    stride_gn = strides[-2] if global_scale.dim() >= 2 and shape[-2] != 1 else 0
-    stride_ge = strides[0] if grouped and global_scale.dim() == 3 and shape[0] != 1 else 0
-    return stride_ge, stride_gn
-
-
 def launch_nvfp4_gemv(
     x: torch.Tensor,
     data: torch.Tensor,
@@ -393,7 +384,7 @@ def launch_nvfp4_gemv(
     maxnreg = config[5] if len(config) > 5 else None
     extra = {"maxnreg": maxnreg} if maxnreg is not None and not interpreter else {}
     slots = min(num_experts, num_rows) + 1 if grouped else 1
-    stride_ge, stride_gn = _global_scale_strides(global_scale, grouped)
+    stride_ge, stride_gn = global_scale_strides(global_scale, grouped)
     scale_u8 = block_scale.view(torch.uint8)
     data32 = data.view(torch.int32)  # 4 packed bytes per word (K % 8 == 0, rows 4-byte aligned)
     grid = (triton.cdiv(n, block_n), slots)

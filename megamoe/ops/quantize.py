@@ -24,7 +24,7 @@ import torch
 from ..format.constants import AMAX_FLOOR, BLOCK_SIZE, GLOBAL_SCALE_DIVISOR
 from ..format.layouts import swizzled_128x4_shape, to_swizzled_128x4
 from ..format.tensor import NVFP4Tensor
-from ..reference.quantize import check_quantize_input
+from ..reference.quantize import check_global_scale, check_quantize_input
 from ..reference.quantize import compute_global_scale as _reference_compute_global_scale
 from ..reference.quantize import dequantize as _reference_dequantize
 from ..reference.quantize import quantize as _reference_quantize
@@ -37,25 +37,6 @@ def _kernels():
     from ..kernels import quantize as kernels  # imported lazily: triton only when needed
 
     return kernels
-
-
-def _check_global_scale(global_scale, x: torch.Tensor) -> torch.Tensor:
-    """Validate a given global scale; returns it 0-d when it has one element (as the reference does)."""
-    if not isinstance(global_scale, torch.Tensor):
-        raise TypeError(f"global_scale: expected a float32 tensor, got {type(global_scale).__name__}")
-    if global_scale.dtype != torch.float32:
-        raise TypeError(f"global_scale: expected float32, got {global_scale.dtype}")
-    if global_scale.device != x.device:
-        raise ValueError(f"global_scale: expected device {x.device} (x's), got {global_scale.device}")
-    row_shape = tuple(x.shape[:-1]) + (1,)
-    if global_scale.dim() == 0:
-        return global_scale
-    if global_scale.numel() == 1 and global_scale.dim() <= len(row_shape):
-        return global_scale.reshape(())
-    gs = tuple(global_scale.shape)
-    if len(gs) != len(row_shape) or gs[-1] != 1 or any(g not in (1, r) for g, r in zip(gs, row_shape)):
-        raise ValueError(f"global_scale: expected a 0-d tensor or a shape broadcastable to {row_shape}, got {gs}")
-    return global_scale
 
 
 def _check_swizzled(buf, rows: int, cols: int, x: torch.Tensor) -> None:
@@ -158,7 +139,7 @@ def quantize(
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     rows = x.numel() // k if k else int(torch.Size(lead).numel())
     if global_scale is not None:
-        global_scale = _check_global_scale(global_scale, x)
+        global_scale = check_global_scale(global_scale, x)
         gs_shape = None
     else:
         gs_shape = lead + (1,) if per_row else ()

@@ -76,20 +76,26 @@ def compute_global_scale(x: torch.Tensor, *, per_row: bool = False) -> torch.Ten
     return (amax / GLOBAL_SCALE_DIVISOR).to(torch.float32)
 
 
-def _check_global_scale(global_scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def check_global_scale(global_scale, x: torch.Tensor) -> torch.Tensor:
+    """Validate a caller-given global scale for ``x``; returns it 0-d when it has one element.
+
+    Expected: a float32 tensor on x's device, 0-d or broadcastable to
+    ``x.shape[:-1] + (1,)``. Raises TypeError / ValueError naming ``global_scale``.
+    """
     if not isinstance(global_scale, torch.Tensor):
         raise TypeError(f"global_scale: expected a float32 tensor, got {type(global_scale).__name__}")
     if global_scale.dtype != torch.float32:
         raise TypeError(f"global_scale: expected float32, got {global_scale.dtype}")
     if global_scale.device != x.device:
-        raise ValueError(f"global_scale: expected device {x.device}, got {global_scale.device}")
-    if global_scale.dim() != 0:
-        row_shape = tuple(x.shape[:-1]) + (1,)
-        gs = tuple(global_scale.shape)
-        if global_scale.numel() == 1:
-            return global_scale.reshape(())
-        if len(gs) != len(row_shape) or gs[-1] != 1 or any(g not in (1, r) for g, r in zip(gs, row_shape)):
-            raise ValueError(f"global_scale: expected 0-d or broadcastable to {row_shape}, got {gs}")
+        raise ValueError(f"global_scale: expected device {x.device} (x's), got {global_scale.device}")
+    row_shape = tuple(x.shape[:-1]) + (1,)
+    if global_scale.dim() == 0:
+        return global_scale
+    if global_scale.numel() == 1 and global_scale.dim() <= len(row_shape):
+        return global_scale.reshape(())
+    gs = tuple(global_scale.shape)
+    if len(gs) != len(row_shape) or gs[-1] != 1 or any(g not in (1, r) for g, r in zip(gs, row_shape)):
+        raise ValueError(f"global_scale: expected a 0-d tensor or a shape broadcastable to {row_shape}, got {gs}")
     return global_scale
 
 
@@ -105,7 +111,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None, *, per_r
     if global_scale is None:
         global_scale = compute_global_scale(x, per_row=per_row)
     else:
-        global_scale = _check_global_scale(global_scale, x)
+        global_scale = check_global_scale(global_scale, x)
     k = x.shape[-1]
     lead = tuple(x.shape[:-1])
     xf = x.float().reshape(*lead, k // BLOCK_SIZE, BLOCK_SIZE)

@@ -15,13 +15,43 @@ torch, so the selected ids are identical to the reference's. The weights
 ``score / (sum + 1e-20) * scale`` may differ from torch in the last ulp (the
 order of the k-term sum).
 
-Group-limited routing (n_group > 1) is not handled here (the op falls back to torch).
+Group-limited routing (n_group > 1, DeepSeek-V3 style): each group's key is
+the sum of its two largest expert keys (one float32 add, as torch's top-2 sum),
+the ``topk_group`` best groups are kept with the same stable rule (ties -> lower
+group index) and the experts of the other groups get key -inf before the
+expert selection. Handled when E and n_group are powers of two (the op falls
+back to torch otherwise).
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _keep_top_groups(key, E_PAD: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr):
+    """(E_PAD,) keys -> the same keys with -inf outside the TOPK_GROUP best groups (E_PAD == E here)."""
+    GROUP_SIZE: tl.constexpr = E_PAD // N_GROUP
+    grouped = tl.reshape(key, (N_GROUP, GROUP_SIZE))
+    members = tl.arange(0, GROUP_SIZE)
+    first = tl.max(grouped, axis=1)
+    if GROUP_SIZE > 1:
+        first_at = tl.min(tl.where(grouped == first[:, None], members[None, :], GROUP_SIZE), axis=1)
+        rest = tl.where(members[None, :] == first_at[:, None], float("-inf"), grouped)
+        group_key = first + tl.max(rest, axis=1)
+    else:
+        group_key = first
+    group_key = tl.where(group_key != group_key, float("-inf"), group_key)
+    groups = tl.arange(0, N_GROUP)
+    kept = groups < 0
+    for _ in tl.static_range(TOPK_GROUP):
+        cand = tl.where(kept, float("-inf"), group_key)
+        best = tl.max(cand, axis=0)
+        pick = tl.min(tl.where((cand == best) & (kept == 0), groups, N_GROUP), axis=0)
+        kept = kept | (groups == pick)
+    masked = tl.where(kept[:, None], grouped, float("-inf"))
+    return tl.reshape(masked, (E_PAD,))
 
 
 @triton.jit
@@ -40,6 +70,8 @@ def _moe_topk_kernel(
     E_PAD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     NORMALIZE: tl.constexpr,
+    N_GROUP: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, E_PAD)
@@ -49,6 +81,8 @@ def _moe_topk_kernel(
     if HAS_BIAS:
         key = key + tl.load(bias_ptr + cols, mask=valid, other=0.0)
     key = tl.where(key != key, float("-inf"), key)
+    if N_GROUP > 1:
+        key = _keep_top_groups(key, E_PAD, N_GROUP, TOPK_GROUP)
     taken = cols >= num_experts
     slots = tl.arange(0, K_PAD)
     chosen_w = tl.zeros((K_PAD,), dtype=tl.float32)
@@ -71,15 +105,30 @@ def _moe_topk_kernel(
     tl.store(ids_ptr + token * stride_i + slots, chosen_i, mask=keep)
 
 
+def supports_groups(num_experts: int, n_group: int) -> bool:
+    """Whether the kernel handles group-limited routing for these (host-known) sizes."""
+    def power_of_two(n):
+        return n >= 1 and n & (n - 1) == 0
+    return n_group == 1 or (power_of_two(num_experts) and power_of_two(n_group) and n_group <= num_experts)
+
+
 def launch_moe_topk(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, norm_topk_prob: bool,
-                    routed_scaling_factor: float, weights_out: torch.Tensor, ids_out: torch.Tensor) -> None:
-    """scores (T, E) fp32 unit column stride; bias (E,) fp32 or None; outputs (T, >=k) fp32 / int32, unit column stride."""
+                    routed_scaling_factor: float, weights_out: torch.Tensor, ids_out: torch.Tensor,
+                    n_group: int = 1, topk_group: int = 1) -> None:
+    """scores (T, E) fp32 unit column stride; bias (E,) fp32 or None; outputs (T, >=k) fp32 / int32, unit column stride.
+
+    n_group / topk_group: group-limited selection (needs ``supports_groups(E, n_group)``).
+    """
     num_tokens, num_experts = scores.shape
+    if not supports_groups(num_experts, n_group):
+        raise ValueError(f"n_group: group-limited routing needs E and n_group powers of two, got E={num_experts}, "
+                         f"n_group={n_group}")
     if num_tokens == 0:
         return
     _moe_topk_kernel[(num_tokens,)](
         scores, bias if bias is not None else scores, weights_out, ids_out, num_experts,
         scores.stride(0), weights_out.stride(0), ids_out.stride(0), float(routed_scaling_factor),
         TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(num_experts),
-        HAS_BIAS=bias is not None, NORMALIZE=bool(norm_topk_prob), num_warps=4,
+        HAS_BIAS=bias is not None, NORMALIZE=bool(norm_topk_prob), N_GROUP=n_group,
+        TOPK_GROUP=topk_group if n_group > 1 else 1, num_warps=4,
     )

@@ -32,6 +32,12 @@ def _check_tensor(t, name: str, dtypes: tuple, dim: int) -> None:
         raise ValueError(f"{name}: expected {dim} dimensions, got shape {tuple(t.shape)}")
 
 
+def _router_kernel_supports(num_experts: int, n_group: int) -> bool:
+    from ..kernels.moe_router import supports_groups
+
+    return supports_groups(num_experts, n_group)
+
+
 def route(
     hidden_states: torch.Tensor,
     gate_weight: torch.Tensor,
@@ -51,8 +57,9 @@ def route(
     backend: "torch" (the reference's ops) or "triton": the same torch scores,
     then one kernel (``megamoe/kernels/moe_router.py``) for bias, NaN policy,
     stable top-k, gather, renormalisation and scaling -- identical ids, weights
-    equal up to the last ulp. "triton" falls back to "torch" for group-limited
-    routing or when the tensors do not take the Triton path.
+    equal up to the last ulp; group-limited routing too when E and n_group are
+    powers of two. "triton" falls back to "torch" otherwise, or when the tensors
+    do not take the Triton path.
     out: optional ``(weights (T, >=k) fp32, ids (T, >=k) int32)`` buffers with
     unit column stride (triton backend: written in place; the first k columns
     are returned).
@@ -81,7 +88,7 @@ def route(
                          f"got {n_group}/{topk_group}")
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
-    if backend == "triton" and n_group == 1 and use_triton(hidden_states):
+    if backend == "triton" and use_triton(hidden_states) and _router_kernel_supports(num_experts, n_group):
         from ..kernels.moe_router import launch_moe_topk
 
         num_tokens = hidden_states.shape[0]
@@ -90,7 +97,8 @@ def route(
             out = (torch.empty((num_tokens, top_k), dtype=torch.float32, device=hidden_states.device),
                    torch.empty((num_tokens, top_k), dtype=torch.int32, device=hidden_states.device))
         weights, ids = out[0][:num_tokens], out[1][:num_tokens]
-        launch_moe_topk(scores, correction_bias, top_k, norm_topk_prob, routed_scaling_factor, weights, ids)
+        launch_moe_topk(scores, correction_bias, top_k, norm_topk_prob, routed_scaling_factor, weights, ids,
+                        n_group=n_group, topk_group=topk_group)
         return weights[:, :top_k], ids[:, :top_k]
     result = _reference.route(
         hidden_states, gate_weight, correction_bias, top_k=top_k, scoring_func=scoring_func,

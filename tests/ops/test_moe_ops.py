@@ -152,3 +152,24 @@ def test_route_triton_kernel_matches_torch(scoring, experts, k, device):
     torch.testing.assert_close(w, w_ref, rtol=4e-7, atol=0, equal_nan=True)
     assert (ib[:, k] == -7).all() and (wb[:, k] == -7).all()  # the extra column is left alone
     assert ids[6, :2].tolist() == [3, 7]
+
+
+@pytest.mark.parametrize("experts,k,n_group,topk_group", [(64, 6, 8, 3), (256, 8, 8, 4), (16, 4, 16, 5), (32, 2, 2, 1)])
+def test_route_triton_kernel_group_limited_matches_torch(experts, k, n_group, topk_group, device):
+    x = torch.randn(11, 32).bfloat16().to(device)
+    x[2, 5] = float("nan")  # NaN policy unchanged with groups
+    gate = (torch.randn(experts, 32) * 0.3).bfloat16().to(device)
+    bias = (torch.rand(experts // n_group) * 0.05).repeat(n_group).to(device)  # same bias in every group
+    x[7] = 0  # all scores equal: every group key ties -> the lowest groups win
+    kw = dict(top_k=k, scoring_func="sigmoid", n_group=n_group, topk_group=topk_group, routed_scaling_factor=2.5)
+    w_ref, ids_ref = moe_ops.route(x, gate, bias, **kw)
+    w, ids = moe_ops.route(x, gate, bias, backend="triton", **kw)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref, rtol=4e-7, atol=0, equal_nan=True)
+    w_brute, ids_brute = _brute_route(x.cpu(), gate.cpu(), bias.cpu(), k, "sigmoid", n_group, topk_group, True, 2.5)
+    finite_rows = [t for t in range(x.shape[0]) if t != 2]
+    assert torch.equal(ids.cpu()[finite_rows], ids_brute[finite_rows])
+    # the selected experts lie in at most topk_group groups
+    size = experts // n_group
+    assert max(len(set((ids[t] // size).tolist())) for t in range(ids.shape[0])) <= topk_group
+    assert set((ids[7] // size).tolist()) <= set(range(topk_group))

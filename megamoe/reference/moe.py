@@ -120,12 +120,17 @@ def _expert_slice(weight: NVFP4Tensor, e: int) -> NVFP4Tensor:
 
 
 def _fake_quant(x: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
-    """w4a4 activations: NVFP4 round trip (per-row dynamic scale when global_scale is None) -> float32."""
+    """w4a4 activations: NVFP4 round trip (per-row dynamic scale when global_scale is None) -> float32.
+
+    The activations are bf16 on the fast path, so x is rounded to bf16 first and
+    the dynamic scale is taken from those bf16 values (as the kernels do).
+    """
     if x.numel() == 0:
         return x.float()
+    x_bf16 = x.to(torch.bfloat16)
     if global_scale is None:
-        global_scale = compute_global_scale(x, per_row=True)
-    return dequantize(quantize(x.to(torch.bfloat16), global_scale), torch.bfloat16).float()
+        global_scale = compute_global_scale(x_bf16, per_row=True)
+    return dequantize(quantize(x_bf16, global_scale), torch.bfloat16).float()
 
 
 def expert_ffn(

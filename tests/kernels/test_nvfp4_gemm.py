@@ -9,41 +9,12 @@ no-host-sync and CUDA-graph checks.
 import pytest
 import torch
 
+from gemm_helpers import grouped_f32, offsets_of, random_weight, rel_err
 from megamoe.format.tensor import NVFP4Tensor
 from megamoe.ops._dispatch import use_triton
 from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm, nvfp4_linear
 from megamoe.reference.gemm import swiglu_reference
 from megamoe.reference.quantize import dequantize, quantize
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
-
-
-def _random_weight(shape, device, *, per_row_scale=False, scale_shape=None):
-    w = quantize(torch.randn(shape) * 0.05, per_row=per_row_scale)
-    gs = w.global_scale
-    if scale_shape is not None:  # distinct per-expert scales that a wrong expert index would expose
-        gs = (torch.rand(scale_shape) + 0.5) * 1e-3
-    return NVFP4Tensor(w.data, w.block_scale, gs.float(), w.shape).to(device)
-
-
-def _grouped_f32(x, weight, offsets, row_index=None):
-    """float32 reference computed here from the decoded weights (no bf16 rounding of the output)."""
-    w = dequantize(weight.to("cpu"), torch.float32)
-    xs = x.cpu().float()
-    if row_index is not None:
-        xs = xs[row_index.cpu().long()]
-    y = torch.zeros(xs.shape[0], w.shape[1])
-    start = 0
-    for e, end in enumerate(offsets.cpu().tolist()):
-        y[start:end] = xs[start:end] @ w[e].t()
-        start = max(start, end)
-    return y
-
-
-def _offsets(counts, device):
-    return torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
 
 
 def test_kernel_path_is_used(device):
@@ -53,30 +24,30 @@ def test_kernel_path_is_used(device):
 @pytest.mark.parametrize("m,n,k", [(1, 48, 96), (5, 64, 64), (37, 40, 160)])
 @pytest.mark.parametrize("scale_kind", ["tensor", "row"])
 def test_linear_matches_float32(device, m, n, k, scale_kind):
-    w = _random_weight((n, k), device, per_row_scale=scale_kind == "row")
+    w = random_weight((n, k), device, per_row_scale=scale_kind == "row")
     x = torch.randn(m, k).bfloat16().to(device)
     out = nvfp4_linear(x, w)
     ref = x.float().cpu() @ dequantize(w.to("cpu"), torch.float32).t()
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
-    assert _rel_err(out.cpu(), ref) < 1e-2
+    assert rel_err(out.cpu(), ref) < 1e-2
     # tighter: only fp32 summation order and the final bf16 rounding differ
-    assert _rel_err(out.cpu(), ref) < 4e-3
+    assert rel_err(out.cpu(), ref) < 4e-3
 
 
 def test_linear_bias_and_out_buffer(device):
     n, k = 48, 96
-    w = _random_weight((n, k), device)
+    w = random_weight((n, k), device)
     x = torch.randn(7, k).bfloat16().to(device)
     bias = torch.randn(n).bfloat16().to(device)
     out = torch.full((7, n), float("nan"), dtype=torch.bfloat16, device=device)
     got = nvfp4_linear(x, w, bias, out=out)
     assert got.data_ptr() == out.data_ptr()
     ref = x.float().cpu() @ dequantize(w.to("cpu"), torch.float32).t() + bias.float().cpu()
-    assert _rel_err(out.cpu(), ref) < 4e-3
+    assert rel_err(out.cpu(), ref) < 4e-3
 
 
 def test_linear_empty_and_zero(device):
-    w = _random_weight((32, 64), device)
+    w = random_weight((32, 64), device)
     assert nvfp4_linear(torch.empty(0, 64, dtype=torch.bfloat16, device=device), w).shape == (0, 32)
     zero = NVFP4Tensor(torch.zeros_like(w.data), torch.zeros_like(w.block_scale), w.global_scale, w.shape)
     out = nvfp4_linear(torch.randn(3, 64).bfloat16().to(device), zero)
@@ -85,15 +56,15 @@ def test_linear_empty_and_zero(device):
 
 def test_linear_w4a4_matches_reference_quantized_activations(device):
     n, k = 40, 96
-    w = _random_weight((n, k), device)
+    w = random_weight((n, k), device)
     x = (torch.randn(6, k) * torch.logspace(-2, 2, 6)[:, None]).bfloat16().to(device)
     out = nvfp4_linear(x, w, mode="w4a4")
     xq = dequantize(quantize(x.cpu(), per_row=True), torch.float32)
     ref = xq @ dequantize(w.to("cpu"), torch.float32).t()
-    assert _rel_err(out.cpu(), ref) < 4e-3
+    assert rel_err(out.cpu(), ref) < 4e-3
     # and the activation quantization really happened: w4a16 differs measurably
     exact = x.cpu().float() @ dequantize(w.to("cpu"), torch.float32).t()
-    assert _rel_err(out.cpu(), exact) > 1e-2
+    assert rel_err(out.cpu(), exact) > 1e-2
 
 
 def test_linear_nan_block_policy(device):
@@ -117,22 +88,22 @@ def test_linear_nan_block_policy(device):
 )
 def test_grouped_matches_float32(device, counts):
     e, n, k = len(counts), 48, 96
-    w = _random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
     pad = 3
     t = sum(counts) + pad
     x = torch.randn(t, k).bfloat16().to(device)
-    offsets = _offsets(counts, device)
+    offsets = offsets_of(counts, device)
     out = nvfp4_grouped_mm(x, w, offsets)
-    ref = _grouped_f32(x, w, offsets)
+    ref = grouped_f32(x, w, offsets)
     assert out.shape == (t, n)
     real = sum(counts)
     assert torch.equal(out[real:].cpu(), torch.zeros(pad, n, dtype=torch.bfloat16)), "padding rows must be 0"
     if real:
-        assert _rel_err(out[:real].cpu(), ref[:real]) < 4e-3
+        assert rel_err(out[:real].cpu(), ref[:real]) < 4e-3
 
 
 def test_grouped_zero_rows(device):
-    w = _random_weight((4, 32, 64), device)
+    w = random_weight((4, 32, 64), device)
     x = torch.empty(0, 64, dtype=torch.bfloat16, device=device)
     offsets = torch.zeros(4, dtype=torch.int32, device=device)
     assert nvfp4_grouped_mm(x, w, offsets).shape == (0, 32)
@@ -141,30 +112,30 @@ def test_grouped_zero_rows(device):
 
 def test_grouped_per_row_scales_and_row_index(device):
     e, n, k, s = 3, 64, 128, 9
-    w = _random_weight((e, n, k), device, scale_shape=(e, n, 1))
+    w = random_weight((e, n, k), device, scale_shape=(e, n, 1))
     counts = [5, 0, 12]
     t = sum(counts) + 2
     x = torch.randn(s, k).bfloat16().to(device)
     row_index = torch.randint(0, s, (t,), dtype=torch.int32).to(device)
-    offsets = _offsets(counts, device)
+    offsets = offsets_of(counts, device)
     out = nvfp4_grouped_mm(x, w, offsets, row_index=row_index)
-    ref = _grouped_f32(x, w, offsets, row_index)
-    assert _rel_err(out[: sum(counts)].cpu(), ref[: sum(counts)]) < 4e-3
+    ref = grouped_f32(x, w, offsets, row_index)
+    assert rel_err(out[: sum(counts)].cpu(), ref[: sum(counts)]) < 4e-3
     assert (out[sum(counts):] == 0).all()
 
 
 @pytest.mark.parametrize("limit", [None, 0.5])
 def test_grouped_fused_swiglu(device, limit):
     e, i, k = 3, 24, 64
-    plain = _random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1))
+    plain = random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1))
     w = interleave_gate_up(plain)
     counts = [4, 19, 0]
     t = sum(counts) + 1
     x = (torch.randn(t, k) * 20).bfloat16().to(device)
-    offsets = _offsets(counts, device)
+    offsets = offsets_of(counts, device)
     out = nvfp4_grouped_mm(x, w, offsets, activation="swiglu", swiglu_limit=limit)
     assert out.shape == (t, i)
-    y = _grouped_f32(x, plain, offsets)  # [gate; up] layout
+    y = grouped_f32(x, plain, offsets)  # [gate; up] layout
     gate, up = y[:, :i], y[:, i:]
     if limit is not None:
         assert (gate.abs() > limit).any(), "the clamp must be exercised"
@@ -172,22 +143,22 @@ def test_grouped_fused_swiglu(device, limit):
         up = up.clamp(-limit, limit)
     ref = torch.nn.functional.silu(gate) * up
     real = sum(counts)
-    assert _rel_err(out[:real].cpu(), ref[:real]) < 4e-3
+    assert rel_err(out[:real].cpu(), ref[:real]) < 4e-3
     assert (out[real:] == 0).all()
     # the reference's own swiglu on the interleaved layout agrees
     inter = torch.stack((y[:, :i], y[:, i:]), dim=-1).reshape(t, 2 * i)
-    assert _rel_err(swiglu_reference(inter, limit)[:real], ref[:real]) < 1e-6
+    assert rel_err(swiglu_reference(inter, limit)[:real], ref[:real]) < 1e-6
 
 
 def test_grouped_out_buffer_reused(device):
     e, n, k = 2, 32, 64
-    w = _random_weight((e, n, k), device)
+    w = random_weight((e, n, k), device)
     x = torch.randn(10, k).bfloat16().to(device)
     out = torch.full((10, n), 7.0, dtype=torch.bfloat16, device=device)
-    offsets = _offsets([4, 3], device)
+    offsets = offsets_of([4, 3], device)
     nvfp4_grouped_mm(x, w, offsets, out=out)
     assert (out[7:] == 0).all()
-    assert _rel_err(out[:7].cpu(), _grouped_f32(x, w, offsets)[:7]) < 4e-3
+    assert rel_err(out[:7].cpu(), grouped_f32(x, w, offsets)[:7]) < 4e-3
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -211,13 +182,13 @@ def test_cuda_grouped_moe_shapes(tokens):
     offsets = counts.cumsum(0).to(torch.int32)
     x = torch.randn(tokens * topk, k, device=device).bfloat16()
     out = nvfp4_grouped_mm(x, w, offsets)
-    ref = _grouped_f32(x, w, offsets)
-    assert _rel_err(out.cpu(), ref) < 1e-2
+    ref = grouped_f32(x, w, offsets)
+    assert rel_err(out.cpu(), ref) < 1e-2
     wi = interleave_gate_up(w)
     out = nvfp4_grouped_mm(x, wi, offsets, activation="swiglu", swiglu_limit=7.0)
     y = ref
     ref_sw = torch.nn.functional.silu(y[:, : n // 2].clamp(max=7.0)) * y[:, n // 2 :].clamp(-7.0, 7.0)
-    assert _rel_err(out.cpu(), ref_sw) < 1e-2
+    assert rel_err(out.cpu(), ref_sw) < 1e-2
 
 
 @pytest.mark.cuda
@@ -229,7 +200,7 @@ def test_cuda_linear(m):
     x = torch.randn(m, k, device=device).bfloat16()
     out = nvfp4_linear(x, w)
     ref = x.float() @ dequantize(w, torch.float32).t()
-    assert _rel_err(out, ref) < 1e-2
+    assert rel_err(out, ref) < 1e-2
 
 
 @pytest.mark.cuda

@@ -9,10 +9,12 @@ tokens are sorted by expert and timed with ``triton.testing.do_bench``
 * ``nvfp4``: ``megamoe.ops.nvfp4_grouped_mm`` (w4a16);
 * ``nvfp4_swiglu`` (gate_up only): the same with the fused SwiGLU epilogue;
 * ``bf16``: ``torch._grouped_mm`` on the dequantized bf16 weights;
-* up to 64 tokens, both NVFP4 kernels called directly: the tensor-core GEMM
-  (``nvfp4_gemm``) and the CUDA-core decode kernel (``nvfp4_gemv``), and which
-  one the op routes to; ``--gemv-tune`` sweeps the decode kernel's configs,
-  ``--dense`` adds dense decode GEMMs (M <= 16) against ``F.linear``;
+* up to 64 tokens, the NVFP4 kernels called directly: the Triton tensor-core
+  GEMM (``nvfp4_gemm``), the CUDA-core decode kernel (``nvfp4_gemv``) and the
+  Gluon tensor-core decode kernel (``nvfp4_mma_decode``, up to 512 tokens),
+  and which one the op routes to; ``--gemv-tune`` / ``--mma-tune`` sweep the
+  decode kernels' configs, ``--dense`` adds dense decode GEMMs (M <= 16)
+  against ``F.linear``;
 * HBM roofline: bytes of the *touched* experts' weights + scales + activations
   in + outputs / 3.0 TB/s; tensor-core roofline: 2*T*N*K / 749 TFLOP/s.
 
@@ -67,6 +69,21 @@ GEMV_CANDIDATES = [
     (2, 32, 256, 2, 1, None),
     (4, 32, 128, 2, 1, None),
 ]
+# Gluon tensor-core decode kernel (megamoe/kernels/nvfp4_mma_decode.py) candidates for --mma-tune:
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, PREFETCH)
+MMA_CANDIDATES = [
+    (8, 64, 256, 4, 1),
+    (8, 64, 256, 4, 2),
+    (8, 128, 256, 4, 1),
+    (8, 128, 256, 4, 2),
+    (8, 64, 128, 4, 2),
+    (16, 64, 256, 4, 1),
+    (16, 64, 256, 4, 2),
+    (16, 128, 128, 4, 2),
+    (8, 32, 256, 2, 2),
+    (32, 128, 128, 4, 1),
+]
+MMA_MAX_TOKENS = 512  # the Gluon decode kernel is timed up to this many tokens
 DENSE_SHAPES = ((4096, 7168), (7168, 2048))  # (N, K) of dense decode GEMMs timed with --dense
 DENSE_ROWS = (1, 2, 4, 8, 16)
 GEMV_MAX_TOKENS = 64  # the decode kernel is timed up to this many tokens
@@ -140,6 +157,22 @@ def rooflines(counts: torch.Tensor, n: int, k: int, out_cols: int):
                 tc_roofline_us=flop_s * 1e6, flops=2.0 * rows * n * k)
 
 
+def sweep(tuning, name, candidates, launch, proj, tokens, rep):
+    """Time ``launch(cfg)`` for every candidate; record each in ``tuning``; return (best config, us)."""
+    best = None
+    for cfg in candidates:
+        try:
+            launch(cfg)
+            us = bench(lambda cfg=cfg: launch(cfg), rep)
+        except Exception as exc:  # noqa: BLE001 (a config that does not compile or fit)
+            us = float("inf")
+            print(f"\n  {name} config {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        tuning.append(dict(projection=proj, tokens=tokens, kernel=name, config=list(cfg), us=us))
+        if best is None or us < best[1]:
+            best = (cfg, us)
+    return list(best[0]), best[1]
+
+
 def bench(fn, rep_ms: int):
     import triton.testing
 
@@ -151,6 +184,7 @@ def run(args):
 
     from megamoe.kernels import nvfp4_gemm as kern
     from megamoe.kernels import nvfp4_gemv as gemv
+    from megamoe.kernels import nvfp4_mma_decode as mma
     from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm
 
     device = torch.device("cuda")
@@ -221,22 +255,28 @@ def run(args):
                         next_x(), wi.data, wi.block_scale, wi.global_scale, out_sw, expert_offsets=offsets,
                         swiglu=True, swiglu_limit=10.0), rep)
                 if args.gemv_tune:
-                    best = None
-                    for cfg in GEMV_CANDIDATES:
-                        try:
-                            fn = lambda cfg=cfg: gemv.launch_nvfp4_gemv(  # noqa: E731
-                                next_x(), w.data, w.block_scale, w.global_scale, out,
-                                expert_offsets=offsets, config=cfg)
-                            fn()
-                            us = bench(fn, rep)
-                        except Exception as exc:  # noqa: BLE001
-                            us = float("inf")
-                            print(f"\n  gemv config {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}",
-                                  file=sys.stderr)
-                        tuning.append(dict(projection=proj, tokens=tokens, kernel="gemv", config=list(cfg), us=us))
-                        if best is None or us < best[1]:
-                            best = (cfg, us)
-                    rec["gemv_best_config"], rec["gemv_best_us"] = list(best[0]), best[1]
+                    rec["gemv_best_config"], rec["gemv_best_us"] = sweep(
+                        tuning, "gemv", GEMV_CANDIDATES, lambda cfg: gemv.launch_nvfp4_gemv(
+                            next_x(), w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                            config=cfg), proj, tokens, rep)
+            if tokens <= MMA_MAX_TOKENS and mma.mma_decode_supports(xs[0], w.data):
+                got_m = mma.launch_nvfp4_mma_decode(xs[0], w.data, w.block_scale, w.global_scale, out,
+                                                    expert_offsets=offsets)
+                rec["mma_rel_err_vs_bf16_path"] = ((got_m.float() - ref.float()).norm() / ref.float().norm()).item()
+                rec["mma_us"] = bench(lambda: mma.launch_nvfp4_mma_decode(
+                    next_x(), w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets), rep)
+                rec["mma_config"] = list(mma.select_mma_decode_config(triton.cdiv(t, min(EXPERTS, t)), k))
+                rec.setdefault("tc_us", float("nan"))
+                rec.setdefault("gemv_us", float("nan"))
+                if wi is not None:
+                    rec["mma_swiglu_us"] = bench(lambda: mma.launch_nvfp4_mma_decode(
+                        next_x(), wi.data, wi.block_scale, wi.global_scale, out_sw, expert_offsets=offsets,
+                        swiglu=True, swiglu_limit=10.0), rep)
+                if args.mma_tune:
+                    rec["mma_best_config"], rec["mma_best_us"] = sweep(
+                        tuning, "mma", MMA_CANDIDATES, lambda cfg: mma.launch_nvfp4_mma_decode(
+                            next_x(), w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                            config=cfg), proj, tokens, rep)
             rec["route"] = "gemv" if gemv.gemv_preferred(t, EXPERTS, n, k) else "tensor-core"
             rec["nvfp4_us"] = bench(lambda: nvfp4_grouped_mm(next_x(), w, offsets, out=out), rep)
             if wi is not None:
@@ -272,6 +312,7 @@ def run_dense(args):
     from megamoe.format.tensor import NVFP4Tensor
     from megamoe.kernels import nvfp4_gemm as kern
     from megamoe.kernels import nvfp4_gemv as gemv
+    from megamoe.kernels import nvfp4_mma_decode as mma
     from megamoe.ops.gemm import nvfp4_linear
     from megamoe.reference.quantize import dequantize
 
@@ -299,6 +340,8 @@ def run_dense(args):
                 gemv_rel_err_vs_bf16=((got - ref).norm() / ref.norm()).item(),
                 tc_us=bench(lambda: kern.launch_nvfp4_gemm(next_x(), data, sb, w.global_scale, out), args.rep_ms),
                 gemv_us=bench(lambda: gemv.launch_nvfp4_gemv(next_x(), data, sb, w.global_scale, out), args.rep_ms),
+                mma_us=bench(lambda: mma.launch_nvfp4_mma_decode(next_x(), data, sb, w.global_scale, out),
+                             args.rep_ms),
                 op_us=bench(lambda: nvfp4_linear(next_x(), w, out=out), args.rep_ms),
                 bf16_us=bench(lambda: torch.nn.functional.linear(next_x(), w_bf16), args.rep_ms),
                 route="gemv" if gemv.gemv_preferred(m, None, n, k) else "tensor-core",
@@ -331,32 +374,43 @@ def write_markdown(result, path):
             f"| {100 * r['hbm_roofline_fraction']:.0f}% | {r['speedup_vs_bf16']:.2f}x | {r['nvfp4_tflops']:.0f} "
             f"| {r['bf16_tflops']:.0f} | {r['rel_err_vs_bf16_path']:.1e} |"
         )
-    dec = [r for r in result["records"] if "gemv_us" in r]
+    dec = [r for r in result["records"] if "gemv_us" in r or "mma_us" in r]
     if dec:
-        lines += ["", "## Decode: tensor-core kernel vs CUDA-core decode kernel (both called directly)", "",
+        lines += ["", "## Decode kernels called directly: Triton tensor-core, CUDA-core (gemv), Gluon mma (mma)", "",
                   "| proj | tokens | rows | tensor-core us | gemv us (config) | gemv best tuned us (config) "
-                  "| gemv swiglu us | HBM roofline us | gemv % of HBM roofline | gemv speedup vs tensor-core "
-                  "| gemv rel err vs bf16 | op routes to |",
-                  "|" + "---|" * 12]
+                  "| gemv swiglu us | mma us (config) | mma best tuned us (config) | mma swiglu us "
+                  "| HBM roofline us | gemv % of roofline | mma % of roofline | gemv / mma rel err vs bf16 "
+                  "| op routes to |",
+                  "|" + "---|" * 15]
+
+        def cell(r, key, cfg_key=None):
+            if key not in r or r[key] != r[key]:  # missing or NaN
+                return "-"
+            return f"{r[key]:.1f}" + (f" {tuple(r[cfg_key])}" if cfg_key and cfg_key in r else "")
+
+        def pct(r, key):
+            return f"{100 * r['hbm_roofline_us'] / r[key]:.0f}%" if key in r and r[key] == r[key] else "-"
+
         for r in dec:
-            best = (f"{r['gemv_best_us']:.1f} {tuple(r['gemv_best_config'])}" if "gemv_best_us" in r else "-")
-            sw = f"{r['gemv_swiglu_us']:.1f}" if "gemv_swiglu_us" in r else "-"
+            errs = " / ".join(f"{r[k]:.1e}" for k in ("gemv_rel_err_vs_bf16_path", "mma_rel_err_vs_bf16_path") if k in r)
             lines.append(
-                f"| {r['projection']} | {r['tokens']} | {r['rows']} | {r['tc_us']:.1f} "
-                f"| {r['gemv_us']:.1f} {tuple(r['gemv_config'])} | {best} | {sw} | {r['hbm_roofline_us']:.1f} "
-                f"| {100 * r['hbm_roofline_us'] / r['gemv_us']:.0f}% | {r['tc_us'] / r['gemv_us']:.2f}x "
-                f"| {r['gemv_rel_err_vs_bf16_path']:.1e} | {r['route']} |")
+                f"| {r['projection']} | {r['tokens']} | {r['rows']} | {cell(r, 'tc_us')} "
+                f"| {cell(r, 'gemv_us', 'gemv_config')} | {cell(r, 'gemv_best_us', 'gemv_best_config')} "
+                f"| {cell(r, 'gemv_swiglu_us')} | {cell(r, 'mma_us', 'mma_config')} "
+                f"| {cell(r, 'mma_best_us', 'mma_best_config')} | {cell(r, 'mma_swiglu_us')} "
+                f"| {r['hbm_roofline_us']:.1f} | {pct(r, 'gemv_us')} | {pct(r, 'mma_us')} | {errs} | {r['route']} |")
     if result.get("dense"):
-        lines += ["", "## Dense decode (nvfp4_linear): tensor-core kernel vs decode kernel (both direct)", "",
-                  "| N | K | M | tensor-core us | gemv us | op us | bf16 F.linear us | HBM roofline us "
-                  "| gemv % of roofline | gemv rel err vs bf16 | op routes to |", "|" + "---|" * 11]
+        lines += ["", "## Dense decode (nvfp4_linear): the kernels called directly", "",
+                  "| N | K | M | tensor-core us | gemv us | mma us | op us | bf16 F.linear us | HBM roofline us "
+                  "| gemv % of roofline | gemv rel err vs bf16 | op routes to |", "|" + "---|" * 12]
         for r in result["dense"]:
             lines.append(
-                f"| {r['n']} | {r['k']} | {r['m']} | {r['tc_us']:.1f} | {r['gemv_us']:.1f} | {r['op_us']:.1f} "
+                f"| {r['n']} | {r['k']} | {r['m']} | {r['tc_us']:.1f} | {r['gemv_us']:.1f} "
+                f"| {r.get('mma_us', float('nan')):.1f} | {r['op_us']:.1f} "
                 f"| {r['bf16_us']:.1f} | {r['hbm_roofline_us']:.1f} | {100 * r['hbm_roofline_us'] / r['gemv_us']:.0f}% "
                 f"| {r['gemv_rel_err_vs_bf16']:.1e} | {r['route']} |")
     if result.get("tuning"):
-        lines += ["", "## Config sweep (--tune / --gemv-tune)", "",
+        lines += ["", "## Config sweep (--tune / --gemv-tune / --mma-tune)", "",
                   "| proj | tokens | kernel | config | us |", "|---|---|---|---|---|"]
         for t in result["tuning"]:
             lines.append(f"| {t['projection']} | {t['tokens']} | {t.get('kernel', 'tensor-core')} "
@@ -407,6 +461,7 @@ def main():
     parser.add_argument("--tune", action="store_true", help="sweep the config candidates per shape")
     parser.add_argument("--dense", action="store_true", help="also time dense decode GEMMs (M <= 16)")
     parser.add_argument("--gemv-tune", action="store_true", help="sweep the decode-kernel candidates (<= 64 tokens)")
+    parser.add_argument("--mma-tune", action="store_true", help="sweep the Gluon decode-kernel candidates")
     parser.add_argument("--rep-ms", type=int, default=60)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--tag", default=None, help="file name stem (default gemm_<UTC date-time>)")

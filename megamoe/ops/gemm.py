@@ -9,13 +9,15 @@ kernels in ``megamoe/kernels/nvfp4_gemm.py``; CPU tensors -> the PyTorch
 reference (``megamoe/reference/gemm.py``), or the Triton kernels through the
 interpreter when ``TRITON_INTERPRET=1``.
 
-Decode routing (CUDA only): small row counts go to the CUDA-core kernel of
-``megamoe/kernels/nvfp4_gemv.py`` instead of the tensor-core GEMM when
-:func:`megamoe.kernels.nvfp4_gemv.gemv_preferred` says so - a shape-bucket rule
-on host-known values (rows, experts, N, K; never device values) set from H100
-measurements (``benchmarks/NOTES_gemm.md``). The interpreter (CPU) path keeps
-the tensor-core kernel, whose CPU tests stay meaningful; the decode kernel has
-its own (``tests/kernels/test_nvfp4_gemv.py``).
+Decode routing (CUDA only, :func:`decode_route`): shape-bucket rules on
+host-known values (rows, experts, N, K; never device values), set from H100
+measurements (``benchmarks/NOTES_gemm.md``). Grouped GEMMs with few rows per
+expert go to the Gluon tensor-core decode kernel (``nvfp4_mma_decode.py``,
+sm_90, K % 128 == 0); dense GEMMs with M <= 2 (and grouped shapes that kernel
+cannot take) to the CUDA-core kernel (``nvfp4_gemv.py``); everything else to
+the Triton tensor-core GEMM (``nvfp4_gemm.py``). The interpreter (CPU) path
+keeps the Triton tensor-core kernel, whose CPU tests stay meaningful; the
+decode kernels have their own tests.
 
 Modes: ``"w4a16"`` (x stays bf16; the fast default) and ``"w4a4"`` (x is
 quantized to NVFP4 with a dynamic per-row global scale and decoded back to bf16
@@ -107,15 +109,28 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _decode_launcher(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts, n: int, k: int):
-    """The CUDA-core decode launcher when the shape rule prefers it (CUDA tensors only), else None."""
-    if not x.is_cuda:
-        return None
-    from ..kernels import nvfp4_gemv
+def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts, n: int, k: int) -> str:
+    """Which kernel runs this GEMM: "mma" (Gluon decode), "gemv" (CUDA-core decode) or "tensor-core".
 
+    ``num_experts`` None means dense. Host metadata only (shapes, strides,
+    pointers' alignment), never device values.
+    """
+    if not x.is_cuda:
+        return "tensor-core"
+    from ..kernels import nvfp4_gemv, nvfp4_mma_decode
+
+    if nvfp4_mma_decode.mma_decode_preferred(num_rows, num_experts) and nvfp4_mma_decode.mma_decode_supports(x, data):
+        return "mma"
     if nvfp4_gemv.gemv_preferred(num_rows, num_experts, n, k) and nvfp4_gemv.gemv_supports(x, data):
-        return nvfp4_gemv.launch_nvfp4_gemv
-    return None
+        return "gemv"
+    return "tensor-core"
+
+
+def _launcher(route: str):
+    from ..kernels import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode
+
+    return {"mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "gemv": nvfp4_gemv.launch_nvfp4_gemv,
+            "tensor-core": nvfp4_gemm.launch_nvfp4_gemm}[route]
 
 
 def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -> torch.Tensor:
@@ -145,13 +160,11 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
             raise ValueError(f"bias: expected device {x.device}, got {bias.device}")
     if not use_triton(x):
         return _reference.nvfp4_linear(x, weight, bias, mode=mode, out=out)
-    from ..kernels.nvfp4_gemm import launch_nvfp4_gemm
-
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
     data = weight.data.contiguous()
-    launch = _decode_launcher(xa, data, m, None, n, k) or launch_nvfp4_gemm
+    launch = _launcher(decode_route(xa, data, m, None, n, k))
     return launch(
         xa,
         data,
@@ -219,13 +232,11 @@ def nvfp4_grouped_mm(
             x, weight, expert_offsets, mode=mode, out=out, row_index=row_index,
             activation=activation, swiglu_limit=swiglu_limit,
         )
-    from ..kernels.nvfp4_gemm import launch_nvfp4_gemm
-
     if out is None:
         out = torch.empty((num_rows, n_out), dtype=torch.bfloat16, device=x.device)
     xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
     data = weight.data.contiguous()
-    launch = _decode_launcher(xa, data, num_rows, num_experts, n, k) or launch_nvfp4_gemm
+    launch = _launcher(decode_route(xa, data, num_rows, num_experts, n, k))
     return launch(
         xa,
         data,

@@ -8,6 +8,7 @@ the production configs, the no-host-sync check and CUDA-graph capture/replay.
 import pytest
 import torch
 
+from gemm_helpers import grouped_f32, offsets_of, random_weight, rel_err
 from megamoe.format.tensor import NVFP4Tensor
 from megamoe.kernels.nvfp4_gemv import launch_nvfp4_gemv
 from megamoe.ops._dispatch import use_triton
@@ -15,38 +16,13 @@ from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
 from megamoe.reference.quantize import dequantize, quantize
 
 
-def _rel_err(out, ref):
-    return ((out.float().cpu() - ref.float().cpu()).norm() / ref.float().cpu().norm().clamp_min(1e-30)).item()
-
-
-def _weight(shape, device, scale_shape=None, per_row=False):
-    w = quantize(torch.randn(shape) * 0.05, per_row=per_row)
-    gs = w.global_scale.float()
-    if scale_shape is not None:  # distinct scales: a wrong expert / row index shows
-        gs = (torch.rand(scale_shape) + 0.5) * 1e-3
-    return NVFP4Tensor(w.data, w.block_scale, gs, w.shape).to(device)
-
-
 def _grouped_f32(x, w, counts, row_index=None):
-    wf = dequantize(w.to("cpu"), torch.float32)
-    xs = x.cpu().float()
-    if row_index is not None:
-        xs = xs[row_index.cpu().long()]
-    y = torch.zeros(xs.shape[0], wf.shape[1])
-    start = 0
-    for e, c in enumerate(counts):
-        y[start:start + c] = xs[start:start + c] @ wf[e].t()
-        start += c
-    return y
+    return grouped_f32(x, w, offsets_of(counts, "cpu"), row_index)
 
 
 def _launch(x, w, out, offsets=None, **kw):
     return launch_nvfp4_gemv(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
                              interpreter=not x.is_cuda, **kw)
-
-
-def _offsets(counts, device):
-    return torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
 
 
 def test_kernel_path_is_used(device):
@@ -56,46 +32,46 @@ def test_kernel_path_is_used(device):
 @pytest.mark.parametrize("counts", [[1, 0, 5, 1], [0, 0, 0, 0], [3, 3, 0, 1], [0, 0, 0, 2]])
 def test_grouped_matches_float32(device, counts):
     e, n, k = len(counts), 40, 96  # N, K not multiples of the tile (16, 64)
-    w = _weight((e, n, k), device, scale_shape=(e, 1, 1))
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
     pad = 3
     t = sum(counts) + pad
     x = torch.randn(t, k).bfloat16().to(device)
     out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device=device)
-    _launch(x, w, out, _offsets(counts, device))
+    _launch(x, w, out, offsets_of(counts, device))
     real = sum(counts)
     assert torch.equal(out[real:].cpu(), torch.zeros(pad, n, dtype=torch.bfloat16)), "padding rows must be 0"
     if real:
-        assert _rel_err(out[:real], _grouped_f32(x, w, counts)[:real]) < 4e-3
+        assert rel_err(out[:real], _grouped_f32(x, w, counts)[:real]) < 4e-3
 
 
 def test_grouped_row_index_per_row_scale(device):
     e, n, k, s = 3, 32, 128, 7
-    w = _weight((e, n, k), device, scale_shape=(e, n, 1))
+    w = random_weight((e, n, k), device, scale_shape=(e, n, 1))
     counts = [2, 0, 3]
     t = sum(counts) + 1
     x = torch.randn(s, k).bfloat16().to(device)
     row_index = torch.randint(0, s, (t,), dtype=torch.int32).to(device)
     out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
-    _launch(x, w, out, _offsets(counts, device), row_index=row_index)
-    assert _rel_err(out[:5], _grouped_f32(x, w, counts, row_index)[:5]) < 4e-3
+    _launch(x, w, out, offsets_of(counts, device), row_index=row_index)
+    assert rel_err(out[:5], _grouped_f32(x, w, counts, row_index)[:5]) < 4e-3
     assert (out[5:] == 0).all()
 
 
 @pytest.mark.parametrize("limit", [None, 0.5])
 def test_grouped_swiglu(device, limit):
     e, i, k = 2, 24, 64
-    plain = _weight((e, 2 * i, k), device, scale_shape=(e, 1, 1))
+    plain = random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1))
     counts = [3, 1]
     t = sum(counts) + 1
     x = (torch.randn(t, k) * 20).bfloat16().to(device)
     out = torch.empty(t, i, dtype=torch.bfloat16, device=device)
-    _launch(x, interleave_gate_up(plain), out, _offsets(counts, device), swiglu=True, swiglu_limit=limit)
+    _launch(x, interleave_gate_up(plain), out, offsets_of(counts, device), swiglu=True, swiglu_limit=limit)
     y = _grouped_f32(x, plain, counts)
     inter = torch.stack((y[:, :i], y[:, i:]), dim=-1).reshape(t, 2 * i)
     if limit is not None:
         assert (y.abs() > limit).any()
     ref = swiglu_reference(inter, limit)
-    assert _rel_err(out[:4], ref[:4]) < 4e-3
+    assert rel_err(out[:4], ref[:4]) < 4e-3
     assert (out[4:] == 0).all()
 
 
@@ -112,7 +88,7 @@ def test_dense_with_bias_and_nan_block(device, m):
     ref = x.float().cpu() @ dequantize(w.to("cpu"), torch.float32).t() + bias.float().cpu()
     keep = torch.arange(n) != 5
     assert torch.isnan(out[:, 5].cpu()).all()
-    assert _rel_err(out[:, keep], ref[:, keep]) < 4e-3
+    assert rel_err(out[:, keep], ref[:, keep]) < 4e-3
 
 
 def test_decode_is_exact(device):
@@ -138,14 +114,14 @@ def test_cuda_moe_shapes_and_graph(tokens):
     device = torch.device("cuda")
     torch.manual_seed(tokens)
     e, n, k = 32, 512, 1024
-    w = _weight((e, n, k), "cpu", scale_shape=(e, 1, 1)).to(device)
+    w = random_weight((e, n, k), "cpu", scale_shape=(e, 1, 1)).to(device)
     t = 8 * tokens
     counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
     offsets = counts.cumsum(0).to(torch.int32).to(device)
     x = torch.randn(t + 2, k, device=device).bfloat16()  # 2 padding rows
     out = torch.full((t + 2, n), 3.0, dtype=torch.bfloat16, device=device)
     _launch(x, w, out, offsets)
-    assert _rel_err(out[:t], _grouped_f32(x, w, counts.tolist())[:t]) < 1e-2
+    assert rel_err(out[:t], _grouped_f32(x, w, counts.tolist())[:t]) < 1e-2
     assert (out[t:] == 0).all()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -164,7 +140,7 @@ def test_cuda_moe_shapes_and_graph(tokens):
     replayed = out.clone()
     _launch(x, w, out, offsets)
     assert torch.equal(replayed, out)
-    assert _rel_err(out[:t], _grouped_f32(x, w, new_counts.tolist())[:t]) < 1e-2
+    assert rel_err(out[:t], _grouped_f32(x, w, new_counts.tolist())[:t]) < 1e-2
 
 
 def test_routing_rule_is_a_host_shape_bucket():
@@ -177,31 +153,3 @@ def test_routing_rule_is_a_host_shape_bucket():
     assert not gemv_preferred(32768, e, 4096, 7168)  # prefill stays on the tensor cores
     assert gemv_preferred(1, None, 1536, 2048) and not gemv_preferred(GEMV_MAX_DENSE_ROWS + 1, None, 1536, 2048)
     assert not gemv_preferred(1, e, 64, 48)  # K not a multiple of 32
-
-
-@pytest.mark.cuda
-def test_cuda_ops_route_decode_shapes():
-    """The public ops on decode shapes (routed to this kernel): gather, swiglu, per-expert scale, dense."""
-    from megamoe.kernels.nvfp4_gemv import gemv_preferred
-    from megamoe.ops.gemm import nvfp4_grouped_mm, nvfp4_linear
-
-    device = torch.device("cuda")
-    e, n, k, t = 64, 256, 512, 40
-    assert gemv_preferred(t, e, n, k)
-    plain = _weight((e, n, k), "cpu", scale_shape=(e, 1, 1)).to(device)
-    counts = torch.bincount(torch.randint(0, e, (t - 3,)), minlength=e)
-    offsets = counts.cumsum(0).to(torch.int32).to(device)
-    x = torch.randn(t, k, device=device).bfloat16()
-    row_index = torch.randperm(t, device=device).to(torch.int32)
-    out = nvfp4_grouped_mm(x, plain, offsets, row_index=row_index)
-    ref = _grouped_f32(x, plain, counts.tolist(), row_index)
-    assert _rel_err(out[: t - 3], ref[: t - 3]) < 1e-2 and (out[t - 3:] == 0).all()
-    sw = nvfp4_grouped_mm(x, interleave_gate_up(plain), offsets, activation="swiglu", swiglu_limit=7.0)
-    y = _grouped_f32(x, plain, counts.tolist())
-    inter = torch.stack((y[:, : n // 2], y[:, n // 2:]), dim=-1).reshape(t, n)
-    assert _rel_err(sw[: t - 3], swiglu_reference(inter, 7.0)[: t - 3]) < 1e-2
-    dense = quantize(torch.randn(n, k) * 0.05, per_row=True).to(device)
-    xd = x[:1]
-    bias = torch.randn(n, device=device).bfloat16()
-    ref_d = xd.float().cpu() @ dequantize(dense.to("cpu"), torch.float32).t() + bias.float().cpu()
-    assert _rel_err(nvfp4_linear(xd, dense, bias), ref_d) < 1e-2

@@ -102,3 +102,40 @@ def test_ops_and_reference_share_signatures():
 
     for name in ("nvfp4_linear", "nvfp4_grouped_mm"):
         assert inspect.signature(getattr(ops_gemm, name)) == inspect.signature(getattr(ref_gemm, name))
+
+
+def test_decode_route_on_cpu_is_the_triton_gemm():
+    x = torch.randn(8, 256).bfloat16()
+    w = _weight(4, 32, 256)
+    assert ops_gemm.decode_route(x, w.data, 8, 4, 32, 256) == "tensor-core"
+
+
+@pytest.mark.cuda
+def test_cuda_ops_take_every_route():
+    """Grouped decode -> Gluon mma kernel, K % 128 != 0 -> CUDA-core kernel, dense M=1 -> CUDA-core,
+    prefill -> Triton tensor-core GEMM; each route matches float32 math on the decoded weights."""
+    from gemm_helpers import grouped_f32, rel_err  # tests/gemm_helpers.py (tests/ is on sys.path)
+
+    device = torch.device("cuda")
+    e = 64
+    cases = [(40, 256, 512, "mma"), (40, 256, 480, "gemv"), (64 * 64, 256, 512, "tensor-core")]
+    for t, n, k, route in cases:
+        w = quantize(torch.randn(e, n, k) * 0.05).to(device)
+        counts = torch.bincount(torch.randint(0, e, (t - 3,)), minlength=e)
+        offsets = counts.cumsum(0).to(torch.int32).to(device)
+        x = torch.randn(t, k, device=device).bfloat16()
+        row_index = torch.randperm(t, device=device).to(torch.int32)
+        assert ops_gemm.decode_route(x, w.data, t, e, n, k) == route
+        out = nvfp4_grouped_mm(x, w, offsets, row_index=row_index)
+        ref = grouped_f32(x, w, offsets, row_index)
+        assert rel_err(out[: t - 3], ref[: t - 3]) < 1e-2 and (out[t - 3:] == 0).all(), route
+        sw = nvfp4_grouped_mm(x, interleave_gate_up(w), offsets, activation="swiglu", swiglu_limit=7.0)
+        y = grouped_f32(x, w, offsets)
+        inter = torch.stack((y[:, : n // 2], y[:, n // 2:]), dim=-1).reshape(t, n)
+        assert rel_err(sw[: t - 3], ref_gemm.swiglu_reference(inter, 7.0)[: t - 3]) < 1e-2, route
+    dense = quantize(torch.randn(256, 512) * 0.05, per_row=True).to(device)
+    xd = torch.randn(1, 512, device=device).bfloat16()
+    assert ops_gemm.decode_route(xd, dense.data, 1, None, 256, 512) == "gemv"
+    bias = torch.randn(256, device=device).bfloat16()
+    ref_d = xd.float().cpu() @ dequantize(dense.to("cpu"), torch.float32).t() + bias.float().cpu()
+    assert rel_err(nvfp4_linear(xd, dense, bias), ref_d) < 1e-2

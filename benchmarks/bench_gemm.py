@@ -70,20 +70,25 @@ GEMV_CANDIDATES = [
     (4, 32, 128, 2, 1, None),
 ]
 # Gluon tensor-core decode kernel (megamoe/kernels/nvfp4_mma_decode.py) candidates for --mma-tune:
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, PREFETCH)
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)
 MMA_CANDIDATES = [
-    (8, 64, 256, 4, 1),
-    (8, 64, 256, 4, 2),
-    (8, 128, 256, 4, 1),
-    (8, 128, 256, 4, 2),
-    (8, 64, 128, 4, 2),
-    (16, 64, 256, 4, 1),
-    (16, 64, 256, 4, 2),
-    (16, 128, 128, 4, 2),
-    (8, 32, 256, 2, 2),
-    (32, 128, 128, 4, 1),
+    (8, 128, 256, 4),
+    (8, 64, 256, 4),
+    (8, 128, 128, 4),
+    (16, 128, 256, 4),
+    (16, 128, 128, 4),
+    (32, 128, 128, 4),
 ]
 MMA_MAX_TOKENS = 512  # the Gluon decode kernel is timed up to this many tokens
+# Gluon wgmma (prefill) kernel candidates for --wgmma-tune: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs per SM)
+WGMMA_CANDIDATES = [
+    (128, 128, 128, 8, 1),
+    (128, 128, 64, 8, 1),
+    (64, 128, 128, 8, 1),
+    (128, 64, 128, 4, 2),
+    (64, 64, 128, 4, 2),
+]
+WGMMA_MIN_TOKENS = 64  # the Gluon wgmma kernel is timed from this many tokens
 DENSE_SHAPES = ((4096, 7168), (7168, 2048))  # (N, K) of dense decode GEMMs timed with --dense
 DENSE_ROWS = (1, 2, 4, 8, 16)
 GEMV_MAX_TOKENS = 64  # the decode kernel is timed up to this many tokens
@@ -185,7 +190,9 @@ def run(args):
     from megamoe.kernels import nvfp4_gemm as kern
     from megamoe.kernels import nvfp4_gemv as gemv
     from megamoe.kernels import nvfp4_mma_decode as mma
-    from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm
+    from megamoe.kernels import nvfp4_wgmma as wgmma
+    from megamoe.kernels.nvfp4_gluon_jit import gluon_supports
+    from megamoe.ops.gemm import decode_route, interleave_gate_up, nvfp4_grouped_mm
 
     device = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
@@ -259,7 +266,7 @@ def run(args):
                         tuning, "gemv", GEMV_CANDIDATES, lambda cfg: gemv.launch_nvfp4_gemv(
                             next_x(), w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
                             config=cfg), proj, tokens, rep)
-            if tokens <= MMA_MAX_TOKENS and mma.mma_decode_supports(xs[0], w.data):
+            if tokens <= MMA_MAX_TOKENS and gluon_supports(xs[0], w.data):
                 got_m = mma.launch_nvfp4_mma_decode(xs[0], w.data, w.block_scale, w.global_scale, out,
                                                     expert_offsets=offsets)
                 rec["mma_rel_err_vs_bf16_path"] = ((got_m.float() - ref.float()).norm() / ref.float().norm()).item()
@@ -277,7 +284,22 @@ def run(args):
                         tuning, "mma", MMA_CANDIDATES, lambda cfg: mma.launch_nvfp4_mma_decode(
                             next_x(), w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
                             config=cfg), proj, tokens, rep)
-            rec["route"] = "gemv" if gemv.gemv_preferred(t, EXPERTS, n, k) else "tensor-core"
+            if tokens >= WGMMA_MIN_TOKENS and gluon_supports(xs[0], w.data):
+                got_w = wgmma.launch_nvfp4_wgmma(xs[0], w.data, w.block_scale, w.global_scale, out,
+                                               expert_offsets=offsets)
+                rec["wgmma_rel_err_vs_bf16_path"] = ((got_w.float() - ref.float()).norm() / ref.float().norm()).item()
+                rec["wgmma_us"] = bench(lambda: wgmma.launch_nvfp4_wgmma(
+                    next_x(), w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets), rep)
+                if wi is not None:
+                    rec["wgmma_swiglu_us"] = bench(lambda: wgmma.launch_nvfp4_wgmma(
+                        next_x(), wi.data, wi.block_scale, wi.global_scale, out_sw, expert_offsets=offsets,
+                        swiglu=True, swiglu_limit=10.0), rep)
+                if args.wgmma_tune:
+                    rec["wgmma_best_config"], rec["wgmma_best_us"] = sweep(
+                        tuning, "wgmma", WGMMA_CANDIDATES, lambda cfg: wgmma.launch_nvfp4_wgmma(
+                            next_x(), w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                            config=cfg), proj, tokens, rep)
+            rec["route"] = decode_route(xs[0], w.data, t, EXPERTS, n, k)
             rec["nvfp4_us"] = bench(lambda: nvfp4_grouped_mm(next_x(), w, offsets, out=out), rep)
             if wi is not None:
                 rec["nvfp4_swiglu_us"] = bench(
@@ -313,7 +335,7 @@ def run_dense(args):
     from megamoe.kernels import nvfp4_gemm as kern
     from megamoe.kernels import nvfp4_gemv as gemv
     from megamoe.kernels import nvfp4_mma_decode as mma
-    from megamoe.ops.gemm import nvfp4_linear
+    from megamoe.ops.gemm import decode_route, nvfp4_linear
     from megamoe.reference.quantize import dequantize
 
     device = torch.device("cuda")
@@ -344,7 +366,7 @@ def run_dense(args):
                              args.rep_ms),
                 op_us=bench(lambda: nvfp4_linear(next_x(), w, out=out), args.rep_ms),
                 bf16_us=bench(lambda: torch.nn.functional.linear(next_x(), w_bf16), args.rep_ms),
-                route="gemv" if gemv.gemv_preferred(m, None, n, k) else "tensor-core",
+                route=decode_route(xs[0], data, m, None, n, k),
             ))
         del data, sb, w, w_bf16
     return rows
@@ -399,6 +421,20 @@ def write_markdown(result, path):
                 f"| {cell(r, 'gemv_swiglu_us')} | {cell(r, 'mma_us', 'mma_config')} "
                 f"| {cell(r, 'mma_best_us', 'mma_best_config')} | {cell(r, 'mma_swiglu_us')} "
                 f"| {r['hbm_roofline_us']:.1f} | {pct(r, 'gemv_us')} | {pct(r, 'mma_us')} | {errs} | {r['route']} |")
+    pre = [r for r in result["records"] if "wgmma_us" in r]
+    if pre:
+        lines += ["", "## Gluon wgmma kernel (called directly) vs the op and bf16 `torch._grouped_mm`", "",
+                  "| proj | tokens | rows | op us (route) | wgmma us | wgmma best tuned us (config) | wgmma swiglu us "
+                  "| bf16 us | TC roofline us | wgmma TFLOP/s | wgmma time / bf16 time | wgmma rel err vs bf16 |",
+                  "|" + "---|" * 12]
+        for r in pre:
+            best = (f"{r['wgmma_best_us']:.1f} {tuple(r['wgmma_best_config'])}" if "wgmma_best_us" in r else "-")
+            sw = f"{r['wgmma_swiglu_us']:.1f}" if "wgmma_swiglu_us" in r else "-"
+            lines.append(
+                f"| {r['projection']} | {r['tokens']} | {r['rows']} | {r['nvfp4_us']:.1f} ({r['route']}) "
+                f"| {r['wgmma_us']:.1f} | {best} | {sw} | {r['bf16_grouped_mm_us']:.1f} | {r['tc_roofline_us']:.1f} "
+                f"| {r['flops'] / r['wgmma_us'] / 1e6:.0f} | {r['wgmma_us'] / r['bf16_grouped_mm_us']:.2f} "
+                f"| {r['wgmma_rel_err_vs_bf16_path']:.1e} |")
     if result.get("dense"):
         lines += ["", "## Dense decode (nvfp4_linear): the kernels called directly", "",
                   "| N | K | M | tensor-core us | gemv us | mma us | op us | bf16 F.linear us | HBM roofline us "
@@ -410,7 +446,7 @@ def write_markdown(result, path):
                 f"| {r['bf16_us']:.1f} | {r['hbm_roofline_us']:.1f} | {100 * r['hbm_roofline_us'] / r['gemv_us']:.0f}% "
                 f"| {r['gemv_rel_err_vs_bf16']:.1e} | {r['route']} |")
     if result.get("tuning"):
-        lines += ["", "## Config sweep (--tune / --gemv-tune / --mma-tune)", "",
+        lines += ["", "## Config sweep (--tune / --gemv-tune / --mma-tune / --wgmma-tune)", "",
                   "| proj | tokens | kernel | config | us |", "|---|---|---|---|---|"]
         for t in result["tuning"]:
             lines.append(f"| {t['projection']} | {t['tokens']} | {t.get('kernel', 'tensor-core')} "
@@ -462,6 +498,7 @@ def main():
     parser.add_argument("--dense", action="store_true", help="also time dense decode GEMMs (M <= 16)")
     parser.add_argument("--gemv-tune", action="store_true", help="sweep the decode-kernel candidates (<= 64 tokens)")
     parser.add_argument("--mma-tune", action="store_true", help="sweep the Gluon decode-kernel candidates")
+    parser.add_argument("--wgmma-tune", action="store_true", help="sweep the Gluon wgmma-kernel candidates")
     parser.add_argument("--rep-ms", type=int, default=60)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--tag", default=None, help="file name stem (default gemm_<UTC date-time>)")

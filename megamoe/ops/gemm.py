@@ -11,11 +11,12 @@ interpreter when ``TRITON_INTERPRET=1``.
 
 Decode routing (CUDA only, :func:`decode_route`): shape-bucket rules on
 host-known values (rows, experts, N, K; never device values), set from H100
-measurements (``benchmarks/NOTES_gemm.md``). Grouped GEMMs with few rows per
-expert go to the Gluon tensor-core decode kernel (``nvfp4_mma_decode.py``,
-sm_90, K % 128 == 0); dense GEMMs with M <= 2 (and grouped shapes that kernel
-cannot take) to the CUDA-core kernel (``nvfp4_gemv.py``); everything else to
-the Triton tensor-core GEMM (``nvfp4_gemm.py``). The interpreter (CPU) path
+measurements (``benchmarks/NOTES_gemm.md``). On sm_90 with K % 128 == 0,
+grouped GEMMs with few rows per expert go to the Gluon ``mma.sync`` decode
+kernel (``nvfp4_mma_decode.py``) and those with up to a few hundred rows per
+expert to the Gluon wgmma kernel (``nvfp4_wgmma.py``); dense GEMMs with M <= 2 (and grouped
+shapes those kernels cannot take) to the CUDA-core kernel (``nvfp4_gemv.py``);
+everything else to the Triton tensor-core GEMM (``nvfp4_gemm.py``). The interpreter (CPU) path
 keeps the Triton tensor-core kernel, whose CPU tests stay meaningful; the
 decode kernels have their own tests.
 
@@ -110,27 +111,31 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts, n: int, k: int) -> str:
-    """Which kernel runs this GEMM: "mma" (Gluon decode), "gemv" (CUDA-core decode) or "tensor-core".
+    """Which kernel runs this GEMM: "mma" (Gluon mma.sync decode), "wgmma" (Gluon wgmma), "gemv"
+    (CUDA-core decode) or "tensor-core" (Triton).
 
     ``num_experts`` None means dense. Host metadata only (shapes, strides,
     pointers' alignment), never device values.
     """
     if not x.is_cuda:
         return "tensor-core"
-    from ..kernels import nvfp4_gemv, nvfp4_mma_decode
+    from ..kernels import nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_wgmma
 
-    if nvfp4_mma_decode.mma_decode_preferred(num_rows, num_experts) and nvfp4_mma_decode.mma_decode_supports(x, data):
+    gluon_ok = nvfp4_gluon_jit.gluon_supports(x, data)
+    if gluon_ok and nvfp4_mma_decode.mma_decode_preferred(num_rows, num_experts):
         return "mma"
+    if gluon_ok and nvfp4_wgmma.wgmma_preferred(num_rows, num_experts):
+        return "wgmma"
     if nvfp4_gemv.gemv_preferred(num_rows, num_experts, n, k) and nvfp4_gemv.gemv_supports(x, data):
         return "gemv"
     return "tensor-core"
 
 
 def _launcher(route: str):
-    from ..kernels import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode
+    from ..kernels import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_wgmma
 
-    return {"mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "gemv": nvfp4_gemv.launch_nvfp4_gemv,
-            "tensor-core": nvfp4_gemm.launch_nvfp4_gemm}[route]
+    return {"mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "wgmma": nvfp4_wgmma.launch_nvfp4_wgmma,
+            "gemv": nvfp4_gemv.launch_nvfp4_gemv, "tensor-core": nvfp4_gemm.launch_nvfp4_gemm}[route]
 
 
 def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -> torch.Tensor:

@@ -1,12 +1,14 @@
-"""Decode-shaped tensor-core NVFP4 GEMM (megamoe/kernels/nvfp4_mma_decode.py, Gluon, sm_90).
+"""Gluon NVFP4 GEMMs for sm_90: the mma.sync decode kernel (megamoe/kernels/nvfp4_mma_decode.py) and
+the wgmma prefill kernel (megamoe/kernels/nvfp4_wgmma.py), with their shared nvfp4_gluon_jit.py.
 
-Gluon kernels do not run in the Triton interpreter. On CPU the kernel is
-compiled for sm_90 (Triton's bundled ptxas, no GPU needed) and its K loop is
-inspected: the point of the kernel is that decoding FP4 into the MMA operand
-registers costs ~3 instructions per weight with no shared-memory round trip,
-and a layout change that re-introduces conversions fails these tests. The
-``cuda`` tests check the numbers against float32 math on the decoded weights,
-bit-exact decoding, graph capture and the absence of host syncs.
+Gluon kernels do not run in the Triton interpreter. On CPU the kernels are
+compiled for sm_90 (Triton's bundled ptxas, no GPU needed) and their K loops
+are inspected: the point of these kernels is that decoding FP4 into the MMA
+operand registers costs ~3 instructions per weight with no shared-memory round
+trip for the weights, and a layout change that re-introduces conversions fails
+these tests. The ``cuda`` tests check the numbers against float32 math on the
+decoded weights, bit-exact decoding, graph capture and the absence of host
+syncs.
 """
 import collections
 import os
@@ -21,10 +23,12 @@ import torch
 from gemm_helpers import grouped_f32, offsets_of, random_weight, rel_err
 from megamoe.format.tensor import NVFP4Tensor
 from megamoe.kernels import nvfp4_mma_decode as mma
+from megamoe.kernels import nvfp4_wgmma as wgmma
+from megamoe.kernels.nvfp4_gluon_jit import GLUON_AVAILABLE, gluon_supports
 from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
 from megamoe.reference.quantize import dequantize, quantize
 
-gluon_only = pytest.mark.skipif(not mma.GLUON_AVAILABLE, reason="needs Triton with Gluon")
+gluon_only = pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
 
 
 def _cuobjdump():
@@ -55,12 +59,13 @@ def _inner_loops(cubin: bytes, tmp_path):
     return loops
 
 
-def _compile_in_subprocess(config, flags, tmp_path) -> bytes:
+def _compile_in_subprocess(config, flags, tmp_path, kind="mma") -> bytes:
     """sm_90 cubin of the kernel, compiled in a fresh process: the test session may run Triton's
     interpreter (TRITON_INTERPRET=1), which replaces jit functions and cannot compile."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernel.cubin"
-    code = ("import sys; from megamoe.kernels.nvfp4_mma_decode import compile_for_sm90; "
+    module = {"mma": "nvfp4_mma_decode", "wgmma": "nvfp4_wgmma"}[kind]
+    code = (f"import sys; from megamoe.kernels.{module} import compile_for_sm90; "
             f"c = compile_for_sm90({tuple(config)!r}, **{flags!r}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
     subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)
     return out.read_bytes()
@@ -69,14 +74,14 @@ def _compile_in_subprocess(config, flags, tmp_path) -> bytes:
 @gluon_only
 @pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
 @pytest.mark.parametrize("config,flags,max_per_weight", [
-    ((8, 128, 128, 4, 1), dict(grouped=True, row_index=True, swiglu=True), 3.4),
-    ((8, 64, 256, 4, 2), dict(grouped=True, row_index=True, swiglu=True), 3.8),
-    ((16, 128, 128, 4, 1), dict(grouped=True, row_index=False), 3.8),
-    ((8, 128, 128, 4, 2), dict(grouped=False, row_index=False, bias=True), 3.8),
+    ((8, 128, 256, 4), dict(grouped=True, row_index=True, swiglu=True), 3.4),
+    ((8, 128, 128, 4), dict(grouped=True, row_index=True, swiglu=True), 3.4),
+    ((16, 128, 128, 4), dict(grouped=True, row_index=False), 3.8),
+    ((8, 64, 256, 4), dict(grouped=False, row_index=False, bias=True), 3.6),
 ])
 def test_sm90_k_loop_is_lean(tmp_path, config, flags, max_per_weight):
-    """Instructions per weight in the K loop (PREFETCH=2 adds register moves that rotate the buffers)."""
-    block_m, block_n, block_k, num_warps, _ = config
+    """SASS instructions per weight in the decode kernel's K loop."""
+    block_m, block_n, block_k, num_warps = config
     loops = _inner_loops(_compile_in_subprocess(config, flags, tmp_path), tmp_path)
     k_loops = [(n, ops) for n, ops in loops if ops["HMMA"]]
     assert len(k_loops) == 1, loops
@@ -92,6 +97,21 @@ def test_sm90_k_loop_is_lean(tmp_path, config, flags, max_per_weight):
     assert count / weights_per_thread <= max_per_weight, (count, ops)
 
 
+@gluon_only
+@pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
+def test_sm90_wgmma_k_loop(tmp_path):
+    """The prefill kernel's K loop: one 64xBLOCK_Mx16 wgmma per 16 K per warpgroup, no register spills,
+    decode at about 4 instructions per weight (the x^T tile staging adds ~1)."""
+    block_m, block_n, block_k, num_warps, _ = config = wgmma.WGMMA_CONFIG
+    loops = _inner_loops(_compile_in_subprocess(config, dict(swiglu=True), tmp_path, kind="wgmma"), tmp_path)
+    k_loops = [(n, ops) for n, ops in loops if ops["HGMMA"]]
+    assert len(k_loops) == 1, loops
+    count, ops = k_loops[0]
+    assert ops["HGMMA"] == block_k // 16
+    assert not ops["LDL"] and not ops["STL"] and not ops["SHFL"]
+    assert count / (block_n * block_k // (32 * num_warps)) <= 4.6, (count, ops)
+
+
 def test_rules_are_host_shape_buckets():
     bound = mma.MMA_DECODE_MAX_ROWS_PER_EXPERT
     assert mma.mma_decode_preferred(8, 256) and mma.mma_decode_preferred(bound * 256, 256)
@@ -100,21 +120,25 @@ def test_rules_are_host_shape_buckets():
     assert mma.select_mma_decode_config(1, 7168)[0] == 8 and mma.select_mma_decode_config(9, 7168)[0] == 32
     assert all(1024 % mma.select_mma_decode_config(r, 1024)[2] == 0 for r in (1, 8, 64))
     assert mma.select_mma_decode_config(1, 640)[2] == 128
+    assert wgmma.wgmma_preferred(128 * 256, 256) and not wgmma.wgmma_preferred(bound * 256, 256)
+    assert not wgmma.wgmma_preferred(wgmma.WGMMA_MAX_ROWS_PER_EXPERT * 256 + 1, 256)
+    assert not wgmma.wgmma_preferred(4096, None)
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
-    assert not mma.mma_decode_supports(x, torch.zeros(8, 128, dtype=torch.uint8))  # CPU tensors
+    assert not gluon_supports(x, torch.zeros(8, 128, dtype=torch.uint8))  # CPU tensors
 
 
 def test_interpreter_is_refused():
     x = torch.zeros(1, 128, dtype=torch.bfloat16)
     w = quantize(torch.randn(16, 128))
-    with pytest.raises(ValueError, match="interpreter"):
-        mma.launch_nvfp4_mma_decode(x, w.data, w.block_scale, w.global_scale, torch.empty(1, 16, dtype=torch.bfloat16),
-                                    interpreter=True)
+    out = torch.empty(1, 16, dtype=torch.bfloat16)
+    for launch in (mma.launch_nvfp4_mma_decode, wgmma.launch_nvfp4_wgmma):
+        with pytest.raises(ValueError, match="interpreter"):
+            launch(x, w.data, w.block_scale, w.global_scale, out, interpreter=True)
 
 
 # ----------------------------------------------------------------------------- GPU
 
-CONFIGS = [(8, 128, 128, 4, 1), (16, 128, 128, 4, 2), (8, 64, 256, 4, 2), (16, 256, 128, 8, 1)]
+CONFIGS = [(8, 128, 128, 4), (16, 128, 128, 4), (8, 64, 256, 4), (32, 256, 128, 8)]
 
 
 def _launch(x, w, out, offsets=None, **kw):
@@ -243,3 +267,104 @@ def test_cuda_moe_shapes_sync_free_and_graph(tokens):
     _launch(x, w, out, offsets)
     assert torch.equal(replayed, out)
     assert rel_err(out[:t], grouped_f32(x, w, offsets)[:t]) < 1e-2
+
+
+# ----------------------------------------------------------------------------- wgmma (prefill) kernel, GPU
+
+WGMMA_CONFIGS = [(128, 128, 128, 8, 1), (128, 128, 64, 8, 2), (64, 64, 128, 4, 2)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", WGMMA_CONFIGS)
+@pytest.mark.parametrize("counts", [[300, 0, 5, 129], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 260]])
+def test_cuda_wgmma_grouped_matches_float32(config, counts):
+    device = torch.device("cuda")
+    e, n, k = len(counts), 200, 512
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    t = sum(counts) + 3
+    x = torch.randn(t, k, device=device).bfloat16()
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device=device)
+    wgmma.launch_nvfp4_wgmma(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets_of(counts, device),
+                           row_index=row_index, config=config)
+    real = sum(counts)
+    assert (out[real:] == 0).all(), "padding rows must be 0"
+    if real:
+        ref = grouped_f32(x, w, offsets_of(counts, "cpu"), row_index)
+        assert rel_err(out[:real], ref[:real]) < 4e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("limit", [None, 0.5])
+def test_cuda_wgmma_swiglu_and_dense_bias(limit):
+    device = torch.device("cuda")
+    e, i, k = 2, 96, 256
+    plain = random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1))
+    counts = [150, 40]
+    t = sum(counts) + 1
+    x = (torch.randn(t, k, device=device) * 20).bfloat16()
+    out = torch.empty(t, i, dtype=torch.bfloat16, device=device)
+    wi = interleave_gate_up(plain)
+    wgmma.launch_nvfp4_wgmma(x, wi.data, wi.block_scale, wi.global_scale, out,
+                           expert_offsets=offsets_of(counts, device), swiglu=True, swiglu_limit=limit)
+    y = grouped_f32(x, plain, offsets_of(counts, "cpu"))
+    inter = torch.stack((y[:, :i], y[:, i:]), dim=-1).reshape(t, 2 * i)
+    assert rel_err(out[:190], swiglu_reference(inter, limit)[:190]) < 4e-3 and (out[190:] == 0).all()
+    dense = quantize(torch.randn(136, 640) * 0.05, per_row=True).to(device)
+    xd = torch.randn(300, 640, device=device).bfloat16()
+    bias = torch.randn(136, device=device).bfloat16()
+    od = torch.empty(300, 136, dtype=torch.bfloat16, device=device)
+    wgmma.launch_nvfp4_wgmma(xd, dense.data, dense.block_scale, dense.global_scale, od, bias=bias,
+                           config=(128, 128, 128, 8, 1))
+    ref = xd.float().cpu() @ dequantize(dense.to("cpu"), torch.float32).t() + bias.float().cpu()
+    assert rel_err(od, ref) < 4e-3
+
+
+@pytest.mark.cuda
+def test_cuda_wgmma_decode_is_exact():
+    device = torch.device("cuda")
+    n, k = 128, 256
+    codes = torch.arange(n * k) % 16
+    codes = codes[torch.randperm(n * k)]
+    data = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8).reshape(1, n, k // 2)
+    sb = torch.tensor([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0x3F, 0xB8, 0x45, 0x11, 0x02])
+    scale = sb[torch.randint(0, len(sb), (n * k // 16,))].to(torch.uint8).reshape(1, n, k // 16)
+    w = NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), torch.ones(1, 1, 1), (1, n, k)).to(device)
+    out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
+    wgmma.launch_nvfp4_wgmma(torch.eye(k).bfloat16().to(device), w.data, w.block_scale, w.global_scale, out,
+                           expert_offsets=torch.tensor([k], dtype=torch.int32, device=device))
+    torch.testing.assert_close(out.cpu().float(), dequantize(w.to("cpu"), torch.float32)[0].t(), rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+def test_cuda_wgmma_sync_free_and_graph():
+    device = torch.device("cuda")
+    e, n, k, t = 16, 256, 512, 1500
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
+    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    x = torch.randn(t, k, device=device).bfloat16()
+    out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
+
+    def launch():
+        wgmma.launch_nvfp4_wgmma(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets)
+
+    launch()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        launch()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    new_counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
+    offsets.copy_(new_counts.cumsum(0).to(torch.int32))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = out.clone()
+    launch()
+    assert torch.equal(replayed, out)
+    assert rel_err(out, grouped_f32(x, w, offsets)) < 1e-2

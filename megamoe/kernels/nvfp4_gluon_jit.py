@@ -1,0 +1,263 @@
+"""Gluon (Triton's explicit-layout dialect) building blocks of the sm_90 NVFP4 GEMMs.
+
+Shared by ``nvfp4_mma_decode.py`` (decode shapes, ``mma.sync``) and
+``nvfp4_wgmma.py`` (prefill shapes, ``wgmma``): the register layouts, the
+exact FP4 -> bf16 decode straight into the MMA A operand, the matching
+permutation of the activations, and the epilogue.
+
+Why Gluon: a kernel streaming FP4 weights is only fast if decoding them costs
+little per weight. In plain Triton the decoded values come out in a blocked
+layout and the compiler re-packs them into the MMA operand layout (~6.8 SASS
+instructions per weight in ``nvfp4_gemm.py``); here the layouts are chosen so
+that the packed words are *loaded* in the A-operand layout and decoding is the
+only per-weight work (~2.4 instructions).
+
+Register mapping (per 16 weight rows and BLOCK_K K elements per step; the same
+for ``mma.sync.m16n8k16`` and for each warp of a ``wgmma`` warpgroup): lane
+``q = lane % 4`` of a quad owns the contiguous K range ``[q*BLOCK_K/4,
+(q+1)*BLOCK_K/4)`` of rows ``lane // 4`` and ``lane // 4 + 8`` (16-byte loads).
+The MMA's K order is a permutation of memory K (the dot product does not care
+which, as long as both operands use the same one): ``kappa = c0 + 2q + 8c1 +
+16nib + 32i`` for memory ``k = q*BLOCK_K/4 + 8i + 2(2c1 + c0) + nib`` (word
+``i`` of the lane's range, byte ``c`` of the word, nibble ``nib``). With it the
+decode of one 32-bit word (``prmt`` + and/multiply/and per bf16 pair +
+``mul.bf16x2`` by the block scale, exact as in ``nvfp4_jit``) produces exactly
+four A-operand registers, and the activations need one ``prmt`` per register
+to pair (k, k+2), amortised over all weight rows of a warp. A word's 8 K
+elements lie in one 16-element block, so one scale serves the whole word. The
+decoded weights carry a factor ``2**-8`` that :func:`store_epilogue` undoes.
+
+Gluon kernels do not run in the Triton interpreter. :func:`compile_sm90`
+compiles them for sm_90 on any machine (the CPU tests inspect their K loops).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+try:  # Gluon ships with Triton >= 3.5; this code uses its 3.6 API
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    GLUON_AVAILABLE = True
+except ImportError:  # pragma: no cover - older Triton
+    GLUON_AVAILABLE = False
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def gluon_supports(x: torch.Tensor, data: torch.Tensor, block_k: int = 128) -> bool:
+    """Whether the Gluon kernels can run: sm_90 CUDA tensors, K % block_k == 0, 16-byte aligned rows."""
+    if not (GLUON_AVAILABLE and x.is_cuda and _capability(x.device.index or 0)[0] == 9):
+        return False
+    k = 2 * data.shape[-1]
+    return (k % block_k == 0 and x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0
+            and data.is_contiguous() and data.data_ptr() % 16 == 0)
+
+
+POINTER_ARGS = dict(x_ptr="*i32", row_index_ptr="*i32", w_ptr="*i32", scale_ptr="*u8", global_scale_ptr="*fp32",
+                    offsets_ptr="*i32", bias_ptr="*bf16", out_ptr="*bf16")
+ALIGNED_ARGS = list(POINTER_ARGS) + ["N", "K", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_sn",
+                                     "stride_om"]
+
+
+def compile_sm90(kernel, scalars: list, constants: dict, num_warps: int):
+    """Compile a Gluon GEMM kernel of this family for sm_90 without a GPU (for tests and offline SASS).
+
+    ``scalars``: the kernel's i32 arguments (``swiglu_limit`` is fp32); the
+    pointers, N, K and the row strides are specialised as 16-byte aligned, as
+    a launch on aligned tensors specialises them.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature = dict(POINTER_ARGS, **{name: "i32" for name in scalars}, swiglu_limit="fp32",
+                     **{name: "constexpr" for name in constants})
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED_ARGS}
+    source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.constexpr_function
+    def row_bases(BLOCK_N, num_warps):
+        """(register bases, warp bases) of the weight rows: row+8 in a register, 16 rows per warp, repeats."""
+        regs = [8]
+        warps = [16 << w for w in range(num_warps.bit_length() - 1)]
+        r = 16 * num_warps
+        while r < BLOCK_N:
+            regs.append(r)
+            r *= 2
+        return regs, warps
+
+    @gluon.constexpr_function
+    def weight_layout(BLOCK_N, BLOCK_K, num_warps):
+        """(BLOCK_N, BLOCK_K//8) int32 words of packed bytes: lane q of a quad holds BLOCK_K/32 contiguous words."""
+        row_regs, row_warps = row_bases(BLOCK_N, num_warps)
+        regs = [[0, 1 << b] for b in range((BLOCK_K // 32).bit_length() - 1)] + [[r, 0] for r in row_regs]
+        return gl.DistributedLinearLayout(
+            reg_bases=regs, lane_bases=[[0, BLOCK_K // 32], [0, BLOCK_K // 16], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[w, 0] for w in row_warps], block_bases=[], shape=[BLOCK_N, BLOCK_K // 8])
+
+    @gluon.constexpr_function
+    def scale_layout(BLOCK_N, BLOCK_K, num_warps):
+        """(BLOCK_N, BLOCK_K//16) scale bytes, the blocks of the same lane's bytes."""
+        row_regs, row_warps = row_bases(BLOCK_N, num_warps)
+        regs = [[0, 1 << b] for b in range((BLOCK_K // 64).bit_length() - 1)] + [[r, 0] for r in row_regs]
+        return gl.DistributedLinearLayout(
+            reg_bases=regs, lane_bases=[[0, BLOCK_K // 64], [0, BLOCK_K // 32], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[w, 0] for w in row_warps], block_bases=[], shape=[BLOCK_N, BLOCK_K // 16])
+
+    @gluon.constexpr_function
+    def x_operand_layout(BLOCK_M, BLOCK_K, num_warps):
+        """(BLOCK_M, BLOCK_K//2) activation bf16 pairs: token = lane // 4 (+8 per register), lane q's K range."""
+        regs = [[0, 1 << b] for b in range((BLOCK_K // 8).bit_length() - 1)]
+        t = 8
+        while t < BLOCK_M:
+            regs.append([t, 0])
+            t *= 2
+        return gl.DistributedLinearLayout(
+            reg_bases=regs, lane_bases=[[0, BLOCK_K // 8], [0, BLOCK_K // 4], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[0, 0]] * (num_warps.bit_length() - 1), block_bases=[], shape=[BLOCK_M, BLOCK_K // 2])
+
+    @gluon.constexpr_function
+    def x_split_layout(BLOCK_M, BLOCK_K, num_warps):
+        """(BLOCK_M, BLOCK_K//2) activation pairs spread over the warps (for a shared-memory B operand):
+        lane q's K range, token = lane // 4 + 8 * warp (+ 8 * num_warps per register)."""
+        regs = [[0, 1 << b] for b in range((BLOCK_K // 8).bit_length() - 1)]
+        t = 8 * num_warps
+        while t < BLOCK_M:
+            regs.append([t, 0])
+            t *= 2
+        return gl.DistributedLinearLayout(
+            reg_bases=regs, lane_bases=[[0, BLOCK_K // 8], [0, BLOCK_K // 4], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[8 << w, 0] for w in range(num_warps.bit_length() - 1)], block_bases=[],
+            shape=[BLOCK_M, BLOCK_K // 2])
+
+    @gluon.jit
+    def decode_words(packed, factor):
+        """Packed bytes (uint8) x fp32 ``scale * 2**118`` -> (low-nibble, high-nibble) bf16 ``e2m1 * scale * 2**-8``.
+
+        Four bytes (one word, one block scale) per call: ``prmt`` puts bytes
+        (b0, b1) and (b2, b3) in the two 16-bit halves; per half-pair of nibbles
+        an ``and`` isolates them, one integer multiply by ``2**6 + 2**12``
+        (high nibbles: ``2**2 + 2**8``) writes non-overlapping copies so that
+        a second ``and`` leaves the E2M1 magnitude at bf16 bits 6-8 and the sign
+        at bit 15 (``e2m1 * 2**-126``; 0.5 is a bf16 subnormal), and one
+        ``mul.rn.bf16x2`` by the factor gives ``e2m1 * scale * 2**-8`` exactly.
+        Outputs: (lo(b0), lo(b1)), (lo(b2), lo(b3)) and the same for the high nibbles.
+        """
+        return gl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t0, t1, a, s;
+            cvt.rn.bf16x2.f32 s, $5, $5;
+            prmt.b32 t0, $4, 0, 0x7170;
+            prmt.b32 t1, $4, 0, 0x7372;
+            and.b32 a, t0, 0x000F000F;
+            mul.lo.u32 a, a, 4160;
+            and.b32 a, a, 0x81C081C0;
+            mul.rn.bf16x2 $0, a, s;
+            and.b32 a, t1, 0x000F000F;
+            mul.lo.u32 a, a, 4160;
+            and.b32 a, a, 0x81C081C0;
+            mul.rn.bf16x2 $1, a, s;
+            and.b32 a, t0, 0x00F000F0;
+            mul.lo.u32 a, a, 260;
+            and.b32 a, a, 0x81C081C0;
+            mul.rn.bf16x2 $2, a, s;
+            and.b32 a, t1, 0x00F000F0;
+            mul.lo.u32 a, a, 260;
+            and.b32 a, a, 0x81C081C0;
+            mul.rn.bf16x2 $3, a, s;
+            }
+            """,
+            constraints="=r,=r,=r,=r,r,r,r,r,r",
+            args=[packed, factor],
+            dtype=(gl.bfloat16, gl.bfloat16),
+            is_pure=True,
+            pack=4,
+        )
+
+    @gluon.jit
+    def load_weights(w_ptrs, s_ptrs, k0):
+        """Weight words and scale bytes of the step starting at K element ``k0`` (int32 words: the
+        loop carries whole registers, not bytes)."""
+        return gl.load(w_ptrs + k0 // 8), gl.load(s_ptrs + k0 // 16)
+
+    @gluon.jit
+    def word_bytes(words):
+        """(R, C) int32 -> (R, 4C) uint8, little-endian byte order (register moves only)."""
+        b0 = (words & 0xFF).to(gl.uint8)
+        b1 = ((words >> 8) & 0xFF).to(gl.uint8)
+        b2 = ((words >> 16) & 0xFF).to(gl.uint8)
+        b3 = ((words >> 24) & 0xFF).to(gl.uint8)
+        return gl.join(gl.join(b0, b2), gl.join(b1, b3)).reshape([words.shape[0], 4 * words.shape[1]])
+
+    @gluon.jit
+    def pair_halves(pairs):
+        """(R, C) int32 of bf16 pairs -> (R, 2C) bf16 (low half first)."""
+        lo = pairs.to(gl.int16).to(gl.bfloat16, bitcast=True)
+        hi = (pairs >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+        return gl.join(lo, hi).reshape([pairs.shape[0], 2 * pairs.shape[1]])
+
+    @gluon.jit
+    def decode_a_operand(words, scale_bytes, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+        """Weight words (BLOCK_N, BLOCK_K//8) + scale bytes -> the MMA A operand (BLOCK_N, BLOCK_K) bf16
+        ``e2m1 * block_scale * 2**-8`` in MMA K order ``kappa = c0 + 2q + 8c1 + 16nib + 32i``."""
+        # block-scale factor (hardware e4m3 -> f32, exact; 0x7F -> NaN) * 2**118, one per word
+        factor = scale_bytes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 3.3230699894622794e35
+        factor = gl.join(factor, factor).reshape([BLOCK_N, BLOCK_K // 8])
+        factor = gl.join(factor, factor)
+        factor = gl.join(factor, factor).reshape([BLOCK_N, BLOCK_K // 2])
+        packed = word_bytes(words)
+        lo, hi = decode_words(packed, gl.convert_layout(factor, packed.type.layout))
+        w = gl.join(lo, hi).reshape([BLOCK_N, 4, BLOCK_K // 32, 2, 2, 2])  # n, q, i, c1, c0, nib
+        w = w.permute([0, 2, 5, 3, 1, 4]).reshape([BLOCK_N, BLOCK_K])  # n, i, nib, c1, q, c0
+        return gl.convert_layout(w, a_layout)
+
+    @gluon.jit
+    def x_kappa_order(x_pairs, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr):
+        """Activation pairs (BLOCK_M, BLOCK_K//2) int32, memory K order (each quad lane q holding its
+        K range) -> (BLOCK_M, BLOCK_K) bf16 in the MMA K order of :func:`decode_a_operand`."""
+        x = pair_halves(x_pairs).reshape([BLOCK_M, 4, BLOCK_K // 32, 2, 2, 2])  # m, q, i, c1, c0, nib
+        return x.permute([0, 2, 5, 3, 1, 4]).reshape([BLOCK_M, BLOCK_K])
+
+    @gluon.jit
+    def add_i32(a, b):
+        return a + b
+
+    @gluon.jit
+    def store_epilogue(acc, pid_rows, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge, stride_gn,
+                  bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, num_warps: gl.constexpr):
+        """acc (BLOCK_N, BLOCK_M) fp32 (weight rows x token rows) -> out rows pid_rows: global scale, bias, SwiGLU."""
+        epi_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, num_warps], [1, 0])
+        cols = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, epi_layout))
+        col_mask = cols < N
+        gscale = gl.load(global_scale_ptr + expert * stride_ge + gl.minimum(cols, N - 1).to(gl.int64) * stride_gn)
+        result = gl.convert_layout(acc.permute([1, 0]), epi_layout) * (gscale * 256.0)[None, :]
+        if HAS_BIAS:
+            result = result + gl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(gl.float32)[None, :]
+        result = gl.where(is_real, result, 0.0)
+        if SWIGLU:
+            gate, up = gl.split(result.reshape([BLOCK_M, BLOCK_N // 2, 2]))
+            if HAS_LIMIT:
+                gate = gl.minimum(gate, swiglu_limit)
+                up = gl.maximum(gl.minimum(up, swiglu_limit), -swiglu_limit)
+            y = gate / (1.0 + gl.exp(-gate)) * up
+            half_layout: gl.constexpr = y.type.layout
+            half_cols = n_start // 2 + gl.arange(0, BLOCK_N // 2, layout=gl.SliceLayout(0, half_layout))
+            rows = pid_rows + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, half_layout))
+            gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + half_cols[None, :], y.to(gl.bfloat16),
+                     mask=(rows < row_end)[:, None] & (half_cols < N // 2)[None, :])
+        else:
+            rows = pid_rows + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, epi_layout))
+            gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], result.to(gl.bfloat16),
+                     mask=(rows < row_end)[:, None] & col_mask[None, :])

@@ -1,0 +1,229 @@
+"""Prefill-shaped NVFP4 x bf16 GEMMs on Hopper tensor cores (Gluon, ``wgmma``): grouped and dense.
+
+One kernel, one launcher (:func:`launch_nvfp4_wgmma`).
+
+Swap-AB: each program computes ``out^T`` tiles ``W (BLOCK_N weight rows, 16
+per warp) @ x^T (BLOCK_K x BLOCK_M tokens)``. The weight tile is decoded from
+FP4 straight into the wgmma A-operand registers (``nvfp4_gluon_jit.py``:
+decoding is the only per-weight work); the activations are loaded into
+registers one K step ahead, permuted to the MMA's K order, and staged in one of
+two shared-memory buffers (NVMMA 128-byte swizzle) for the B operand. The wgmma
+is synchronous: an overlapped variant (decode of step i+1 while step i's wgmma
+runs, A registers pinned through ``warpgroup_mma_wait``) was slower at 255
+registers (benchmarks/results/gemm_v7c_wgmma_overlap.md).
+
+Persistent grouped schedule without host syncs (as ``nvfp4_gemm.py``): every
+program reads ``expert_offsets`` once, builds per-expert m-tile counts and
+their prefix sum in registers, and walks work items (m-tile major, n-tile
+minor) ``pid, pid + P, ...``; rows at or beyond ``offsets[E-1]`` form a
+pseudo-expert whose tiles store zeros. Sync-free and CUDA-graph capturable.
+
+Requirements: as the decode kernel (``gluon_supports``), and BLOCK_N = 16 *
+num_warps, BLOCK_M >= 8 * num_warps.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from .nvfp4_gemm import _num_sms, global_scale_strides
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90
+from .nvfp4_mma_decode import MMA_DECODE_MAX_ROWS_PER_EXPERT
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+    from .nvfp4_gluon_jit import (
+        add_i32,
+        decode_a_operand,
+        load_weights,
+        scale_layout,
+        store_epilogue,
+        weight_layout,
+        x_kappa_order,
+        x_split_layout,
+    )
+
+# (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows = 16 * num_warps, BLOCK_K, num_warps, programs per SM).
+# H100 sweep (benchmarks/results/gemm_v7_wgmma.md): best at 4096 tokens of top-8 / 256 experts (128 rows
+# per expert); BLOCK_M = 256 spills registers.
+WGMMA_CONFIG = (128, 128, 128, 8, 1)
+# Routing (megamoe/ops/gemm.py): grouped GEMMs with more rows per expert than the decode kernel takes and
+# at most this many. Measured faster than the Triton tensor-core kernel at 128 rows per expert (gate_up
+# 7380 vs 8704 us), slower at 512 (gate_up 23851 vs 23515, down 14103 vs 11501); NOTES_gemm.md has the
+# points in between.
+WGMMA_MAX_ROWS_PER_EXPERT = 256
+
+
+def wgmma_preferred(num_rows: int, num_experts: int | None) -> bool:
+    """Host-shape rule: grouped, between the decode kernel's bound and WGMMA_MAX_ROWS_PER_EXPERT."""
+    if num_experts is None:
+        return False
+    return MMA_DECODE_MAX_ROWS_PER_EXPERT * num_experts < num_rows <= WGMMA_MAX_ROWS_PER_EXPERT * num_experts
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit(do_not_specialize=["num_rows", "num_programs"])
+    def _nvfp4_wgmma_kernel(
+        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr,
+        num_rows, N, K, num_experts, swiglu_limit, num_programs,
+        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
+        GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
+        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """Prefill-shaped NVFP4 GEMM: weight tile decoded into wgmma A registers, x^T tile through shared memory."""
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BLOCK_M, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
+        s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
+        x_layout: gl.constexpr = x_split_layout(BLOCK_M, BLOCK_K, num_warps)
+        # two activation buffers, alternating by K step (one barrier per step)
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, BLOCK_K],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+
+        n_tiles = (N + BLOCK_N - 1) // BLOCK_N
+        if GROUPED:
+            # per-"expert" row ranges; lane E is the padding pseudo-expert [offsets[E-1], T)
+            lane = gl.arange(0, BLOCK_E, layout=lane_layout)
+            ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
+            prev = gl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
+            starts = gl.where(lane > num_experts, num_rows, prev)
+            ends = gl.minimum(gl.maximum(ends, 0), num_rows)
+            starts = gl.minimum(gl.maximum(starts, 0), num_rows)
+            tiles = (gl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
+            tile_ends = gl.associative_scan(tiles, 0, add_i32)
+            total_tiles = gl.sum(tiles, axis=0)
+        else:
+            total_tiles = (num_rows + BLOCK_M - 1) // BLOCK_M
+        total_work = total_tiles * n_tiles
+
+        w_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, w_layout))
+        s_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_layout))
+        x_cols = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
+        k_tiles = K // BLOCK_K
+        # persistent loop over work items (m-tile major, n-tile minor: programs running together
+        # share an expert's m-tile, so its activations and weights stay in L2)
+        work = gl.program_id(0)
+        while work < total_work:
+            tile = work // n_tiles
+            n_start = (work % n_tiles) * BLOCK_N
+            if GROUPED:
+                expert = gl.sum((tile_ends <= tile).to(gl.int32), axis=0)
+                here = lane == expert
+                first_tile = gl.sum(gl.where(here, tile_ends - tiles, 0), axis=0)
+                row_start = gl.sum(gl.where(here, starts, 0), axis=0) + (tile - first_tile) * BLOCK_M
+                row_end = gl.sum(gl.where(here, ends, 0), axis=0)
+                is_real = expert < num_experts
+                expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
+            else:
+                row_start = tile * BLOCK_M
+                row_end = num_rows
+                is_real = row_start >= 0
+                expert_c = 0
+            w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout)), N - 1)
+            w_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + w_cols[None, :]
+            s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)), N - 1)
+            s_ptrs = scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
+            rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
+            row_mask = rows < row_end
+            if HAS_ROW_INDEX:
+                src_rows = gl.load(row_index_ptr + rows, mask=row_mask, other=0).to(gl.int64)
+            else:
+                src_rows = rows.to(gl.int64)
+            x_ptrs = x_ptr + src_rows[:, None] * stride_xm + x_cols[None, :]
+            x_mask = row_mask[:, None]
+            k_steps = gl.where(is_real, k_tiles, 0)
+            last = gl.maximum(k_steps - 1, 0) * BLOCK_K
+            acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+            words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+            x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+            for step in range(0, k_steps):
+                nxt = gl.minimum((step + 1) * BLOCK_K, last)
+                words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+                x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+                a = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)
+                # buffer i % 2 was last read by the (synchronous) wgmma of step i-2, which every
+                # warpgroup finished before the barrier of step i-1
+                buf = x_smem.index(step % 2)
+                buf.store(x_kappa_order(x_pairs, BLOCK_M, BLOCK_K))
+                fence_async_shared()
+                gl.thread_barrier()
+                acc = warpgroup_mma(a, buf.permute([1, 0]), acc)
+                words, scale_bytes, x_pairs = words_n, scale_n, x_next
+            store_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
+                      stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU,
+                      HAS_LIMIT, num_warps)
+            work += num_programs
+
+
+def compile_for_sm90(config=WGMMA_CONFIG, *, grouped=True, row_index=True, bias=False, swiglu=False,
+                     swiglu_limit=True):
+    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
+    block_m, block_n, block_k, num_warps, _ = config
+    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "stride_xm", "stride_we", "stride_wn",
+               "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=512, GROUPED=grouped,
+                     HAS_ROW_INDEX=row_index, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=swiglu_limit,
+                     num_warps=num_warps)
+    return compile_sm90(_nvfp4_wgmma_kernel, scalars, constants, num_warps)
+
+
+def launch_nvfp4_wgmma(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    block_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    expert_offsets: torch.Tensor | None = None,
+    row_index: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    swiglu: bool = False,
+    swiglu_limit: float | None = None,
+    interpreter: bool = False,
+    config=None,
+) -> torch.Tensor:
+    """Launch the prefill-shaped Gluon wgmma NVFP4 GEMM (same contract as
+    :func:`megamoe.kernels.nvfp4_mma_decode.launch_nvfp4_mma_decode`).
+
+    Persistent grid of ``min(work upper bound, SMs * programs_per_sm)`` programs
+    over (m-tile, n-tile) work items; the work count is only known on the device.
+    ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm).
+    """
+    if interpreter:
+        raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
+    grouped = expert_offsets is not None
+    num_rows = out.shape[0]
+    n, k = data.shape[-2], 2 * data.shape[-1]
+    num_experts = data.shape[0] if grouped else 1
+    if num_rows == 0 or n == 0:
+        return out
+    block_m, block_n, block_k, num_warps, per_sm = config or WGMMA_CONFIG
+    if k % block_k:
+        raise ValueError(f"data: K={k} must be a multiple of BLOCK_K={block_k} for this kernel")
+    if block_n != 16 * num_warps:
+        raise ValueError(f"config: BLOCK_N={block_n} must be 16 * num_warps={16 * num_warps}")
+    m_tiles_bound = triton.cdiv(num_rows, block_m) + (num_experts + 1 if grouped else 0)
+    work_bound = m_tiles_bound * triton.cdiv(n, block_n)
+    programs = min(work_bound, _num_sms(x.device.index or 0) * per_sm)
+    stride_ge, stride_gn = global_scale_strides(global_scale, grouped)
+    scale_u8 = block_scale.view(torch.uint8)
+    x32, data32 = x.view(torch.int32), data.view(torch.int32)
+    _nvfp4_wgmma_kernel[(programs,)](
+        x32, row_index if row_index is not None else x32, data32, scale_u8, global_scale,
+        expert_offsets if grouped else x32, bias if bias is not None else x, out,
+        num_rows, n, k, num_experts, float(swiglu_limit) if swiglu_limit is not None else 0.0, programs,
+        x32.stride(0), data32.stride(0) if grouped else 0, data32.stride(-2),
+        scale_u8.stride(0) if grouped else 0, scale_u8.stride(-2), stride_ge, stride_gn, out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
+        GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
+        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, num_warps=num_warps,
+    )
+    return out

@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
 HBM_BYTES_PER_S = 3.0e12
 BF16_FLOPS = 749e12
 
@@ -67,14 +69,15 @@ def _graph(fn, static_in):
     return g, out
 
 
-def bench_config(config, token_counts, progress, seed=0):
+def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=None):
     import triton.testing
 
     from megamoe.layers.moe import DISPATCH_KERNEL_MAX_PAIRS, Nvfp4MoE
     from megamoe.ops import moe as moe_ops
 
     max_tokens = max(token_counts)
-    layer = Nvfp4MoE.random(config, seed=seed, max_num_tokens=max_tokens, device="cuda")
+    layer = Nvfp4MoE.random(config, seed=seed, max_num_tokens=max_tokens, device="cuda",
+                            fuse_shared_max_tokens=fuse_shared_max_tokens)
     bf16_forward = _bf16_layer(layer)
     rows = []
     c = config
@@ -207,6 +210,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="1,8,64,512,4096")
     p.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     p.add_argument("--tag", default="moe_v1")
+    p.add_argument("--fuse-shared-max-tokens", type=int, default=None,
+                   help="run the shared expert inside the routed GEMMs up to this many tokens (default: the layer's)")
     args = p.parse_args(argv)
     return run(args, command="python " + " ".join([os.path.relpath(__file__)] + (argv or sys.argv[1:])))
 
@@ -234,7 +239,8 @@ def run(args, command: str) -> int:
         progress = _Plain()
     rows = []
     for config in configs:
-        rows += bench_config(config, token_counts, progress)
+        rows += bench_config(config, token_counts, progress,
+                             fuse_shared_max_tokens=getattr(args, "fuse_shared_max_tokens", None))
         path = write_results(rows, args.out_dir, args.tag, command)  # after each config: partial results survive
     progress.close()
     print(open(path).read())

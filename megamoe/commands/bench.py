@@ -15,6 +15,8 @@ def register(subparsers) -> None:
     p.add_argument("--tokens", default="1,8,64,512,4096", help="comma-separated token counts")
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
     p.add_argument("--tag", default="moe_v1")
+    p.add_argument("--fuse-shared-max-tokens", type=int, default=None,
+                   help="run the shared expert inside the routed GEMMs up to this many tokens (default: the layer's)")
     p.set_defaults(func=main)
 
 

@@ -233,31 +233,57 @@ if GLUON_AVAILABLE:
     def add_i32(a, b):
         return a + b
 
+    @gluon.constexpr_function
+    def row_pairs_in_registers(layout):
+        """``layout`` (a linear MMA accumulator layout over (weight rows, tokens)) with weight-row bit 0,
+        held by lane bit 2, exchanged for row bit 3 (a register bit) and made the first register bit:
+        gate/up rows 2j, 2j+1 land in one thread, and the conversion is one warp shuffle exchange."""
+        regs = [list(b) for b in layout.reg_bases]
+        lanes = [list(b) for b in layout.lane_bases]
+        i, j = regs.index([8, 0]), lanes.index([1, 0])
+        regs[i], lanes[j] = lanes[j], regs[i]
+        regs.insert(0, regs.pop(i))
+        return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=layout.warp_bases,
+                                          block_bases=layout.block_bases, shape=layout.shape)
+
     @gluon.jit
     def store_epilogue(acc, pid_rows, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge, stride_gn,
-                  bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, num_warps: gl.constexpr):
-        """acc (BLOCK_N, BLOCK_M) fp32 (weight rows x token rows) -> out rows pid_rows: global scale, bias, SwiGLU."""
-        epi_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, num_warps], [1, 0])
-        cols = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, epi_layout))
-        col_mask = cols < N
-        gscale = gl.load(global_scale_ptr + expert * stride_ge + gl.minimum(cols, N - 1).to(gl.int64) * stride_gn)
-        result = gl.convert_layout(acc.permute([1, 0]), epi_layout) * (gscale * 256.0)[None, :]
-        if HAS_BIAS:
-            result = result + gl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(gl.float32)[None, :]
-        result = gl.where(is_real, result, 0.0)
+                       bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr,
+                       num_warps: gl.constexpr):
+        """acc (BLOCK_N, BLOCK_M) fp32 (weight rows x token rows) -> out rows pid_rows..: global scale
+        (times 2**8: the decoded weights carry 2**-8), bias, SwiGLU; zeros where ``is_real`` is false."""
         if SWIGLU:
-            gate, up = gl.split(result.reshape([BLOCK_M, BLOCK_N // 2, 2]))
+            # stay in the MMA layout (a full layout conversion of the tile through shared memory
+            # spilled registers): one shuffle exchange puts rows 2j, 2j+1 in the same thread
+            pair_layout: gl.constexpr = row_pairs_in_registers(gl.to_linear_layout(acc.type.layout,
+                                                                                   [BLOCK_N, BLOCK_M]))
+            result = gl.convert_layout(acc, pair_layout)
+            wrows = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pair_layout))
+            gscale = gl.load(global_scale_ptr + expert * stride_ge + gl.minimum(wrows, N - 1).to(gl.int64) * stride_gn)
+            result = result * (gscale * 256.0)[:, None]
+            if HAS_BIAS:
+                result = result + gl.load(bias_ptr + wrows, mask=wrows < N, other=0.0).to(gl.float32)[:, None]
+            result = gl.where(is_real, result, 0.0)
+            gate, up = gl.split(result.reshape([BLOCK_N // 2, 2, BLOCK_M]).permute([0, 2, 1]))
             if HAS_LIMIT:
                 gate = gl.minimum(gate, swiglu_limit)
                 up = gl.maximum(gl.minimum(up, swiglu_limit), -swiglu_limit)
-            y = gate / (1.0 + gl.exp(-gate)) * up
+            y = gate / (1.0 + gl.exp(-gate)) * up  # (BLOCK_N // 2, BLOCK_M)
             half_layout: gl.constexpr = y.type.layout
-            half_cols = n_start // 2 + gl.arange(0, BLOCK_N // 2, layout=gl.SliceLayout(0, half_layout))
-            rows = pid_rows + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, half_layout))
-            gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + half_cols[None, :], y.to(gl.bfloat16),
-                     mask=(rows < row_end)[:, None] & (half_cols < N // 2)[None, :])
+            half_cols = n_start // 2 + gl.arange(0, BLOCK_N // 2, layout=gl.SliceLayout(1, half_layout))
+            rows = pid_rows + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, half_layout))
+            gl.store(out_ptr + rows.to(gl.int64)[None, :] * stride_om + half_cols[:, None], y.to(gl.bfloat16),
+                     mask=(rows < row_end)[None, :] & (half_cols < N // 2)[:, None])
         else:
+            epi_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, num_warps], [1, 0])
+            cols = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, epi_layout))
+            col_mask = cols < N
+            gscale = gl.load(global_scale_ptr + expert * stride_ge + gl.minimum(cols, N - 1).to(gl.int64) * stride_gn)
+            result = gl.convert_layout(acc.permute([1, 0]), epi_layout) * (gscale * 256.0)[None, :]
+            if HAS_BIAS:
+                result = result + gl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(gl.float32)[None, :]
+            result = gl.where(is_real, result, 0.0)
             rows = pid_rows + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, epi_layout))
             gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], result.to(gl.bfloat16),
                      mask=(rows < row_end)[:, None] & col_mask[None, :])

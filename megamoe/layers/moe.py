@@ -169,11 +169,13 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
     return NVFP4Tensor(t.data.unsqueeze(0), t.block_scale.unsqueeze(0), gs, (1,) + tuple(t.shape))
 
 
-# Fused shared expert only up to this many tokens. H100, DeepSeek-V4-Flash dims, graph replay
-# (benchmarks/results/moe_v1.md = separate, moe_v2.md = always fused): 1 token 153.7 -> 137.3 us (fused better);
-# 8 tokens 412.4 -> 493.4 us and 64 tokens 1890 -> 2540 us (fused worse: the shared group's T rows are tiled with
-# the routed experts' small decode tiles, so its weights are decoded once per 16-row tile).
-FUSE_SHARED_MAX_TOKENS = 4
+# Fused shared expert only up to this many tokens. H100, graph replay, with the Gluon decode kernel
+# (benchmarks/results/moe_v5_fuse0*.md = separate, moe_v5_fuse64*.md = always fused), guide / V4-Flash dims:
+# 1 token 181.8 -> 141.9 / 123.5 -> 90.0 us and 8 tokens 651.3 -> 608.2 / 354.6 -> 309.6 us (fused better);
+# 16 tokens equal (1046 vs 1042 / 554.5 vs 556.6); 32 tokens 1579 -> 1679 / 831 -> 934 and 64 tokens
+# 2087 -> 2317 / 1145 -> 1351 us (fused worse: the shared group's T rows loop over 8-row MMA tiles, each
+# streaming its weights again).
+FUSE_SHARED_MAX_TOKENS = 16
 # "auto" dispatch uses the single-program Triton kernel (megamoe/kernels/moe_dispatch.py) up to this many
 # (token, slot) pairs and the torch sort path above (the kernel is serial over 32-pair chunks).
 DISPATCH_KERNEL_MAX_PAIRS = 512

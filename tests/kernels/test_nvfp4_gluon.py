@@ -181,15 +181,17 @@ def test_cuda_row_index_per_row_scale(config):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("limit", [None, 0.5])
-def test_cuda_swiglu(limit):
+@pytest.mark.parametrize("config", CONFIGS)
+def test_cuda_swiglu(limit, config):
     device = torch.device("cuda")
     e, i, k = 2, 96, 256
     plain = random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1))
     counts = [3, 12]
     t = sum(counts) + 1
     x = (torch.randn(t, k, device=device) * 20).bfloat16()
-    out = torch.empty(t, i, dtype=torch.bfloat16, device=device)
-    _launch(x, interleave_gate_up(plain), out, offsets_of(counts, device), swiglu=True, swiglu_limit=limit)
+    out = torch.full((t, i), float("nan"), dtype=torch.bfloat16, device=device)
+    _launch(x, interleave_gate_up(plain), out, offsets_of(counts, device), swiglu=True, swiglu_limit=limit,
+            config=config)
     y = grouped_f32(x, plain, offsets_of(counts, "cpu"))
     inter = torch.stack((y[:, :i], y[:, i:]), dim=-1).reshape(t, 2 * i)
     if limit is not None:

@@ -80,6 +80,15 @@ MMA_CANDIDATES = [
     (32, 128, 128, 4),
 ]
 MMA_MAX_TOKENS = 512  # the Gluon decode kernel is timed up to this many tokens
+# dense (nvfp4_linear) decode shapes: more, smaller programs (a dense GEMM has only N / BLOCK_N of them)
+MMA_DENSE_CANDIDATES = [
+    (8, 128, 256, 4),
+    (8, 64, 256, 4),
+    (8, 32, 256, 2),
+    (8, 16, 256, 1),
+    (8, 16, 128, 1),
+    (16, 32, 256, 2),
+]
 # Gluon wgmma (prefill) kernel candidates for --wgmma-tune: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs per SM)
 WGMMA_CANDIDATES = [
     (128, 128, 128, 8, 1),
@@ -367,6 +376,9 @@ def run_dense(args):
                 gemv_us=bench(lambda: gemv.launch_nvfp4_gemv(next_x(), data, sb, w.global_scale, out), args.rep_ms),
                 mma_us=bench(lambda: mma.launch_nvfp4_mma_decode(next_x(), data, sb, w.global_scale, out),
                              args.rep_ms),
+                mma_sweep={str(cfg): bench(lambda cfg=cfg: mma.launch_nvfp4_mma_decode(
+                    next_x(), data, sb, w.global_scale, out, config=cfg), args.rep_ms)
+                    for cfg in (MMA_DENSE_CANDIDATES if args.mma_tune else [])},
                 op_us=bench(lambda: nvfp4_linear(next_x(), w, out=out), args.rep_ms),
                 bf16_us=bench(lambda: torch.nn.functional.linear(next_x(), w_bf16), args.rep_ms),
                 route=decode_route(xs[0], data, m, None, n, k),
@@ -442,12 +454,14 @@ def write_markdown(result, path):
                 f"| {r['wgmma_rel_err_vs_bf16_path']:.1e} |")
     if result.get("dense"):
         lines += ["", "## Dense decode (nvfp4_linear): the kernels called directly", "",
-                  "| N | K | M | tensor-core us | gemv us | mma us | op us | bf16 F.linear us | HBM roofline us "
-                  "| gemv % of roofline | gemv rel err vs bf16 | op routes to |", "|" + "---|" * 12]
+                  "| N | K | M | tensor-core us | gemv us | mma us | mma sweep us (config) | op us | bf16 F.linear us "
+                  "| HBM roofline us | gemv % of roofline | gemv rel err vs bf16 | op routes to |", "|" + "---|" * 13]
         for r in result["dense"]:
             lines.append(
                 f"| {r['n']} | {r['k']} | {r['m']} | {r['tc_us']:.1f} | {r['gemv_us']:.1f} "
-                f"| {r.get('mma_us', float('nan')):.1f} | {r['op_us']:.1f} "
+                f"| {r.get('mma_us', float('nan')):.1f} "
+                f"| {', '.join(f'{us:.1f} {cfg}' for cfg, us in r.get('mma_sweep', {}).items()) or '-'} "
+                f"| {r['op_us']:.1f} "
                 f"| {r['bf16_us']:.1f} | {r['hbm_roofline_us']:.1f} | {100 * r['hbm_roofline_us'] / r['gemv_us']:.0f}% "
                 f"| {r['gemv_rel_err_vs_bf16']:.1e} | {r['route']} |")
     if result.get("tuning"):

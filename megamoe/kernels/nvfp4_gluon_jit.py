@@ -66,21 +66,52 @@ ALIGNED_ARGS = list(POINTER_ARGS) + ["N", "K", "stride_xm", "stride_we", "stride
                                      "stride_om"]
 
 
-def compile_sm90(kernel, scalars: list, constants: dict, num_warps: int):
+def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, grouped=True, row_index=True,
+                 bias=False, swiglu=False, swiglu_limit=True):
     """Compile a Gluon GEMM kernel of this family for sm_90 without a GPU (for tests and offline SASS).
 
-    ``scalars``: the kernel's i32 arguments (``swiglu_limit`` is fp32); the
-    pointers, N, K and the row strides are specialised as 16-byte aligned, as
-    a launch on aligned tensors specialises them.
+    ``scalars``: the kernel's i32 arguments (``swiglu_limit`` is fp32);
+    ``block_sizes``: (BLOCK_M, BLOCK_N, BLOCK_K). The pointers, N, K and the
+    row strides are specialised as 16-byte aligned, as a launch on aligned
+    tensors specialises them.
     """
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    block_m, block_n, block_k = block_sizes
+    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=512, GROUPED=grouped,
+                     HAS_ROW_INDEX=row_index, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=swiglu_limit,
+                     num_warps=num_warps)
     signature = dict(POINTER_ARGS, **{name: "i32" for name in scalars}, swiglu_limit="fp32",
                      **{name: "constexpr" for name in constants})
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED_ARGS}
     source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def kernel_arguments(x, data, block_scale, global_scale, out, *, expert_offsets, row_index, bias, swiglu,
+                     swiglu_limit):
+    """The shared launch arguments of the Gluon GEMM kernels: (head, strides, flags).
+
+    ``kernel[grid](*head, [num_programs,] *strides, BLOCK_..., **flags)``: x and
+    the packed weights as int32 words (bf16 pairs, 4 packed bytes), scale bytes
+    as uint8; unused pointers alias x (never read).
+    """
+    from .nvfp4_gemm import global_scale_strides
+
+    grouped = expert_offsets is not None
+    x32, data32 = x.view(torch.int32), data.view(torch.int32)
+    scale_u8 = block_scale.view(torch.uint8)
+    stride_ge, stride_gn = global_scale_strides(global_scale, grouped)
+    head = (x32, row_index if row_index is not None else x32, data32, scale_u8, global_scale,
+            expert_offsets if grouped else x32, bias if bias is not None else x, out,
+            out.shape[0], data.shape[-2], 2 * data.shape[-1], data.shape[0] if grouped else 1,
+            float(swiglu_limit) if swiglu_limit is not None else 0.0)
+    strides = (x32.stride(0), data32.stride(0) if grouped else 0, data32.stride(-2),
+               scale_u8.stride(0) if grouped else 0, scale_u8.stride(-2), stride_ge, stride_gn, out.stride(0))
+    flags = dict(GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
+                 SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None)
+    return head, strides, flags
 
 
 if GLUON_AVAILABLE:

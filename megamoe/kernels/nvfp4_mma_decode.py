@@ -36,8 +36,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .nvfp4_gemm import global_scale_strides
-from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -201,13 +200,10 @@ if GLUON_AVAILABLE:
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
                      swiglu_limit=True):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
-    block_m, block_n, block_k, num_warps = config
     scalars = ["num_rows", "N", "K", "num_experts", "stride_xm", "stride_we", "stride_wn", "stride_se",
                "stride_sn", "stride_ge", "stride_gn", "stride_om"]
-    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=512, GROUPED=grouped,
-                     HAS_ROW_INDEX=row_index, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=swiglu_limit,
-                     num_warps=num_warps)
-    return compile_sm90(_nvfp4_mma_decode_kernel, scalars, constants, num_warps)
+    return compile_sm90(_nvfp4_mma_decode_kernel, scalars, config[:3], config[3], grouped=grouped,
+                        row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
 
 
 def launch_nvfp4_mma_decode(
@@ -245,19 +241,11 @@ def launch_nvfp4_mma_decode(
     if k % block_k:
         raise ValueError(f"data: K={k} must be a multiple of BLOCK_K={block_k} for this kernel")
     slots = min(num_experts, num_rows) + 1 if grouped else 1
-    stride_ge, stride_gn = global_scale_strides(global_scale, grouped)
-    scale_u8 = block_scale.view(torch.uint8)
-    x32 = x.view(torch.int32)  # bf16 pairs
-    data32 = data.view(torch.int32)  # 4 packed bytes = 8 K elements per word
+    head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
+                                            row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
     _nvfp4_mma_decode_kernel[(triton.cdiv(n, block_n), slots)](
-        x32, row_index if row_index is not None else x32, data32, scale_u8, global_scale,
-        expert_offsets if grouped else x32, bias if bias is not None else x, out,
-        num_rows, n, k, num_experts, float(swiglu_limit) if swiglu_limit is not None else 0.0,
-        x32.stride(0), data32.stride(0) if grouped else 0, data32.stride(-2),
-        scale_u8.stride(0) if grouped else 0, scale_u8.stride(-2), stride_ge, stride_gn, out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        *head, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts)) if grouped else 32 * num_warps,
-        GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
-        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, num_warps=num_warps,
+        num_warps=num_warps, **flags,
     )
     return out

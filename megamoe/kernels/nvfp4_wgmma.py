@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from .nvfp4_gemm import _num_sms, global_scale_strides
-from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90
+from .nvfp4_gemm import _num_sms
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
 from .nvfp4_mma_decode import MMA_DECODE_MAX_ROWS_PER_EXPERT
 
 if GLUON_AVAILABLE:
@@ -164,13 +164,10 @@ if GLUON_AVAILABLE:
 def compile_for_sm90(config=WGMMA_CONFIG, *, grouped=True, row_index=True, bias=False, swiglu=False,
                      swiglu_limit=True):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
-    block_m, block_n, block_k, num_warps, _ = config
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "stride_xm", "stride_we", "stride_wn",
                "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
-    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=512, GROUPED=grouped,
-                     HAS_ROW_INDEX=row_index, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=swiglu_limit,
-                     num_warps=num_warps)
-    return compile_sm90(_nvfp4_wgmma_kernel, scalars, constants, num_warps)
+    return compile_sm90(_nvfp4_wgmma_kernel, scalars, config[:3], config[3], grouped=grouped,
+                        row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
 
 
 def launch_nvfp4_wgmma(
@@ -211,18 +208,11 @@ def launch_nvfp4_wgmma(
     m_tiles_bound = triton.cdiv(num_rows, block_m) + (num_experts + 1 if grouped else 0)
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
     programs = min(work_bound, _num_sms(x.device.index or 0) * per_sm)
-    stride_ge, stride_gn = global_scale_strides(global_scale, grouped)
-    scale_u8 = block_scale.view(torch.uint8)
-    x32, data32 = x.view(torch.int32), data.view(torch.int32)
+    head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
+                                            row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
     _nvfp4_wgmma_kernel[(programs,)](
-        x32, row_index if row_index is not None else x32, data32, scale_u8, global_scale,
-        expert_offsets if grouped else x32, bias if bias is not None else x, out,
-        num_rows, n, k, num_experts, float(swiglu_limit) if swiglu_limit is not None else 0.0, programs,
-        x32.stride(0), data32.stride(0) if grouped else 0, data32.stride(-2),
-        scale_u8.stride(0) if grouped else 0, scale_u8.stride(-2), stride_ge, stride_gn, out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        *head, programs, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
-        GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
-        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, num_warps=num_warps,
+        num_warps=num_warps, **flags,
     )
     return out

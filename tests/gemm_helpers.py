@@ -39,3 +39,38 @@ def grouped_f32(x, weight: NVFP4Tensor, offsets, row_index=None) -> torch.Tensor
         y[start:end] = xs[start:end] @ w[e].t()
         start = max(start, end)
     return y
+
+
+def every_code_weight(n: int, k: int, device) -> NVFP4Tensor:
+    """(1, n, k) NVFP4 weight holding every E2M1 code in shuffled order, with awkward block-scale bytes
+    (zero, subnormal, negative, the largest finite) and global scale 1: for bit-exact decode tests."""
+    codes = torch.arange(n * k) % 16
+    codes = codes[torch.randperm(n * k)]
+    data = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8).reshape(1, n, k // 2)
+    sb = torch.tensor([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0x3F, 0xB8, 0x45, 0x11, 0x02])
+    scale = sb[torch.randint(0, len(sb), (n * k // 16,))].to(torch.uint8).reshape(1, n, k // 16)
+    return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), torch.ones(1, 1, 1), (1, n, k)).to(device)
+
+
+def check_sync_free_and_graph(launch, x, offsets, num_rows: int) -> torch.Tensor:
+    """CUDA checks of a grouped-GEMM launch: ``launch()`` (returning its output buffer, computed from ``x``
+    and ``offsets``) runs without host syncs (sync debug mode "error"), is captured in a CUDA graph, ``x``
+    and the routing (``num_rows`` rows over ``len(offsets)`` experts) are rewritten in place, and the replay
+    must equal an eager launch bit for bit. Returns the new per-expert row counts."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        launch()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = launch()
+    new_counts = torch.bincount(torch.randint(0, offsets.shape[0], (num_rows,)), minlength=offsets.shape[0])
+    offsets.copy_(new_counts.cumsum(0).to(torch.int32))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = out.clone()
+    assert torch.equal(replayed, launch()), "CUDA-graph replay differs from eager"
+    return new_counts

@@ -8,7 +8,7 @@ the production configs, the no-host-sync check and CUDA-graph capture/replay.
 import pytest
 import torch
 
-from gemm_helpers import grouped_f32, offsets_of, random_weight, rel_err
+from gemm_helpers import check_sync_free_and_graph, grouped_f32, offsets_of, random_weight, rel_err
 from megamoe.format.tensor import NVFP4Tensor
 from megamoe.kernels.nvfp4_gemv import launch_nvfp4_gemv
 from megamoe.ops._dispatch import use_triton
@@ -123,23 +123,7 @@ def test_cuda_moe_shapes_and_graph(tokens):
     _launch(x, w, out, offsets)
     assert rel_err(out[:t], _grouped_f32(x, w, counts.tolist())[:t]) < 1e-2
     assert (out[t:] == 0).all()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        _launch(x, w, out, offsets)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _launch(x, w, out, offsets)
-    new_counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets.copy_(new_counts.cumsum(0).to(torch.int32))
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    replayed = out.clone()
-    _launch(x, w, out, offsets)
-    assert torch.equal(replayed, out)
+    new_counts = check_sync_free_and_graph(lambda: _launch(x, w, out, offsets), x, offsets, t)
     assert rel_err(out[:t], _grouped_f32(x, w, new_counts.tolist())[:t]) < 1e-2
 
 

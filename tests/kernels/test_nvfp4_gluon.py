@@ -20,8 +20,14 @@ import sys
 import pytest
 import torch
 
-from gemm_helpers import grouped_f32, offsets_of, random_weight, rel_err
-from megamoe.format.tensor import NVFP4Tensor
+from gemm_helpers import (
+    check_sync_free_and_graph,
+    every_code_weight,
+    grouped_f32,
+    offsets_of,
+    random_weight,
+    rel_err,
+)
 from megamoe.kernels import nvfp4_mma_decode as mma
 from megamoe.kernels import nvfp4_wgmma as wgmma
 from megamoe.kernels.nvfp4_gluon_jit import GLUON_AVAILABLE, gluon_supports
@@ -224,12 +230,7 @@ def test_cuda_decode_is_exact(config):
     """x = identity rows, global scale 1: out = the decoded weight bit for bit (every code, odd scales)."""
     device = torch.device("cuda")
     n, k = 32, 256
-    codes = torch.arange(n * k) % 16
-    codes = codes[torch.randperm(n * k)]
-    data = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8).reshape(1, n, k // 2)
-    sb = torch.tensor([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0x3F, 0xB8, 0x45, 0x11, 0x02])
-    scale = sb[torch.randint(0, len(sb), (n * k // 16,))].to(torch.uint8).reshape(1, n, k // 16)
-    w = NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), torch.ones(1, 1, 1), (1, n, k)).to(device)
+    w = every_code_weight(n, k, device)
     out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
     _launch(torch.eye(k).bfloat16().to(device), w, out, torch.tensor([k], dtype=torch.int32, device=device),
             config=config)
@@ -251,23 +252,7 @@ def test_cuda_moe_shapes_sync_free_and_graph(tokens):
     _launch(x, w, out, offsets)
     assert rel_err(out[:t], grouped_f32(x, w, offsets)[:t]) < 1e-2
     assert (out[t:] == 0).all()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        _launch(x, w, out, offsets)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _launch(x, w, out, offsets)
-    new_counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets.copy_(new_counts.cumsum(0).to(torch.int32))
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    replayed = out.clone()
-    _launch(x, w, out, offsets)
-    assert torch.equal(replayed, out)
+    check_sync_free_and_graph(lambda: _launch(x, w, out, offsets), x, offsets, t)
     assert rel_err(out[:t], grouped_f32(x, w, offsets)[:t]) < 1e-2
 
 
@@ -326,12 +311,7 @@ def test_cuda_wgmma_swiglu_and_dense_bias(limit):
 def test_cuda_wgmma_decode_is_exact():
     device = torch.device("cuda")
     n, k = 128, 256
-    codes = torch.arange(n * k) % 16
-    codes = codes[torch.randperm(n * k)]
-    data = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8).reshape(1, n, k // 2)
-    sb = torch.tensor([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0x3F, 0xB8, 0x45, 0x11, 0x02])
-    scale = sb[torch.randint(0, len(sb), (n * k // 16,))].to(torch.uint8).reshape(1, n, k // 16)
-    w = NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), torch.ones(1, 1, 1), (1, n, k)).to(device)
+    w = every_code_weight(n, k, device)
     out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
     wgmma.launch_nvfp4_wgmma(torch.eye(k).bfloat16().to(device), w.data, w.block_scale, w.global_scale, out,
                            expert_offsets=torch.tensor([k], dtype=torch.int32, device=device))
@@ -349,24 +329,8 @@ def test_cuda_wgmma_sync_free_and_graph():
     out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
 
     def launch():
-        wgmma.launch_nvfp4_wgmma(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets)
+        return wgmma.launch_nvfp4_wgmma(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets)
 
     launch()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        launch()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
-    new_counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets.copy_(new_counts.cumsum(0).to(torch.int32))
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    replayed = out.clone()
-    launch()
-    assert torch.equal(replayed, out)
+    check_sync_free_and_graph(launch, x, offsets, t)
     assert rel_err(out, grouped_f32(x, w, offsets)) < 1e-2

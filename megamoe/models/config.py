@@ -156,3 +156,128 @@ SMALL = MoEConfig(
 
 PRESETS = {c.name: c for c in (DEEPSEEK_V4_FLASH, DEEPSEEK_V3_GUIDE, SMALL)}
 PRESETS.update({"v4-flash": DEEPSEEK_V4_FLASH, "guide": DEEPSEEK_V3_GUIDE, "small": SMALL})
+
+
+# ==============================================================================================================
+# Whole-model configuration (DeepSeek-V4)
+# ==============================================================================================================
+#: Layer kinds by ``compress_ratios`` entry: 0 -> sliding window only, 4 -> CSA (overlapping compressor + indexer),
+#: anything else > 0 -> HCA (plain compressor, all entries attended). Official ``Attention.__init__`` /
+#: ``Compressor.__init__``: ``overlap = compress_ratio == 4``; an ``Indexer`` only when ``compress_ratio == 4``.
+CSA_RATIO = 4
+
+
+def layer_kind(compress_ratio: int) -> str:
+    """"window", "csa" or "hca" for one ``compress_ratios`` entry."""
+    if compress_ratio == 0:
+        return "window"
+    return "csa" if compress_ratio == CSA_RATIO else "hca"
+
+
+@dataclass(frozen=True)
+class V4Config:
+    """Shapes and constants of a whole DeepSeek-V4 model (official ``ModelArgs`` names in brackets).
+
+    vocab_size; hidden_size [dim]; num_layers [n_layers]; num_hash_layers [n_hash_layers]: the first layers
+    route by a token-id -> expert table; num_heads [n_heads] query heads sharing one kv head of head_dim
+    (the last rope_dim dims rotary); q_lora_rank; o_groups x o_lora_rank: the grouped output projection;
+    window_size; compress_ratios: one entry per layer (see :func:`layer_kind`); rope_theta (window-only layers,
+    no YaRN) and compress_rope_theta with YaRN (rope_factor, original_seq_len, beta_fast, beta_slow) for
+    compressed layers; index_n_heads x index_head_dim, index_topk: the CSA indexer; hc_mult,
+    hc_sinkhorn_iters, hc_eps: hyper-connections; norm_eps; max_seq_len: the longest request this instance
+    serves (sizes caches and RoPE tables); num_mtp_layers: multi-token-prediction blocks in the checkpoint
+    (not run by default); moe: the MoE block (:class:`MoEConfig`).
+    """
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_hash_layers: int
+    num_heads: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    compress_ratios: tuple
+    moe: MoEConfig
+    head_dim: int = 512
+    rope_dim: int = 64
+    window_size: int = 128
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    rope_factor: float = 16.0
+    original_seq_len: int = 65536
+    beta_fast: int = 32
+    beta_slow: int = 1
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 512
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    norm_eps: float = 1e-6
+    max_seq_len: int = 65536
+    num_mtp_layers: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "compress_ratios", tuple(int(r) for r in self.compress_ratios))
+        for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "q_lora_rank", "o_groups", "o_lora_rank",
+                  "head_dim", "rope_dim", "window_size", "index_n_heads", "index_head_dim", "index_topk", "hc_mult",
+                  "hc_sinkhorn_iters", "max_seq_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{f}: expected a positive int, got {v!r}")
+        if len(self.compress_ratios) != self.num_layers:
+            raise ValueError(f"compress_ratios: expected {self.num_layers} entries (one per layer), got "
+                             f"{len(self.compress_ratios)}")
+        if any(r < 0 for r in self.compress_ratios):
+            raise ValueError(f"compress_ratios: expected entries >= 0, got {self.compress_ratios}")
+        if not 0 <= self.num_hash_layers <= self.num_layers:
+            raise ValueError(f"num_hash_layers: expected 0..{self.num_layers}, got {self.num_hash_layers}")
+        if self.rope_dim >= self.head_dim or self.rope_dim % 2:
+            raise ValueError(f"rope_dim: expected an even number < head_dim={self.head_dim}, got {self.rope_dim}")
+        if (self.num_heads * self.head_dim) % self.o_groups:
+            raise ValueError(f"o_groups: must divide num_heads * head_dim = {self.num_heads * self.head_dim}")
+        if self.index_head_dim & (self.index_head_dim - 1) or self.index_head_dim % 32:
+            raise ValueError(f"index_head_dim: expected a power of two >= 32 (Hadamard, FP4 blocks of 32), got "
+                             f"{self.index_head_dim}")
+        if self.moe.hidden_size != self.hidden_size:
+            raise ValueError(f"moe.hidden_size={self.moe.hidden_size} != hidden_size={self.hidden_size}")
+
+    def replace(self, **changes) -> "V4Config":
+        return dataclasses.replace(self, **changes)
+
+    def layer_kind(self, layer: int) -> str:
+        return layer_kind(self.compress_ratios[layer])
+
+    @property
+    def nope_dim(self) -> int:
+        return self.head_dim - self.rope_dim
+
+
+def _v4_ratios(num_layers: int) -> tuple:
+    """V4-Flash's published pattern: two window-only layers, then CSA / HCA alternating, CSA last."""
+    body = [CSA_RATIO if i % 2 == 0 else 128 for i in range(num_layers - 2)]
+    return tuple([0, 0] + body)
+
+
+V4_FLASH_MODEL = V4Config(
+    name="deepseek-v4-flash", vocab_size=129280, hidden_size=4096, num_layers=43, num_hash_layers=3, num_heads=64,
+    q_lora_rank=1024, o_groups=8, o_lora_rank=1024, compress_ratios=_v4_ratios(43), moe=DEEPSEEK_V4_FLASH,
+    index_topk=512,
+)
+
+V4_TINY_MOE = MoEConfig(hidden_size=128, intermediate_size=64, num_experts=8, top_k=2, shared_intermediate_size=64,
+                        scoring_func="sqrtsoftplus", use_correction_bias=True, norm_topk_prob=True,
+                        routed_scaling_factor=1.5, swiglu_limit=10.0, name="v4-tiny-moe")
+
+#: CPU-sized model with every layer kind: window (0), CSA (4), HCA (ratio 16 stands in for 128 so that short
+#: prompts reach it), hash routing in layer 0. Not a published model.
+V4_TINY_MODEL = V4Config(
+    name="v4-tiny", vocab_size=512, hidden_size=128, num_layers=4, num_hash_layers=1, num_heads=4, head_dim=128,
+    rope_dim=64, q_lora_rank=64, o_groups=2, o_lora_rank=32, compress_ratios=(0, 4, 16, 4), moe=V4_TINY_MOE,
+    window_size=16, index_n_heads=4, index_head_dim=64, index_topk=8, original_seq_len=128, max_seq_len=512,
+    num_mtp_layers=0,
+)
+
+MODEL_PRESETS = {"v4-flash": V4_FLASH_MODEL, "tiny": V4_TINY_MODEL}

@@ -27,11 +27,16 @@ Every device-valued index is masked before it addresses memory: window ids outsi
 ``< 0``; logical pages ``>= L``; physical pages outside ``[0, P)``; slots outside ``[0, S)``. Masked rows are
 loaded as zeros and get score ``-inf`` (p = 0), so a NaN in an unselected entry never reaches a query.
 
-Register budget (offline sm_90 compile of ``ATTENTION_CONFIG``, see tests/kernels/test_sparse_attention.py and
-benchmarks/NOTES_attention.md): the ``64 x 512`` fp32 accumulator alone is 128 KB, i.e. 128 registers per
-thread at 8 warps, half the SM's 256 KB register file. A 128-head tile would need 256 KB for the accumulator
-alone, so H = 128 (V4-Pro) runs two 64-head tiles (two programs per token reading the same rows, the second
-mostly from L2).
+Register budget (offline sm_90 compile of ``ATTENTION_CONFIG``, ``compile_sm90``; checked in
+tests/kernels/test_sparse_attention.py): the ``64 x 512`` fp32 accumulator alone is 128 KB, i.e. 128 registers
+per thread at 8 warps (2 warpgroups, each owning 256 of the 512 columns: ``HGMMA.64x256x16`` for P.V), half the
+SM's 256 KB register file. A 128-head tile would need the whole register file for the accumulator alone, so
+H = 128 (V4-Pro) runs two 64-head tiles (two programs per token reading the same rows, the second mostly from
+L2). Measured: 255 registers, 264 B of stack (14 reloads per iteration, no spill stores in the loop), Q and the
+K tile in shared memory (128 KB). Triton assigns all 8 warps along M for a dot that feeds another dot, so
+both warpgroups compute the whole 64 x BLOCK_N score tile (``HGMMA.64x16x16``, duplicated): the tensor cores do
+1.5x the useful MMA work. Two loops (window, entries) instead of one spilled 880 B; BLOCK_N = 16 / 64 measured
+200 / 360 B of stack. See benchmarks/NOTES_attention.md.
 """
 from __future__ import annotations
 
@@ -44,13 +49,16 @@ import triton.language as tl
 from .nvfp4_jit import e4m3_decode
 
 # sm_90 tiles. BLOCK_H = 64: the wgmma M of one warpgroup; the 64 x 512 fp32 accumulator at 8 warps is 128
-# registers per thread (2 warpgroups split D). BLOCK_N = 32 gathered rows per iteration keeps the staged
-# bf16 K tile at 32 registers per thread (64 rows would leave no room next to the accumulator and Q).
+# registers per thread (2 warpgroups split D). BLOCK_N = 32 gathered rows per iteration: the staged K tile is
+# 32 registers per thread (BLOCK_N = 64 spilled 360 B, 16 halves the rows per accumulator rescale).
+# num_stages = 1: the loop body branches on the row source, which Triton's pipeliner does not stage.
 ATTENTION_CONFIG = {"BLOCK_H": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}
 # Interpreter tiles (CPU tests): the smallest tl.dot tiles, so that tests cover several blocks and head tiles.
 INTERPRETER_CONFIG = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
-COMBINE_CONFIG = {"BLOCK_H": 16, "num_warps": 4}
-INTERPRETER_COMBINE_CONFIG = {"BLOCK_H": 16, "num_warps": 1}
+# Combine: (token, 16 heads, 64 columns) per program, so that batch 1 still spreads the workspace reads
+# (splits x 64 heads x 512 x 4 B, e.g. 4.7 MB for 36 splits) over 32 programs.
+COMBINE_CONFIG = {"BLOCK_H": 16, "BLOCK_D": 64, "num_warps": 4}
+INTERPRETER_COMBINE_CONFIG = {"BLOCK_H": 16, "BLOCK_D": 64, "num_warps": 1}
 # Split-KV: aim for this many programs (132 SMs of an H100 SXM, one 8-warp program per SM given the
 # registers); a fixed constant, not a device query, so the split (and the bits) depend on shapes only.
 SPLIT_TARGET_PROGRAMS = 132
@@ -255,13 +263,14 @@ def _sparse_mqa_kernel(
 @triton.jit
 def _combine_kernel(
     sink_ptr, ws_acc_ptr, ws_ml_ptr, out_ptr, H,
-    NUM_SPLITS: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, BLOCK_H: tl.constexpr, INTERPRET: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
-    """Merge the splits of one (token, head block) in the fixed order 0..num_splits-1."""
+    """Merge the splits of one (token, head block, column block) in the fixed order 0..NUM_SPLITS-1."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = h < H
-    d = tl.arange(0, D_P2)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask2 = hmask[:, None] & (d < D)[None, :]
     m_all = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     for s in tl.static_range(NUM_SPLITS):
@@ -269,7 +278,7 @@ def _combine_kernel(
         m_all = tl.maximum(m_all, m_s)
     m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros((BLOCK_H,), tl.float32)
-    acc = tl.zeros((BLOCK_H, D_P2), tl.float32)
+    acc = tl.zeros((BLOCK_H, BLOCK_D), tl.float32)
     for s in tl.static_range(NUM_SPLITS):
         base = n * NUM_SPLITS + s
         m_s = tl.load(ws_ml_ptr + base * 2 * H + h, mask=hmask, other=float("-inf"))
@@ -339,9 +348,10 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split:
-        _combine_kernel[(N, triton.cdiv(H, combine_cfg["BLOCK_H"]))](
+        bd = min(combine_cfg["BLOCK_D"], triton.next_power_of_2(D))
+        _combine_kernel[(N, triton.cdiv(H, combine_cfg["BLOCK_H"]), triton.cdiv(D, bd))](
             attn_sink, ws_acc, ws_ml, out, H,
-            NUM_SPLITS=splits, D=D, D_P2=triton.next_power_of_2(D), BLOCK_H=combine_cfg["BLOCK_H"], INTERPRET=interpreter,
+            NUM_SPLITS=splits, D=D, BLOCK_H=combine_cfg["BLOCK_H"], BLOCK_D=bd, INTERPRET=interpreter,
             num_warps=combine_cfg["num_warps"],
         )
     return out

@@ -1,0 +1,170 @@
+"""Benchmark: DeepSeek-V4 sparse FP8 MQA attention (decode), H = 64 heads, D = 512, on one GPU.
+
+For batch 1, 8, 32, 64, 128 x context 4k, 32k, 128k and both compressed layer kinds:
+* CSA: top-k 512 compressed entries (of context / 4) + a full 128-row window per query;
+* HCA: all context / 128 entries of the request + the 128-row window;
+it times, from CUDA-graph replays (``triton.testing.do_bench`` medians; the L2 cache is cleared before each
+replay, so pool rows come from HBM):
+* ``ours``: ``megamoe.ops.attention.sparse_mqa_attention`` (Triton kernel, split-KV chosen from shapes);
+* ``torch_bf16``: a bf16 PyTorch path: gather + dequantize the selected entries and window rows to bf16
+  (B, W + K, 512), bf16 QK^T, float32 softmax with the sink, bf16 P.V;
+and reports the memory floor: bytes of the rows actually read (window rows 1024 B, entries 448 + 7 * 4 + 128 =
+604 B) / 3.0e12 B/s (``floor_rows_us``), and with the q / out / index bytes too (``floor_all_us``); TFLOP/s count
+4 * H * D flops per (query, valid row).
+
+Usage: python benchmarks/bench_attention.py [--quick] [--out benchmarks/results/attention_v1]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from megamoe.kernels import sparse_attention as kernels  # noqa: E402
+from megamoe.ops.attention import attention_workspace, sparse_mqa_attention  # noqa: E402
+
+HBM_BYTES_PER_S = 3.0e12
+H, D, ROPE, SB, EPB, WINDOW, TOPK = 64, 512, 64, 64, 64, 128, 512
+NOPE = D - ROPE
+ENTRY_BYTES = NOPE + 4 * (NOPE // SB) + 2 * ROPE
+ROW_BYTES = 2 * D
+
+
+def bench_graph(fn) -> float:
+    """Median seconds of one CUDA-graph replay of ``fn`` (L2 cleared before each replay)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=20, rep=200, return_mode="median") * 1e-3
+
+
+def make_case(batch: int, context: int, kind: str, dev):
+    """Pool of ``batch`` requests at ``context`` tokens (random FP8 bytes, power-of-two scales), one query each."""
+    ratio = 4 if kind == "csa" else 128
+    entries = context // ratio
+    pages = -(-entries // EPB)
+    P = batch * pages
+    fp8 = torch.randint(0, 0x7F, (P, EPB, NOPE), dtype=torch.uint8, device=dev)
+    fp8 |= torch.randint(0, 2, fp8.shape, dtype=torch.uint8, device=dev) << 7      # no NaN codes
+    scale = torch.full((P, EPB, NOPE // SB), 2.0 ** -8, device=dev)
+    rope = torch.randn((P, EPB, ROPE), device=dev).to(torch.bfloat16)
+    block_table = torch.randperm(P, device=dev).to(torch.int32).view(batch, pages).contiguous()
+    slots = torch.arange(batch, dtype=torch.int32, device=dev)
+    if kind == "csa":
+        k = min(TOPK, entries)
+        entry_idx = torch.argsort(torch.rand(batch, entries, device=dev), dim=1)[:, :k].to(torch.int32).contiguous()
+    else:
+        entry_idx = torch.arange(entries, dtype=torch.int32, device=dev).expand(batch, -1).contiguous()
+    window_kv = torch.randn((batch * WINDOW, D), device=dev).to(torch.bfloat16)
+    window_idx = (slots[:, None] * WINDOW + torch.arange(WINDOW, device=dev)[None, :]).to(torch.int32).contiguous()
+    q = torch.randn((batch, H, D), device=dev).to(torch.bfloat16)
+    sink = torch.randn(H, device=dev)
+    return dict(q=q, attn_sink=sink, window_kv=window_kv, window_idx=window_idx,
+                entries_fp8=fp8.view(torch.float8_e4m3fn), entries_scale=scale, entries_rope=rope,
+                block_table=block_table, slots=slots, entry_idx=entry_idx)
+
+
+def torch_bf16_path(c, out):
+    """Gather + dequantize to bf16, bf16 matmuls, float32 softmax with the sink (capturable, sync-free)."""
+    e = c["entry_idx"].long()
+    valid_e = e >= 0
+    lp = torch.where(valid_e, e // EPB, 0)
+    page = c["block_table"].long().gather(1, lp.clamp(max=c["block_table"].shape[1] - 1))
+    valid_e = valid_e & (page >= 0)
+    flat = torch.where(valid_e, page * EPB + e % EPB, 0)
+    fp8 = c["entries_fp8"].view(-1, NOPE)[flat]
+    scale = c["entries_scale"].view(-1, NOPE // SB)[flat].repeat_interleave(SB, dim=-1)
+    nope = (fp8.float() * scale).to(torch.bfloat16)
+    rows_e = torch.cat([nope, c["entries_rope"].view(-1, ROPE)[flat]], dim=-1)
+    w = c["window_idx"].long()
+    valid_w = w >= 0
+    rows_w = c["window_kv"][w.clamp(min=0)]
+    kv = torch.cat([rows_w, rows_e], dim=1)
+    valid = torch.cat([valid_w, valid_e], dim=1)
+    logits = torch.matmul(c["q"], kv.transpose(1, 2)).float() * D ** -0.5
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    sink = c["attn_sink"][None, :, None].expand(logits.shape[0], -1, 1)
+    p = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    out.copy_(torch.matmul(p.to(torch.bfloat16), kv))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results/attention_v1")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    batches = [1, 8, 32, 64, 128] if not args.quick else [1, 64]
+    contexts = [4096, 32768, 131072] if not args.quick else [4096, 131072]
+    rows = []
+    for kind in ("csa", "hca"):
+        for ctx in contexts:
+            for B in batches:
+                c = make_case(B, ctx, kind, dev)
+                K = c["entry_idx"].shape[1]
+                splits, _ = kernels.choose_num_splits(B, H, WINDOW, K)
+                ws = attention_workspace(B, H, D, WINDOW, K, dev)
+                out = torch.empty_like(c["q"])
+                ref_out = torch.empty_like(c["q"])
+                kw = {k: v for k, v in c.items() if k not in ("q", "attn_sink")}
+
+                def ours():
+                    return sparse_mqa_attention(c["q"], c["attn_sink"], D ** -0.5, out=out, workspace=ws, **kw)
+
+                t_ours = bench_graph(ours)
+                t_torch = bench_graph(lambda: torch_bf16_path(c, ref_out))
+                err = ((out.float() - ref_out.float()).norm() / ref_out.float().norm()).item()
+                n_rows = WINDOW + K
+                row_bytes = B * (WINDOW * ROW_BYTES + K * ENTRY_BYTES)
+                all_bytes = row_bytes + B * (2 * H * D * 2 + 4 * (WINDOW + K))
+                flops = 4 * B * n_rows * H * D
+                row = dict(kind=kind, batch=B, context=ctx, entries=K, window=WINDOW, splits=splits,
+                           ours_us=t_ours * 1e6, torch_bf16_us=t_torch * 1e6,
+                           floor_rows_us=row_bytes / HBM_BYTES_PER_S * 1e6,
+                           floor_all_us=all_bytes / HBM_BYTES_PER_S * 1e6,
+                           ours_tflops=flops / t_ours / 1e12, ours_hbm_frac=all_bytes / t_ours / HBM_BYTES_PER_S,
+                           speedup_vs_torch=t_torch / t_ours, rel_fro_vs_torch=err)
+                rows.append(row)
+                print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+                del c, ws, out, ref_out
+                torch.cuda.empty_cache()
+
+    meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
+                device=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version(), command="python " + " ".join(sys.argv),
+                config=kernels.ATTENTION_CONFIG, hbm_bytes_per_s=HBM_BYTES_PER_S)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    lines = [f"# Sparse FP8 MQA attention (H={H}, D={D}, window {WINDOW})", "",
+             f"{meta['date']} | {meta['device']} | torch {meta['torch']} | triton {meta['triton']} | "
+             f"`{meta['command']}`", "",
+             "CUDA-graph replay medians, L2 cleared before each replay. floor = bytes / 3.0 TB/s "
+             "(rows: window + entries read; all: + q, out, indices).", "",
+             "| kind | batch | context | entries | splits | ours us | torch bf16 us | floor rows us | floor all us "
+             "| ours TFLOP/s | ours / floor_all | speedup vs torch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['entries']} | {r['splits']} | "
+                     f"{r['ours_us']:.1f} | {r['torch_bf16_us']:.1f} | {r['floor_rows_us']:.2f} | "
+                     f"{r['floor_all_us']:.2f} | {r['ours_tflops']:.0f} | {r['ours_us'] / r['floor_all_us']:.1f}x | "
+                     f"{r['speedup_vs_torch']:.2f} |")
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {args.out}.json / .md")
+
+
+if __name__ == "__main__":
+    main()

@@ -382,7 +382,8 @@ def test_cuda_hca_long_set_split_kv():
     inputs = _v4_inputs(1, 64, 1024, context=1024)
     auto = run_op(inputs).float()
     one = run_op(inputs, num_splits=1).float()
-    assert torch.allclose(auto, one, rtol=2 ** -7, atol=1e-6)
+    # P is rounded to bf16 against each split's own running max, so the two differ by bf16 noise, not more
+    assert float((auto - one).norm() / one.norm()) < 4e-3
     assert torch.equal(run_op(inputs).float(), auto)
     check(inputs)
     _graph_check(inputs, num_splits=1)

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -215,7 +215,8 @@ def _random_values(spec: WeightSpec, g: torch.Generator, device) -> torch.Tensor
     raise AssertionError(f"no random rule for {spec.name}")
 
 
-def random_state_dict(cfg: V4Config, *, seed: int = 0, device="cpu", layers: Iterable[int] | None = None) -> dict:
+def random_state_dict(cfg: V4Config, *, seed: int = 0, device="cpu", layers: Iterable[int] | None = None,
+                      select: Callable[[str], bool] | None = None) -> dict:
     """A random checkpoint in the storage format of the module docstring: ``{tensor name: tensor}``.
 
     Scales: linears ``N(0, in**-0.5)`` (NVFP4 ones quantized by :func:`megamoe.reference.quantize.quantize` with
@@ -223,11 +224,14 @@ def random_state_dict(cfg: V4Config, *, seed: int = 0, device="cpu", layers: Ite
     ``attn_sink`` N(0, 1), ``ape`` N(0, 0.1), ``hc_*_fn`` N(0, 1e-2) (Sinkhorn mixes not saturated), ``hc_*_base``
     N(0, 0.5), ``hc_*_scale`` ``1 + N(0, 0.1)``, ``gate.bias`` N(0, 0.05), ``tid2eid`` rows of distinct random
     experts. Every tensor has its own generator seeded from ``(seed, name)``, so ``layers`` (a subset of layer
-    indices; the top-level tensors are always included) changes which tensors exist, never their values.
+    indices; the top-level tensors are always included) and ``select`` (keep the logical weights whose name it
+    accepts, e.g. ``lambda n: ".attn." in n``) change which tensors exist, never their values.
     """
     device = torch.device(device)
     out = {}
     for spec in weight_specs(cfg, layers).values():
+        if select is not None and not select(spec.name):
+            continue
         g = _generator(seed, spec.name, device)
         if spec.kind == "int32":
             vocab, k = spec.shape
@@ -288,6 +292,29 @@ def decoded_state_dict(tensors: Mapping, names: Iterable[str] | None = None) -> 
         names = [n for n in tensors
                  if not n.endswith((".weight_scale", ".weight_scale_2", ".input_scale"))]
     return {n: decoded_weight(tensors, n) for n in names}
+
+
+class DecodedView(Mapping):
+    """Read-only ``{logical name: decoded tensor}`` view of checkpoint tensors that decodes on every access (no
+    float32 copy of the whole model; use :func:`decoded_state_dict` to decode once when it fits)."""
+
+    def __init__(self, tensors: Mapping):
+        self.tensors = tensors
+        self._names = [n for n in tensors if not n.endswith((".weight_scale", ".weight_scale_2", ".input_scale"))]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.tensors:
+            raise KeyError(name)
+        return decoded_weight(self.tensors, name)
+
+    def __contains__(self, name) -> bool:
+        return name in self.tensors and not str(name).endswith((".weight_scale", ".weight_scale_2", ".input_scale"))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def check_state_dict(cfg: V4Config, tensors: Mapping, layers: Iterable[int] | None = None) -> None:

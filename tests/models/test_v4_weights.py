@@ -5,6 +5,7 @@ import torch
 from megamoe.format.e2m1 import e2m1_decode
 from megamoe.models.config import V4_FLASH_MODEL, V4_TINY_MODEL
 from megamoe.models.v4_weights import (
+    DecodedView,
     WeightSpec,
     check_state_dict,
     decoded_state_dict,
@@ -82,7 +83,8 @@ def test_random_state_dict_matches_specs_and_decodes_exactly():
     w = decoded_weight(sd, name)
     assert w.dtype == torch.float32 and w.shape == specs[name].shape
     assert torch.equal(w, dequantize(t, torch.float32))
-    # low nibble = even element: w[r, 0] = e2m1(data[r, 0] & 15) * (weight_scale * weight_scale_2), w[r, 1] the high nibble
+    # low nibble = even element: w[r, 0] = e2m1(data[r, 0] & 15) * (weight_scale * weight_scale_2), w[r, 1] from
+    # the high nibble
     scale = sd[name + "_scale"][:, 0].float() * sd[name + "_scale_2"]
     assert torch.equal(w[:, 0], e2m1_decode(sd[name][:, 0] & 15) * scale)
     assert torch.equal(w[:, 1], e2m1_decode(sd[name][:, 0] >> 4) * scale)
@@ -125,3 +127,15 @@ def test_decoded_state_dict_and_checks():
     broken["layers.1.attn.attn_sink"] = torch.zeros(3)
     with pytest.raises(ValueError, match=r"attn_sink: shape \(3,\), expected \(4,\).*wkv\.weight_scale: missing"):
         check_state_dict(TINY, broken, layers=[1])
+
+
+def test_decoded_view_and_select():
+    sd = random_state_dict(TINY, seed=2, layers=[1], select=lambda n: ".attn." in n)
+    assert sd and all(".attn." in n for n in sd)
+    view = DecodedView(sd)
+    eager = decoded_state_dict(sd)
+    assert set(view) == set(eager) and len(view) == len(eager)
+    for n in eager:
+        assert torch.equal(view[n], eager[n])
+    with pytest.raises(KeyError):
+        view["layers.1.attn.wq_a.weight_scale_9"]

@@ -49,7 +49,12 @@ def pow2_ceil(t: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim in float32, cast back to ``x.dtype``; ``weight`` None = no scale (q's per-head norm)."""
+    """RMSNorm over the last dim in float32, cast back to ``x.dtype``; ``weight`` None = no scale.
+
+    The official q per-head norm (``q * rsqrt(q.square().mean(-1) + eps)`` on bf16 ``q``) rounds each of its ops to
+    bf16 instead; :func:`megamoe.reference.v4_attention.head_rms_norm` reproduces it bit for bit (this function
+    differs from it by up to one bf16 rounding of the per-head factor).
+    """
     xf = x.float()
     y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
     if weight is not None:

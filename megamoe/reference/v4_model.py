@@ -1,0 +1,150 @@
+"""Stateless float reference of the whole DeepSeek-V4 model over one sequence (official ``Transformer.forward``).
+
+``embed -> hc_mult copies -> per layer [hc_pre -> attn_norm -> attention -> hc_post; hc_pre -> ffn_norm -> MoE ->
+hc_post] -> hc_head -> norm -> head``, bf16 activations rounded where the official bf16 model rounds them
+(:mod:`.v4_attention` states the attention's numerics), float32 logits for every position (the official head
+returns the last position's only).
+
+MoE (official ``Gate`` / ``Expert`` / ``MoE``), and how it differs from :mod:`megamoe.reference.moe`:
+
+* router logits ``x.float() @ gate.weight.float().T``, scores ``sqrt(softplus(logits))`` (``scoring_func``); the
+  bias only shifts the selection key; hash layers (``layer < num_hash_layers``) take the ids from
+  ``tid2eid[token]`` and have no bias; weights = unbiased scores at the ids, divided by their sum whenever the
+  scoring function is not softmax (the official rule: there is no ``norm_topk_prob`` flag and no epsilon; this
+  reference follows it, ``route`` uses ``norm_topk_prob`` and adds 1e-20), times ``routed_scaling_factor``.
+  Group-limited routing does not exist in V4 (``n_group`` is ignored). Score-routed layers reuse
+  :func:`megamoe.reference.moe.route` (stable top-k; float32 ties are measure-zero);
+* expert ``e``: ``gate = bf16(x @ w1.T)``, ``up = bf16(x @ w3.T)`` (bf16 linear outputs, then float32),
+  ``act = swiglu(gate, up)`` with the clamps ``gate <= limit``, ``|up| <= limit``
+  (:func:`megamoe.reference.moe.swiglu`),
+  then **the routing weight multiplies the activation before w2**: ``bf16(w2 @ bf16(weight * act))``;
+  :func:`megamoe.reference.moe.moe_forward` keeps gate/up and the activation in float32 and applies the weight to
+  the float32 w2 output instead;
+* the per-expert bf16 outputs are summed in float32 in expert order, the shared expert's bf16 output added last,
+  the sum cast to bf16.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from ..models.config import V4Config
+from ..models.v4_weights import DecodedView
+from .moe import route, router_scores, swiglu
+from .v4_attention import attention_forward, linear_bf16
+from .v4_numerics import hc_head, hc_post, hc_pre, rms_norm
+
+_BF16 = torch.bfloat16
+
+
+def as_decoded(w: Mapping) -> Mapping:
+    """Checkpoint-format tensors (NVFP4 triples) -> a :class:`~megamoe.models.v4_weights.DecodedView` (decodes each
+    weight when it is read); already decoded weights as they are."""
+    if isinstance(w, DecodedView) or not any(name.endswith(".weight_scale") for name in w):
+        return w
+    return DecodedView(w)
+
+
+def gate_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, tokens: torch.Tensor):
+    """Official ``Gate``: x (T, hidden) bf16, tokens (T,) -> (weights (T, k) float32, ids (T, k) int32)."""
+    m = cfg.moe
+    p = f"layers.{layer}.ffn.gate."
+    normalize = m.scoring_func != "softmax"
+    if layer < cfg.num_hash_layers:
+        scores = router_scores(x, w[p + "weight"], m.scoring_func)
+        ids = w[p + "tid2eid"][tokens.long()].long()
+        weights = scores.gather(1, ids)
+        if normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * m.routed_scaling_factor, ids.to(torch.int32)
+    return route(x, w[p + "weight"], w[p + "bias"], top_k=m.top_k, scoring_func=m.scoring_func,
+                 norm_topk_prob=normalize, routed_scaling_factor=m.routed_scaling_factor)
+
+
+def expert_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
+                   weight: torch.Tensor | None, swiglu_limit: float | None) -> torch.Tensor:
+    """Official ``Expert.forward``: x (M, hidden) bf16, weight (M, 1) float32 or None -> (M, hidden) bf16."""
+    gate = linear_bf16(x, w1).float()
+    up = linear_bf16(x, w3).float()
+    act = swiglu(gate, up, swiglu_limit)
+    if weight is not None:
+        act = weight.float() * act
+    return linear_bf16(act.to(_BF16), w2)
+
+
+def moe_block_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Official ``MoE.forward``: x (T, hidden) bf16 (after ffn_norm), tokens (T,) -> (T, hidden) bf16."""
+    m = cfg.moe
+    p = f"layers.{layer}.ffn."
+    weights, ids = gate_forward(cfg, layer, w, x, tokens)
+    ids = ids.long()
+    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids).tolist():
+        rows, slot = torch.nonzero(ids == e, as_tuple=True)
+        q = f"{p}experts.{e}."
+        out = expert_forward(x[rows], w[q + "w1.weight"], w[q + "w2.weight"], w[q + "w3.weight"],
+                             weights[rows, slot, None], m.swiglu_limit)
+        y.index_add_(0, rows, out.float())
+    if m.shared_intermediate_size:
+        q = p + "shared_experts."
+        y += expert_forward(x, w[q + "w1.weight"], w[q + "w2.weight"], w[q + "w3.weight"], None,
+                            m.swiglu_limit).float()
+    return y.to(_BF16)
+
+
+def _hc_pre(cfg: V4Config, w: Mapping, prefix: str, h: torch.Tensor):
+    return hc_pre(h, w[prefix + "_fn"], w[prefix + "_scale"], w[prefix + "_base"], hc=cfg.hc_mult,
+                  iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps)
+
+
+def block_forward(cfg: V4Config, layer: int, w: Mapping, h: torch.Tensor, tokens: torch.Tensor, *,
+                  numerics: str = "official", trace: dict | None = None) -> torch.Tensor:
+    """Official ``Block.forward``: h (T, hc_mult, hidden) bf16 -> same. ``trace`` (a dict) receives the
+    attention result dict under ``"attn"`` and the MoE input / output under ``"ffn_in"`` / ``"ffn_out"``."""
+    p = f"layers.{layer}."
+    x, post, comb = _hc_pre(cfg, w, p + "hc_attn", h)
+    a = attention_forward(cfg, layer, w, rms_norm(x, w[p + "attn_norm.weight"], cfg.norm_eps), numerics=numerics)
+    h = hc_post(a["out"].to(_BF16), h, post, comb)
+    x, post, comb = _hc_pre(cfg, w, p + "hc_ffn", h)
+    x = rms_norm(x, w[p + "ffn_norm.weight"], cfg.norm_eps)
+    y = moe_block_forward(cfg, layer, w, x, tokens)
+    if trace is not None:
+        trace.update(attn=a, ffn_in=x, ffn_out=y)
+    return hc_post(y, h, post, comb)
+
+
+def model_forward(cfg: V4Config, w: Mapping, tokens: torch.Tensor, *, numerics: str = "official",
+                  layers: Sequence[int] | None = None) -> torch.Tensor:
+    """Logits (T, vocab) float32 of one sequence ``tokens`` (T,) int.
+
+    w: decoded weights by official name (:func:`megamoe.models.v4_weights.decoded_state_dict`) or the checkpoint
+    tensors themselves (decoded as they are read, every call). layers: run only these layers, in order (default:
+    all; a debugging aid).
+    """
+    w = as_decoded(w)
+    tokens = tokens.reshape(-1)
+    h = w["embed.weight"][tokens.long()].to(_BF16)
+    h = h.unsqueeze(1).repeat(1, cfg.hc_mult, 1)
+    for layer in (range(cfg.num_layers) if layers is None else layers):
+        h = block_forward(cfg, layer, w, h, tokens, numerics=numerics)
+    x = hc_head(h, w["hc_head_fn"], w["hc_head_scale"], w["hc_head_base"], hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps)
+    x = rms_norm(x, w["norm.weight"], cfg.norm_eps)
+    return x.float() @ w["head.weight"].float().t()
+
+
+def greedy_generate(cfg: V4Config, w: Mapping, prompt: Sequence[int], steps: int, *,
+                    numerics: str = "official") -> list:
+    """``steps`` greedily generated token ids after ``prompt`` (the full sequence is recomputed every step)."""
+    w = as_decoded(w)
+    if isinstance(w, DecodedView):
+        w = dict(w.items())  # decode once for all steps
+    device = w["embed.weight"].device
+    seq = [int(t) for t in prompt]
+    out = []
+    for _ in range(steps):
+        logits = model_forward(cfg, w, torch.tensor(seq, device=device), numerics=numerics)
+        nxt = int(logits[-1].argmax())
+        seq.append(nxt)
+        out.append(nxt)
+    return out

@@ -29,8 +29,9 @@ from .config import CompressedCacheConfig
 from .state import CompressorState, PagedPool
 
 
-#: Windows pooled per chunk in :meth:`CompressedKVCache.prefill` (bounds the (chunk, 2m, D) temporaries).
-_PREFILL_CHUNK_WINDOWS = 4096
+#: Prompt tokens pooled per chunk in :meth:`CompressedKVCache.prefill` (bounds the (windows, 2m, D) float32
+#: temporaries to ~64 MB at D = 512; prompts up to this length pool in one shot, like the official code).
+_PREFILL_CHUNK_TOKENS = 16384
 
 
 class BlockAllocator:
@@ -290,7 +291,7 @@ class CompressedKVCache:
             if st is None:
                 continue
             pooled, tk, tz, tkb, tzb, rem = prefill_pool(k, z, c.ratio, st.width, st.overlap,
-                                                         chunk_windows=_PREFILL_CHUNK_WINDOWS)
+                                                         chunk_windows=max(1, _PREFILL_CHUNK_TOKENS // c.ratio))
             st.tail_k[slot].copy_(tk)
             st.tail_z[slot].copy_(tz)
             if st.overlap:

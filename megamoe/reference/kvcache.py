@@ -287,17 +287,24 @@ def gather_entries(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tens
 
 def request_index_keys(pool: PagedPool, block_table: torch.Tensor, slot: int, count: int):
     """A request's first ``count`` indexer keys decoded to float32 ``(count, Di)`` and a ``(count,)`` bool
-    mask of the entries that have storage (others: zero keys)."""
+    mask of the entries that have storage (see :func:`entry_location`; others: zero keys)."""
+    dev = pool.index_keys.device
     epb, pages = pool.entries_per_block, pool.index_keys.shape[0]
     di = pool.index_keys.shape[-1] * 2
-    keys = torch.zeros((count, di), dtype=torch.float32, device=pool.index_keys.device)
-    valid = torch.zeros((count,), dtype=torch.bool, device=pool.index_keys.device)
-    for t in range(count):
-        loc = entry_location(block_table, slot, t, epb, pages)
-        if loc is not None:
-            keys[t] = dequantize_index_keys(pool.index_keys[loc], pool.index_key_scale[loc], pool.index_numerics)
-            valid[t] = True
-    return keys, valid
+    if not 0 <= slot < block_table.shape[0]:
+        return (torch.zeros((count, di), dtype=torch.float32, device=dev),
+                torch.zeros((count,), dtype=torch.bool, device=dev))
+    t = torch.arange(count, device=dev)
+    lb = t // epb
+    in_table = lb < block_table.shape[1]
+    page = torch.where(in_table, block_table[slot].to(dev).long()[lb.clamp(max=block_table.shape[1] - 1)],
+                       torch.full_like(t, -1))
+    valid = (page >= 0) & (page < pages)
+    flat = torch.where(valid, page * epb + t % epb, torch.zeros_like(t))
+    data = pool.index_keys.flatten(0, 1)[flat]
+    scale = pool.index_key_scale.flatten(0, 1)[flat]
+    keys = dequantize_index_keys(data, scale, pool.index_numerics)
+    return torch.where(valid[:, None], keys, torch.zeros((), device=dev)), valid
 
 
 def score_keys(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

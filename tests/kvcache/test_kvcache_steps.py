@@ -145,7 +145,9 @@ def test_gather_entries_bit_exact(numerics, device):
     cache.join(2)
     cache.prepare_forward([0, 2], [0, 0], [48, 20])
     B = 17
-    entry = (torch.randn((B, cfg.head_dim), device=device) * 4).to(torch.bfloat16)
+    entry = torch.randn((B, cfg.head_dim), device=device) * 4
+    entry[:, 64:cfg.nope_dim] *= 0.01                     # per-block scales differ
+    entry = entry.to(torch.bfloat16)
     key = torch.randn((B, cfg.index_head_dim), device=device).to(torch.bfloat16)
     slot_list = [0] * 12 + [2] * 5
     pos_list = [4 * e + 3 for e in range(12)] + [4 * e + 3 for e in range(5)]

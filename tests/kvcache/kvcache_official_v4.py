@@ -208,15 +208,17 @@ def _blocks_close(got, want, block, rel, abs_frac):
 
 
 def parity_run(config: CompressedCacheConfig, *, prompts, steps: int, device="cpu", seed: int = 0,
-               check_tails: bool = True) -> dict:
+               check_tails: bool = True, strict_topk: bool = True) -> dict:
     """Drive one cache (one batch row per prompt length in ``prompts``, prompt 0 = decode from position 0)
     and one :class:`OfficialCompressor` pair per request with the same random projections for ``steps``
     decode steps; compare every written entry / key with the official ``kv_cache`` rows, the compressor
     state with ``kv_state`` / ``score_state``, and (CSA) the top-k with the official scoring.
 
-    Asserts: entries within FP8 rounding (official numerics: within one E4M3 step), keys within FP4
-    rounding, tails exact, top-k identical or tie-explained (only with official numerics). Returns
-    counters incl. ``topk_same`` (identical sets) and ``topk_overlap`` (sum of overlap fractions).
+    Asserts: entries within FP8 rounding, keys within FP4 rounding, tails exact, and with official index
+    numerics and ``strict_topk`` every top-k identical or tie-explained (without ``strict_topk`` the
+    others are only counted in ``topk_unexplained``: on the kernel path a pooled float32 that differs from
+    the official one in the last bits can move one FP4 code of a key). Returns counters incl.
+    ``topk_same`` (identical sets) and ``topk_overlap`` (sum of overlap fractions).
     """
     c = config
     gen = torch.Generator().manual_seed(seed)
@@ -234,7 +236,7 @@ def parity_run(config: CompressedCacheConfig, *, prompts, steps: int, device="cp
     index = [OfficialCompressor(m, Di, rd, c.max_context, inorm, freqs, iape, True) for _ in range(B)] \
         if c.has_indexer else None
     stats = dict(entries=0, entries_exact=0, keys=0, keys_exact=0, topk=0, topk_same=0, topk_overlap=0.0,
-                 topk_tied=0, max_entry_rel_err=0.0)
+                 topk_tied=0, topk_unexplained=0, max_entry_rel_err=0.0, sum_entry_rel_err=0.0)
 
     def randn(*shape, scale=1.0):
         return torch.randn(shape, generator=gen) * scale
@@ -246,8 +248,9 @@ def parity_run(config: CompressedCacheConfig, *, prompts, steps: int, device="cp
         stats["entries"] += 1
         stats["entries_exact"] += int(torch.equal(got.view(torch.int16), want.view(torch.int16)))
         nope = D - rd
-        err = (got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)
-        stats["max_entry_rel_err"] = max(stats["max_entry_rel_err"], float(err))
+        err = float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+        stats["max_entry_rel_err"] = max(stats["max_entry_rel_err"], err)
+        stats["sum_entry_rel_err"] += err
         # rope dims: bf16 of the same math (pooled float32 may differ in the last bits on the kernel path)
         assert _blocks_close(got[nope:], want[nope:], rd, 2 ** -7, 2 ** -6), f"row {b} entry {e}: rope dims"
         block = 64 if c.entry_numerics == "official" else nope
@@ -333,6 +336,34 @@ def parity_run(config: CompressedCacheConfig, *, prompts, steps: int, device="cp
                 stats["topk_same"] += int(same)
                 stats["topk_overlap"] += overlap
                 stats["topk_tied"] += int(not same and explained)
-                if c.index_numerics == "official":
+                stats["topk_unexplained"] += int(not explained)
+                if c.index_numerics == "official" and strict_topk:
                     assert same or explained, f"step {step} row {b}: top-k differs from the official one"
     return stats
+
+
+def agreement_report(steps: int = 400, seed: int = 0) -> list:
+    """Top-k / entry agreement of each numerics combination with the official quantized path (reference
+    dispatch, CPU, V4 widths: head_dim 512, rope 64, index 128 x 64 heads; index_topk 64 so the choice is
+    real among the ~100-600 entries of the four requests)."""
+    import os
+    os.environ["TRITON_INTERPRET"] = "0"
+    rows = []
+    for entry_numerics, index_numerics in (("official", "official"), ("per_entry", "nvfp4"),
+                                           ("official", "nvfp4"), ("per_entry", "official")):
+        cfg = CompressedCacheConfig(kind="csa", max_slots=4, max_context=4096, index_topk=64,
+                                    entry_numerics=entry_numerics, index_numerics=index_numerics)
+        s = parity_run(cfg, prompts=(0, 17, 1001, 2002), steps=steps, seed=seed, check_tails=False)
+        rows.append(dict(entry_numerics=entry_numerics, index_numerics=index_numerics, steps=s["topk"],
+                         topk_identical=s["topk_same"] / s["topk"], topk_mean_overlap=s["topk_overlap"] / s["topk"],
+                         entries=s["entries"], entries_bit_exact=s["entries_exact"] / s["entries"],
+                         entry_mean_rel_l2_err=s["sum_entry_rel_err"] / s["entries"],
+                         entry_max_rel_l2_err=s["max_entry_rel_err"], keys_bit_exact=s["keys_exact"] / s["keys"]))
+        print(rows[-1], flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+    torch.set_num_threads(1)
+    agreement_report(int(sys.argv[1]) if len(sys.argv) > 1 else 400)

@@ -83,7 +83,8 @@ def _indexer_scores_kernel(
         # one E4M3 decode per 16-element group (as scale * 2**118), broadcast over the group's 8 bytes
         scale_code = tl.load(key_scale_ptr + src[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :],
                              mask=live[:, None], other=0).to(tl.int32)
-        factor = tl.reshape(tl.broadcast_to(e4m3_scale_factor_2p118(scale_code)[:, :, None], (BLOCK, GROUPS, 8)), (BLOCK, HALF))
+        factor = tl.reshape(tl.broadcast_to(e4m3_scale_factor_2p118(scale_code)[:, :, None], (BLOCK, GROUPS, 8)),
+                            (BLOCK, HALF))
         # exact bf16 keys * 2**-8 (the GEMM's FP4 decode: inline asm on the GPU, integer bit patterns in the
         # interpreter); the 2**8 goes back onto the scores below (a power of two: same rounding)
         if INTERPRET:

@@ -236,7 +236,8 @@ def parity_run(config: CompressedCacheConfig, *, prompts, steps: int, device="cp
     index = [OfficialCompressor(m, Di, rd, c.max_context, inorm, freqs, iape, True) for _ in range(B)] \
         if c.has_indexer else None
     stats = dict(entries=0, entries_exact=0, keys=0, keys_exact=0, topk=0, topk_same=0, topk_overlap=0.0,
-                 topk_tied=0, topk_unexplained=0, max_entry_rel_err=0.0, sum_entry_rel_err=0.0)
+                 topk_tied=0, topk_unexplained=0, topk_choice=0, topk_choice_same=0, topk_choice_overlap=0.0,
+                 max_entry_rel_err=0.0, sum_entry_rel_err=0.0)
 
     def randn(*shape, scale=1.0):
         return torch.randn(shape, generator=gen) * scale
@@ -337,6 +338,10 @@ def parity_run(config: CompressedCacheConfig, *, prompts, steps: int, device="cp
                 stats["topk_overlap"] += overlap
                 stats["topk_tied"] += int(not same and explained)
                 stats["topk_unexplained"] += int(not explained)
+                if n > c.index_topk:                 # steps where the top-k is a real choice
+                    stats["topk_choice"] += 1
+                    stats["topk_choice_same"] += int(same)
+                    stats["topk_choice_overlap"] += overlap
                 if c.index_numerics == "official" and strict_topk:
                     assert same or explained, f"step {step} row {b}: top-k differs from the official one"
     return stats
@@ -356,6 +361,8 @@ def agreement_report(steps: int = 400, seed: int = 0) -> list:
         s = parity_run(cfg, prompts=(0, 17, 1001, 2002), steps=steps, seed=seed, check_tails=False)
         rows.append(dict(entry_numerics=entry_numerics, index_numerics=index_numerics, steps=s["topk"],
                          topk_identical=s["topk_same"] / s["topk"], topk_mean_overlap=s["topk_overlap"] / s["topk"],
+                         choice_steps=s["topk_choice"], choice_identical=s["topk_choice_same"] / s["topk_choice"],
+                         choice_mean_overlap=s["topk_choice_overlap"] / s["topk_choice"],
                          entries=s["entries"], entries_bit_exact=s["entries_exact"] / s["entries"],
                          entry_mean_rel_l2_err=s["sum_entry_rel_err"] / s["entries"],
                          entry_max_rel_l2_err=s["max_entry_rel_err"], keys_bit_exact=s["keys_exact"] / s["keys"]))

@@ -183,7 +183,8 @@ def run_side_by_side(config: CompressedCacheConfig, *, steps: int, batch: int, d
                 stats["leaves"] += 1
             if rows[r] is None and rng.random() < 0.5:
                 rid, next_rid = next_rid, next_rid + 1
-                T = rng.randrange(0, max_prompt)
+                # the first prompt: complete windows plus an unfinished one (the official tail handoff)
+                T = 2 * c.ratio + 1 if next_rid == 1 else rng.randrange(0, max_prompt)
                 pre = {"kv": randn(T, C * D), "score": randn(T, C * D, scale=2.0),
                        "swa_kv": randn(T, D).to(torch.bfloat16)}
                 if c.has_indexer:

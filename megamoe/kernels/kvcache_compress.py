@@ -2,7 +2,8 @@
 
 One program per (batch row, BLOCK_D feature columns); a program owns its columns of its slot's state, so
 the step needs no cross-program synchronisation. Rows that are inactive or do not flush are masked
-inside the kernel (no host branching): one launch serves every decode step and is CUDA-graph safe.
+inside the kernel (no host branching): one launch serves every decode step and is CUDA-graph safe. A row
+whose slot is outside ``[0, num_slots)`` or whose position is negative is inactive (touches no state).
 Semantics: ``megamoe.reference.kvcache.compressor_step``.
 """
 import triton
@@ -22,6 +23,7 @@ def _compress_step_kernel(
     tail_len_ptr,                 # (S,) int32
     pooled_ptr,                   # (B, D) float32
     flush_ptr,                    # (B,) int8
+    num_slots,                    # S (rows of the state)
     M: tl.constexpr, D: tl.constexpr, OVERLAP: tl.constexpr,
     M_P2: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -30,9 +32,10 @@ def _compress_step_kernel(
     CD: tl.constexpr = (2 if OVERLAP else 1) * D
     A_OFF: tl.constexpr = D if OVERLAP else 0
 
-    active = tl.load(active_ptr + row) != 0
     slot = tl.load(slots_ptr + row).to(tl.int64)
     pos = tl.load(positions_ptr + row)
+    active = (tl.load(active_ptr + row) != 0) & (slot >= 0) & (slot < num_slots) & (pos >= 0)
+    slot = tl.where(active, slot, 0)
     cur = pos % M
     flush = active & ((pos + 1) % M == 0)
     keep = active & ((pos + 1) % M != 0)
@@ -119,5 +122,5 @@ def launch_compress_step(kv, score, slots, positions, active_i8, tail_k, tail_z,
     grid = (B, triton.cdiv(width, block_d))
     _compress_step_kernel[grid](
         kv, score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb, tail_len, pooled, flush_i8,
-        M=ratio, D=width, OVERLAP=overlap, M_P2=triton.next_power_of_2(ratio), BLOCK_D=block_d,
+        tail_len.shape[0], M=ratio, D=width, OVERLAP=overlap, M_P2=triton.next_power_of_2(ratio), BLOCK_D=block_d,
     )

@@ -1,8 +1,11 @@
 """Dequantizing reader: gather selected compressed entries from the paged pool back to bf16.
 
-``out[b, j] = [bf16(fp8 * scale), rope]`` of entry ``indices[b, j]`` of slot ``slots[b]``; index -1 (or an
-unallocated page) gives zeros. One program per (row, BLOCK_K selected entries). Bit-exact with
-``megamoe.reference.kvcache.gather_entries`` (integer E4M3 decode, integer bf16 round-to-nearest-even).
+``out[b, j] = [bf16(fp8 * scale), rope]`` of entry ``indices[b, j]`` of slot ``slots[b]``, where non-RoPE
+dim ``n`` uses scale column ``n // (nope // SCALE_COLS)`` (SCALE_COLS = nope // 64 for the official
+numerics, 1 for one scale per entry). Index -1, a slot outside ``[0, num_slots)``, an unallocated page or a
+page id outside ``[0, num_pages)`` gives zeros (nothing is read). One program per (row, BLOCK_K selected
+entries). Bit-exact with ``megamoe.reference.kvcache.gather_entries`` (integer E4M3 decode, integer bf16
+round-to-nearest-even).
 """
 import triton
 import triton.language as tl
@@ -26,30 +29,34 @@ def _gather_entries_kernel(
     indices_ptr,                  # (B, K) int32
     slots_ptr,                    # (B,) int32
     block_table_ptr,              # (S, MAX_LB) int32
-    fp8_ptr,                      # (P, NOPE) uint8
-    scale_ptr,                    # (P,) float32
-    rope_ptr,                     # (P, ROPE) int16
+    fp8_ptr,                      # (P*EPB, NOPE) uint8
+    scale_ptr,                    # (P*EPB, SCALE_COLS) float32
+    rope_ptr,                     # (P*EPB, ROPE) int16
     out_ptr,                      # (B, K, NOPE + ROPE) int16 view of bf16
-    K, max_lb,
-    EPB: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr,
+    K, num_slots, max_lb, num_pages,
+    EPB: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, SCALE_COLS: tl.constexpr,
     NOPE_P2: tl.constexpr, ROPE_P2: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     jmask = j < K
     HEAD_DIM: tl.constexpr = NOPE + ROPE
+    SB: tl.constexpr = NOPE // SCALE_COLS
     slot = tl.load(slots_ptr + row).to(tl.int64)
+    slot_ok = (slot >= 0) & (slot < num_slots)
     t = tl.load(indices_ptr + row * K + j, mask=jmask, other=-1)
+    t = tl.where(slot_ok, t, -1)
     logical = tl.where(t >= 0, t // EPB, 0)
-    page = tl.load(block_table_ptr + slot * max_lb + logical, mask=(t >= 0) & (logical < max_lb), other=-1)
-    valid = (t >= 0) & (page >= 0)
-    src = page.to(tl.int64) * EPB + tl.where(t >= 0, t % EPB, 0)
+    page = tl.load(block_table_ptr + tl.where(slot_ok, slot, 0) * max_lb + logical,
+                   mask=(t >= 0) & (logical < max_lb), other=-1)
+    valid = (t >= 0) & (page >= 0) & (page < num_pages)
+    src = tl.where(valid, page, 0).to(tl.int64) * EPB + tl.where(t >= 0, t % EPB, 0)
 
     n = tl.arange(0, NOPE_P2)[None, :]
     nmask = (n < NOPE) & valid[:, None]
     code = tl.load(fp8_ptr + src[:, None] * NOPE + n, mask=nmask, other=0)
-    scale = tl.load(scale_ptr + src, mask=valid, other=0.0)
-    value = e4m3_decode(code) * scale[:, None]
+    scale = tl.load(scale_ptr + src[:, None] * SCALE_COLS + n // SB, mask=nmask, other=0.0)
+    value = e4m3_decode(code) * scale
     bits = tl.where(nmask, _bf16_bits_rne(value), 0).to(tl.int16)
     out_row = (row * K + j).to(tl.int64) * HEAD_DIM
     tl.store(out_ptr + out_row[:, None] + n, bits, mask=(n < NOPE) & jmask[:, None])
@@ -63,7 +70,8 @@ def _gather_entries_kernel(
 def launch_gather_entries(indices, slots, block_table, entries_fp8_u8, entries_scale, entries_rope_i16, out_i16,
                           *, entries_per_block: int):
     """indices: (B, K) int32; slots: (B,) int32; block_table: (S, L) int32; pool tensors flattened over
-    (page, slot); out_i16: (B, K, head_dim) int16 view of the bf16 output."""
+    (page, slot): entries_fp8_u8 (P, nope) uint8, entries_scale (P, cols) float32, entries_rope_i16 (P, rope)
+    int16; out_i16: (B, K, head_dim) int16 view of the bf16 output."""
     B, K = indices.shape
     if B == 0 or K == 0:
         return
@@ -72,7 +80,7 @@ def launch_gather_entries(indices, slots, block_table, entries_fp8_u8, entries_s
     grid = (B, triton.cdiv(K, BLOCK_K))
     _gather_entries_kernel[grid](
         indices, slots, block_table, entries_fp8_u8, entries_scale, entries_rope_i16, out_i16,
-        K, block_table.shape[1],
-        EPB=entries_per_block, NOPE=nope, ROPE=rope,
+        K, block_table.shape[0], block_table.shape[1], entries_fp8_u8.shape[0] // entries_per_block,
+        EPB=entries_per_block, NOPE=nope, ROPE=rope, SCALE_COLS=entries_scale.shape[-1],
         NOPE_P2=triton.next_power_of_2(nope), ROPE_P2=triton.next_power_of_2(rope), BLOCK=BLOCK_K,
     )

@@ -1,7 +1,8 @@
-"""DeepSeek-V4 compressed attention cache (CSA / HCA compressors, paged FP8 pool, NVFP4 indexer keys, SWA).
+"""DeepSeek-V4 compressed attention cache (CSA / HCA compressors, paged FP8 pool, FP4 indexer keys, SWA).
 
-See ``config.py`` for every constant and its source, ``cache.py`` for the host/device split
-(``prepare_forward`` outside the graph, ``decode_step`` inside), ``ops.py`` for the functional steps.
+See ``config.py`` for every constant, its source and the storage numerics (official by default),
+``cache.py`` for the host/device split (``set_post_pool`` / ``join`` / ``prepare_forward`` / ``prefill``
+outside the graph, ``decode_step`` inside), ``ops.py`` for the functional steps.
 """
 from .cache import BlockAllocator, CompressedKVCache, DecodeBatch  # noqa: F401
 from .config import CompressedCacheConfig  # noqa: F401

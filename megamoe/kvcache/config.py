@@ -22,9 +22,20 @@ constant                   value      source
 ``hca_ratio`` (m, HCA)     128        ``compress_ratios`` entries 128 (no indexer: ``Indexer`` only when
                                       ratio == 4 in ``Attention.__init__``); seed file 004 (tail_a=128).
 ``window_size``            128        ``sliding_window`` = 128 (configs); ``window_size=128`` (sglang test).
-FP8 entry scale            amax/448   seed file 004 (one float32 scale per entry, amax / 448). The official
-                                      code simulates FP8 with 64-element ue8m0 blocks instead (``act_quant
-                                      (kv[..., :-rd], 64, ...)``); the issue asks for one scale per entry.
+FP8 entry scale            2**k / 64  official ``Compressor.forward``: ``act_quant(kv[..., :-rd], 64, scale_fmt, ...)``
+                                      with ue8m0 (power-of-two) scales, one per 64 non-RoPE dims (kernel
+                                      ``act_quant``, see ``/work/plan/NUMERICS.md``). Default
+                                      ``entry_numerics="official"``; ``"per_entry"`` keeps seed file 004's
+                                      one ``amax / 448`` float32 scale per entry.
+indexer key FP4            2**k / 32  official ``Compressor`` with ``rotate=True``: Hadamard rotation then
+                                      ``fp4_act_quant(kv, 32, True)`` (power-of-two scale per 32 dims).
+                                      Default ``index_numerics="official"`` (E2M1 codes + one E8M0 byte per
+                                      32 dims); ``"nvfp4"`` keeps NVFP4 (E4M3 scale per 16, global 1.0).
+post-pool steps            --         official ``Compressor.forward`` after pooling: ``kv.to(bf16)`` ->
+                                      ``RMSNorm(head_dim)`` -> RoPE of the last ``rope_dim`` dims at the
+                                      window's first position ``pos + 1 - m`` (the compressed layers' YaRN
+                                      table) -> (indexer only) Hadamard rotation -> FP8/FP4 simulation.
+``norm_eps``               1e-6       ``ModelArgs.norm_eps`` (the compressors' ``RMSNorm``).
 b-stream first-flush mask  -inf       official ``Compressor``: ``score_state`` initialised to ``-inf``,
                                       ``kv_state`` to 0; seed file 004 uses -1e9 (same effect).
 pooling                    softmax    official ``Compressor.forward`` decode branch: per-feature softmax of
@@ -38,19 +49,25 @@ indexer formula            ReLU       official ``Indexer.forward``: ``score[t] =
 =========================  =========  ===================================================================
 
 The "official code" above is DeepSeek-V4's ``inference/model.py`` as reproduced in public ports found with
-the search tool (``find_string "def overlap_transform"``); ``rotate_activation`` (Hadamard), RMSNorm and RoPE
-of the pooled entry stay with the model: this package stores and reads what it is given.
+the search tool (``find_string "def overlap_transform"``). The post-pool steps run inside the cache
+(:meth:`CompressedKVCache.set_post_pool` gives it the norm weights and the RoPE table).
 
 Choices of this package (not in the sources)
 --------------------------------------------
-* Indexer keys are NVFP4 with a **fixed global scale of 1.0** (nothing stored per entry beyond the E4M3 block
-  scales): a block's scale is ``e4m3(min(block_amax / 6, 448))``, so keys with |k| up to 6 * 448 = 2688 are
-  represented and blocks whose amax is below ~2**-10 * 6 quantize to zero (exact semantics of
-  ``megamoe.reference.quantize.quantize(x, global_scale=1.0)``; indexer keys are RMS-normalised and
-  Hadamard-rotated, so they are O(1)).
-* Entry FP8 policy: ``scale = amax / 448`` (float32, amax over the non-RoPE dims); an all-zero entry stores
-  ``scale = 0`` and FP8 zeros (signed as the input); an entry with any NaN/Inf in its non-RoPE dims stores
-  ``scale = NaN`` and FP8 bytes 0, so it dequantizes to NaN. The RoPE dims are copied bit for bit.
+* ``index_numerics="nvfp4"``: keys are NVFP4 with a **fixed global scale of 1.0**: a block's scale is
+  ``e4m3(min(block_amax / 6, 448))``, so keys with |k| up to 6 * 448 = 2688 are represented and blocks whose
+  amax is below ~2**-10 * 6 quantize to zero (semantics of ``megamoe.reference.quantize.quantize(x,
+  global_scale=1.0)``).
+* ``index_numerics="official"``: a block with any NaN/Inf stores scale byte 0xFF (E8M0 NaN) and codes 0. The
+  indexer kernel applies the scale after a per-block dot, so every finite scale is exact.
+* ``entry_numerics="per_entry"``: ``scale = amax / 448`` (float32, amax over the non-RoPE dims); an all-zero
+  entry stores ``scale = 0`` and FP8 zeros (signed as the input); an entry with any NaN/Inf in its non-RoPE
+  dims stores ``scale = NaN`` and FP8 bytes 0, so it dequantizes to NaN.
+* ``entry_numerics="official"``: per 64-dim block, the official ``act_quant`` (``scale =
+  pow2ceil(max(amax, 1e-4) / 448)``); a block with any NaN/Inf stores scale NaN and bytes 0. The RoPE dims are
+  copied bit for bit in both modes.
+* Device-valued indices out of range (slot outside ``[0, max_slots)``, negative position, page id outside the
+  pool) make a row a no-op in every kernel and reference (reads give zeros / ``-inf`` scores).
 * Top-k tie-break: higher score first, **lower entry index first among equal scores** (stable sort); slots
   past a request's entry count score ``-inf`` and are returned as index ``-1``.
 """
@@ -71,8 +88,23 @@ V4_WINDOW_SIZE = 128
 #: FP8 E4M3 largest finite value, the divisor of the per-entry scale.
 FP8_MAX = 448.0
 
-#: NVFP4 global scale of the indexer keys (fixed, not stored).
+#: NVFP4 global scale of the indexer keys (fixed, not stored; ``index_numerics="nvfp4"``).
 INDEX_KEY_GLOBAL_SCALE = 1.0
+
+#: Non-RoPE dims per FP8 scale of an entry (official ``act_quant(kv[..., :-rd], 64)``).
+ENTRY_SCALE_BLOCK = 64
+
+#: Key dims per E8M0 scale of an indexer key (official ``fp4_act_quant(kv, 32)``).
+INDEX_SCALE_BLOCK = 32
+
+#: Key dims per E4M3 scale of an NVFP4 indexer key (``index_numerics="nvfp4"``).
+NVFP4_SCALE_BLOCK = 16
+
+#: RMSNorm epsilon of the compressors (``ModelArgs.norm_eps``).
+V4_NORM_EPS = 1e-6
+
+ENTRY_NUMERICS = ("official", "per_entry")
+INDEX_NUMERICS = ("official", "nvfp4")
 
 
 def _check_positive(name: str, value) -> None:
@@ -94,6 +126,11 @@ class CompressedCacheConfig:
     max_slots: concurrent requests (rows of the compressor state, block table and SWA cache).
     max_context: longest request in tokens; sizes the block table.
     num_blocks: pages in the pool; default ``max_slots * max_logical_blocks`` (never runs out).
+    entry_numerics: ``"official"`` (FP8 E4M3 + float32 power-of-two scale per 64 non-RoPE dims, the
+        official ``act_quant`` bit for bit) or ``"per_entry"`` (one ``amax / 448`` scale per entry).
+    index_numerics: ``"official"`` (E2M1 + E8M0 scale per 32 dims, the official ``fp4_act_quant`` bit for
+        bit) or ``"nvfp4"`` (E2M1 + E4M3 scale per 16 dims, global scale 1.0).
+    norm_eps: epsilon of the post-pool RMSNorm.
     """
 
     kind: str = "csa"
@@ -108,6 +145,9 @@ class CompressedCacheConfig:
     max_slots: int = 8
     max_context: int = 8192
     num_blocks: int | None = None
+    entry_numerics: str = "official"
+    index_numerics: str = "official"
+    norm_eps: float = V4_NORM_EPS
 
     def __post_init__(self):
         if self.kind not in ("csa", "hca"):
@@ -123,6 +163,15 @@ class CompressedCacheConfig:
             raise ValueError("head_dim and rope_dim must be even")
         if self.index_head_dim % 32:
             raise ValueError(f"index_head_dim: expected a multiple of 32, got {self.index_head_dim}")
+        if self.entry_numerics not in ENTRY_NUMERICS:
+            raise ValueError(f"entry_numerics: expected one of {ENTRY_NUMERICS}, got {self.entry_numerics!r}")
+        if self.index_numerics not in INDEX_NUMERICS:
+            raise ValueError(f"index_numerics: expected one of {INDEX_NUMERICS}, got {self.index_numerics!r}")
+        if self.entry_numerics == "official" and self.nope_dim % ENTRY_SCALE_BLOCK:
+            raise ValueError(f"head_dim - rope_dim: expected a multiple of {ENTRY_SCALE_BLOCK} with "
+                             f"entry_numerics='official', got {self.nope_dim}")
+        if not (isinstance(self.norm_eps, float) and self.norm_eps > 0):
+            raise ValueError(f"norm_eps: expected a positive float, got {self.norm_eps!r}")
         if self.num_blocks is not None:
             _check_positive("num_blocks", self.num_blocks)
         else:
@@ -140,6 +189,17 @@ class CompressedCacheConfig:
     @property
     def nope_dim(self) -> int:
         return self.head_dim - self.rope_dim
+
+    @property
+    def entry_scale_cols(self) -> int:
+        """float32 scales per entry: ``nope_dim // 64`` (official) or 1 (per_entry)."""
+        return self.nope_dim // ENTRY_SCALE_BLOCK if self.entry_numerics == "official" else 1
+
+    @property
+    def index_scale_cols(self) -> int:
+        """Scale bytes per indexer key: ``index_head_dim // 32`` (official E8M0) or ``// 16`` (NVFP4 E4M3)."""
+        block = INDEX_SCALE_BLOCK if self.index_numerics == "official" else NVFP4_SCALE_BLOCK
+        return self.index_head_dim // block
 
     @property
     def max_entries(self) -> int:

@@ -3,6 +3,8 @@
 Dispatch rule (``megamoe.ops._dispatch.use_triton``): CUDA tensors -> Triton; CPU tensors -> the PyTorch
 reference, or the Triton launcher through the interpreter when ``TRITON_INTERPRET=1``. Nothing here
 reads device values on the host, so every step is sync-free and CUDA-graph capturable on the Triton path.
+Device-valued indices out of range (slot outside ``[0, S)``, negative position, page id outside the pool)
+make the affected row a no-op / a zero read / a ``-inf`` score on both paths (kernels and references).
 """
 from __future__ import annotations
 
@@ -37,6 +39,13 @@ def _check_batch(slots, positions, active, B: int, device) -> None:
         _check(active, "active", torch.bool, (B,), device)
 
 
+def _check_table(block_table, device) -> None:
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise TypeError("block_table: expected a 2-D int32 tensor")
+    if block_table.device != device or not block_table.is_contiguous():
+        raise ValueError(f"block_table: expected a contiguous tensor on {device}")
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """(pages, epb, ...) -> (pages * epb, ...) view."""
     return t.view(t.shape[0] * t.shape[1], *t.shape[2:])
@@ -51,6 +60,7 @@ def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
     slots, positions: (B,) int32 (position of the appended token); active: (B,) bool.
     pooled: (B, D) float32 output (rows that flush are written, others untouched).
     flush: (B,) bool output (active and ``(pos + 1) % m == 0``). ``state`` is mutated in place.
+    A row whose slot is outside ``[0, S)`` or whose position is negative counts as inactive.
     """
     B, dev = kv.shape[0], kv.device
     _check(kv, "kv", torch.float32, (B, state.cols), dev)
@@ -73,8 +83,9 @@ def flush_write(pool: PagedPool, block_table: torch.Tensor, entry: torch.Tensor,
                 flush: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, *, ratio: int) -> None:
     """Quantize + scatter the flushing rows' entries into the pool (others: no-op, inside the kernel).
 
-    entry: (B, head_dim) bf16 (last rope_dim dims stored bf16, the rest FP8 with one float32 scale);
-    index_key: (B, index_head_dim) bf16 for CSA (stored NVFP4), None for HCA; flush: (B,) bool;
+    entry: (B, head_dim) bf16 (last rope_dim dims stored bf16, the rest FP8 with float32 scales, per
+    ``pool.entry_numerics``); index_key: (B, index_head_dim) bf16 for CSA (stored FP4 per
+    ``pool.index_numerics``), None for HCA; flush: (B,) bool;
     slots, positions: (B,) int32 (row b writes entry ``positions[b] // ratio``); block_table: (S, L) int32.
     """
     B, dev = entry.shape[0], entry.device
@@ -87,8 +98,7 @@ def flush_write(pool: PagedPool, block_table: torch.Tensor, entry: torch.Tensor,
         _check(index_key, "index_key", torch.bfloat16, (B, pool.index_keys.shape[-1] * 2), dev)
     _check(flush, "flush", torch.bool, (B,), dev)
     _check_batch(slots, positions, None, B, dev)
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.device != dev:
-        raise TypeError(f"block_table: expected a 2-D int32 tensor on {dev}")
+    _check_table(block_table, dev)
     if use_triton(entry):
         from ..kernels.kvcache_flush import launch_flush_write
         keys = None if index_key is None else _flat(pool.index_keys)
@@ -96,7 +106,9 @@ def flush_write(pool: PagedPool, block_table: torch.Tensor, entry: torch.Tensor,
         launch_flush_write(entry, index_key, flush.view(torch.int8), slots, positions, block_table,
                            _flat(pool.entries_fp8).view(torch.uint8), _flat(pool.entries_scale),
                            _flat(pool.entries_rope).view(torch.int16), keys, key_scale,
-                           ratio=ratio, entries_per_block=pool.entries_scale.shape[1])
+                           ratio=ratio, entries_per_block=pool.entries_per_block,
+                           official_entry=pool.entry_numerics == "official",
+                           official_key=pool.index_numerics == "official")
         return
     _ref().flush_write(pool, block_table, entry, index_key, flush, slots, positions, ratio)
 
@@ -105,13 +117,15 @@ def gather_entries(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tens
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantize selected entries: indices (B, K) int32 (-1 = none) -> (B, K, head_dim) bf16.
 
-    Non-RoPE dims: ``bf16(fp8 * scale)``; RoPE dims as stored; -1 / unallocated: zeros.
+    Non-RoPE dims: ``bf16(fp8 * scale)`` (scale of the dim's block); RoPE dims as stored; -1, unallocated,
+    slot outside ``[0, S)`` or page id outside the pool: zeros.
     """
     B, K = indices.shape
     dev = indices.device
     d = pool.entries_fp8.shape[-1] + pool.entries_rope.shape[-1]
     _check(indices, "indices", torch.int32, (B, K), dev)
     _check(slots, "slots", torch.int32, (B,), dev)
+    _check_table(block_table, dev)
     if out is None:
         out = torch.empty((B, K, d), dtype=torch.bfloat16, device=dev)
     _check(out, "out", torch.bfloat16, (B, K, d), dev)
@@ -119,7 +133,7 @@ def gather_entries(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tens
         from ..kernels.kvcache_gather import launch_gather_entries
         launch_gather_entries(indices, slots, block_table, _flat(pool.entries_fp8).view(torch.uint8),
                               _flat(pool.entries_scale), _flat(pool.entries_rope).view(torch.int16),
-                              out.view(torch.int16), entries_per_block=pool.entries_scale.shape[1])
+                              out.view(torch.int16), entries_per_block=pool.entries_per_block)
         return out
     out.copy_(_ref().gather_entries(pool, block_table, slots, indices))
     return out
@@ -129,7 +143,9 @@ def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, 
                    slots: torch.Tensor, n_entries: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """V4 indexer scores: q (B, H, Di) bf16, weights (B, H) float32 (already including
     ``softmax_scale * H**-0.5``), n_entries (B,) int32 -> scores (B, T) float32 (written in place),
-    ``sum_h w_h relu(q_h . k_t)`` for ``t < n_entries[b]``, -inf after."""
+    ``sum_h w_h relu(q_h . k_t)`` for ``t < n_entries[b]``, -inf after (and for entries without storage).
+    ``q`` is the model's indexer query as the official code feeds the einsum: RoPE'd, Hadamard-rotated and
+    FP4-simulated."""
     if pool.index_keys is None:
         raise ValueError("pool: has no indexer keys (HCA caches have no indexer)")
     B, H, di = q.shape
@@ -138,13 +154,15 @@ def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, 
     _check(weights, "weights", torch.float32, (B, H), dev)
     _check(slots, "slots", torch.int32, (B,), dev)
     _check(n_entries, "n_entries", torch.int32, (B,), dev)
+    _check_table(block_table, dev)
     if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[0] != B or not scores.is_contiguous():
         raise ValueError(f"scores: expected a contiguous (B={B}, T) float32 tensor")
     if use_triton(q):
         from ..kernels.indexer import launch_indexer_scores
         launch_indexer_scores(q, weights, slots, n_entries, block_table, _flat(pool.index_keys),
                               _flat(pool.index_key_scale).view(torch.uint8), scores,
-                              entries_per_block=pool.entries_scale.shape[1], interpreter=interpreter_enabled())
+                              entries_per_block=pool.entries_per_block, official=pool.index_numerics == "official",
+                              interpreter=interpreter_enabled())
         return scores
     scores.copy_(_ref().indexer_scores(pool, block_table, q, weights, slots, n_entries, scores.shape[1]))
     return scores
@@ -160,12 +178,15 @@ def swa_append(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, slots: tor
     """One vectorized scatter into the sliding-window cache.
 
     swa_rows: (S * window + 1, D) storage whose last row is a scratch row; row ``slot * window + pos % window``
-    receives ``kv[b]`` for active rows, inactive rows write the scratch row (no host branching).
+    receives ``kv[b]`` for active rows, inactive rows (and rows whose slot is outside ``[0, S)`` or whose
+    position is negative) write the scratch row (no host branching).
     """
     B = kv.shape[0]
     _check(kv, "kv", swa_rows.dtype, (B, swa_rows.shape[1]), swa_rows.device)
     _check_batch(slots, positions, active, B, swa_rows.device)
     scratch = swa_rows.shape[0] - 1
+    num_slots = scratch // window
+    ok = active & (slots >= 0) & (slots < num_slots) & (positions >= 0)
     rows = slots.to(torch.int64) * window + torch.remainder(positions, window)
-    rows = torch.where(active, rows, torch.full_like(rows, scratch))
+    rows = torch.where(ok, rows, torch.full_like(rows, scratch))
     swa_rows.index_copy_(0, rows, kv)

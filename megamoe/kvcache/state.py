@@ -69,13 +69,19 @@ class CompressorState:
 
 @dataclass
 class PagedPool:
-    """Paged storage of compressed entries: page ``p``, slot ``s`` holds one entry.
+    """Paged storage of compressed entries: page ``p``, slot ``e`` holds one entry.
 
-    entries_fp8: (num_blocks, epb, head_dim - rope_dim) float8_e4m3fn, the non-RoPE dims / scale.
-    entries_scale: (num_blocks, epb) float32, ``amax / 448`` of the entry's non-RoPE dims.
-    entries_rope: (num_blocks, epb, rope_dim) bfloat16, the RoPE dims as given.
-    index_keys: (num_blocks, epb, index_head_dim // 2) uint8 NVFP4 codes, low nibble = even element (CSA).
-    index_key_scale: (num_blocks, epb, index_head_dim // 16) float8_e4m3fn block scales, global scale 1.0.
+    The attention kernel reads the first four as raw tensors (names and layouts are an interface):
+
+    entries_fp8: (num_blocks, epb, nope) float8_e4m3fn, the non-RoPE dims divided by their block scale.
+    entries_scale: (num_blocks, epb, nope // SB) float32; SB = 64 with ``entry_numerics="official"``
+        (power-of-two scales, the official ``act_quant``), SB = nope (one ``amax / 448`` scale, shape
+        (num_blocks, epb, 1)) with ``"per_entry"``. Value of dim ``j``: ``float(fp8[j]) * scale[j // SB]``.
+    entries_rope: (num_blocks, epb, rope_dim) bfloat16, the RoPE dims as written.
+    index_keys: (num_blocks, epb, index_head_dim // 2) uint8 E2M1 codes, low nibble = even element (CSA).
+    index_key_scale (CSA): official: (num_blocks, epb, index_head_dim // 32) uint8 E8M0 (power-of-two
+        scale ``2 ** (byte - 127)``, 0xFF = NaN); nvfp4: (num_blocks, epb, index_head_dim // 16)
+        float8_e4m3fn block scales, global scale 1.0.
     """
 
     entries_fp8: torch.Tensor
@@ -83,25 +89,35 @@ class PagedPool:
     entries_rope: torch.Tensor
     index_keys: torch.Tensor | None
     index_key_scale: torch.Tensor | None
+    entry_numerics: str = "official"
+    index_numerics: str = "official"
 
     @classmethod
     def allocate(cls, config: CompressedCacheConfig, device) -> "PagedPool":
         nb, epb = config.num_blocks, config.entries_per_block
         fp8 = torch.zeros((nb, epb, config.nope_dim), dtype=torch.float8_e4m3fn, device=device)
-        scale = torch.zeros((nb, epb), dtype=torch.float32, device=device)
+        scale = torch.zeros((nb, epb, config.entry_scale_cols), dtype=torch.float32, device=device)
         rope = torch.zeros((nb, epb, config.rope_dim), dtype=torch.bfloat16, device=device)
         keys = key_scale = None
         if config.has_indexer:
             keys = torch.zeros((nb, epb, config.index_head_dim // 2), dtype=torch.uint8, device=device)
-            key_scale = torch.zeros((nb, epb, config.index_head_dim // 16), dtype=torch.float8_e4m3fn,
-                                    device=device)
-        return cls(fp8, scale, rope, keys, key_scale)
+            scale_dtype = torch.uint8 if config.index_numerics == "official" else torch.float8_e4m3fn
+            key_scale = torch.zeros((nb, epb, config.index_scale_cols), dtype=scale_dtype, device=device)
+        return cls(fp8, scale, rope, keys, key_scale, config.entry_numerics, config.index_numerics)
+
+    @property
+    def entries_per_block(self) -> int:
+        return self.entries_fp8.shape[1]
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.entries_fp8, self.entries_scale, self.entries_rope, self.index_keys,
                             self.index_key_scale) if t is not None]
 
+    def map(self, fn) -> "PagedPool":
+        """A pool of ``fn(tensor)`` for every tensor (e.g. ``.clone()``, ``.cpu()``), same numerics."""
+        c = lambda t: None if t is None else fn(t)  # noqa: E731
+        return PagedPool(c(self.entries_fp8), c(self.entries_scale), c(self.entries_rope), c(self.index_keys),
+                         c(self.index_key_scale), self.entry_numerics, self.index_numerics)
+
     def clone(self) -> "PagedPool":
-        c = lambda t: None if t is None else t.clone()  # noqa: E731
-        return PagedPool(c(self.entries_fp8), c(self.entries_scale), c(self.entries_rope),
-                         c(self.index_keys), c(self.index_key_scale))
+        return self.map(torch.clone)

@@ -3,11 +3,13 @@ import pytest
 import torch
 
 import megamoe.reference.kvcache as ref
+import megamoe.reference.v4_numerics as v4
 from megamoe.kvcache import CompressedCacheConfig, CompressedKVCache, ops
 from megamoe.kvcache.state import CompressorState
 
-SMALL = dict(head_dim=64, rope_dim=16, index_head_dim=32, index_n_heads=16, index_topk=8, window_size=8,
+SMALL = dict(head_dim=144, rope_dim=16, index_head_dim=64, index_n_heads=16, index_topk=8, window_size=8,
              entries_per_block=4, max_slots=5, max_context=256)
+NUMERICS = [("official", "official"), ("per_entry", "nvfp4")]
 
 
 def _cfg(kind, ratio=None, **kw):
@@ -71,29 +73,28 @@ def _pool_bytes(cache):
     return [t.view(torch.uint8).cpu().clone() for t in cache.pool.tensors()]
 
 
-@pytest.mark.parametrize("kind", ["csa", "hca"])
-def test_flush_write_bit_exact_and_masked(kind, device):
-    cfg = _cfg(kind, 4)
+@pytest.mark.parametrize("kind,numerics", [("csa", NUMERICS[0]), ("csa", NUMERICS[1]), ("hca", NUMERICS[0])])
+def test_flush_write_bit_exact_and_masked(kind, numerics, device):
+    cfg = _cfg(kind, 4, entry_numerics=numerics[0], index_numerics=numerics[1])
     cache = CompressedKVCache(cfg, device)
     for s in range(cfg.max_slots):
         cache.join(s)
     cache.prepare_forward([0, 1, 2, 3], [0, 0, 0, 0], [40, 40, 40, 40])  # slot 4 keeps no pages
     _poison(cache)
-    expect = cache.pool.clone()
-    expect = type(expect)(*[t.cpu() if t is not None else None for t in
-                            (expect.entries_fp8, expect.entries_scale, expect.entries_rope, expect.index_keys,
-                             expect.index_key_scale)])
+    expect = cache.pool.map(lambda t: t.cpu().clone())
     before = _pool_bytes(cache)
     B = 7
     entry = (3 * torch.randn((B, cfg.head_dim), device=device)).to(torch.bfloat16)
-    entry[1] = 0.0                                    # all-zero entry: scale 0
-    entry[2, 5] = float("nan")                        # non-finite entry: scale NaN, bytes 0
+    entry[1] = 0.0                                    # all-zero entry
+    entry[2, 5] = float("nan")                        # non-finite element (official: its 64-block only)
     entry[3, :cfg.nope_dim] *= 1e-30                  # tiny values
+    entry[6, 64:cfg.nope_dim] *= 1e-3                 # blocks of very different magnitude
     key = (torch.randn((B, cfg.index_head_dim), device=device)).to(torch.bfloat16) if cfg.has_indexer else None
     if key is not None:
         key[4, :16] = 0.0                             # zero block
-        key[5, 20] = float("inf")                     # non-finite block
-        key[6, 16:32] *= 1e-6                         # scale underflows to 0
+        key[2, 20] = float("inf")                     # non-finite block
+        key[6, 16:32] *= 1e-6                         # tiny block
+        key[3, 32:] *= 1e4                            # large block
     slots, positions, _ = _batch([0, 1, 2, 3, 0, 4, 1], [3, 7, 11, 39, 8, 3, 22], [True] * B, device)
     flush = torch.tensor([1, 1, 1, 1, 0, 1, 1], dtype=torch.bool, device=device)  # row 4 masked, row 5: no page
     ops.flush_write(cache.pool, cache.block_table, entry, key, flush, slots, positions, ratio=4)
@@ -101,30 +102,52 @@ def test_flush_write_bit_exact_and_masked(kind, device):
                     slots.cpu(), positions.cpu(), 4)
     got = _pool_bytes(cache)
     want = [t.view(torch.uint8) for t in expect.tensors()]
-    for g, w, b in zip(got, want, before):
+    for g, w in zip(got, want):
         assert torch.equal(g, w)
     # exactly the 5 written entries changed (rows 0,1,2,3,6): poison elsewhere survives
-    changed = (got[1].view(torch.int32) != before[1].view(torch.int32)).flatten()
-    assert int(changed.sum()) <= 5
-    rope_changed = (got[2].view(-1, cfg.rope_dim * 2) != before[2].view(-1, cfg.rope_dim * 2)).any(dim=1)
-    assert int(rope_changed.sum()) <= 5
-    scale = expect.entries_scale.view(-1)
+    per_entry = [(g.reshape(g.shape[0] * g.shape[1], -1) != b.reshape(b.shape[0] * b.shape[1], -1)).any(dim=1)
+                 for g, b in zip(got, before)]
+    assert int(torch.stack(per_entry).any(dim=0).sum()) <= 5
     table = cache.block_table.cpu()
     zero_loc = ref.entry_location(table, 1, 1, cfg.entries_per_block)
     nan_loc = ref.entry_location(table, 2, 2, cfg.entries_per_block)
-    assert expect.entries_scale[zero_loc] == 0
-    assert torch.isnan(expect.entries_scale[nan_loc])
-    assert scale.numel() > 0
+    scale = expect.entries_scale
+    if numerics[0] == "per_entry":
+        assert scale[zero_loc].tolist() == [0.0]
+        assert torch.isnan(scale[nan_loc]).all()
+    else:
+        assert scale.shape[-1] == cfg.nope_dim // 64
+        assert (scale[zero_loc] == 2.0 ** -22).all()                # pow2ceil(1e-4 / 448)
+        assert torch.isnan(scale[nan_loc][0]) and not torch.isnan(scale[nan_loc][1:]).any()
+        # stored values are exactly the official act_quant simulation of the finite entries
+        for b in (0, 1, 3, 6):
+            loc = ref.entry_location(table, int(slots[b]), int(positions[b]) // 4, cfg.entries_per_block)
+            got_e = ref.dequantize_entries(expect.entries_fp8[loc], expect.entries_scale[loc], expect.entries_rope[loc])
+            want_e = torch.cat([v4.fp8_block_simulate(entry[b, :cfg.nope_dim].cpu(), 64),
+                                entry[b, cfg.nope_dim:].cpu()])
+            assert torch.equal(got_e.view(torch.int16), want_e.view(torch.int16))
+    if key is not None and numerics[1] == "official":
+        ks = expect.index_key_scale
+        assert ks.dtype == torch.uint8 and ks.shape[-1] == cfg.index_head_dim // 32
+        assert ks[nan_loc].tolist() == [0xFF, int(ks[nan_loc][1])] and int(ks[nan_loc][1]) != 0xFF
+        assert (expect.index_keys[nan_loc][:16] == 0).all()
+        for b in (0, 1, 3, 6):
+            loc = ref.entry_location(table, int(slots[b]), int(positions[b]) // 4, cfg.entries_per_block)
+            got_k = ref.dequantize_index_keys(expect.index_keys[loc], ks[loc], "official")
+            assert torch.equal(got_k, v4.fp4_block_simulate(key[b].cpu().float(), 32))
 
 
-def test_gather_entries_bit_exact(device):
-    cfg = _cfg("csa", 4)
+@pytest.mark.parametrize("numerics", NUMERICS)
+def test_gather_entries_bit_exact(numerics, device):
+    cfg = _cfg("csa", 4, entry_numerics=numerics[0], index_numerics=numerics[1])
     cache = CompressedKVCache(cfg, device)
     cache.join(0)
     cache.join(2)
     cache.prepare_forward([0, 2], [0, 0], [48, 20])
     B = 17
-    entry = (torch.randn((B, cfg.head_dim), device=device) * 4).to(torch.bfloat16)
+    entry = torch.randn((B, cfg.head_dim), device=device) * 4
+    entry[:, 64:cfg.nope_dim] *= 0.01                     # per-block scales differ
+    entry = entry.to(torch.bfloat16)
     key = torch.randn((B, cfg.index_head_dim), device=device).to(torch.bfloat16)
     slot_list = [0] * 12 + [2] * 5
     pos_list = [4 * e + 3 for e in range(12)] + [4 * e + 3 for e in range(5)]
@@ -136,23 +159,24 @@ def test_gather_entries_bit_exact(device):
                             [4, 3, 2, 1, 0, -1, 5, 6, -1, -1, -1, -1, -1, -1, -1, -1, 0, 0],
                             [-1] * 18], dtype=torch.int32, device=device)
     got = ops.gather_entries(cache.pool, cache.block_table, q_slots, indices)
-    pool_cpu = type(cache.pool)(*[t.cpu() if t is not None else None for t in
-                                  (cache.pool.entries_fp8, cache.pool.entries_scale, cache.pool.entries_rope,
-                                   cache.pool.index_keys, cache.pool.index_key_scale)])
+    pool_cpu = cache.pool.map(lambda t: t.cpu())
     want = ref.gather_entries(pool_cpu, cache.block_table.cpu(), q_slots.cpu(), indices.cpu())
     assert torch.equal(got.cpu().view(torch.int16), want.view(torch.int16))
     # RoPE half exactly as written, FP8 half within E4M3 rounding of the bf16 input
     e0 = got[0, 0].cpu().float()
     src = entry[11].cpu().float()
     assert torch.equal(e0[cfg.nope_dim:], src[cfg.nope_dim:])
+    if numerics[0] == "official":
+        assert torch.equal(e0[:cfg.nope_dim], v4.fp8_block_simulate(src[:cfg.nope_dim], 64))
     amax = src[:cfg.nope_dim].abs().max()
     assert ((e0[:cfg.nope_dim] - src[:cfg.nope_dim]).abs() <= 2 ** -4 * src[:cfg.nope_dim].abs() + amax / 448 * 2 ** -9
             + 1e-2 * src[:cfg.nope_dim].abs()).all()
     assert (got[2].float() == 0).all()
 
 
-def test_indexer_scores_and_topk(device):
-    cfg = _cfg("csa", 4)
+@pytest.mark.parametrize("index_numerics", ["official", "nvfp4"])
+def test_indexer_scores_and_topk(index_numerics, device):
+    cfg = _cfg("csa", 4, index_numerics=index_numerics)
     cache = CompressedKVCache(cfg, device)
     for s in (0, 1, 3):
         cache.join(s)
@@ -164,7 +188,9 @@ def test_indexer_scores_and_topk(device):
         rows_pos += [4 * e + 3 for e in range(n)]
     R = len(rows_slot)
     entry = torch.randn((R, cfg.head_dim), device=device).to(torch.bfloat16)
-    key = torch.randn((R, cfg.index_head_dim), device=device).to(torch.bfloat16)
+    key = torch.randn((R, cfg.index_head_dim), device=device)
+    key = (key * torch.logspace(-2, 2, R, device=device)[:, None]).to(torch.bfloat16)   # scales vary by entry
+    key[:, :32] *= 8                                                                       # and by block
     slots, positions, _ = _batch(rows_slot, rows_pos, [True] * R, device)
     ops.flush_write(cache.pool, cache.block_table, entry, key, torch.ones(R, dtype=torch.bool, device=device),
                     slots, positions, ratio=4)
@@ -176,15 +202,13 @@ def test_indexer_scores_and_topk(device):
     T = 40
     scores = torch.empty((B, T), device=device)
     ops.indexer_scores(cache.pool, cache.block_table, q, weights, q_slots, n_entries, scores)
-    pool_cpu = type(cache.pool)(*[t.cpu() if t is not None else None for t in
-                                  (cache.pool.entries_fp8, cache.pool.entries_scale, cache.pool.entries_rope,
-                                   cache.pool.index_keys, cache.pool.index_key_scale)])
+    pool_cpu = cache.pool.map(lambda t: t.cpu())
     want = ref.indexer_scores(pool_cpu, cache.block_table.cpu(), q.cpu(), weights.cpu(), q_slots.cpu(),
                               n_entries.cpu(), T)
     got = scores.cpu()
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     finite = torch.isfinite(want)
-    torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4 * float(want[finite].abs().max()))
     # the reference decodes keys independently: a wrong nibble order or scale would move scores by O(1)
     assert (want[finite].abs() > 1e-3).float().mean() > 0.3
     topk = ops.select_topk(scores, cfg.index_topk).cpu()

@@ -1,0 +1,305 @@
+"""Reliability of the compressed cache: validation before mutation, allocator misuse, batch setters,
+out-of-range device indices masked identically by the kernels and the references, post-pool and prefill
+plumbing."""
+import pytest
+import torch
+
+import megamoe.reference.kvcache as ref
+import megamoe.reference.v4_numerics as v4
+from megamoe.kvcache import BlockAllocator, CompressedCacheConfig, CompressedKVCache, DecodeBatch, ops
+
+SMALL = dict(head_dim=144, rope_dim=16, index_head_dim=64, index_n_heads=16, index_topk=8, window_size=8,
+             entries_per_block=4, max_slots=3, max_context=64)
+
+
+def _cache(kind="csa", device="cpu", batch=2, **kw):
+    args = dict(SMALL)
+    args.update(kw)
+    cfg = CompressedCacheConfig(kind=kind, ratio=4 if kind == "csa" else 8, **args)
+    cache = CompressedKVCache(cfg, device, batch=batch)
+    freqs = v4.rope_frequencies(cfg.rope_dim, cfg.max_context, base=40000.0, original_seq_len=16, factor=4.0)
+    cache.set_post_pool(1 + 0.1 * torch.randn(cfg.head_dim, device=device), freqs.to(device),
+                        (1 + 0.1 * torch.randn(cfg.index_head_dim, device=device)) if cfg.has_indexer else None)
+    return cache
+
+
+def _snapshot(cache):
+    ts = [cache.swa, cache.block_table] + cache.pool.tensors()     # swa: without the scratch row
+    for st in (cache.state, cache.index_state):
+        if st is not None:
+            ts += [t for t in (st.tail_k, st.tail_z, st.tail_kb, st.tail_zb, st.tail_len) if t is not None]
+    return [t.view(torch.uint8).clone() if t.dtype.is_floating_point else t.clone() for t in ts]
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _inputs(cache, B, device="cpu"):
+    c = cache.config
+    C = 2 if c.overlap else 1
+    d = dict(kv=torch.randn(B, C * c.head_dim, device=device), score=torch.randn(B, C * c.head_dim, device=device),
+             swa_kv=torch.randn(B, c.head_dim, device=device).to(torch.bfloat16))
+    if c.has_indexer:
+        d.update(index_kv=torch.randn(B, C * c.index_head_dim, device=device),
+                 index_score=torch.randn(B, C * c.index_head_dim, device=device),
+                 q=torch.randn(B, c.index_n_heads, c.index_head_dim, device=device).to(torch.bfloat16),
+                 weights=torch.randn(B, c.index_n_heads, device=device))
+    return d
+
+
+# ---------------------------------------------------------------------------------------------- host side
+def test_block_allocator_rejects_double_and_foreign_release():
+    a = BlockAllocator(4)
+    pages = [a.allocate(), a.allocate()]
+    a.release(pages[:1])
+    with pytest.raises(ValueError, match="already free"):
+        a.release(pages[:1])
+    with pytest.raises(ValueError, match="not a page"):
+        a.release([4])
+    with pytest.raises(ValueError, match="not a page"):
+        a.release([-1])
+    with pytest.raises(ValueError, match="already free"):
+        a.release([pages[1], pages[1]])                  # twice in one call
+    assert a.num_free == 3                               # nothing of the failed calls was applied
+    a.release([pages[1]])
+    got = sorted(a.allocate() for _ in range(4))
+    assert got == [0, 1, 2, 3]                           # free list not corrupted: each page exactly once
+    with pytest.raises(RuntimeError):
+        a.allocate()
+
+
+def test_decode_batch_set_rejects_bad_lengths():
+    b = DecodeBatch.allocate(3, "cpu")
+    b.set([0, 1, 2], [5, 6, 7], [True, False, True])
+    with pytest.raises(ValueError, match="positions"):
+        b.set([0, 1, 2], [5, 6], [True, True, True])
+    with pytest.raises(ValueError, match="slots"):
+        b.set([0, 1], [5, 6], [True, True])
+    with pytest.raises(ValueError, match="active"):
+        b.set([0, 1, 2], [5, 6, 7], [True] * 4)
+    assert b.positions.tolist() == [5, 6, 7]
+
+
+def test_set_post_pool_validation():
+    cfg = CompressedCacheConfig(kind="csa", **SMALL)
+    cache = CompressedKVCache(cfg, "cpu", batch=1)
+    freqs = v4.rope_frequencies(cfg.rope_dim, cfg.max_context, base=10000.0)
+    w, iw = torch.ones(cfg.head_dim), torch.ones(cfg.index_head_dim)
+    with pytest.raises(ValueError, match="decode_step: call set_post_pool"):
+        cache.decode_step(DecodeBatch.allocate(1, "cpu"), **_inputs(cache, 1))
+    with pytest.raises(ValueError, match="norm_weight"):
+        cache.set_post_pool(torch.ones(cfg.head_dim - 1), freqs, iw)
+    with pytest.raises(ValueError, match="rope_freqs"):
+        cache.set_post_pool(w, freqs[:, :-1], iw)
+    with pytest.raises(ValueError, match="rope_freqs"):
+        cache.set_post_pool(w, freqs[:10], iw)                  # fewer positions than max_context
+    with pytest.raises(ValueError, match="index_norm_weight"):
+        cache.set_post_pool(w, freqs, None)
+    cache.set_post_pool(w, freqs, iw)
+    buf = cache.post_pool["norm"]
+    cache.set_post_pool(2 * w, freqs, iw)                       # later calls update the same buffers
+    assert cache.post_pool["norm"] is buf and bool((buf == 2).all())
+    hca = CompressedKVCache(CompressedCacheConfig(kind="hca", **SMALL), "cpu")
+    with pytest.raises(ValueError, match="index_norm_weight"):
+        hca.set_post_pool(w, freqs, iw)
+
+
+def test_config_numerics_validation():
+    with pytest.raises(ValueError, match="entry_numerics"):
+        CompressedCacheConfig(entry_numerics="fp8")
+    with pytest.raises(ValueError, match="index_numerics"):
+        CompressedCacheConfig(index_numerics="fp4")
+    with pytest.raises(ValueError, match="multiple of 64"):
+        CompressedCacheConfig(head_dim=64, rope_dim=16)
+    CompressedCacheConfig(head_dim=64, rope_dim=16, entry_numerics="per_entry")   # any width per entry
+    c = CompressedCacheConfig()
+    assert (c.entry_scale_cols, c.index_scale_cols) == (7, 4)
+
+
+# ---------------------------------------------------------------------------------------------- decode_step
+@pytest.mark.parametrize("missing", ["index_kv", "q", "weights", "bad_q_shape", "bad_score_dtype", "bad_swa"])
+def test_decode_step_validates_before_mutating(missing):
+    cache = _cache()
+    cache.join(0)
+    cache.prepare_forward([0], [0], [8])
+    batch = DecodeBatch.allocate(2, "cpu")
+    batch.set([0, 1], [3, 0], [True, False])                     # row 0 would flush
+    inp = _inputs(cache, 2)
+    if missing in ("index_kv", "q", "weights"):
+        inp[missing] = None
+    elif missing == "bad_q_shape":
+        inp["q"] = inp["q"][:, :-1].contiguous()
+    elif missing == "bad_score_dtype":
+        inp["score"] = inp["score"].double()
+    else:
+        inp["swa_kv"] = inp["swa_kv"].float()
+    before = _snapshot(cache)
+    with pytest.raises((ValueError, TypeError)):
+        cache.decode_step(batch, **inp)
+    assert _same(before, _snapshot(cache))
+
+
+def test_hca_decode_step_rejects_indexer_inputs():
+    cache = _cache("hca")
+    inp = _inputs(cache, 2)
+    inp["q"] = torch.zeros(2, 16, 64, dtype=torch.bfloat16)
+    before = _snapshot(cache)
+    with pytest.raises(ValueError, match="HCA"):
+        cache.decode_step(DecodeBatch.allocate(2, "cpu"), **inp)
+    assert _same(before, _snapshot(cache))
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_decode_step_slot_out_of_range_is_masked(interpret, monkeypatch):
+    """Rows with slot >= max_slots or -1 (and a negative position) change nothing, on both backends."""
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    cache = _cache(batch=3)
+    for s in range(3):
+        cache.join(s)
+    cache.prepare_forward([0, 1, 2], [0, 0, 0], [64, 64, 64])
+    batch = DecodeBatch.allocate(3, "cpu")
+    batch.set([3, -1, 0], [3, 7, -1], [True, True, True])       # every row out of range one way or another
+    before = _snapshot(cache)
+    topk = cache.decode_step(batch, **_inputs(cache, 3))
+    assert _same(before, _snapshot(cache))
+    assert bool((topk == -1).all())
+    assert not bool(cache.workspace["flush"].any())
+
+
+# ---------------------------------------------------------------------------------------------- kernels vs refs
+def _both_backends(monkeypatch, fn):
+    """Run fn() on the Triton path (interpreter) and on the reference path; return both results."""
+    out = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TRITON_INTERPRET", flag)
+        out.append(fn())
+    return out
+
+
+def test_compressor_step_drops_out_of_range_slots(monkeypatch):
+    cache = _cache(batch=4)
+    st0 = cache.state.clone()
+    slots = torch.tensor([-1, 3, 7, 1], dtype=torch.int32)
+    positions = torch.tensor([3, 3, 0, -4], dtype=torch.int32)
+    active = torch.ones(4, dtype=torch.bool)
+    kv, score = torch.randn(4, 2 * 144), torch.randn(4, 2 * 144)
+
+    def run():
+        st = st0.clone()
+        pooled = torch.full((4, 144), 7.0)
+        flush = torch.ones(4, dtype=torch.bool)
+        ops.compressor_step(st, kv, score, slots, positions, active, pooled, flush)
+        return st, pooled, flush
+
+    (a, pa, fa), (b, pb, fb) = _both_backends(monkeypatch, run)
+    for st, pooled, flush in ((a, pa, fa), (b, pb, fb)):
+        for name in ("tail_k", "tail_z", "tail_kb", "tail_zb", "tail_len"):
+            assert torch.equal(getattr(st, name), getattr(st0, name)), name
+        assert not bool(flush.any()) and bool((pooled == 7.0).all())
+
+
+def test_flush_write_drops_out_of_range_slots_and_pages(monkeypatch):
+    cache = _cache()
+    cache.join(0)
+    cache.join(1)
+    cache.prepare_forward([0, 1], [0, 0], [16, 16])
+    table = cache.block_table.clone()
+    table[1, 0] = cache.config.num_blocks + 5                      # a corrupt page id past the pool
+    pool0 = cache.pool.map(torch.clone)
+    entry = torch.randn(4, 144).to(torch.bfloat16)
+    key = torch.randn(4, 64).to(torch.bfloat16)
+    slots = torch.tensor([3, -1, 1, 0], dtype=torch.int32)
+    positions = torch.tensor([3, 3, 3, -1], dtype=torch.int32)      # slot 3 / -1 / bad page / negative position
+    flush = torch.ones(4, dtype=torch.bool)
+
+    def run():
+        pool = pool0.map(torch.clone)
+        ops.flush_write(pool, table, entry, key, flush, slots, positions, ratio=4)
+        return pool
+
+    for pool in _both_backends(monkeypatch, run):
+        assert all(torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+                   for x, y in zip(pool.tensors(), pool0.tensors()))
+
+
+def test_gather_and_scores_mask_out_of_range(monkeypatch):
+    cache = _cache()
+    cache.join(0)
+    cache.prepare_forward([0], [0], [16])
+    n = 4
+    ops.flush_write(cache.pool, cache.block_table, torch.randn(n, 144).to(torch.bfloat16),
+                    torch.randn(n, 64).to(torch.bfloat16), torch.ones(n, dtype=torch.bool),
+                    torch.zeros(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32) * 4 + 3, ratio=4)
+    table = cache.block_table.clone()
+    table[1, 0] = 10 ** 6                                          # slot 1 points past the pool
+    slots = torch.tensor([0, 3, 1, -2], dtype=torch.int32)
+    indices = torch.tensor([[0, 1, 2, 3]] * 4, dtype=torch.int32)
+
+    def run():
+        out = ops.gather_entries(cache.pool, table, slots, indices)
+        scores = torch.empty(4, 8)
+        q = torch.ones(4, 16, 64, dtype=torch.bfloat16)
+        ops.indexer_scores(cache.pool, table, q, torch.ones(4, 16), slots,
+                           torch.full((4,), n, dtype=torch.int32), scores)
+        return out, scores
+
+    (ga, sa), (gb, sb) = _both_backends(monkeypatch, run)
+    assert torch.equal(ga.view(torch.int16), gb.view(torch.int16))
+    assert bool((ga[1:] == 0).all()) and bool((ga[0] != 0).any())
+    assert torch.isinf(sa[1:]).all() and torch.isfinite(sa[0, :n]).all()
+    torch.testing.assert_close(sa, sb)
+
+
+def test_swa_append_masks_out_of_range_slots():
+    cache = _cache()
+    before = cache.swa_rows.clone()
+    kv = torch.randn(3, 144).to(torch.bfloat16)
+    ops.swa_append(cache.swa_rows, 8, kv, torch.tensor([3, -1, 0], dtype=torch.int32),
+                   torch.tensor([1, 2, -3], dtype=torch.int32), torch.ones(3, dtype=torch.bool))
+    assert torch.equal(cache.swa, before[:-1].view_as(cache.swa))   # only the scratch row may change
+
+
+# ---------------------------------------------------------------------------------------------- post-pool / prefill
+def test_post_pool_rows_equal_reference():
+    cache = _cache()
+    pooled = torch.randn(5, 144) * 3
+    pooled_key = torch.randn(5, 64)
+    freqs = cache.post_pool["freqs"][torch.tensor([0, 4, 8, 60, 12])]
+    got = cache._post_pool_rows(pooled, freqs, index=False)
+    want = ref.post_pool(pooled, cache.post_pool["norm"], freqs, cache.config.norm_eps, rotate=False)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    got = cache._post_pool_rows(pooled_key, freqs, index=True)
+    want = ref.post_pool(pooled_key, cache.post_pool["index_norm"], freqs, cache.config.norm_eps, rotate=True)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_prefill_validation_and_chunking():
+    cache = _cache()
+    cache.join(0)
+    T = 22
+    kv, score = torch.randn(T, 288), torch.randn(T, 288)
+    swa = torch.randn(T, 144).to(torch.bfloat16)
+    ikv, isc = torch.randn(T, 128), torch.randn(T, 128)
+    before = _snapshot(cache)
+    with pytest.raises(ValueError, match="prepare_forward"):
+        cache.prefill(0, kv, score, swa, ikv, isc)
+    cache.prepare_forward([0], [0], [T])
+    before = _snapshot(cache)
+    with pytest.raises(ValueError, match="index_kv"):
+        cache.prefill(0, kv, score, swa)
+    with pytest.raises(ValueError, match="swa_kv"):
+        cache.prefill(0, kv, score, swa[:-1], ikv, isc)
+    assert _same(before, _snapshot(cache))
+    # chunked pooling == one-shot pooling (bit for bit once a chunk holds every window; the reduction's
+    # vectorisation may depend on the batch shape otherwise)
+    one = ref.prefill_pool(kv, score, 4, 144, True)
+    for chunk in (1, 2, 4, 5):
+        got = ref.prefill_pool(kv, score, 4, 144, True, chunk_windows=chunk)
+        torch.testing.assert_close(got[0], one[0], rtol=1e-6, atol=1e-6)
+        assert all(torch.equal(a, b) for a, b in zip(got[1:5], one[1:5])) and got[5] == one[5]
+    assert torch.equal(ref.prefill_pool(kv, score, 4, 144, True, chunk_windows=5)[0], one[0])
+    cache.prefill(0, kv, score, swa, ikv, isc)
+    assert int(cache.state.tail_len[0]) == T % 4
+    assert torch.equal(cache.state.tail_kb[0], kv[16:20, :144])
+    assert torch.equal(cache.swa[0, torch.arange(T - 8, T) % 8], swa[T - 8:])

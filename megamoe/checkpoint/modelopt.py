@@ -9,7 +9,9 @@ Tensor names, relative to a ``prefix`` such as ``"model.layers.3.mlp."``:
   ``.weight_scale`` float8_e4m3fn (N, K//16), ``.weight_scale_2`` fp32 scalar
   (global scale: value = e2m1 * weight_scale * weight_scale_2), and optionally
   ``.input_scale`` fp32 scalar (static activation global scale, w4a4);
-* the shared expert: ``shared_experts.{p}.*`` with the same four tensors.
+* the shared expert: ``shared_experts.{p}.*`` with the same four tensors;
+* hash-routed layers (DeepSeek-V4's first ``num_hash_layers``): ``gate.tid2eid``
+  (vocab, k) int32/int64 instead of the correction bias (entries in [0, E)).
 
 Loading stacks the experts into ``w13`` (E, 2I, H) = [gate; up] and ``w2``
 (E, H, I). Gate and up keep their own ``weight_scale_2`` exactly: when they
@@ -113,7 +115,13 @@ def load_moe_layer(source, config: MoEConfig, *, prefix: str = "", max_num_token
     gate_weight = _expect(_get(tensors, f"{prefix}gate.weight"), f"{prefix}gate.weight", (e, h),
                           (torch.bfloat16, torch.float32))
     bias = None
-    if c.use_correction_bias:
+    tid2eid = tensors.get(f"{prefix}gate.tid2eid")
+    if tid2eid is not None:  # a hash-routed layer (DeepSeek-V4's first layers): no correction bias
+        name = f"{prefix}gate.tid2eid"
+        if tid2eid.dtype not in (torch.int32, torch.int64) or tid2eid.dim() != 2 or tid2eid.shape[1] != c.top_k:
+            raise CheckpointError(f"checkpoint: {name!r} has shape {tuple(tid2eid.shape)} {tid2eid.dtype}, "
+                                  f"expected (vocab, {c.top_k}) int32/int64")
+    elif c.use_correction_bias:
         name = f"{prefix}gate.e_score_correction_bias"
         bias = _expect(_get(tensors, name), name, (e,), (torch.float32, torch.bfloat16)).float()
     data13, scale13, gs13, data2, scale2, gs2, l1s, l2s = [], [], [], [], [], [], [], []
@@ -136,9 +144,15 @@ def load_moe_layer(source, config: MoEConfig, *, prefix: str = "", max_num_token
         shared_scales = (sl1, sl2)
     dev = torch.device(device)
     layer = Nvfp4MoE(c, max_num_tokens=max_num_tokens, device=dev, mode=mode)
-    layer.load_weights(gate_weight.to(dev), None if bias is None else bias.to(dev), w13.to(dev), w2.to(dev),
-                       None if shared_w13 is None else shared_w13.to(dev),
-                       None if shared_w2 is None else shared_w2.to(dev))
+    try:
+        layer.load_weights(gate_weight.to(dev), None if bias is None else bias.to(dev), w13.to(dev), w2.to(dev),
+                           None if shared_w13 is None else shared_w13.to(dev),
+                           None if shared_w2 is None else shared_w2.to(dev),
+                           tid2eid=None if tid2eid is None else tid2eid.to(dev))
+    except ValueError as error:
+        if tid2eid is not None and "tid2eid" in str(error):
+            raise CheckpointError(f"checkpoint: {prefix}gate.tid2eid: {error}") from error
+        raise
     if all(s is not None for s in l1s + l2s):
         layer.set_input_scales(torch.stack(l1s).amax(), torch.stack(l2s), *shared_scales)
     return layer

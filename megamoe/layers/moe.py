@@ -548,11 +548,25 @@ class Nvfp4MoE:
         self.input_scales["l2_groups"] = torch.cat((l2, self.shared.input_scales["l2"].reshape(1)))
 
     def set_input_scales(self, l1: torch.Tensor, l2: torch.Tensor, shared_l1=None, shared_l2=None) -> None:
-        """Static w4a4 scales (e.g. ModelOpt ``input_scale``): l1 0-d, l2 (E,) fp32 on the layer's device."""
+        """Static w4a4 scales (e.g. ModelOpt ``input_scale``): l1 0-d, l2 (E,) fp32 on the layer's device.
+
+        Every scale must be finite and > 0 (checked on the host: not for hot paths).
+        """
         c = self.config
+        for name, t in (("l1", l1), ("l2", l2), ("shared_l1", shared_l1), ("shared_l2", shared_l2)):
+            if t is None and name.startswith("shared"):
+                continue
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{name}: expected a floating-point torch.Tensor, got "
+                                f"{getattr(t, 'dtype', type(t).__name__)}")
+            if t.numel() and not bool(torch.isfinite(t).all() and (t > 0).all()):
+                raise ValueError(f"{name}: static input scales must be finite and > 0, got {t.flatten().tolist()}")
         if l1.dim() != 0 or tuple(l2.shape) != (c.num_experts,):
             raise ValueError(f"l1/l2: expected a 0-d tensor and ({c.num_experts},), got "
                              f"{tuple(l1.shape)} and {tuple(l2.shape)}")
+        for name, t in (("shared_l1", shared_l1), ("shared_l2", shared_l2)):
+            if t is not None and t.numel() != 1:
+                raise ValueError(f"{name}: expected one value, got shape {tuple(t.shape)}")
         self.input_scales = {"l1": l1.float().to(self.device), "l2": l2.float().to(self.device)}
         if self.shared is not None and shared_l1 is not None and shared_l2 is not None:
             self.shared.input_scales = {"l1": shared_l1.float().to(self.device),

@@ -169,3 +169,23 @@ def test_cuda_v4_pro_random_fits():
     x = torch.randn(4, DEEPSEEK_V4_PRO.hidden_size, device="cuda").bfloat16()
     out = lay.forward(x).clone()
     assert _rel(out, lay.reference_forward(x, lay.last_routing)) < 1e-2
+
+
+def test_set_input_scales_rejects_non_positive_and_nan(no_interpreter):
+    lay = _random(seed=2, max_num_tokens=4)
+    e = TINY.num_experts
+    good = (torch.tensor(0.01), torch.full((e,), 0.02), torch.tensor(0.01), torch.tensor(0.03))
+    lay.set_input_scales(*good)
+    for bad in (-1.0, 0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="l1"):
+            lay.set_input_scales(torch.tensor(bad), *good[1:])
+        l2 = good[1].clone()
+        l2[3] = bad
+        with pytest.raises(ValueError, match="l2"):
+            lay.set_input_scales(good[0], l2, *good[2:])
+        with pytest.raises(ValueError, match="shared_l2"):
+            lay.set_input_scales(*good[:3], torch.tensor(bad))
+    with pytest.raises(TypeError, match="l1"):
+        lay.set_input_scales(0.01, good[1], *good[2:])
+    with pytest.raises(ValueError, match="shared_l1"):
+        lay.set_input_scales(good[0], good[1], torch.ones(2), good[3])

@@ -111,3 +111,11 @@ def test_moe_config_errors():
     # null / 0 group keys mean flat routing; a null scaling factor means 1.0
     c = MoEConfig.from_hf_config({**FLASH_JSON, "n_group": None, "topk_group": 0, "routed_scaling_factor": None})
     assert (c.n_group, c.topk_group, c.routed_scaling_factor) == (1, 1, 1.0)
+
+
+@pytest.mark.parametrize("iters", ["-1", "0"])
+def test_run_rejects_non_positive_iters(iters, capsys):
+    from megamoe.cli import main
+
+    assert main(["run", "--iters", iters]) != 0
+    assert "--iters" in capsys.readouterr().out

@@ -9,7 +9,14 @@ Tensor names, relative to a ``prefix`` such as ``"model.layers.3.mlp."``:
   ``.weight_scale`` float8_e4m3fn (N, K//16), ``.weight_scale_2`` fp32 scalar
   (global scale: value = e2m1 * weight_scale * weight_scale_2), and optionally
   ``.input_scale`` fp32 scalar (static activation global scale, w4a4);
-* the shared expert: ``shared_experts.{p}.*`` with the same four tensors.
+* the shared expert: ``shared_experts.{p}.*`` with the same four tensors;
+* hash-routed layers (DeepSeek-V4's first ``num_hash_layers``): ``gate.tid2eid``
+  (vocab, k) int32/int64 instead of the correction bias (entries in [0, E)).
+
+``source`` may be a dict, a :class:`~megamoe.checkpoint.sharded.ShardedCheckpoint`, or a path: a
+``.safetensors`` file or a (sharded) checkpoint directory, read lazily (only this block's tensors).
+Every NVFP4 linear is checked with :func:`~megamoe.checkpoint.sharded.check_tensor` (shapes, dtypes, and
+``weight_scale_2`` / ``input_scale`` finite and > 0).
 
 Loading stacks the experts into ``w13`` (E, 2I, H) = [gate; up] and ``w2``
 (E, H, I). Gate and up keep their own ``weight_scale_2`` exactly: when they
@@ -27,18 +34,19 @@ import torch
 from ..format.tensor import NVFP4Tensor
 from ..layers.moe import Nvfp4MoE, quantize_weight
 from ..models.config import MoEConfig
+from .sharded import CheckpointError, ShardedCheckpoint, check_tensor
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-class CheckpointError(ValueError):
-    """A missing or mis-shaped checkpoint tensor."""
-
-
-def _get(tensors: dict, name: str) -> torch.Tensor:
+def _get(tensors, name: str) -> torch.Tensor:
     if name not in tensors:
         raise CheckpointError(f"checkpoint: missing tensor {name!r}")
     return tensors[name]
+
+
+def _optional(tensors, name: str):
+    return tensors[name] if name in tensors else None
 
 
 def _expect(t: torch.Tensor, name: str, shape: tuple, dtypes: tuple) -> torch.Tensor:
@@ -49,24 +57,19 @@ def _expect(t: torch.Tensor, name: str, shape: tuple, dtypes: tuple) -> torch.Te
     return t
 
 
-def read_nvfp4_linear(tensors: dict, name: str, out_features: int, in_features: int):
-    """One ModelOpt NVFP4 linear ``name`` (without ``.weight``) -> (NVFP4Tensor (N, K), input_scale or None)."""
-    data = _expect(_get(tensors, f"{name}.weight"), f"{name}.weight", (out_features, in_features // 2),
-                   (torch.uint8,))
-    scale = _get(tensors, f"{name}.weight_scale")
-    if scale.dtype == torch.uint8:
-        scale = scale.view(torch.float8_e4m3fn)
-    scale = _expect(scale, f"{name}.weight_scale", (out_features, in_features // 16), (torch.float8_e4m3fn,))
-    gs = _get(tensors, f"{name}.weight_scale_2")
-    if gs.numel() != 1 or gs.dtype != torch.float32:
-        raise CheckpointError(f"checkpoint: {name + '.weight_scale_2'!r} must be one float32 value, got "
-                              f"shape {tuple(gs.shape)} {gs.dtype}")
-    input_scale = tensors.get(f"{name}.input_scale")
-    if input_scale is not None and (input_scale.numel() != 1 or input_scale.dtype != torch.float32):
-        raise CheckpointError(f"checkpoint: {name + '.input_scale'!r} must be one float32 value, got "
-                              f"shape {tuple(input_scale.shape)} {input_scale.dtype}")
-    weight = NVFP4Tensor(data, scale, gs.reshape(()), (out_features, in_features))
-    return weight, None if input_scale is None else input_scale.reshape(())
+def read_nvfp4_linear(tensors, name: str, out_features: int, in_features: int):
+    """One ModelOpt NVFP4 linear ``name`` (without ``.weight``) -> (NVFP4Tensor (N, K), input_scale or None).
+
+    tensors: a dict or a ShardedCheckpoint. Checked with ``check_tensor(..., "nvfp4")``.
+    """
+    parts = {"weight": _get(tensors, f"{name}.weight"), "weight_scale": _get(tensors, f"{name}.weight_scale"),
+             "weight_scale_2": _get(tensors, f"{name}.weight_scale_2")}
+    input_scale = _optional(tensors, f"{name}.input_scale")
+    if input_scale is not None:
+        parts["input_scale"] = input_scale
+    p = check_tensor(name, parts, (out_features, in_features), "nvfp4")
+    weight = NVFP4Tensor(p["weight"], p["weight_scale"], p["weight_scale_2"], (out_features, in_features))
+    return weight, p["input_scale"]
 
 
 def _stack_gate_up(gate: NVFP4Tensor, up: NVFP4Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -94,26 +97,31 @@ def load_moe_layer(source, config: MoEConfig, *, prefix: str = "", max_num_token
                    mode: str = "w4a16") -> Nvfp4MoE:
     """Build an :class:`Nvfp4MoE` from ModelOpt NVFP4 tensors.
 
-    source: a path to a ``.safetensors`` file, or a dict name -> tensor.
-    prefix: prepended to every tensor name (e.g. ``"model.layers.3.mlp."``).
+    source: a dict name -> tensor, a ShardedCheckpoint, or a path (a ``.safetensors`` file or a checkpoint
+    directory, read lazily). prefix: prepended to every tensor name (e.g. ``"model.layers.3.mlp."``).
     Raises :class:`CheckpointError` (a ValueError) naming the missing or
     mis-shaped tensor. Static w4a4 scales are installed when every projection
     has an ``input_scale``.
     """
     if isinstance(source, (str, os.PathLike)):
-        from safetensors.torch import load_file
-
-        tensors = load_file(os.fspath(source))
-    elif isinstance(source, dict):
+        tensors = ShardedCheckpoint(source)
+    elif isinstance(source, (dict, ShardedCheckpoint)):
         tensors = source
     else:
-        raise TypeError(f"source: expected a path or a dict of tensors, got {type(source).__name__}")
+        raise TypeError(f"source: expected a path, a ShardedCheckpoint or a dict of tensors, got "
+                        f"{type(source).__name__}")
     c = config
     h, i, e = c.hidden_size, c.intermediate_size, c.num_experts
     gate_weight = _expect(_get(tensors, f"{prefix}gate.weight"), f"{prefix}gate.weight", (e, h),
                           (torch.bfloat16, torch.float32))
     bias = None
-    if c.use_correction_bias:
+    tid2eid = _optional(tensors, f"{prefix}gate.tid2eid")
+    if tid2eid is not None:  # a hash-routed layer (DeepSeek-V4's first layers): no correction bias
+        name = f"{prefix}gate.tid2eid"
+        if tid2eid.dtype not in (torch.int32, torch.int64) or tid2eid.dim() != 2 or tid2eid.shape[1] != c.top_k:
+            raise CheckpointError(f"checkpoint: {name!r} has shape {tuple(tid2eid.shape)} {tid2eid.dtype}, "
+                                  f"expected (vocab, {c.top_k}) int32/int64")
+    elif c.use_correction_bias:
         name = f"{prefix}gate.e_score_correction_bias"
         bias = _expect(_get(tensors, name), name, (e,), (torch.float32, torch.bfloat16)).float()
     data13, scale13, gs13, data2, scale2, gs2, l1s, l2s = [], [], [], [], [], [], [], []
@@ -136,9 +144,15 @@ def load_moe_layer(source, config: MoEConfig, *, prefix: str = "", max_num_token
         shared_scales = (sl1, sl2)
     dev = torch.device(device)
     layer = Nvfp4MoE(c, max_num_tokens=max_num_tokens, device=dev, mode=mode)
-    layer.load_weights(gate_weight.to(dev), None if bias is None else bias.to(dev), w13.to(dev), w2.to(dev),
-                       None if shared_w13 is None else shared_w13.to(dev),
-                       None if shared_w2 is None else shared_w2.to(dev))
+    try:
+        layer.load_weights(gate_weight.to(dev), None if bias is None else bias.to(dev), w13.to(dev), w2.to(dev),
+                           None if shared_w13 is None else shared_w13.to(dev),
+                           None if shared_w2 is None else shared_w2.to(dev),
+                           tid2eid=None if tid2eid is None else tid2eid.to(dev))
+    except ValueError as error:
+        if tid2eid is not None and "tid2eid" in str(error):
+            raise CheckpointError(f"checkpoint: {prefix}gate.tid2eid: {error}") from error
+        raise
     if all(s is not None for s in l1s + l2s):
         layer.set_input_scales(torch.stack(l1s).amax(), torch.stack(l2s), *shared_scales)
     return layer

@@ -19,7 +19,7 @@ def register(subparsers) -> None:
     p.add_argument("--mode", choices=("w4a16", "w4a4"), default="w4a16")
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replay (GPU) and check it equals eager")
     p.add_argument("--config", default=None,
-                   help="preset: v4-flash, guide, small (default: v4-flash on GPU, small on CPU)")
+                   help="preset: v4-flash, v4-pro, guide, small (default: v4-flash on GPU, small on CPU)")
     p.add_argument("--checkpoint", default=None, help="ModelOpt NVFP4 .safetensors with the MoE block's tensors")
     p.add_argument("--prefix", default="", help="tensor-name prefix inside --checkpoint (e.g. model.layers.3.mlp.)")
     p.add_argument("--calibrate", action="store_true", help="w4a4: static activation scales from the batch")
@@ -53,6 +53,9 @@ def main(args) -> int:
     tokens = args.tokens if args.tokens is not None else (64 if cuda else 8)
     if tokens < 1:
         print(f"--tokens: expected >= 1, got {tokens}")
+        return 2
+    if args.iters is not None and args.iters < 1:
+        print(f"--iters: expected >= 1, got {args.iters}")
         return 2
     t0 = time.perf_counter()
     if args.checkpoint:

@@ -31,19 +31,31 @@ class NVFP4Tensor:
     shape: torch.Size
 
     def __post_init__(self):
-        self.shape = torch.Size(self.shape)
+        try:
+            self.shape = torch.Size(self.shape)
+        except TypeError as error:
+            raise TypeError(f"shape: expected a sequence of ints, got {self.shape!r}") from error
         self.validate()
 
     def validate(self) -> None:
         """Check dtypes and shapes (host metadata only, never device values)."""
-        if not isinstance(self.data, torch.Tensor) or self.data.dtype != torch.uint8:
+        for name in ("data", "block_scale", "global_scale"):
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor):
+                kind = type(value)
+                raise TypeError(f"{name}: expected a torch.Tensor, got {kind.__module__}.{kind.__qualname__}"
+                                if kind.__module__ != "builtins" else
+                                f"{name}: expected a torch.Tensor, got {kind.__qualname__}")
+        if not isinstance(self.shape, torch.Size) or not all(isinstance(d, int) and d >= 0 for d in self.shape):
+            raise ValueError(f"shape: expected non-negative ints, got {tuple(self.shape)}")
+        if self.data.dtype != torch.uint8:
             raise TypeError(f"data: expected a uint8 tensor, got {getattr(self.data, 'dtype', type(self.data))}")
-        if not isinstance(self.block_scale, torch.Tensor) or self.block_scale.dtype != torch.float8_e4m3fn:
+        if self.block_scale.dtype != torch.float8_e4m3fn:
             raise TypeError(
                 "block_scale: expected a torch.float8_e4m3fn tensor, got "
                 f"{getattr(self.block_scale, 'dtype', type(self.block_scale))}"
             )
-        if not isinstance(self.global_scale, torch.Tensor) or self.global_scale.dtype != torch.float32:
+        if self.global_scale.dtype != torch.float32:
             raise TypeError(
                 "global_scale: expected a float32 tensor, got "
                 f"{getattr(self.global_scale, 'dtype', type(self.global_scale))}"

@@ -21,6 +21,13 @@ the ``topk_group`` best groups are kept with the same stable rule (ties -> lower
 group index) and the experts of the other groups get key -inf before the
 expert selection. Handled when E and n_group are powers of two (the op falls
 back to torch otherwise).
+
+Hash routing (``HASH``; DeepSeek-V4's first layers): the ids are the token's
+row of the ``tid2eid`` (V, k) int32 table instead of a selection; the weights
+are the scores gathered at those ids, then the same renormalisation and scale.
+A token id outside [0, V) or a row entry outside [0, E) gives ids 0..k-1 and
+NaN weights (the reference's invalid-input policy); every load is masked, so
+nothing is read out of bounds.
 """
 from __future__ import annotations
 
@@ -65,6 +72,10 @@ def _moe_topk_kernel(
     stride_w,
     stride_i,
     routed_scaling_factor,
+    token_ids_ptr,  # (T,) int32/int64 (read if HASH)
+    tid2eid_ptr,  # (V, >=k) int32, row stride stride_t (read if HASH)
+    vocab,
+    stride_t,
     TOP_K: tl.constexpr,
     K_PAD: tl.constexpr,
     E_PAD: tl.constexpr,
@@ -72,35 +83,47 @@ def _moe_topk_kernel(
     NORMALIZE: tl.constexpr,
     N_GROUP: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
+    HASH: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, E_PAD)
-    valid = cols < num_experts
-    scores = tl.load(scores_ptr + token * stride_s + cols, mask=valid, other=0.0)
-    key = scores
-    if HAS_BIAS:
-        key = key + tl.load(bias_ptr + cols, mask=valid, other=0.0)
-    key = tl.where(key != key, float("-inf"), key)
-    if N_GROUP > 1:
-        key = _keep_top_groups(key, E_PAD, N_GROUP, TOPK_GROUP)
-    taken = cols >= num_experts
     slots = tl.arange(0, K_PAD)
-    chosen_w = tl.zeros((K_PAD,), dtype=tl.float32)
-    chosen_i = tl.zeros((K_PAD,), dtype=tl.int32)
-    for j in tl.static_range(TOP_K):
-        cand = tl.where(taken, float("-inf"), key)
-        best = tl.max(cand, axis=0)
-        idx = tl.min(tl.where((cand == best) & (taken == 0), cols, E_PAD), axis=0)
-        hit = cols == idx
-        taken = taken | hit
-        w = tl.sum(tl.where(hit, scores, 0.0), axis=0)
-        chosen_w = tl.where(slots == j, w, chosen_w)
-        chosen_i = tl.where(slots == j, idx, chosen_i)
+    keep = slots < TOP_K
+    if HASH:
+        tok = tl.load(token_ids_ptr + token).to(tl.int64)
+        tok_ok = (tok >= 0) & (tok < vocab)
+        row = tl.load(tid2eid_ptr + tl.where(tok_ok, tok, 0) * stride_t + slots, mask=keep & tok_ok, other=0)
+        bad_entry = tl.max(tl.where(keep & ((row < 0) | (row >= num_experts)), 1, 0), axis=0)
+        ok = tok_ok & (bad_entry == 0)
+        chosen_i = tl.where(ok, row, slots).to(tl.int32)
+        chosen_w = tl.load(scores_ptr + token * stride_s + chosen_i, mask=keep, other=0.0)
+    else:
+        cols = tl.arange(0, E_PAD)
+        valid = cols < num_experts
+        scores = tl.load(scores_ptr + token * stride_s + cols, mask=valid, other=0.0)
+        key = scores
+        if HAS_BIAS:
+            key = key + tl.load(bias_ptr + cols, mask=valid, other=0.0)
+        key = tl.where(key != key, float("-inf"), key)
+        if N_GROUP > 1:
+            key = _keep_top_groups(key, E_PAD, N_GROUP, TOPK_GROUP)
+        taken = cols >= num_experts
+        chosen_w = tl.zeros((K_PAD,), dtype=tl.float32)
+        chosen_i = tl.zeros((K_PAD,), dtype=tl.int32)
+        for j in tl.static_range(TOP_K):
+            cand = tl.where(taken, float("-inf"), key)
+            best = tl.max(cand, axis=0)
+            idx = tl.min(tl.where((cand == best) & (taken == 0), cols, E_PAD), axis=0)
+            hit = cols == idx
+            taken = taken | hit
+            w = tl.sum(tl.where(hit, scores, 0.0), axis=0)
+            chosen_w = tl.where(slots == j, w, chosen_w)
+            chosen_i = tl.where(slots == j, idx, chosen_i)
     if NORMALIZE:
         total = tl.sum(chosen_w, axis=0)
         chosen_w = chosen_w / (total + 1e-20)
     chosen_w = chosen_w * routed_scaling_factor
-    keep = slots < TOP_K
+    if HASH:
+        chosen_w = tl.where(ok, chosen_w, float("nan"))
     tl.store(weights_ptr + token * stride_w + slots, chosen_w, mask=keep)
     tl.store(ids_ptr + token * stride_i + slots, chosen_i, mask=keep)
 
@@ -114,12 +137,18 @@ def supports_groups(num_experts: int, n_group: int) -> bool:
 
 def launch_moe_topk(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, norm_topk_prob: bool,
                     routed_scaling_factor: float, weights_out: torch.Tensor, ids_out: torch.Tensor,
-                    n_group: int = 1, topk_group: int = 1) -> None:
+                    n_group: int = 1, topk_group: int = 1, token_ids: torch.Tensor | None = None,
+                    tid2eid: torch.Tensor | None = None) -> None:
     """scores (T, E) fp32 unit column stride; bias (E,) fp32 or None; outputs (T, >=k) fp32 / int32, unit column stride.
 
     n_group / topk_group: group-limited selection (needs ``supports_groups(E, n_group)``).
+    token_ids (T,) int32/int64 contiguous + tid2eid (V, k) int32 unit column stride: hash routing (bias and
+    groups unused).
     """
     num_tokens, num_experts = scores.shape
+    hashed = tid2eid is not None
+    if hashed:
+        n_group = topk_group = 1
     if not supports_groups(num_experts, n_group):
         raise ValueError(f"n_group: group-limited routing needs E and n_group powers of two, got E={num_experts}, "
                          f"n_group={n_group}")
@@ -128,7 +157,9 @@ def launch_moe_topk(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int,
     _moe_topk_kernel[(num_tokens,)](
         scores, bias if bias is not None else scores, weights_out, ids_out, num_experts,
         scores.stride(0), weights_out.stride(0), ids_out.stride(0), float(routed_scaling_factor),
+        token_ids if hashed else scores, tid2eid if hashed else ids_out,
+        tid2eid.shape[0] if hashed else 0, tid2eid.stride(0) if hashed else 0,
         TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(num_experts),
-        HAS_BIAS=bias is not None, NORMALIZE=bool(norm_topk_prob), N_GROUP=n_group,
-        TOPK_GROUP=topk_group if n_group > 1 else 1, num_warps=4,
+        HAS_BIAS=bias is not None and not hashed, NORMALIZE=bool(norm_topk_prob), N_GROUP=n_group,
+        TOPK_GROUP=topk_group if n_group > 1 else 1, HASH=hashed, num_warps=1 if hashed else 4,
     )

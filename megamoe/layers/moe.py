@@ -22,6 +22,12 @@ Pipeline of :meth:`Nvfp4MoE.forward` (all on the device, no host syncs):
    grouped GEMMs (``fuse_shared_expert=True``, default); otherwise it runs as
    its own one-group pipeline and the combine adds its output.
 
+Hash-routed layers (DeepSeek-V4's first ``num_hash_layers``): load the
+``tid2eid`` (vocab, k) table with :meth:`Nvfp4MoE.load_weights` (``tid2eid=``)
+and pass the token ids to :meth:`Nvfp4MoE.forward` (``token_ids=``); step 1
+then takes the ids from the table (``megamoe.ops.moe.route`` with
+``tid2eid``), everything after it is unchanged.
+
 Activation modes: ``"w4a16"`` (bf16 activations) and ``"w4a4"``: the inputs of
 both GEMMs are quantized to NVFP4 and decoded back to bf16 before the bf16
 tensor-core GEMM (Hopper has no FP4 MMA; this reproduces W4A4 numerics). The
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from typing import Optional
 
 import torch
 
@@ -228,6 +235,7 @@ class Nvfp4MoE:
         self._groups = c.num_experts + (1 if self.fused_shared else 0)
         pairs = max_num_tokens * self._slots
         self.gate_weight = self.correction_bias = self.w13 = self.w2 = None
+        self.tid2eid = None  # (vocab, k) int32 on the device for a hash-routed layer, else None
         self._w13_kernel = None
         self.input_scales: dict | None = None  # static w4a4: {"l1": 0-d, "l2": (E,)} or None (dynamic)
         self.shared = (
@@ -260,15 +268,36 @@ class Nvfp4MoE:
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, gate_weight, correction_bias, w13: NVFP4Tensor, w2: NVFP4Tensor,
-                     shared_w13: NVFP4Tensor | None = None, shared_w2: NVFP4Tensor | None = None) -> None:
-        """Install weights (checkpoint order) and build the kernel layouts once (not for hot paths)."""
+                     shared_w13: NVFP4Tensor | None = None, shared_w2: NVFP4Tensor | None = None, *,
+                     tid2eid: torch.Tensor | None = None) -> None:
+        """Install weights (checkpoint order) and build the kernel layouts once (not for hot paths).
+
+        tid2eid: None (score-routed layer) or the hash-routing table (vocab, k) int32/int64 with entries in
+        [0, E) (checked here, on the host; stored as int32 on the layer's device). A hash-routed layer has no
+        correction bias (pass None) and its forward needs ``token_ids``.
+        """
         c, dev = self.config, self.device
         if not isinstance(gate_weight, torch.Tensor) or gate_weight.dtype not in (torch.bfloat16, torch.float32):
             raise TypeError("gate_weight: expected a bf16/fp32 tensor (E, H)")
         if tuple(gate_weight.shape) != (c.num_experts, c.hidden_size) or gate_weight.device != dev:
             raise ValueError(f"gate_weight: expected shape {(c.num_experts, c.hidden_size)} on {dev}, got "
                              f"{tuple(gate_weight.shape)} on {gate_weight.device}")
-        if c.use_correction_bias:
+        if tid2eid is not None:
+            if not isinstance(tid2eid, torch.Tensor):
+                raise TypeError(f"tid2eid: expected a torch.Tensor, got {type(tid2eid).__name__}")
+            if tid2eid.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"tid2eid: expected int32 or int64, got {tid2eid.dtype}")
+            if tid2eid.dim() == 2 and tid2eid.dtype == torch.int64 and tid2eid.numel():
+                lo, hi = int(tid2eid.min()), int(tid2eid.max())  # before the int32 cast can wrap
+                if lo < 0 or hi >= c.num_experts:
+                    raise ValueError(f"tid2eid: expected expert ids in [0, {c.num_experts}), got values in "
+                                     f"[{lo}, {hi}]")
+            tid2eid = tid2eid.to(device=dev, dtype=torch.int32).contiguous()
+            moe_ops.check_tid2eid(tid2eid, c.num_experts, c.top_k)
+            if correction_bias is not None:
+                raise ValueError("correction_bias: hash-routed layers (tid2eid given) have no correction bias; "
+                                 "pass None")
+        elif c.use_correction_bias:
             if correction_bias is None:
                 raise ValueError("correction_bias: the config uses e_score_correction_bias; got None")
             if tuple(correction_bias.shape) != (c.num_experts,) or correction_bias.device != dev:
@@ -281,6 +310,7 @@ class Nvfp4MoE:
         _check_nvfp4(w2, "w2", (c.num_experts, c.hidden_size, c.intermediate_size), dev)
         # fp32 once at load: the router computes its logits in fp32 (bf16 -> fp32 is exact, routing unchanged)
         self.gate_weight, self.correction_bias = gate_weight.float().contiguous(), correction_bias
+        self.tid2eid = tid2eid
         self.w13, self.w2 = w13, w2
         if self.shared is not None:
             if shared_w13 is None or shared_w2 is None:
@@ -295,70 +325,129 @@ class Nvfp4MoE:
 
     @classmethod
     def from_bf16(cls, config: MoEConfig, gate_weight, correction_bias, w13_bf16, w2_bf16,
-                  shared_w13_bf16=None, shared_w2_bf16=None, **kwargs) -> "Nvfp4MoE":
+                  shared_w13_bf16=None, shared_w2_bf16=None, *, tid2eid=None, **kwargs) -> "Nvfp4MoE":
         """Quantize bf16 weights (per-expert global scales) and build the layer.
 
         w13_bf16: (E, 2I, H) rows [gate; up]; w2_bf16: (E, H, I); shared: (2Is, H), (H, Is).
+        tid2eid: optional hash-routing table (see :meth:`load_weights`).
         """
         layer = cls(config, **kwargs)
         q = quantize_weight
         layer.load_weights(
             gate_weight, correction_bias, q(w13_bf16), q(w2_bf16),
             q(shared_w13_bf16) if shared_w13_bf16 is not None else None,
-            q(shared_w2_bf16) if shared_w2_bf16 is not None else None,
+            q(shared_w2_bf16) if shared_w2_bf16 is not None else None, tid2eid=tid2eid,
         )
         return layer
 
     @classmethod
-    def random(cls, config: MoEConfig, *, seed: int = 0, return_bf16: bool = False, **kwargs):
-        """A layer with random weights (std 1/sqrt(fan_in)) quantized to NVFP4; optionally also the bf16 ones."""
+    def random(cls, config: MoEConfig, *, seed: int = 0, return_bf16: bool = False, hash_vocab: int | None = None,
+               **kwargs):
+        """A layer with random weights (std 1/sqrt(fan_in)) quantized to NVFP4; optionally also the bf16 ones.
+
+        Memory: the experts are drawn and quantized in chunks of about ``RANDOM_CHUNK_ELEMENTS`` float32
+        elements, so the peak is the NVFP4 result plus one chunk (V4-Pro: ~1 GiB of float32 per chunk instead
+        of 68 GB for the whole w13); ``return_bf16=True`` keeps every bf16 weight too (small configs only).
+        Determinism: every expert matrix (and the gate, the bias, each shared matrix, the table) is drawn from
+        its own generator seeded from ``(seed, tensor, expert)``, so the same seed gives the same weights on
+        one device type whatever the chunking (CPU and CUDA generators differ). Weights drawn by versions
+        before this scheme (one generator for everything) are not reproduced.
+        hash_vocab: build a hash-routed layer with a random ``tid2eid`` (hash_vocab, k) table (k distinct
+        experts per token id).
+        """
         device = _resolve_device(kwargs.get("device", "cpu"))
-        gen = torch.Generator(device=device).manual_seed(seed)
         c = config
-
-        def randn(*shape, scale):
-            return (torch.randn(*shape, generator=gen, device=device) * scale).to(torch.bfloat16)
-
         h, i, e, si = c.hidden_size, c.intermediate_size, c.num_experts, c.shared_intermediate_size
-        gate = randn(e, h, scale=h ** -0.5)
-        bias = (torch.rand(e, generator=gen, device=device) * 0.1) if c.use_correction_bias else None
-        w13, w2 = randn(e, 2 * i, h, scale=h ** -0.5), randn(e, h, i, scale=i ** -0.5)
-        s13 = randn(2 * si, h, scale=h ** -0.5) if si else None
-        s2 = randn(h, si, scale=si ** -0.5) if si else None
-        layer = cls.from_bf16(c, gate, bias, w13, w2, s13, s2, **kwargs)
+
+        def gen(tag: int, index: int = 0) -> torch.Generator:
+            return torch.Generator(device=device).manual_seed(_sub_seed(seed, tag, index))
+
+        def randn(shape, scale, tag, index=0):
+            return (torch.randn(*shape, generator=gen(tag, index), device=device) * scale).to(torch.bfloat16)
+
+        gate = randn((e, h), h ** -0.5, 1)
+        bias = None
+        if c.use_correction_bias and hash_vocab is None:
+            bias = torch.rand(e, generator=gen(2), device=device) * 0.1
+        tid2eid = None
+        if hash_vocab is not None:
+            tid2eid = torch.rand(hash_vocab, e, generator=gen(3), device=device).topk(c.top_k, dim=1).indices.int()
+        kept = {} if return_bf16 else None
+        w13 = _random_experts(e, (2 * i, h), h ** -0.5, lambda j: gen(4, j), device, kept, "w13")
+        w2 = _random_experts(e, (h, i), i ** -0.5, lambda j: gen(5, j), device, kept, "w2")
+        s13 = randn((2 * si, h), h ** -0.5, 6) if si else None
+        s2 = randn((h, si), si ** -0.5, 7) if si else None
+        layer = cls(c, **kwargs)
+        layer.load_weights(gate, bias, w13, w2, quantize_weight(s13) if si else None,
+                           quantize_weight(s2) if si else None, tid2eid=tid2eid)
         if return_bf16:
-            return layer, {"gate_weight": gate, "correction_bias": bias, "w13": w13, "w2": w2,
-                           "shared_w13": s13, "shared_w2": s2}
+            return layer, {"gate_weight": gate, "correction_bias": bias, "w13": kept["w13"], "w2": kept["w2"],
+                           "shared_w13": s13, "shared_w2": s2, "tid2eid": tid2eid}
         return layer
 
     # ------------------------------------------------------------------ forward
-    def route(self, hidden_states: torch.Tensor, out=None):
-        """(topk_weights (T, k) fp32, topk_ids (T, k) int32) with the layer's router backend."""
+    @property
+    def hash_routed(self) -> bool:
+        """True for a hash-routed layer (a ``tid2eid`` table is loaded): forward needs ``token_ids``."""
+        return self.tid2eid is not None
+
+    def _token_ids(self, token_ids, num_tokens: int):
+        """Validated token ids for a hash layer (None for a score-routed one; host metadata only)."""
+        if token_ids is not None:
+            if not isinstance(token_ids, torch.Tensor):
+                raise TypeError(f"token_ids: expected a torch.Tensor, got {type(token_ids).__name__}")
+            if token_ids.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"token_ids: expected int32 or int64, got {token_ids.dtype}")
+            if tuple(token_ids.shape) != (num_tokens,) or token_ids.device != self.device:
+                raise ValueError(f"token_ids: expected shape ({num_tokens},) on {self.device}, got "
+                                 f"{tuple(token_ids.shape)} on {token_ids.device}")
+        if not self.hash_routed:
+            return None  # score-routed: token ids are accepted (uniform model loops) and unused
+        if token_ids is None:
+            raise ValueError("token_ids: this layer is hash-routed (tid2eid loaded); pass the (T,) token ids")
+        return token_ids
+
+    def route(self, hidden_states: torch.Tensor, out=None, token_ids: torch.Tensor | None = None):
+        """(topk_weights (T, k) fp32, topk_ids (T, k) int32) with the layer's router backend.
+
+        token_ids: (T,) int32/int64, required by a hash-routed layer (ignored otherwise).
+        """
         c = self.config
+        if self.hash_routed and token_ids is None:
+            raise ValueError("token_ids: this layer is hash-routed (tid2eid loaded); pass the (T,) token ids")
+        token_ids = token_ids if self.hash_routed else None  # shapes, dtypes, devices: checked by moe_ops.route
         return moe_ops.route(
             hidden_states, self.gate_weight, self.correction_bias, top_k=c.top_k, scoring_func=c.scoring_func,
             n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
             routed_scaling_factor=c.routed_scaling_factor, backend=self.router_backend, out=out,
+            token_ids=token_ids, tid2eid=self.tid2eid,
         )
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """(T, H) bf16 -> (T, H) bf16 (a view of the layer's output buffer). Sync-free, graph-capturable."""
+    def forward(self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(T, H) bf16 -> (T, H) bf16 (a view of the layer's output buffer). Sync-free, graph-capturable.
+
+        token_ids: (T,) int32/int64 token ids on the layer's device; required by a hash-routed layer, accepted
+        and unused by a score-routed one.
+        """
         if self._w13_kernel is None:
             raise RuntimeError("Nvfp4MoE: call load_weights() first")
         c = self.config
         _check_hidden(hidden_states, c.hidden_size, self.max_num_tokens, self.device)
         t = hidden_states.shape[0]
+        token_ids = self._token_ids(token_ids, t)
         fuse = self.fused_shared and t <= self.fuse_shared_max_tokens
         pairs = t * (self._slots if fuse else c.top_k)
         out = self._out[:t]
         if t == 0:
             return out
         if fuse:  # the router writes the first k columns; column k is the shared expert (id E, weight 1)
-            topk_weights, topk_ids = self.route(hidden_states, out=(self._weights_ext, self._ids_ext))
+            topk_weights, topk_ids = self.route(hidden_states, out=(self._weights_ext, self._ids_ext),
+                                                token_ids=token_ids)
             self.last_routing = (topk_weights, topk_ids)
             topk_ids, topk_weights = self._ids_ext[:t], self._weights_ext[:t]
         else:
-            topk_weights, topk_ids = self.route(hidden_states, out=(self._route_weights, self._route_ids))
+            topk_weights, topk_ids = self.route(hidden_states, out=(self._route_weights, self._route_ids),
+                                                token_ids=token_ids)
             self.last_routing = (topk_weights, topk_ids)
         backend = self.dispatch_backend
         if backend == "auto":  # host decision on a shape: the one-launch kernel for decode-sized batches
@@ -384,16 +473,18 @@ class Nvfp4MoE:
 
     __call__ = forward
 
-    def compiled_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def compiled_forward(self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``forward`` through the ``megamoe::moe_layer_forward`` custom op (opaque to torch.compile; returns a copy)."""
-        return torch.ops.megamoe.moe_layer_forward(hidden_states, self._layer_id)
+        return torch.ops.megamoe.moe_layer_forward(hidden_states, self._layer_id, token_ids)
 
-    def reference_forward(self, hidden_states: torch.Tensor, routing=None) -> torch.Tensor:
+    def reference_forward(self, hidden_states: torch.Tensor, routing=None,
+                          token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 reference layer on decoded weights with the same routing: (T, H) float32.
 
-        routing: (topk_weights, topk_ids) to reuse (default: route again, identically).
+        routing: (topk_weights, topk_ids) to reuse (default: route again, identically, with ``token_ids`` for
+        a hash-routed layer).
         """
-        topk_weights, topk_ids = routing if routing is not None else self.route(hidden_states)
+        topk_weights, topk_ids = routing if routing is not None else self.route(hidden_states, token_ids=token_ids)
         scales = self.input_scales or {}
         if self.shared is not None and self.shared.input_scales:
             scales = {**scales, "shared_l1": self.shared.input_scales["l1"],
@@ -406,13 +497,14 @@ class Nvfp4MoE:
 
     # ------------------------------------------------------------- calibration
     @torch.no_grad()
-    def calibrate(self, hidden_states_sample: torch.Tensor) -> dict:
+    def calibrate(self, hidden_states_sample: torch.Tensor, token_ids: torch.Tensor | None = None) -> dict:
         """Static w4a4 activation global scales from a sample batch (not for hot paths; syncs).
 
         l1: ``amax(sample) / 2688`` (per tensor); l2: per expert, the amax of that
         expert's SwiGLU output on the sample (w4a16 L1) / 2688; experts that got no
         rows take the largest observed scale. The shared expert gets its own
         l1/l2. Sets ``mode = "w4a4"`` with these static scales; returns them.
+        token_ids: the sample's (T,) token ids (hash-routed layers).
         """
         c = self.config
         x = hidden_states_sample
@@ -420,7 +512,7 @@ class Nvfp4MoE:
         if x.shape[0] == 0:
             raise ValueError("hidden_states_sample: expected at least one token")
         l1 = quantize_ops.compute_global_scale(x)
-        _, topk_ids = self.route(x)
+        _, topk_ids = self.route(x, token_ids=token_ids)
         d = moe_ops.dispatch(topk_ids, self._groups)  # routed rows only; the fused shared group stays empty
         inter = gemm_ops.nvfp4_grouped_mm(x, self._w13_kernel, d["expert_offsets"], row_index=d["row_index"],
                                           activation="swiglu", swiglu_limit=c.swiglu_limit)
@@ -456,11 +548,25 @@ class Nvfp4MoE:
         self.input_scales["l2_groups"] = torch.cat((l2, self.shared.input_scales["l2"].reshape(1)))
 
     def set_input_scales(self, l1: torch.Tensor, l2: torch.Tensor, shared_l1=None, shared_l2=None) -> None:
-        """Static w4a4 scales (e.g. ModelOpt ``input_scale``): l1 0-d, l2 (E,) fp32 on the layer's device."""
+        """Static w4a4 scales (e.g. ModelOpt ``input_scale``): l1 0-d, l2 (E,) fp32 on the layer's device.
+
+        Every scale must be finite and > 0 (checked on the host: not for hot paths).
+        """
         c = self.config
+        for name, t in (("l1", l1), ("l2", l2), ("shared_l1", shared_l1), ("shared_l2", shared_l2)):
+            if t is None and name.startswith("shared"):
+                continue
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{name}: expected a floating-point torch.Tensor, got "
+                                f"{getattr(t, 'dtype', type(t).__name__)}")
+            if t.numel() and not bool(torch.isfinite(t).all() and (t > 0).all()):
+                raise ValueError(f"{name}: static input scales must be finite and > 0, got {t.flatten().tolist()}")
         if l1.dim() != 0 or tuple(l2.shape) != (c.num_experts,):
             raise ValueError(f"l1/l2: expected a 0-d tensor and ({c.num_experts},), got "
                              f"{tuple(l1.shape)} and {tuple(l2.shape)}")
+        for name, t in (("shared_l1", shared_l1), ("shared_l2", shared_l2)):
+            if t is not None and t.numel() != 1:
+                raise ValueError(f"{name}: expected one value, got shape {tuple(t.shape)}")
         self.input_scales = {"l1": l1.float().to(self.device), "l2": l2.float().to(self.device)}
         if self.shared is not None and shared_l1 is not None and shared_l2 is not None:
             self.shared.input_scales = {"l1": shared_l1.float().to(self.device),
@@ -480,34 +586,42 @@ class Nvfp4MoE:
     def capture(self, num_tokens: int, *, warmup: int = 2):
         """Capture ``forward`` for ``num_tokens`` tokens into a CUDA graph.
 
-        Returns ``run(hidden_states) -> out``: copies the (num_tokens, H) bf16
-        input into the graph's static input, replays, returns the static output
-        (the layer's output buffer; valid until the next call).
+        Returns ``run(hidden_states, token_ids=None) -> out``: copies the (num_tokens, H) bf16 input (and, for
+        a hash-routed layer, the (num_tokens,) token ids: required then) into the graph's static inputs,
+        replays, returns the static output (the layer's output buffer; valid until the next call).
         """
         if self.device.type != "cuda":
             raise RuntimeError("capture: CUDA graphs need a CUDA layer")
         if not 1 <= num_tokens <= self.max_num_tokens:
             raise ValueError(f"num_tokens: expected 1..{self.max_num_tokens}, got {num_tokens}")
         static_in = torch.zeros((num_tokens, self.config.hidden_size), dtype=torch.bfloat16, device=self.device)
+        static_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device) if self.hash_routed else None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmup):
-                self.forward(static_in)
+                self.forward(static_in, static_ids)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_out = self.forward(static_in)
+            static_out = self.forward(static_in, static_ids)
 
-        def run(hidden_states: torch.Tensor) -> torch.Tensor:
+        def run(hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
             if tuple(hidden_states.shape) != tuple(static_in.shape):
                 raise ValueError(f"hidden_states: the graph was captured for shape {tuple(static_in.shape)}, "
                                  f"got {tuple(hidden_states.shape)}")
+            if static_ids is not None:
+                if not isinstance(token_ids, torch.Tensor) or tuple(token_ids.shape) != (num_tokens,) \
+                        or token_ids.dtype not in (torch.int32, torch.int64):
+                    raise ValueError(f"token_ids: the hash-routed graph needs ({num_tokens},) int32/int64 token "
+                                     f"ids, got {token_ids if token_ids is None else tuple(token_ids.shape)}")
+                static_ids.copy_(token_ids)
             static_in.copy_(hidden_states)
             graph.replay()
             return static_out
 
         run.graph, run.static_input, run.static_output = graph, static_in, static_out
+        run.static_token_ids = static_ids
         return run
 
     def weight_bytes(self, experts_touched: int | None = None) -> int:
@@ -553,11 +667,52 @@ def quantize_weight(w: torch.Tensor) -> NVFP4Tensor:
     return quantize_ops.quantize(w)
 
 
+# Random weights (Nvfp4MoE.random): float32 elements drawn and quantized at a time (1 GiB of float32).
+RANDOM_CHUNK_ELEMENTS = 1 << 28
+
+
+def _sub_seed(seed: int, tag: int, index: int) -> int:
+    """A 63-bit seed for tensor ``tag``, expert ``index`` (a fixed integer mix: same inputs, same seed)."""
+    x = (int(seed) * 0x9E3779B97F4A7C15 + tag * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) % (1 << 64)
+    x ^= x >> 31
+    return (x * 0xD6E8FEB86659FD93 % (1 << 64)) >> 1
+
+
+def _random_experts(experts: int, shape: tuple, scale: float, generator, device, kept: dict | None,
+                    name: str) -> NVFP4Tensor:
+    """(experts, N, K) NVFP4 with per-expert global scales: each expert drawn from ``generator(e)`` as
+    ``randn * scale`` -> bf16, quantized a chunk of experts at a time into preallocated tensors."""
+    n, k = shape
+    chunk = max(1, min(experts, RANDOM_CHUNK_ELEMENTS // (n * k)))
+    data = torch.empty((experts, n, k // 2), dtype=torch.uint8, device=device)
+    block_scale = torch.empty((experts, n, k // 16), dtype=torch.float8_e4m3fn, device=device)
+    global_scale = torch.empty((experts, 1, 1), dtype=torch.float32, device=device)
+    full = torch.empty((experts, n, k), dtype=torch.bfloat16, device=device) if kept is not None else None
+    buf = torch.empty((chunk, n, k), dtype=torch.float32, device=device)
+    for start in range(0, experts, chunk):
+        stop = min(experts, start + chunk)
+        for j in range(start, stop):
+            torch.randn((n, k), generator=generator(j), device=device, out=buf[j - start])
+        w = buf[: stop - start].mul_(scale).to(torch.bfloat16)
+        q = quantize_weight(w)
+        data[start:stop].copy_(q.data)
+        block_scale[start:stop].copy_(q.block_scale)
+        global_scale[start:stop].copy_(q.global_scale.reshape(-1, 1, 1))
+        if full is not None:
+            full[start:stop].copy_(w)
+        del w, q
+    if kept is not None:
+        kept[name] = full
+    return NVFP4Tensor(data, block_scale, global_scale, (experts, n, k))
+
+
 @torch.library.custom_op("megamoe::moe_layer_forward", mutates_args=())
-def _moe_layer_forward(hidden_states: torch.Tensor, layer_id: int) -> torch.Tensor:
-    return _LAYERS[layer_id].forward(hidden_states).clone()
+def _moe_layer_forward(hidden_states: torch.Tensor, layer_id: int,
+                       token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _LAYERS[layer_id].forward(hidden_states, token_ids).clone()
 
 
 @_moe_layer_forward.register_fake
-def _moe_layer_forward_fake(hidden_states: torch.Tensor, layer_id: int) -> torch.Tensor:
+def _moe_layer_forward_fake(hidden_states: torch.Tensor, layer_id: int,
+                            token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     return torch.empty_like(hidden_states)

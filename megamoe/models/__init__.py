@@ -1,2 +1,5 @@
 """Model configurations (DeepSeek-V4-class MoE blocks)."""
-from .config import DEEPSEEK_V3_GUIDE, DEEPSEEK_V4_FLASH, PRESETS, SMALL, MoEConfig  # noqa: F401
+from .config import (  # noqa: F401
+    DEEPSEEK_V3_GUIDE, DEEPSEEK_V4_FLASH, DEEPSEEK_V4_PRO, MODEL_PRESETS, PRESETS, SMALL, V4_FLASH_MODEL,
+    V4_PRO_MODEL, MoEConfig, V4Config,
+)

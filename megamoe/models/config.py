@@ -1,27 +1,70 @@
-"""DeepSeek-V4-class MoE block configuration.
+"""DeepSeek-V4-class configurations: the MoE block (:class:`MoEConfig`) and the whole model (:class:`V4Config`).
 
-Sources of the constants (looked up 2026-11-23):
+Constants and where each one comes from (checked 2026-11-23)
+------------------------------------------------------------
 
-* ``DEEPSEEK_V4_FLASH``: the published ``config.json`` of
-  ``deepseek-ai/DeepSeek-V4-Flash`` as quoted verbatim in public ports of the
-  model (hidden_size 4096, moe_intermediate_size 2048, n_routed_experts 256,
-  num_experts_per_tok 6, n_shared_experts 1, scoring_func "sqrtsoftplus",
-  topk_method "noaux_tc" (a per-expert score-correction bias used for selection
-  only), norm_topk_prob true, routed_scaling_factor 1.5, swiglu_limit 10.0).
-  That config publishes no ``n_group`` / ``topk_group``: routing is flat top-k
-  (``n_group = topk_group = 1``). Its first 3 layers are hash-routed
-  (``num_hash_layers``), which is not modelled here.
-* ``DEEPSEEK_V3_GUIDE``: the shapes of the project guide / DeepSeek-V3
-  (hidden 7168, expert intermediate 2048, 256 experts, top-8, sigmoid scoring,
-  8 groups with top-4 groups, routed_scaling_factor 2.5), kept because the
-  project benchmarks were specified on them. The swiglu limit 10.0 is the
-  seeds' default.
-* ``SMALL``: an embedded CPU-sized configuration (same routing rules as V4-Flash)
-  for tests and ``python -m megamoe run`` without a GPU.
+"Flash cfg" / "Pro cfg" are the published ``config.json`` of ``deepseek-ai/DeepSeek-V4-Flash`` / ``-V4-Pro`` as
+quoted verbatim in public repositories (find_string ``"num_hash_layers": 3`` and ``"o_groups": 16``: a Rust
+port embedding the Flash file byte for byte with its sha256, an S3 upload script embedding the Pro file, several
+test fixtures and model-spec tables agreeing with both). "model.py" is the official ``inference/model.py``
+(``ModelArgs``, ``Gate``, ``MoE``, ``Attention``).
+
+==================================  ==============  ==============  ===============================================
+constant (config.json key)          V4-Flash        V4-Pro          source / note
+==================================  ==============  ==============  ===============================================
+vocab_size                          129280          129280          Flash cfg, Pro cfg; ModelArgs default 129280
+hidden_size                         4096            7168            Flash cfg, Pro cfg
+num_hidden_layers                   43              61              Flash cfg, Pro cfg
+num_hash_layers                     3               3               both cfgs; model.py ``Gate``: ``hash = layer_id
+                                                                    < n_hash_layers`` (tid2eid (vocab, top_k) int32,
+                                                                    no bias)
+num_attention_heads                 64              128             both cfgs (num_key_value_heads 1)
+head_dim / qk_rope_head_dim         512 / 64        512 / 64        both cfgs
+q_lora_rank                         1024            1536            both cfgs
+o_groups / o_lora_rank              8 / 1024        16 / 1024       both cfgs
+sliding_window                      128             128             both cfgs (``window_size`` in model.py)
+compress_ratios                     [0,0]+[4,128]   [128,128]+      both cfgs. The published lists have
+                                    *20+[4], +[0]   [4,128]*29+     num_layers + num_nextn_predict_layers entries
+                                                    [4], +[0]       (44 / 62); the trailing 0 is the MTP block's.
+                                                                    A "-0731" Flash variant ships 46 (3 DSpark
+                                                                    stages); only the first num_layers are layers.
+rope_theta                          10000           10000           both cfgs (window-only layers, no YaRN)
+compress_rope_theta                 160000          160000          both cfgs (ModelArgs' default 40000 is
+                                                                    overridden by the config; one training port
+                                                                    uses 40000 for Flash, the config says 160000)
+rope_scaling.factor                 16              16              both cfgs (``rope_factor``)
+rope_scaling.original_max_pos...    65536           65536           both cfgs (``original_seq_len``)
+rope_scaling.beta_fast / beta_slow  32 / 1          32 / 1          both cfgs, type "yarn"
+max_position_embeddings             1048576         1048576         both cfgs (the model's limit; ``max_seq_len``
+                                                                    below is what one instance serves)
+index_n_heads / index_head_dim      64 / 128        64 / 128        both cfgs
+index_topk                          512             1024            both cfgs
+hc_mult / hc_sinkhorn_iters         4 / 20          4 / 20          both cfgs
+hc_eps / rms_norm_eps               1e-6 / 1e-6     1e-6 / 1e-6     both cfgs
+num_nextn_predict_layers            1               1               both cfgs
+moe_intermediate_size               2048            3072            both cfgs
+n_routed_experts                    256             384             both cfgs
+num_experts_per_tok                 6               6               both cfgs
+n_shared_experts                    1               1               both cfgs; model.py asserts 1 and builds it with
+                                                                    ``moe_inter_dim`` (shared width = I)
+scoring_func                        sqrtsoftplus    sqrtsoftplus    both cfgs; model.py ``F.softplus(s).sqrt()``
+topk_method                         noaux_tc        noaux_tc        both cfgs (score-correction bias, selection
+                                                                    only; hash layers have no bias)
+norm_topk_prob                      true            true            both cfgs
+routed_scaling_factor               1.5             2.5             both cfgs (``route_scale``)
+swiglu_limit                        10.0            10.0            both cfgs
+n_group / topk_group                (absent) 1/1    (absent) 1/1    neither config has them: flat top-k
+==================================  ==============  ==============  ===============================================
+
+Other presets: ``DEEPSEEK_V3_GUIDE`` has the shapes of the project guide / DeepSeek-V3 (hidden 7168, expert
+intermediate 2048, 256 experts, top-8, sigmoid scoring, 8 groups with top-4 groups, routed_scaling_factor 2.5),
+kept because the project benchmarks were specified on them (swiglu limit 10.0: the seeds' default). ``SMALL`` and
+``V4_TINY_*`` are CPU-sized configurations with V4 routing rules, not published models.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 SCORING_FUNCS = ("sigmoid", "softmax", "sqrtsoftplus")
@@ -41,6 +84,16 @@ class MoEConfig:
     norm_topk_prob: renormalise the k selected weights to sum 1.
     routed_scaling_factor: multiplies the routed weights. swiglu_limit: clamp of
     the SwiGLU (None = no clamp).
+
+    Weight normalisation vs the official DeepSeek-V4 code: its ``Gate.forward``
+    renormalises the k weights whenever ``score_func != "softmax"`` and never
+    for softmax, ignoring ``norm_topk_prob``; this package follows
+    ``norm_topk_prob`` for every scoring function (the Hugging Face / DeepSeek-V3
+    convention). The two agree for V4-Flash and V4-Pro (sqrtsoftplus with
+    ``norm_topk_prob: true``); they differ only for a sigmoid/sqrtsoftplus config
+    with ``norm_topk_prob: false`` or a softmax config with ``true``. The same
+    rule applies to hash-routed layers (the first ``num_hash_layers`` of a
+    V4 model), whose weights are the scores gathered at the table's ids.
     """
 
     hidden_size: int
@@ -58,10 +111,16 @@ class MoEConfig:
     name: str = "custom"
 
     def __post_init__(self):
-        for field in ("hidden_size", "intermediate_size", "num_experts", "top_k", "n_group", "topk_group"):
+        for field in ("hidden_size", "intermediate_size", "num_experts", "top_k", "n_group", "topk_group",
+                      "shared_intermediate_size"):
             value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{field}: expected an int, got {type(value).__name__} {value!r}")
+            if value < (0 if field == "shared_intermediate_size" else 1):
                 raise ValueError(f"{field}: expected a positive int, got {value!r}")
+        if not isinstance(self.routed_scaling_factor, (int, float)) or isinstance(self.routed_scaling_factor, bool) \
+                or not math.isfinite(self.routed_scaling_factor):
+            raise ValueError(f"routed_scaling_factor: expected a finite number, got {self.routed_scaling_factor!r}")
         if self.hidden_size % 16 or self.intermediate_size % 16:
             raise ValueError(
                 f"hidden_size and intermediate_size must be multiples of 16 (NVFP4 blocks), got "
@@ -89,23 +148,53 @@ class MoEConfig:
 
     @classmethod
     def from_hf_config(cls, config: dict, name: str = "hf") -> "MoEConfig":
-        """Build from a Hugging Face ``config.json`` dict (DeepSeek-V3/V4 keys)."""
-        moe_i = int(config["moe_intermediate_size"])
+        """Build from a Hugging Face ``config.json`` dict (DeepSeek-V3/V4 keys).
+
+        Required: hidden_size, moe_intermediate_size, n_routed_experts,
+        num_experts_per_tok (a missing one -> ValueError naming it). Optional, with
+        defaults: n_shared_experts 0, scoring_func "sigmoid", topk_method
+        "noaux_tc", n_group / topk_group 1 (0 or null also mean 1),
+        norm_topk_prob true, routed_scaling_factor 1.0, swiglu_limit none.
+        """
+        if not isinstance(config, dict):
+            raise TypeError(f"config: expected a dict (config.json), got {type(config).__name__}")
+        moe_i = _hf_int(config, "moe_intermediate_size")
+        scaling = config.get("routed_scaling_factor", 1.0)
         return cls(
-            hidden_size=int(config["hidden_size"]),
+            hidden_size=_hf_int(config, "hidden_size"),
             intermediate_size=moe_i,
-            num_experts=int(config["n_routed_experts"]),
-            top_k=int(config["num_experts_per_tok"]),
+            num_experts=_hf_int(config, "n_routed_experts"),
+            top_k=_hf_int(config, "num_experts_per_tok"),
             shared_intermediate_size=moe_i * int(config.get("n_shared_experts", 0) or 0),
             scoring_func=config.get("scoring_func", "sigmoid"),
             use_correction_bias=config.get("topk_method", "noaux_tc") == "noaux_tc",
             n_group=int(config.get("n_group", 1) or 1),
             topk_group=int(config.get("topk_group", 1) or 1),
             norm_topk_prob=bool(config.get("norm_topk_prob", True)),
-            routed_scaling_factor=float(config.get("routed_scaling_factor", 1.0)),
+            routed_scaling_factor=float(1.0 if scaling is None else scaling),
             swiglu_limit=(float(config["swiglu_limit"]) if config.get("swiglu_limit") else None),
             name=name,
         )
+
+
+def _hf_require(config: dict, key: str):
+    if key not in config or config[key] is None:
+        raise ValueError(f"config.json: missing required key {key!r}")
+    return config[key]
+
+
+def _hf_int(config: dict, key: str) -> int:
+    value = _hf_require(config, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ValueError(f"config.json: {key!r} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _hf_float(config: dict, key: str) -> float:
+    value = _hf_require(config, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"config.json: {key!r} must be a number, got {value!r}")
+    return float(value)
 
 
 DEEPSEEK_V4_FLASH = MoEConfig(
@@ -122,6 +211,22 @@ DEEPSEEK_V4_FLASH = MoEConfig(
     routed_scaling_factor=1.5,
     swiglu_limit=10.0,
     name="deepseek-v4-flash",
+)
+
+DEEPSEEK_V4_PRO = MoEConfig(
+    hidden_size=7168,
+    intermediate_size=3072,
+    num_experts=384,
+    top_k=6,
+    shared_intermediate_size=3072,
+    scoring_func="sqrtsoftplus",
+    use_correction_bias=True,
+    n_group=1,
+    topk_group=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    swiglu_limit=10.0,
+    name="deepseek-v4-pro",
 )
 
 DEEPSEEK_V3_GUIDE = MoEConfig(
@@ -154,8 +259,9 @@ SMALL = MoEConfig(
     name="small-cpu",
 )
 
-PRESETS = {c.name: c for c in (DEEPSEEK_V4_FLASH, DEEPSEEK_V3_GUIDE, SMALL)}
-PRESETS.update({"v4-flash": DEEPSEEK_V4_FLASH, "guide": DEEPSEEK_V3_GUIDE, "small": SMALL})
+PRESETS = {c.name: c for c in (DEEPSEEK_V4_FLASH, DEEPSEEK_V4_PRO, DEEPSEEK_V3_GUIDE, SMALL)}
+PRESETS.update({"v4-flash": DEEPSEEK_V4_FLASH, "v4-pro": DEEPSEEK_V4_PRO, "guide": DEEPSEEK_V3_GUIDE,
+                "small": SMALL})
 
 
 # ==============================================================================================================
@@ -185,8 +291,10 @@ class V4Config:
     no YaRN) and compress_rope_theta with YaRN (rope_factor, original_seq_len, beta_fast, beta_slow) for
     compressed layers; index_n_heads x index_head_dim, index_topk: the CSA indexer; hc_mult,
     hc_sinkhorn_iters, hc_eps: hyper-connections; norm_eps; max_seq_len: the longest request this instance
-    serves (sizes caches and RoPE tables); num_mtp_layers: multi-token-prediction blocks in the checkpoint
-    (not run by default); moe: the MoE block (:class:`MoEConfig`).
+    serves (sizes caches and RoPE tables), at most max_position_embeddings (the model's limit, from
+    config.json); num_mtp_layers [n_mtp_layers / num_nextn_predict_layers]: multi-token-prediction blocks in the
+    checkpoint (not run by default); moe: the MoE block (:class:`MoEConfig`). Constants and sources: the module
+    docstring. :meth:`from_hf_config` builds one from a ``config.json`` dict.
     """
 
     name: str
@@ -218,15 +326,27 @@ class V4Config:
     norm_eps: float = 1e-6
     max_seq_len: int = 65536
     num_mtp_layers: int = 1
+    max_position_embeddings: int = 1048576
 
     def __post_init__(self):
         object.__setattr__(self, "compress_ratios", tuple(int(r) for r in self.compress_ratios))
         for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "q_lora_rank", "o_groups", "o_lora_rank",
                   "head_dim", "rope_dim", "window_size", "index_n_heads", "index_head_dim", "index_topk", "hc_mult",
-                  "hc_sinkhorn_iters", "max_seq_len"):
+                  "hc_sinkhorn_iters", "max_seq_len", "max_position_embeddings"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{f}: expected a positive int, got {v!r}")
+        for f in ("num_hash_layers", "num_mtp_layers", "original_seq_len", "beta_fast", "beta_slow"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{f}: expected an int >= 0, got {v!r}")
+        for f in ("rope_theta", "compress_rope_theta", "rope_factor", "hc_eps", "norm_eps"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{f}: expected a positive finite number, got {v!r}")
+        if self.max_seq_len > self.max_position_embeddings:
+            raise ValueError(f"max_seq_len: expected <= max_position_embeddings={self.max_position_embeddings}, "
+                             f"got {self.max_seq_len}")
         if len(self.compress_ratios) != self.num_layers:
             raise ValueError(f"compress_ratios: expected {self.num_layers} entries (one per layer), got "
                              f"{len(self.compress_ratios)}")
@@ -247,6 +367,68 @@ class V4Config:
     def replace(self, **changes) -> "V4Config":
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def from_hf_config(cls, config: dict, name: str = "hf", *, max_seq_len: int | None = None) -> "V4Config":
+        """Build from a DeepSeek-V4 ``config.json`` dict (Hugging Face key names; see the module table).
+
+        Required keys (a missing one -> ValueError naming it): vocab_size, hidden_size, num_hidden_layers,
+        num_hash_layers, num_attention_heads, head_dim, qk_rope_head_dim, q_lora_rank, o_groups, o_lora_rank,
+        sliding_window, compress_ratios (at least num_hidden_layers entries; the first num_hidden_layers are
+        the layers, the rest belong to the MTP / DSpark blocks), rope_theta, compress_rope_theta, rope_scaling
+        {factor, original_max_position_embeddings, beta_fast, beta_slow} (type "yarn" when given),
+        index_n_heads, index_head_dim, index_topk, hc_mult, hc_sinkhorn_iters, hc_eps, rms_norm_eps,
+        max_position_embeddings, and the MoE keys of :meth:`MoEConfig.from_hf_config`.
+        num_nextn_predict_layers defaults to 0. max_seq_len (a serving choice, not in the file): default
+        ``min(65536, max_position_embeddings)``.
+        """
+        if not isinstance(config, dict):
+            raise TypeError(f"config: expected a dict (config.json), got {type(config).__name__}")
+        num_layers = _hf_int(config, "num_hidden_layers")
+        ratios = _hf_require(config, "compress_ratios")
+        if not isinstance(ratios, (list, tuple)) or len(ratios) < num_layers:
+            raise ValueError(f"config.json: 'compress_ratios' must list at least num_hidden_layers={num_layers} "
+                             f"entries, got {ratios!r}")
+        rope = _hf_require(config, "rope_scaling")
+        if not isinstance(rope, dict):
+            raise ValueError(f"config.json: 'rope_scaling' must be an object, got {rope!r}")
+        rope_type = rope.get("type", rope.get("rope_type", "yarn"))
+        if rope_type != "yarn":
+            raise ValueError(f"config.json: rope_scaling type must be 'yarn', got {rope_type!r}")
+        rope = {f"rope_scaling.{k}": v for k, v in rope.items()}
+        max_pos = _hf_int(config, "max_position_embeddings")
+        return cls(
+            name=name,
+            vocab_size=_hf_int(config, "vocab_size"),
+            hidden_size=_hf_int(config, "hidden_size"),
+            num_layers=num_layers,
+            num_hash_layers=_hf_int(config, "num_hash_layers"),
+            num_heads=_hf_int(config, "num_attention_heads"),
+            q_lora_rank=_hf_int(config, "q_lora_rank"),
+            o_groups=_hf_int(config, "o_groups"),
+            o_lora_rank=_hf_int(config, "o_lora_rank"),
+            compress_ratios=tuple(int(r) for r in ratios[:num_layers]),
+            moe=MoEConfig.from_hf_config(config, name=f"{name}-moe"),
+            head_dim=_hf_int(config, "head_dim"),
+            rope_dim=_hf_int(config, "qk_rope_head_dim"),
+            window_size=_hf_int(config, "sliding_window"),
+            rope_theta=_hf_float(config, "rope_theta"),
+            compress_rope_theta=_hf_float(config, "compress_rope_theta"),
+            rope_factor=_hf_float(rope, "rope_scaling.factor"),
+            original_seq_len=_hf_int(rope, "rope_scaling.original_max_position_embeddings"),
+            beta_fast=_hf_int(rope, "rope_scaling.beta_fast"),
+            beta_slow=_hf_int(rope, "rope_scaling.beta_slow"),
+            index_n_heads=_hf_int(config, "index_n_heads"),
+            index_head_dim=_hf_int(config, "index_head_dim"),
+            index_topk=_hf_int(config, "index_topk"),
+            hc_mult=_hf_int(config, "hc_mult"),
+            hc_sinkhorn_iters=_hf_int(config, "hc_sinkhorn_iters"),
+            hc_eps=_hf_float(config, "hc_eps"),
+            norm_eps=_hf_float(config, "rms_norm_eps"),
+            max_seq_len=min(65536, max_pos) if max_seq_len is None else max_seq_len,
+            num_mtp_layers=int(config.get("num_nextn_predict_layers", 0) or 0),
+            max_position_embeddings=max_pos,
+        )
+
     def layer_kind(self, layer: int) -> str:
         return layer_kind(self.compress_ratios[layer])
 
@@ -255,16 +437,23 @@ class V4Config:
         return self.head_dim - self.rope_dim
 
 
-def _v4_ratios(num_layers: int) -> tuple:
-    """V4-Flash's published pattern: two window-only layers, then CSA / HCA alternating, CSA last."""
+def _v4_ratios(num_layers: int, first: int = 0) -> tuple:
+    """The published patterns: two leading layers of ratio ``first`` (Flash: 0 = window only, Pro: 128 = HCA),
+    then CSA / HCA alternating, CSA last."""
     body = [CSA_RATIO if i % 2 == 0 else 128 for i in range(num_layers - 2)]
-    return tuple([0, 0] + body)
+    return tuple([first, first] + body)
 
 
 V4_FLASH_MODEL = V4Config(
     name="deepseek-v4-flash", vocab_size=129280, hidden_size=4096, num_layers=43, num_hash_layers=3, num_heads=64,
     q_lora_rank=1024, o_groups=8, o_lora_rank=1024, compress_ratios=_v4_ratios(43), moe=DEEPSEEK_V4_FLASH,
     index_topk=512,
+)
+
+V4_PRO_MODEL = V4Config(
+    name="deepseek-v4-pro", vocab_size=129280, hidden_size=7168, num_layers=61, num_hash_layers=3, num_heads=128,
+    q_lora_rank=1536, o_groups=16, o_lora_rank=1024, compress_ratios=_v4_ratios(61, first=128),
+    moe=DEEPSEEK_V4_PRO, index_topk=1024,
 )
 
 V4_TINY_MOE = MoEConfig(hidden_size=128, intermediate_size=64, num_experts=8, top_k=2, shared_intermediate_size=64,
@@ -280,4 +469,4 @@ V4_TINY_MODEL = V4Config(
     num_mtp_layers=0,
 )
 
-MODEL_PRESETS = {"v4-flash": V4_FLASH_MODEL, "tiny": V4_TINY_MODEL}
+MODEL_PRESETS = {"v4-flash": V4_FLASH_MODEL, "v4-pro": V4_PRO_MODEL, "tiny": V4_TINY_MODEL}

@@ -17,6 +17,8 @@ None of these read device values on the host. Buffers may be passed in
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..reference import moe as _reference
@@ -38,6 +40,39 @@ def _router_kernel_supports(num_experts: int, n_group: int) -> bool:
     return supports_groups(num_experts, n_group)
 
 
+def _check_route_out(out, num_tokens: int, top_k: int, device) -> None:
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out: expected a (weights, ids) pair of tensors, got {type(out).__name__}")
+    for name, t, dtype in (("out[0] (weights)", out[0], torch.float32), ("out[1] (ids)", out[1], torch.int32)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dtype:
+            raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+        if t.dim() != 2 or t.shape[0] < num_tokens or t.shape[1] < top_k:
+            raise ValueError(f"{name}: expected shape (>= {num_tokens}, >= {top_k}) (tokens, top_k), got "
+                             f"{tuple(t.shape)}")
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError(f"{name}: expected unit column stride, got strides {t.stride()}")
+        if t.device != device:
+            raise ValueError(f"{name}: expected device {device}, got {t.device}")
+
+
+def check_tid2eid(tid2eid, num_experts: int, top_k: int, vocab_size: int | None = None) -> None:
+    """Full validation of a hash-routing table, values included (reads it on the host: load time only).
+
+    tid2eid: (V, top_k) int32 (V = vocab_size when given) with every entry in [0, num_experts).
+    """
+    _check_tensor(tid2eid, "tid2eid", (torch.int32,), 2)
+    if tid2eid.shape[1] != top_k or (vocab_size is not None and tid2eid.shape[0] != vocab_size):
+        raise ValueError(f"tid2eid: expected shape ({vocab_size if vocab_size is not None else 'vocab'}, {top_k}) "
+                         f"(vocab, top_k), got {tuple(tid2eid.shape)}")
+    if tid2eid.shape[0] == 0:
+        raise ValueError("tid2eid: expected at least one row (vocab >= 1)")
+    lo, hi = int(tid2eid.min()), int(tid2eid.max())
+    if lo < 0 or hi >= num_experts:
+        raise ValueError(f"tid2eid: expected expert ids in [0, {num_experts}), got values in [{lo}, {hi}]")
+
+
 def route(
     hidden_states: torch.Tensor,
     gate_weight: torch.Tensor,
@@ -51,6 +86,8 @@ def route(
     routed_scaling_factor: float = 1.0,
     backend: str = "torch",
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    token_ids: torch.Tensor | None = None,
+    tid2eid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Router: (T, H) hidden states -> (topk_weights (T, k) fp32, topk_ids (T, k) int32).
 
@@ -60,53 +97,101 @@ def route(
     equal up to the last ulp; group-limited routing too when E and n_group are
     powers of two. "triton" falls back to "torch" otherwise, or when the tensors
     do not take the Triton path.
-    out: optional ``(weights (T, >=k) fp32, ids (T, >=k) int32)`` buffers with
-    unit column stride (triton backend: written in place; the first k columns
-    are returned).
+    out: optional ``(weights (>=T, >=k) fp32, ids (>=T, >=k) int32)`` buffers
+    with unit column stride on the same device (triton backend: written in
+    place; the first T rows / k columns are returned).
 
     gate_weight: (E, H) bf16/fp32 on the same device; correction_bias: None or
     (E,) fp32 (``e_score_correction_bias``, selection only). Semantics, tie-break
     and NaN policy: ``megamoe/reference/moe.py``.
+
+    Hash routing (DeepSeek-V4's first ``num_hash_layers`` layers): pass
+    ``tid2eid`` (V, k) int32 and ``token_ids`` (T,) int32/int64 on the same
+    device; ids = ``tid2eid[token_ids]``, weights = the scores at those ids
+    (renormalised with norm_topk_prob, times routed_scaling_factor).
+    correction_bias must then be None; n_group / topk_group do not apply.
+    Only shapes and dtypes are checked here (sync-free): validate the table's
+    values once with :func:`check_tid2eid`; out-of-range token ids or entries
+    follow the reference's invalid-input policy (ids 0..k-1, NaN weights).
     """
     floats = (torch.bfloat16, torch.float16, torch.float32)
     _check_tensor(hidden_states, "hidden_states", floats, 2)
     _check_tensor(gate_weight, "gate_weight", floats, 2)
     num_experts, hidden = gate_weight.shape
+    num_tokens = hidden_states.shape[0]
+    device = hidden_states.device
     if hidden_states.shape[1] != hidden:
         raise ValueError(f"hidden_states: expected {hidden} columns (gate_weight's H), got {hidden_states.shape[1]}")
-    if gate_weight.device != hidden_states.device:
-        raise ValueError(f"gate_weight: expected device {hidden_states.device}, got {gate_weight.device}")
+    if gate_weight.device != device:
+        raise ValueError(f"gate_weight: expected device {device}, got {gate_weight.device}")
     if correction_bias is not None:
         _check_tensor(correction_bias, "correction_bias", (torch.float32,), 1)
-        if correction_bias.shape[0] != num_experts or correction_bias.device != hidden_states.device:
-            raise ValueError(f"correction_bias: expected ({num_experts},) on {hidden_states.device}, got "
+        if correction_bias.shape[0] != num_experts or correction_bias.device != device:
+            raise ValueError(f"correction_bias: expected ({num_experts},) on {device}, got "
                              f"{tuple(correction_bias.shape)} on {correction_bias.device}")
     if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k: expected an int in 1..{num_experts}, got {top_k!r}")
-    if num_experts % n_group or not 1 <= topk_group <= n_group:
+    if not isinstance(n_group, int) or not isinstance(topk_group, int) or n_group < 1 or num_experts % n_group \
+            or not 1 <= topk_group <= n_group:
         raise ValueError(f"n_group/topk_group: need n_group | E={num_experts} and 1 <= topk_group <= n_group, "
                          f"got {n_group}/{topk_group}")
+    if n_group > 1 and topk_group * (num_experts // n_group) < top_k:
+        raise ValueError(f"topk_group: {topk_group} groups of {num_experts // n_group} experts hold fewer than "
+                         f"top_k={top_k} experts")
+    if scoring_func not in ("sigmoid", "softmax", "sqrtsoftplus"):
+        raise ValueError(f"scoring_func: expected 'sigmoid', 'softmax' or 'sqrtsoftplus', got {scoring_func!r}")
+    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) \
+            or not math.isfinite(routed_scaling_factor):
+        raise ValueError(f"routed_scaling_factor: expected a finite number, got {routed_scaling_factor!r}")
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
-    if backend == "triton" and use_triton(hidden_states) and _router_kernel_supports(num_experts, n_group):
+    hashed = tid2eid is not None
+    if hashed:
+        _check_tensor(tid2eid, "tid2eid", (torch.int32,), 2)
+        if tid2eid.shape[1] != top_k or tid2eid.shape[0] < 1:
+            raise ValueError(f"tid2eid: expected shape (vocab >= 1, top_k={top_k}), got {tuple(tid2eid.shape)}")
+        if tid2eid.device != device:
+            raise ValueError(f"tid2eid: expected device {device}, got {tid2eid.device}")
+        if token_ids is None:
+            raise ValueError("token_ids: hash routing (tid2eid given) needs the (T,) token ids")
+        _check_tensor(token_ids, "token_ids", (torch.int32, torch.int64), 1)
+        if token_ids.shape[0] != num_tokens or token_ids.device != device:
+            raise ValueError(f"token_ids: expected ({num_tokens},) on {device}, got {tuple(token_ids.shape)} on "
+                             f"{token_ids.device}")
+        if correction_bias is not None:
+            raise ValueError("correction_bias: hash-routed layers use no correction bias; pass None")
+    elif token_ids is not None:
+        raise ValueError("token_ids: only used with tid2eid (hash routing); got token_ids without a table")
+    if out is not None:
+        _check_route_out(out, num_tokens, top_k, device)
+    if backend == "triton" and use_triton(hidden_states) and (hashed or _router_kernel_supports(num_experts, n_group)):
         from ..kernels.moe_router import launch_moe_topk
 
-        num_tokens = hidden_states.shape[0]
         scores = _reference.router_scores(hidden_states, gate_weight, scoring_func)
         if out is None:
-            out = (torch.empty((num_tokens, top_k), dtype=torch.float32, device=hidden_states.device),
-                   torch.empty((num_tokens, top_k), dtype=torch.int32, device=hidden_states.device))
+            out = (torch.empty((num_tokens, top_k), dtype=torch.float32, device=device),
+                   torch.empty((num_tokens, top_k), dtype=torch.int32, device=device))
         weights, ids = out[0][:num_tokens], out[1][:num_tokens]
-        launch_moe_topk(scores, correction_bias, top_k, norm_topk_prob, routed_scaling_factor, weights, ids,
-                        n_group=n_group, topk_group=topk_group)
+        if hashed:
+            launch_moe_topk(scores, None, top_k, norm_topk_prob, routed_scaling_factor, weights, ids,
+                            token_ids=token_ids.contiguous(),
+                            tid2eid=tid2eid if tid2eid.stride(1) == 1 else tid2eid.contiguous())
+        else:
+            launch_moe_topk(scores, correction_bias, top_k, norm_topk_prob, routed_scaling_factor, weights, ids,
+                            n_group=n_group, topk_group=topk_group)
         return weights[:, :top_k], ids[:, :top_k]
-    result = _reference.route(
-        hidden_states, gate_weight, correction_bias, top_k=top_k, scoring_func=scoring_func,
-        n_group=n_group, topk_group=topk_group, norm_topk_prob=norm_topk_prob,
-        routed_scaling_factor=routed_scaling_factor,
-    )
+    if hashed:
+        result = _reference.hash_route(
+            hidden_states, gate_weight, tid2eid, token_ids, scoring_func=scoring_func,
+            norm_topk_prob=norm_topk_prob, routed_scaling_factor=routed_scaling_factor,
+        )
+    else:
+        result = _reference.route(
+            hidden_states, gate_weight, correction_bias, top_k=top_k, scoring_func=scoring_func,
+            n_group=n_group, topk_group=topk_group, norm_topk_prob=norm_topk_prob,
+            routed_scaling_factor=routed_scaling_factor,
+        )
     if out is not None:
-        num_tokens = hidden_states.shape[0]
         out[0][:num_tokens, :top_k].copy_(result[0])
         out[1][:num_tokens, :top_k].copy_(result[1])
     return result
@@ -212,6 +297,8 @@ def combine(
             raise ValueError(f"shared: expected shape {(num_tokens, hidden)}, got {tuple(shared.shape)}")
     if out is None:
         out = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=expert_out.device)
+    elif not isinstance(out, torch.Tensor):
+        raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
     elif out.dtype != torch.bfloat16 or tuple(out.shape) != (num_tokens, hidden):
         raise ValueError(f"out: expected a ({num_tokens}, {hidden}) bf16 tensor, got {tuple(out.shape)} {out.dtype}")
     for name, t in (("inv_perm", inv_perm), ("topk_weights", topk_weights), ("shared", shared), ("out", out)):

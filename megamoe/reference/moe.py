@@ -28,6 +28,17 @@ routed to experts 0..k-1 (its keys are all -inf after step 3; lowest indices
 win) with NaN weights, so its output row is NaN. Other tokens are unaffected
 (every stage is row-independent).
 
+Hash routing (:func:`hash_route`; DeepSeek-V4's first ``num_hash_layers``
+layers): the ids come from a token-id -> expert-id table, ``ids[t] =
+tid2eid[token_ids[t]]`` (``tid2eid`` (vocab, k) int32); no correction bias, no
+data-dependent selection. Weights = step 2's unbiased scores gathered at those
+ids, then step 6 (renormalised with ``norm_topk_prob``, times
+``routed_scaling_factor``). Invalid-input policy (nothing is read out of
+bounds): a token id outside ``[0, vocab)``, or a table row with an entry
+outside ``[0, E)``, routes that token to experts 0..k-1 with NaN weights (its
+output row is NaN, as for a NaN hidden state); a NaN hidden state keeps the
+table's ids and gets NaN weights. Other tokens are unaffected.
+
 The layer reference (:func:`moe_forward`) evaluates the whole block in float32
 on exactly decoded weights: ``out[t] = shared(x[t]) + sum_j w[t, j] *
 expert_{id[t, j]}(x[t])`` with ``expert(x) = W2 @ swiglu(W13 @ x)`` and
@@ -102,6 +113,40 @@ def route(
         topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + ROUTING_EPS)
     topk_weights = topk_weights * routed_scaling_factor
     return topk_weights, topk_ids.to(torch.int32)
+
+
+def hash_route(
+    hidden_states: torch.Tensor,
+    gate_weight: torch.Tensor,
+    tid2eid: torch.Tensor,
+    token_ids: torch.Tensor,
+    *,
+    scoring_func: str = "sqrtsoftplus",
+    norm_topk_prob: bool = True,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hash router (see the module docstring): ids from the table, weights from the scores.
+
+    hidden_states: (T, H) bf16/fp32. gate_weight: (E, H). tid2eid: (V, k)
+    int32/int64. token_ids: (T,) int32/int64. Returns ``(topk_weights (T, k)
+    float32, topk_ids (T, k) int32)``, the ids in table-column order.
+    Sync-free torch ops (graph capturable).
+    """
+    scores = router_scores(hidden_states, gate_weight, scoring_func)
+    vocab, top_k = tid2eid.shape
+    num_experts = scores.shape[1]
+    tok = token_ids.long()
+    tok_ok = (tok >= 0) & (tok < vocab)
+    rows = tid2eid.index_select(0, tok.clamp(0, vocab - 1)).long()
+    ok = tok_ok & ((rows >= 0) & (rows < num_experts)).all(dim=1)
+    fallback = torch.arange(top_k, device=rows.device).expand_as(rows)
+    ids = torch.where(ok.unsqueeze(1), rows, fallback)
+    topk_weights = scores.gather(1, ids)
+    if norm_topk_prob:
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + ROUTING_EPS)
+    topk_weights = topk_weights * routed_scaling_factor
+    topk_weights = torch.where(ok.unsqueeze(1), topk_weights, torch.full_like(topk_weights, float("nan")))
+    return topk_weights, ids.to(torch.int32)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:

@@ -13,7 +13,8 @@ import sys
 
 #: (command module, one-line help used when the module cannot be imported)
 COMMANDS = (
-    ("run", "run a DeepSeek-V4-shaped NVFP4 MoE layer through the fast path and the reference (main job)"),
+    ("generate", "DeepSeek-V4 model: prefill prompts and decode tokens (main job)"),
+    ("run", "run a DeepSeek-V4-shaped NVFP4 MoE layer through the fast path and the reference"),
     ("bench", "benchmark the NVFP4 MoE layer against bf16 and the roofline"),
     ("quantize_check", "quantize a random tensor through the kernel and the reference and compare bit for bit"),
 )

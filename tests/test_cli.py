@@ -27,13 +27,22 @@ def test_readme_commands_are_the_ones_ci_runs():
 
     root = Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text().splitlines()
-    for marker, must_contain in (("# main job", "python -m megamoe run"), ("# tests", "python -m pytest")):
+    for marker, must_contain in (("# main job", "python -m megamoe generate"), ("# tests", "python -m pytest")):
         line = readme[readme.index(marker) + 1]
         assert must_contain in line
     assert "'^# tests$'" in (root / ".ci" / "run").read_text()
 
 
-def test_main_job_runs_on_cpu_default():
+def test_generate_runs_on_cpu_default_in_under_a_minute():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-m", "megamoe", "generate"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ms/token" in result.stdout and "tokens of request 0" in result.stdout
+
+
+def test_moe_layer_job_runs_on_cpu_default():
     # as a user runs it: without the interpreter the test-suite switched on
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .constants import E2M1_THRESHOLDS, E2M1_VALUES
+from .constants import E2M1_THRESHOLDS
 
 
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
@@ -24,10 +24,16 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
-    """E2M1 codes (uint8 0..15, any shape) -> float32 values (exact)."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
-    mag = table[(codes & 7).long()]
-    return torch.where((codes & 8) != 0, -mag, mag)
+    """E2M1 codes (uint8 0..15, any shape) -> float32 values (exact).
+
+    Computed from the code bits (no host-side table: sync-free and CUDA-graph capturable): exponent field
+    ``e = (code >> 1) & 3``, mantissa bit ``m``; ``e == 0``: ``m / 2``, else ``(1 + m / 2) * 2**(e - 1)``.
+    """
+    mag = codes & 7
+    e = (mag >> 1).float()
+    m = (mag & 1).float()
+    value = torch.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * torch.exp2(e - 1.0))
+    return torch.where((codes & 8) != 0, -value, value)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 
 from ..reference.kvcache import prefill_pool
 from ..reference.v4_numerics import apply_rope, hadamard_matrix, rms_norm
+from ..ops._dispatch import resolve_device
 from . import ops
 from .config import CompressedCacheConfig
 from .state import CompressorState, PagedPool
@@ -107,7 +108,7 @@ class CompressedKVCache:
 
     def __init__(self, config: CompressedCacheConfig, device, batch: int | None = None):
         self.config = config
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         c = config
         self.pool = PagedPool.allocate(c, self.device)
         self.state = CompressorState.allocate(c.max_slots, c.ratio, c.head_dim, c.overlap, self.device)
@@ -120,14 +121,16 @@ class CompressedKVCache:
         self.swa_rows = torch.zeros((c.max_slots * c.window_size + 1, c.head_dim), dtype=torch.bfloat16,
                                     device=self.device)
         self.swa = self.swa_rows[:-1].view(c.max_slots, c.window_size, c.head_dim)
-        self.workspace = None
+        self.workspace = None  # the most recently allocated workspace (see ``workspaces``)
+        self.workspaces: dict[int, dict] = {}  # batch size -> preallocated per-step intermediates
         self.post_pool = None
         if batch is not None:
             self.allocate_workspace(batch)
 
     # ---------------------------------------------------------------- host side
     def allocate_workspace(self, batch: int) -> None:
-        """Preallocate the per-step intermediates for a fixed batch size (graph-stable pointers)."""
+        """Preallocate the per-step intermediates for a fixed batch size (graph-stable pointers). One workspace
+        is kept per batch size, so graphs captured for several batch sizes each keep their own."""
         c, dev = self.config, self.device
         ws = {
             "pooled": torch.zeros((batch, c.head_dim), dtype=torch.float32, device=dev),
@@ -140,7 +143,7 @@ class CompressedKVCache:
             ws["key_flush"] = torch.zeros((batch,), dtype=torch.bool, device=dev)
             ws["n_entries"] = torch.zeros((batch,), dtype=torch.int32, device=dev)
             ws["scores"] = torch.full((batch, max(c.max_entries, 1)), float("-inf"), dtype=torch.float32, device=dev)
-        self.workspace = ws
+        self.workspaces[batch] = self.workspace = ws
 
     def set_post_pool(self, norm_weight: torch.Tensor, rope_freqs: torch.Tensor,
                       index_norm_weight: torch.Tensor | None = None) -> None:
@@ -338,11 +341,11 @@ class CompressedKVCache:
         Returns the top-k entry indices (B, min(index_topk, max_entries)) int32 for CSA, else None.
         """
         c, dev = self.config, self.device
-        if self.workspace is None or self.workspace["pooled"].shape[0] != kv.shape[0]:
+        if kv.shape[0] not in self.workspaces:
             raise ValueError("decode_step: call allocate_workspace(batch) with this batch size first "
                              "(outside the graph)")
         self._require_post_pool("decode_step")
-        ws = self.workspace
+        ws = self.workspace = self.workspaces[kv.shape[0]]
         B, C = kv.shape[0], (2 if c.overlap else 1)
         ops._check_batch(batch.slots, batch.positions, batch.active, B, dev)
         ops._check(kv, "kv", torch.float32, (B, C * c.head_dim), dev)

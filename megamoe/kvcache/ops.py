@@ -169,7 +169,14 @@ def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, 
 
 
 def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """(B, T) float32 -> (B, min(k, T)) int32: best first, ties to the lower index, -1 for -inf slots."""
+    """(B, T) float32 -> (B, min(k, T)) int32: best first, ties to the lower index, -1 for -inf slots.
+
+    CUDA: the one-program-per-row bucket-select kernel (``megamoe.ops.topk``, bit-identical to the reference);
+    CPU: the reference (``torch.topk`` on unique int64 keys)."""
+    if scores.is_cuda:
+        from ..ops.topk import topk_indices
+
+        return topk_indices(scores, k)
     return _ref().select_topk(scores, k)
 
 

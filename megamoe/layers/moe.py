@@ -57,6 +57,7 @@ from ..format.tensor import NVFP4Tensor
 from ..models.config import MoEConfig
 from ..ops import gemm as gemm_ops
 from ..ops import moe as moe_ops
+from ..ops._dispatch import resolve_device
 import importlib
 
 quantize_ops = importlib.import_module("megamoe.ops.quantize")  # the module (ops/__init__ re-exports a function of that name)
@@ -65,12 +66,7 @@ from ..reference import moe as moe_reference
 MODES = ("w4a16", "w4a4")
 
 
-def _resolve_device(device) -> torch.device:
-    """'cuda' -> 'cuda:<current>' so that device comparisons with tensors' devices hold."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+_resolve_device = resolve_device
 
 
 def _check_nvfp4(t, name: str, shape: tuple, device) -> None:
@@ -624,11 +620,19 @@ class Nvfp4MoE:
         run.static_token_ids = static_ids
         return run
 
+    def release_reference_weights(self) -> None:
+        """Drop the checkpoint-order copies of the routed experts kept for :meth:`reference_forward` and
+        :meth:`calibrate` (the kernels use their own interleaved copies): halves the experts' device memory of a
+        serving model. Those two methods raise afterwards."""
+        self._expert_bytes = (self.w13.nbytes() + self.w2.nbytes()) // self.config.num_experts
+        self.w13 = self.w2 = None
+
     def weight_bytes(self, experts_touched: int | None = None) -> int:
         """Bytes of NVFP4 weights read for ``experts_touched`` routed experts (+ shared expert + gate)."""
         c = self.config
         e = c.num_experts if experts_touched is None else experts_touched
-        per_expert = (self.w13.nbytes() + self.w2.nbytes()) // c.num_experts
+        per_expert = (getattr(self, "_expert_bytes", None) if self.w13 is None
+                      else (self.w13.nbytes() + self.w2.nbytes()) // c.num_experts)
         total = e * per_expert + self.gate_weight.numel() * 2  # the checkpoint's bf16 gate (held as fp32 here)
         if self.shared is not None:
             total += self.shared.w13.nbytes() + self.shared.w2.nbytes()

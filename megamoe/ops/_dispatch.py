@@ -21,3 +21,11 @@ def interpreter_enabled() -> bool:
 def use_triton(tensor: torch.Tensor) -> bool:
     """Whether an op given ``tensor`` should run its Triton launcher."""
     return tensor.is_cuda or (tensor.device.type == "cpu" and interpreter_enabled())
+
+
+def resolve_device(device) -> torch.device:
+    """'cuda' -> 'cuda:<current>' so that comparisons with tensors' devices hold (layers and caches store it)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device

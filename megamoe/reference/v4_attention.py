@@ -32,6 +32,11 @@ of its projections) and is rotated at position ``j * ratio``.
 ``amax / 448`` per entry over the non-RoPE dims (:func:`megamoe.reference.kvcache.quantize_entries`) instead of
 the official power-of-two scale per 64 elements. The window kv keeps the official simulation (the window cache
 holds bf16) and the indexer keys stay official.
+
+``numerics="official_fp32_index"``: official storage, but the indexer scores are summed in float32 without the bf16
+roundings (what megamoe's indexer kernel computes). The bf16 scores of the official model tie often, and the
+official ``torch.topk`` orders ties arbitrarily; with float32 scores the top-k is fully defined, so a fast path
+can be compared with it token for token.
 """
 from __future__ import annotations
 
@@ -50,7 +55,7 @@ from .v4_numerics import (
     rope_frequencies,
 )
 
-NUMERICS = ("official", "per_entry")
+NUMERICS = ("official", "per_entry", "official_fp32_index")
 #: Queries per chunk of the dense attention (bounds the (chunk, heads, keys) logits tensor).
 QUERY_CHUNK = 256
 
@@ -140,7 +145,7 @@ def _entries(pooled: torch.Tensor, norm_w: torch.Tensor, freqs: torch.Tensor, ra
 def _simulate_kv(kv: torch.Tensor, rope_dim: int, per_entry: bool) -> torch.Tensor:
     """FP8 simulation of the non-RoPE dims (official: 64-blocks; ``per_entry``: one amax/448 scale per row)."""
     if per_entry:
-        return dequantize_entries(*quantize_entries(kv, rope_dim))
+        return dequantize_entries(*quantize_entries(kv, rope_dim, numerics="per_entry"))
     nope = fp8_block_simulate(kv[..., :-rope_dim], 64)
     return torch.cat([nope, kv[..., -rope_dim:]], dim=-1)
 
@@ -160,12 +165,16 @@ def window_indices(seq_len: int, window: int, device=None) -> torch.Tensor:
     return torch.where(pos > t, -1, pos)
 
 
-def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, *, exact: bool = False) -> torch.Tensor:
     """Official indexer score, bf16-rounded as the bf16 model computes it.
 
     q: (T, nh, dh) bf16 (FP4-simulated); weights: (T, nh) bf16 (already scaled); keys: (N, dh) bf16.
-    Returns (T, N) float32 holding bf16 values: ``bf16(sum_h bf16(relu(bf16(q_h . k)) * w_h))``.
+    Returns (T, N) float32 holding bf16 values: ``bf16(sum_h bf16(relu(bf16(q_h . k)) * w_h))``;
+    ``exact``: the same sum in float64 without the roundings, as float32.
     """
+    if exact:
+        s = torch.einsum("thd,nd->thn", q.double(), keys.double()).clamp_min(0) * weights.double()[..., None]
+        return s.sum(dim=1).float()
     s = _bf16(torch.einsum("thd,nd->thn", q.float(), keys.float()))
     s = _bf16(s.float().clamp_min(0) * weights.float()[..., None])
     return _bf16(s.float().sum(dim=1)).float()
@@ -268,7 +277,7 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
         n = entries.shape[0]
         visible = visible_entries(T, ratio, dev)
         if ratio == CSA_RATIO:
-            idx = _indexer(cfg, get, x, qr, freqs, eps)
+            idx = _indexer(cfg, get, x, qr, freqs, eps, exact=numerics == "official_fp32_index")
             res.update(idx)
             topk = select_topk(idx["index_scores"], visible, cfg.index_topk)
             res["index_scores"] = idx["index_scores"].masked_fill(~visible, float("-inf"))
@@ -289,7 +298,8 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
     return res
 
 
-def _indexer(cfg: V4Config, get, x: torch.Tensor, qr: torch.Tensor, freqs: torch.Tensor, eps: float) -> dict:
+def _indexer(cfg: V4Config, get, x: torch.Tensor, qr: torch.Tensor, freqs: torch.Tensor, eps: float, *,
+             exact: bool = False) -> dict:
     """The CSA indexer over the whole sequence: queries, scaled head weights, keys, scores (unmasked)."""
     T = x.shape[0]
     nh, dh = cfg.index_n_heads, cfg.index_head_dim
@@ -303,4 +313,4 @@ def _indexer(cfg: V4Config, get, x: torch.Tensor, qr: torch.Tensor, freqs: torch
     keys = _entries(pooled, get("indexer.compressor.norm.weight"), freqs, CSA_RATIO, eps)
     keys = fp4_block_simulate(hadamard_rotate(keys), 32)
     return {"index_q": q, "index_weights": weights, "index_keys": keys,
-            "index_scores": index_scores(q, weights, keys), "index_comp_kv": ck, "index_comp_score": cs}
+            "index_scores": index_scores(q, weights, keys, exact=exact), "index_comp_kv": ck, "index_comp_score": cs}

@@ -1,0 +1,31 @@
+import os, sys, torch
+from megamoe.models.config import V4_TINY_MODEL as cfg0
+from megamoe.models.model import V4Model
+from megamoe.models.v4_weights import decoded_weight, random_state_dict, weight_specs
+from megamoe.reference import v4_model as R
+from megamoe.reference.v4_attention import attention_forward
+from megamoe.reference.v4_numerics import rms_norm, hc_post
+cfg = cfg0.replace(index_topk=64)
+dev = sys.argv[1]
+prompt=torch.tensor([5, 17, 300, 2, 9, 44, 101, 7, 7, 250, 3, 18, 64, 99, 12, 1, 4]*3)
+sd = random_state_dict(cfg, seed=1234, device=dev)
+model = V4Model(cfg, max_batch=1, max_prefill_tokens=64, max_context=128, device=dev, head_dtype=torch.float32)
+model.load_weights(sd)
+w = {n: decoded_weight({k: v.cpu() for k, v in sd.items()}, n) for n in weight_specs(cfg)}
+def rel(a,b): a=a.float().cpu(); b=b.float().cpu(); return ((a-b).norm()/b.norm()).item()
+h = w["embed.weight"][prompt].to(torch.bfloat16).unsqueeze(1).repeat(1,4,1)
+model.join(0)
+for L in model.layers: L.attn.prepare([0],[0],[len(prompt)])
+for i, L in enumerate(model.layers):
+    p=f"layers.{i}."
+    x, post, comb = R._hc_pre(cfg, w, p+"hc_attn", h)
+    xn = rms_norm(x, w[p+"attn_norm.weight"], cfg.norm_eps)
+    ref_a = attention_forward(cfg, i, w, xn)
+    fast_a = L.attn.forward_prefill(0, xn.to(dev))
+    h2 = hc_post(ref_a["out"].to(torch.bfloat16), h, post, comb)
+    x, post, comb = R._hc_pre(cfg, w, p+"hc_ffn", h2)
+    xn = rms_norm(x, w[p+"ffn_norm.weight"], cfg.norm_eps)
+    ref_m = R.moe_block_forward(cfg, i, w, xn, prompt)
+    fast_m = L.moe.forward(xn.to(dev), token_ids=prompt.to(dev)) if L.hashed else L.moe.forward(xn.to(dev))
+    print(dev, i, L.attn.kind, "attn rel %.2e" % rel(fast_a, ref_a["out"]), "moe rel %.2e" % rel(fast_m, ref_m))
+    h = hc_post(ref_m, h2, post, comb)

@@ -1,0 +1,318 @@
+"""DeepSeek-V4 attention block on the compressed cache (window-only, CSA and HCA layers), graph-capturable decode.
+
+Per token (official ``Attention.forward``; every formula of ``megamoe/reference/v4_numerics.py``):
+
+1. q path: ``qr = q_norm(wq_a(x))``, ``q = wq_b(qr)`` as (H, head_dim), a weightless RMSNorm per head, RoPE on the
+   last ``rope_dim`` dims at the token's position;
+2. window kv: ``kv = kv_norm(wkv(x))``, RoPE, FP8 simulation of the non-RoPE dims (64-blocks, power-of-two scales),
+   appended to the sliding-window ring;
+3. compressed layers: the compressor projections (float32, ``x.float() @ W.T``, plus ``ape``) go to
+   :class:`~megamoe.kvcache.CompressedKVCache`, which pools, normalises, rotates and stores the entries (FP8 pool);
+   CSA layers also run the indexer: ``q_i = fp4(hadamard(rope(indexer.wq_b(qr))))``, ``w_i = weights_proj(x) *
+   index_head_dim**-0.5 * index_n_heads**-0.5``, scores over the stored NVFP4-simulated keys, top-k;
+4. sparse MQA attention (``megamoe.ops.attention.sparse_mqa_attention``) over the window rows and the selected
+   (CSA) or all (HCA) compressed entries, with the per-head attention sink, ``softmax_scale = head_dim**-0.5``;
+5. inverse RoPE on the output's last ``rope_dim`` dims; grouped low-rank output projection: per group g of heads
+   ``u_g = wo_a[g] @ o_g`` (one grouped NVFP4 GEMM over the ``o_groups`` groups), then ``wo_b``.
+
+Weights (``load_weights``) by their official names relative to ``layers.{i}.attn.``; NVFP4 where the checkpoint
+holds NVFP4 (an :class:`NVFP4Tensor`), bf16/fp32 tensors otherwise (``megamoe/models/v4_weights.py`` lists which).
+
+Host side (outside graphs): :meth:`join` / :meth:`leave` a request slot, :meth:`prepare` pages before a step,
+:meth:`forward_prefill` for a new request. Device side (capturable, sync-free, preallocated):
+:meth:`forward_decode` for a fixed-size :class:`~megamoe.kvcache.DecodeBatch`.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..format.tensor import NVFP4Tensor
+from ..kvcache import CompressedCacheConfig, CompressedKVCache, DecodeBatch
+from ..kvcache import ops as kv_ops
+from ..models.config import V4Config
+from ..ops import gemm as gemm_ops
+from ..ops._dispatch import resolve_device
+from ..ops.attention import sparse_mqa_attention
+from ..reference import v4_numerics as nx
+from ..reference.v4_attention import head_rms_norm
+from .linear import DenseLinear
+
+#: Block of the FP8 simulation of the window kv and compressed entries (official ``act_quant(..., 64)``).
+KV_FP8_BLOCK = 64
+#: Block of the FP4 simulation of the indexer query and keys (official ``fp4_block_size``).
+INDEX_FP4_BLOCK = 32
+
+
+def rope_table(cfg: V4Config, layer: int, device) -> torch.Tensor:
+    """The layer's (max_seq_len, rope_dim // 2) complex64 RoPE table: YaRN with compress_rope_theta for compressed
+    layers, plain rope_theta for window-only layers (official ``Attention.__init__``)."""
+    if cfg.compress_ratios[layer]:
+        f = nx.rope_frequencies(cfg.rope_dim, cfg.max_seq_len, base=cfg.compress_rope_theta,
+                                original_seq_len=cfg.original_seq_len, factor=cfg.rope_factor,
+                                beta_fast=cfg.beta_fast, beta_slow=cfg.beta_slow)
+    else:
+        f = nx.rope_frequencies(cfg.rope_dim, cfg.max_seq_len, base=cfg.rope_theta)
+    return f.to(device)
+
+
+class Nvfp4Attention:
+    """One DeepSeek-V4 attention layer with its caches for up to ``max_slots`` concurrent requests.
+
+    cfg: :class:`V4Config`; layer: layer index (its ``compress_ratios`` entry picks the kind);
+    max_batch: the largest decode batch; max_prefill_tokens: the longest prompt one prefill call takes;
+    max_slots / max_context: cache geometry (requests, tokens per request).
+    """
+
+    def __init__(self, cfg: V4Config, layer: int, *, max_batch: int, max_prefill_tokens: int, max_slots: int,
+                 max_context: int, device="cpu", entries_per_block: int = 64):
+        if not isinstance(cfg, V4Config):
+            raise TypeError(f"cfg: expected a V4Config, got {type(cfg).__name__}")
+        if not isinstance(layer, int) or not 0 <= layer < cfg.num_layers:
+            raise ValueError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
+        for name, v in (("max_batch", max_batch), ("max_prefill_tokens", max_prefill_tokens),
+                        ("max_slots", max_slots), ("max_context", max_context)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        if max_context > cfg.max_seq_len:
+            raise ValueError(f"max_context: {max_context} exceeds cfg.max_seq_len={cfg.max_seq_len}")
+        self.cfg, self.layer, self.device = cfg, layer, resolve_device(device)
+        self.kind = cfg.layer_kind(layer)
+        self.ratio = cfg.compress_ratios[layer]
+        self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
+        self.max_slots, self.max_context = max_slots, max_context
+        self.softmax_scale = cfg.head_dim ** -0.5
+        self.freqs = rope_table(cfg, layer, self.device)
+        dev, D, win = self.device, cfg.head_dim, cfg.window_size
+        self.cache = None
+        if self.kind == "window":
+            self.swa_rows = torch.zeros((max_slots * win + 1, D), dtype=torch.bfloat16, device=dev)
+        else:
+            kcfg = CompressedCacheConfig(
+                kind=self.kind, ratio=self.ratio, head_dim=D, rope_dim=cfg.rope_dim,
+                index_head_dim=cfg.index_head_dim, index_n_heads=cfg.index_n_heads, index_topk=cfg.index_topk,
+                window_size=win, entries_per_block=entries_per_block, max_slots=max_slots, max_context=max_context)
+            self.cache = CompressedKVCache(kcfg, dev)
+            self.swa_rows = self.cache.swa_rows
+        if self.cache is None:
+            nope, rope = cfg.nope_dim, cfg.rope_dim
+            self._no_entries = dict(
+                entries_fp8=torch.zeros((1, 1, nope), dtype=torch.float8_e4m3fn, device=dev),
+                entries_scale=torch.zeros((1, 1, max(nope // KV_FP8_BLOCK, 1)), dtype=torch.float32, device=dev),
+                entries_rope=torch.zeros((1, 1, rope), dtype=torch.bfloat16, device=dev),
+                block_table=torch.full((1, 1), -1, dtype=torch.int32, device=dev))
+            self._no_entry_idx = torch.empty((max(max_batch, max_prefill_tokens), 0), dtype=torch.int32, device=dev)
+        self._weights_loaded = False
+        self._window_offsets = torch.arange(win, dtype=torch.int32, device=dev)
+        if self.kind == "hca":
+            self._entry_arange = torch.arange(max(kcfg.max_entries, 1), dtype=torch.int32, device=dev)
+        self._group_offsets = torch.arange(1, cfg.o_groups + 1, dtype=torch.int32, device=dev)
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, w) -> None:
+        """w: mapping of official names relative to ``layers.{i}.attn.`` -> NVFP4Tensor / tensor (see module doc)."""
+        cfg, dev = self.cfg, self.device
+
+        def get(name):
+            if name not in w:
+                raise ValueError(f"load_weights: missing attention weight {name!r} (layer {self.layer})")
+            t = w[name]
+            if isinstance(t, torch.Tensor) and t.device != dev:
+                t = t.to(dev)
+            return t
+
+        def vec(name, n, dtype=torch.float32):
+            t = get(name)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != (n,):
+                raise ValueError(f"{name}: expected a ({n},) tensor, got {getattr(t, 'shape', type(t))}")
+            return t.to(dtype).contiguous()
+
+        H, D = cfg.num_heads, cfg.head_dim
+        self.wq_a = DenseLinear(get("wq_a.weight"), name="wq_a")
+        self.q_norm = vec("q_norm.weight", cfg.q_lora_rank)
+        self.wq_b = DenseLinear(get("wq_b.weight"), name="wq_b")
+        self.wkv = DenseLinear(get("wkv.weight"), name="wkv")
+        self.kv_norm = vec("kv_norm.weight", D)
+        self.attn_sink = vec("attn_sink", H)
+        wo_a = get("wo_a.weight")
+        group_in = H * D // cfg.o_groups
+        if isinstance(wo_a, NVFP4Tensor):
+            if tuple(wo_a.shape) != (cfg.o_groups * cfg.o_lora_rank, group_in):
+                raise ValueError(f"wo_a.weight: expected shape {(cfg.o_groups * cfg.o_lora_rank, group_in)}, got "
+                                 f"{tuple(wo_a.shape)}")
+            gs = wo_a.global_scale
+            gs = gs.reshape(1, 1, 1) if gs.dim() == 0 else gs.reshape(cfg.o_groups, cfg.o_lora_rank, 1)
+            self.wo_a = NVFP4Tensor(wo_a.data.reshape(cfg.o_groups, cfg.o_lora_rank, -1),
+                                    wo_a.block_scale.reshape(cfg.o_groups, cfg.o_lora_rank, -1),
+                                    gs if gs.dim() == 3 and gs.shape[0] > 1 else gs.reshape(()),
+                                    (cfg.o_groups, cfg.o_lora_rank, group_in))
+        else:
+            self.wo_a = wo_a.to(torch.bfloat16).reshape(cfg.o_groups, cfg.o_lora_rank, group_in).contiguous()
+        self.wo_b = DenseLinear(get("wo_b.weight"), name="wo_b")
+        if self.cache is not None:
+            C = 2 if self.kind == "csa" else 1
+            self.c_wkv = DenseLinear(get("compressor.wkv.weight").float(), name="compressor.wkv")
+            self.c_wgate = DenseLinear(get("compressor.wgate.weight").float(), name="compressor.wgate")
+            self.c_ape = get("compressor.ape").float().reshape(self.ratio, C * D).contiguous()
+            index_norm = None
+            if self.kind == "csa":
+                Di = cfg.index_head_dim
+                self.i_wq_b = DenseLinear(get("indexer.wq_b.weight"), name="indexer.wq_b")
+                self.i_weights = DenseLinear(get("indexer.weights_proj.weight").to(torch.bfloat16),
+                                             name="indexer.weights_proj")
+                self.i_wkv = DenseLinear(get("indexer.compressor.wkv.weight").float(), name="indexer.compressor.wkv")
+                self.i_wgate = DenseLinear(get("indexer.compressor.wgate.weight").float(),
+                                           name="indexer.compressor.wgate")
+                self.i_ape = get("indexer.compressor.ape").float().reshape(self.ratio, 2 * Di).contiguous()
+                index_norm = vec("indexer.compressor.norm.weight", Di)
+                self.index_weight_scale = Di ** -0.5 * cfg.index_n_heads ** -0.5
+            self.cache.set_post_pool(vec("compressor.norm.weight", D), self.freqs, index_norm)
+        self._weights_loaded = True
+
+    # ------------------------------------------------------------------ host side
+    def join(self, slot: int) -> None:
+        """A new request takes ``slot`` (outside graphs)."""
+        if self.cache is not None:
+            self.cache.join(slot)
+
+    def leave(self, slot: int) -> None:
+        if self.cache is not None:
+            self.cache.leave(slot)
+
+    def prepare(self, slots, positions_before, positions_after) -> None:
+        """Allocate the pool pages a step will write (outside graphs)."""
+        if self.cache is not None:
+            self.cache.prepare_forward(slots, positions_before, positions_after)
+
+    # ------------------------------------------------------------------ shared per-token math
+    def _q_and_kv(self, x: torch.Tensor, pos: torch.Tensor):
+        """x (T, dim) bf16, pos (T,) int -> (qr (T, q_lora) bf16, q (T, H, D) bf16, kv (T, D) bf16)."""
+        cfg = self.cfg
+        freqs = self.freqs[pos.long()]
+        qr = nx.rms_norm(self.wq_a(x), self.q_norm, cfg.norm_eps)
+        q = self.wq_b(qr).view(x.shape[0], cfg.num_heads, cfg.head_dim)
+        q = nx.apply_rope(head_rms_norm(q, cfg.norm_eps), freqs)
+        kv = nx.rms_norm(self.wkv(x), self.kv_norm, cfg.norm_eps)
+        kv = nx.apply_rope(kv, freqs)
+        nope = cfg.nope_dim
+        kv = torch.cat([nx.fp8_block_simulate(kv[:, :nope], KV_FP8_BLOCK), kv[:, nope:]], dim=-1)
+        return qr, q, kv
+
+    def _compressor_inputs(self, x: torch.Tensor, pos: torch.Tensor):
+        """Float32 compressor projections with ``ape`` added to the gate scores."""
+        xf = x.float()
+        phase = torch.remainder(pos.long(), self.ratio)
+        kv, score = self.c_wkv(xf), self.c_wgate(xf) + self.c_ape[phase]
+        if self.kind != "csa":
+            return kv, score, None, None
+        return kv, score, self.i_wkv(xf), self.i_wgate(xf) + self.i_ape[phase]
+
+    def _index_query(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor):
+        """Indexer query (T, n_heads, Di) bf16 (RoPE, Hadamard, FP4 simulated) and weights (T, n_heads) float32."""
+        cfg = self.cfg
+        q = self.i_wq_b(qr).view(x.shape[0], cfg.index_n_heads, cfg.index_head_dim)
+        q = nx.apply_rope(q, self.freqs[pos.long()])
+        q = nx.fp4_block_simulate(nx.hadamard_rotate(q), INDEX_FP4_BLOCK)
+        weights = (self.i_weights(x) * self.index_weight_scale).float()
+        return q, weights
+
+    def _output(self, o: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """o (T, H, D) bf16 -> inverse RoPE -> grouped wo_a -> wo_b -> (T, dim) bf16."""
+        cfg = self.cfg
+        T, G = o.shape[0], cfg.o_groups
+        o = nx.apply_rope(o, self.freqs[pos.long()], inverse=True)
+        grouped = o.reshape(T, G, -1).transpose(0, 1).reshape(G * T, -1)  # rows sorted by group
+        if isinstance(self.wo_a, NVFP4Tensor):
+            u = gemm_ops.nvfp4_grouped_mm(grouped.contiguous(), self.wo_a, self._group_offsets * T)
+        else:
+            u = torch.bmm(grouped.view(G, T, -1), self.wo_a.transpose(1, 2)).reshape(G * T, -1)
+        u = u.view(G, T, -1).transpose(0, 1).reshape(T, -1)
+        return self.wo_b(u)
+
+    def _window_rows(self, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """(T, window) int32 ring rows of the window positions pos-window+1..pos of each row's slot (-1 = none)."""
+        win = self.cfg.window_size
+        p = pos.to(torch.int32)[:, None] - self._window_offsets[None, :]
+        rows = slots.to(torch.int32)[:, None] * win + torch.remainder(p, win)
+        return torch.where(p >= 0, rows, torch.full_like(rows, -1))
+
+    def _hca_entries(self, n_entries: torch.Tensor) -> torch.Tensor:
+        idx = self._entry_arange[None, :].expand(n_entries.shape[0], -1)
+        return torch.where(idx < n_entries[:, None], idx, torch.full_like(idx, -1))
+
+    def _attend(self, q, slots, pos, window_kv, window_idx, entry_idx):
+        if self.cache is None:  # window-only layer: an empty one-entry pool, no entries selected
+            entries = self._no_entries
+            entry_idx = self._no_entry_idx[: q.shape[0]]
+        else:
+            pool = self.cache.pool
+            entries = dict(entries_fp8=pool.entries_fp8, entries_scale=pool.entries_scale,
+                           entries_rope=pool.entries_rope, block_table=self.cache.block_table)
+        o = sparse_mqa_attention(q, self.attn_sink, self.softmax_scale, window_kv=window_kv, window_idx=window_idx,
+                                 slots=slots, entry_idx=entry_idx, **entries)
+        return self._output(o, pos)
+
+    # ------------------------------------------------------------------ decode (device, capturable)
+    def forward_decode(self, batch: DecodeBatch, x: torch.Tensor) -> torch.Tensor:
+        """x (B, dim) bf16, one new token per row of ``batch`` -> (B, dim) bf16. Inactive rows are no-ops for the
+        caches; their outputs are unspecified."""
+        if not self._weights_loaded:
+            raise RuntimeError("Nvfp4Attention: call load_weights() first")
+        pos, slots = batch.positions, batch.slots
+        qr, q, kv = self._q_and_kv(x, pos)
+        entry_idx = None
+        if self.cache is None:
+            kv_ops.swa_append(self.swa_rows, self.cfg.window_size, kv, slots, pos, batch.active)
+        else:
+            ckv, cscore, ikv, iscore = self._compressor_inputs(x, pos)
+            iq = iw = None
+            if self.kind == "csa":
+                iq, iw = self._index_query(x, qr, pos)
+            if x.shape[0] not in self.cache.workspaces:  # host decision on a shape (first call of a batch size)
+                self.cache.allocate_workspace(x.shape[0])
+            topk = self.cache.decode_step(batch, ckv, cscore, kv, ikv, iscore, iq, iw)
+            if self.kind == "csa":
+                entry_idx = topk
+            else:
+                n = torch.div(pos + 1, self.ratio, rounding_mode="floor").to(torch.int32) * batch.active
+                entry_idx = self._hca_entries(n)
+        return self._attend(q, slots, pos, self.swa_rows, self._window_rows(slots, pos), entry_idx)
+
+    # ------------------------------------------------------------------ prefill (host-driven)
+    def forward_prefill(self, slot: int, x: torch.Tensor) -> torch.Tensor:
+        """A new request's prompt: x (T, dim) bf16 for positions 0..T-1 of ``slot`` (already joined, pages
+        prepared for T tokens) -> (T, dim) bf16. Fills the window ring, the pool and the compressor tails so
+        that decoding continues at position T."""
+        if not self._weights_loaded:
+            raise RuntimeError("Nvfp4Attention: call load_weights() first")
+        T, dev, win = x.shape[0], x.device, self.cfg.window_size
+        if T > self.max_prefill_tokens:
+            raise ValueError(f"x: {T} prompt tokens exceed max_prefill_tokens={self.max_prefill_tokens}")
+        pos = torch.arange(T, dtype=torch.int32, device=dev)
+        slots = torch.full((T,), slot, dtype=torch.int32, device=dev)
+        qr, q, kv = self._q_and_kv(x, pos)
+        # the prompt's own rows are the window source (official prefill attends to the fresh kv)
+        j = pos[:, None] - self._window_offsets[None, :]
+        window_idx = torch.where(j >= 0, j, torch.full_like(j, -1))
+        entry_idx = None
+        if self.cache is None:
+            keep = pos[max(0, T - win):]
+            self.swa_rows[slot * win + torch.remainder(keep, win).long()] = kv[max(0, T - win):]
+        else:
+            ckv, cscore, ikv, iscore = self._compressor_inputs(x, pos)
+            self.cache.prefill(slot, ckv, cscore, kv, ikv, iscore)
+            n = torch.div(pos + 1, self.ratio, rounding_mode="floor").to(torch.int32)
+            if self.kind == "csa":
+                iq, iw = self._index_query(x, qr, pos)
+                c = self.cache.config
+                scores = torch.full((T, max(c.max_entries, 1)), float("-inf"), dtype=torch.float32, device=dev)
+                kv_ops.indexer_scores(self.cache.pool, self.cache.block_table, iq, iw, slots, n, scores)
+                entry_idx = kv_ops.select_topk(scores, c.index_topk)
+            else:
+                entry_idx = self._hca_entries(n)
+        return self._attend(q, slots, pos, kv, window_idx.to(torch.int32), entry_idx)
+
+    def weight_bytes(self) -> int:
+        parts = [self.wq_a, self.wq_b, self.wkv, self.wo_b]
+        total = sum(p.nbytes() for p in parts)
+        total += self.wo_a.nbytes() if isinstance(self.wo_a, NVFP4Tensor) else self.wo_a.numel() * 2
+        return total

@@ -1,4 +1,5 @@
 import os, sys, torch
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from megamoe.models.config import V4_TINY_MODEL as cfg0
 from megamoe.models.model import V4Model
 from megamoe.models.v4_weights import decoded_weight, random_state_dict, weight_specs

@@ -25,6 +25,11 @@ Writes ``benchmarks/results/gemm_<date>.json``, ``gemm_<date>.md`` and
 ``gemm_<date>.png`` (roofline plot), or the paths given. ``--tune`` also
 sweeps the config candidates below per shape and records the best.
 
+``--dense-splitk`` runs only the dense split-K comparison instead: the issue shapes (N x K) at
+M = 1, 8, 64, 256, each timed as CUDA-graph replay (32 calls per graph over > 96 MB of weight
+copies): the split-K kernel, the route the op took before it, bf16 ``F.linear``, the HBM floor and
+the % of it (``--splitk-sweep`` adds split counts 1..32); writes ``gemm_dense_splitk_<date>.{json,md}``.
+
 Run:  PYTHONUNBUFFERED=1 python benchmarks/bench_gemm.py [--tune] [--gemv-tune] [--dense] [--tokens 1 8 ...] [--out-dir DIR]
       python benchmarks/bench_gemm.py --plot-only results/gemm_X.json   (redraw the PNG)
 """
@@ -387,6 +392,104 @@ def run_dense(args):
     return rows
 
 
+SPLITK_SHAPES = [(4096, 4096), (1024, 4096), (18432, 7168), (32768, 1024), (4096, 8192)]  # (N, K)
+SPLITK_ROWS = (1, 8, 64, 256)
+GRAPH_CALLS = 32  # calls per captured graph (the per-call time is the replay time / GRAPH_CALLS)
+GRAPH_BYTES = 96 << 20  # weight copies cycled inside a graph: at least this many bytes (> the 50 MB L2)
+
+
+def _graph_time(make_call, copies: int, rep_ms: int) -> float:
+    """us per call: GRAPH_CALLS calls (cycling over ``copies`` weight copies) captured in one CUDA graph,
+    ``do_bench`` median of the replay (L2 flushed before each replay) / GRAPH_CALLS."""
+    calls = [make_call(i % copies) for i in range(GRAPH_CALLS)]
+    for call in calls[:copies]:  # compile / warm up outside the capture
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    return bench(graph.replay, rep_ms) / GRAPH_CALLS
+
+
+def run_dense_splitk(args):
+    """Dense NVFP4 linear at M = 1..256: split-K kernel vs the previous route vs bf16 F.linear (graph replay)."""
+    from megamoe.format.tensor import NVFP4Tensor
+    from megamoe.kernels import nvfp4_splitk as sk
+    from megamoe.ops import gemm as ops_gemm
+    from megamoe.reference.quantize import dequantize
+
+    device = torch.device("cuda")
+    rows = []
+    for n, k in SPLITK_SHAPES:
+        fp4_bytes = n * k * 9 // 16
+        copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // fp4_bytes)))
+        ws = []
+        for _ in range(copies):
+            data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+            sb = torch.randint(0x20, 0x48, (n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+            ws.append(NVFP4Tensor(data, sb, torch.full((n, 1), 1e-3, device=device), (n, k)))
+        bf16_copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // (2 * n * k))))
+        w_bf16 = [dequantize(ws[i % copies], torch.bfloat16) for i in range(bf16_copies)]
+        for m in SPLITK_ROWS:
+            x = torch.randn(m, k, device=device).bfloat16()
+            out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+            saved, sk.SPLITK_MAX_ROWS = sk.SPLITK_MAX_ROWS, 0  # the route the op took before split-K
+            try:
+                prev_name = ops_gemm.decode_route(x, ws[0].data, m, None, n, k)
+            finally:
+                sk.SPLITK_MAX_ROWS = saved
+            prev_launch = ops_gemm._launcher(prev_name)
+
+            def splitk(i, splits=None):
+                w = ws[i]
+                return lambda: sk.launch_nvfp4_splitk(x, w.data, w.block_scale, w.global_scale, out, splits=splits)
+
+            def previous(i):
+                w = ws[i]
+                return lambda: prev_launch(x, w.data, w.block_scale, w.global_scale, out)
+
+            ref = torch.nn.functional.linear(x, w_bf16[0]).float()
+            got = sk.launch_nvfp4_splitk(x, ws[0].data, ws[0].block_scale, ws[0].global_scale, out).float()
+            cfg = sk.select_splitk_config(m, False, True)
+            planned = sk.plan_splitk(m, n, k, cfg[2], cfg[3], sk._num_sms(0) * cfg[5])[0]
+            floor = (fp4_bytes + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6
+            row = dict(n=n, k=k, m=m, hbm_floor_us=floor, config=list(cfg), splits=planned,
+                       rel_err_vs_bf16=((got - ref).norm() / ref.norm()).item(),
+                       splitk_us=_graph_time(splitk, copies, args.rep_ms),
+                       previous_route=prev_name,
+                       previous_us=_graph_time(previous, copies, args.rep_ms),
+                       bf16_us=_graph_time(lambda i: (lambda w=w_bf16[i]: torch.nn.functional.linear(x, w)),
+                                           bf16_copies, args.rep_ms),
+                       op_route=ops_gemm.decode_route(x, ws[0].data, m, None, n, k))
+            if args.splitk_sweep:
+                row["splits_sweep"] = {s: _graph_time(lambda i, s=s: splitk(i, s), copies, args.rep_ms)
+                                       for s in (1, 2, 4, 8, 16, 32)}
+            row["pct_of_floor"] = 100 * floor / row["splitk_us"]
+            rows.append(row)
+            print(f"N={n:6d} K={k:5d} M={m:4d}  split-K {row['splitk_us']:8.1f} us (splits {planned:2d}, "
+                  f"{row['pct_of_floor']:5.1f}% of floor {floor:6.1f})  {prev_name} {row['previous_us']:8.1f}  "
+                  f"bf16 {row['bf16_us']:8.1f}  op->{row['op_route']}  err {row['rel_err_vs_bf16']:.1e}"
+                  + (f"  sweep {row['splits_sweep']}" if args.splitk_sweep else ""), flush=True)
+        del ws, w_bf16
+    return rows
+
+
+def write_dense_splitk_markdown(rows, meta, path):
+    lines = [f"# Dense NVFP4 linear, split-K ({meta['date']}, {meta['device']}, torch {meta['torch']}, "
+             f"triton {meta['triton']})", "", f"Command: `{meta['command']}`", "",
+             f"Graph replay: {GRAPH_CALLS} calls per CUDA graph over weight copies of >= {GRAPH_BYTES >> 20} MB "
+             "(L2 flushed before each replay), do_bench median / calls. Floor: (N*K*9/16 + activations) / 3.0 TB/s.",
+             "", "| N x K | M | split-K us | splits | % of floor | previous route | previous us | bf16 us | floor us "
+             "| vs bf16 | op route |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['splitk_us']:.1f} | {r['splits']} | {r['pct_of_floor']:.0f}% "
+                     f"| {r['previous_route']} | {r['previous_us']:.1f} | {r['bf16_us']:.1f} | {r['hbm_floor_us']:.1f} "
+                     f"| {r['bf16_us'] / r['splitk_us']:.2f}x | {r['op_route']} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def write_markdown(result, path):
     m = result["meta"]
     lines = [
@@ -518,6 +621,9 @@ def main():
     parser.add_argument("--gemv-tune", action="store_true", help="sweep the decode-kernel candidates (<= 64 tokens)")
     parser.add_argument("--mma-tune", action="store_true", help="sweep the Gluon decode-kernel candidates")
     parser.add_argument("--wgmma-tune", action="store_true", help="sweep the Gluon wgmma-kernel candidates")
+    parser.add_argument("--dense-splitk", action="store_true",
+                        help="only the dense split-K comparison (issue shapes, M = 1, 8, 64, 256, graph replay)")
+    parser.add_argument("--splitk-sweep", action="store_true", help="with --dense-splitk: also sweep the split count")
     parser.add_argument("--rep-ms", type=int, default=60)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--tag", default=None, help="file name stem (default gemm_<UTC date-time>)")
@@ -533,6 +639,23 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("bench_gemm.py needs a CUDA GPU")
     t0 = time.time()
+    if args.dense_splitk:
+        import triton
+
+        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    command="python benchmarks/bench_gemm.py " + " ".join(sys.argv[1:]))
+        rows = run_dense_splitk(args)
+        meta["wall_s"] = round(time.time() - t0, 1)
+        os.makedirs(args.out_dir, exist_ok=True)
+        stem = os.path.join(args.out_dir, args.tag or "gemm_dense_splitk_"
+                            + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M"))
+        with open(stem + ".json", "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        write_dense_splitk_markdown(rows, meta, stem + ".md")
+        with open(stem + ".md") as f:
+            print(f.read())
+        return
     result = run(args)
     result["meta"]["wall_s"] = round(time.time() - t0, 1)
     os.makedirs(args.out_dir, exist_ok=True)

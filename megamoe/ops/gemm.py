@@ -14,8 +14,9 @@ host-known values (rows, experts, N, K; never device values), set from H100
 measurements (``benchmarks/NOTES_gemm.md``). On sm_90 with K % 128 == 0,
 grouped GEMMs with few rows per expert go to the Gluon ``mma.sync`` decode
 kernel (``nvfp4_mma_decode.py``) and those with up to a few hundred rows per
-expert to the Gluon wgmma kernel (``nvfp4_wgmma.py``); dense GEMMs with M <= 2 (and grouped
-shapes those kernels cannot take) to the CUDA-core kernel (``nvfp4_gemv.py``);
+expert to the Gluon wgmma kernel (``nvfp4_wgmma.py``); dense GEMMs with M <= 64 to the split-K
+kernel (``nvfp4_splitk.py``: K splits fill the GPU for small N), grouped shapes those kernels
+cannot take to the CUDA-core kernel (``nvfp4_gemv.py``);
 everything else to the Triton tensor-core GEMM (``nvfp4_gemm.py``). The interpreter (CPU) path
 keeps the Triton tensor-core kernel, whose CPU tests stay meaningful; the
 decode kernels have their own tests.
@@ -111,16 +112,19 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts, n: int, k: int) -> str:
-    """Which kernel runs this GEMM: "mma" (Gluon mma.sync decode), "wgmma" (Gluon wgmma), "gemv"
-    (CUDA-core decode) or "tensor-core" (Triton).
+    """Which kernel runs this GEMM: "splitk" (dense split-K decode), "mma" (Gluon mma.sync decode),
+    "wgmma" (Gluon wgmma), "gemv" (CUDA-core decode) or "tensor-core" (Triton).
 
     ``num_experts`` None means dense. Host metadata only (shapes, strides,
     pointers' alignment), never device values.
     """
     if not x.is_cuda:
         return "tensor-core"
-    from ..kernels import nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_wgmma
+    from ..kernels import nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma
 
+    if (num_experts is None and nvfp4_splitk.splitk_preferred(num_rows, n, k)
+            and nvfp4_splitk.splitk_supports(x, data)):
+        return "splitk"
     gluon_ok = nvfp4_gluon_jit.gluon_supports(x, data)
     if gluon_ok and nvfp4_mma_decode.mma_decode_preferred(num_rows, num_experts):
         return "mma"
@@ -132,9 +136,10 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
 
 
 def _launcher(route: str):
-    from ..kernels import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_wgmma
+    from ..kernels import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma
 
-    return {"mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "wgmma": nvfp4_wgmma.launch_nvfp4_wgmma,
+    return {"splitk": nvfp4_splitk.launch_nvfp4_splitk,
+            "mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "wgmma": nvfp4_wgmma.launch_nvfp4_wgmma,
             "gemv": nvfp4_gemv.launch_nvfp4_gemv, "tensor-core": nvfp4_gemm.launch_nvfp4_gemm}[route]
 
 

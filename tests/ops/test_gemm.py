@@ -112,7 +112,7 @@ def test_decode_route_on_cpu_is_the_triton_gemm():
 
 @pytest.mark.cuda
 def test_cuda_ops_take_every_route():
-    """Grouped decode -> Gluon mma kernel, K % 128 != 0 -> CUDA-core kernel, dense M=1 -> CUDA-core,
+    """Grouped decode -> Gluon mma kernel, K % 128 != 0 -> CUDA-core kernel, dense M=1 -> split-K,
     mid-size -> Gluon wgmma, large -> Triton tensor-core GEMM; each route matches float32 math on the
     decoded weights."""
     from gemm_helpers import grouped_f32, rel_err  # tests/gemm_helpers.py (tests/ is on sys.path)
@@ -137,7 +137,28 @@ def test_cuda_ops_take_every_route():
         assert rel_err(sw[: t - 3], ref_gemm.swiglu_reference(inter, 7.0)[: t - 3]) < 1e-2, route
     dense = quantize(torch.randn(256, 512) * 0.05, per_row=True).to(device)
     xd = torch.randn(1, 512, device=device).bfloat16()
-    assert ops_gemm.decode_route(xd, dense.data, 1, None, 256, 512) == "gemv"
+    assert ops_gemm.decode_route(xd, dense.data, 1, None, 256, 512) == "splitk"
     bias = torch.randn(256, device=device).bfloat16()
     ref_d = xd.float().cpu() @ dequantize(dense.to("cpu"), torch.float32).t() + bias.float().cpu()
     assert rel_err(nvfp4_linear(xd, dense, bias), ref_d) < 1e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m", [1, 2, 8, 64, 256])
+def test_cuda_dense_linear_routes(m):
+    """Dense decode sizes (M <= 64) take the split-K kernel (also for K % 128 != 0), larger M the
+    previous routes; every route matches float32 math on the decoded weights, with bias and w4a4."""
+    from gemm_helpers import rel_err  # tests/gemm_helpers.py (tests/ is on sys.path)
+
+    device = torch.device("cuda")
+    for n, k in [(1024, 4096), (1000, 1040)]:
+        w = quantize(torch.randn(n, k) * 0.05, per_row=True).to(device)
+        x = torch.randn(m, k, device=device).bfloat16()
+        bias = torch.randn(n, device=device)
+        route = ops_gemm.decode_route(x, w.data, m, None, n, k)
+        assert (route == "splitk") == (m <= 64), route
+        ref = x.float().cpu() @ dequantize(w.to("cpu"), torch.float32).t() + bias.cpu()
+        assert rel_err(nvfp4_linear(x, w, bias), ref) < 1e-2, route
+        xa = ref_gemm.activations_for_mode(x.cpu(), "w4a4").float()
+        ref4 = xa @ dequantize(w.to("cpu"), torch.float32).t()
+        assert rel_err(nvfp4_linear(x, w, mode="w4a4"), ref4) < 1e-2, route

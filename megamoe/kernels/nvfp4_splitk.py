@@ -1,0 +1,462 @@
+"""Dense NVFP4 x bf16 GEMMs at decode sizes (M = 1..256) with split-K: the whole GPU for small N.
+
+One kernel family, one launcher (:func:`launch_nvfp4_splitk`).
+
+Why: a dense decode GEMM (``x (M, K) @ W^T``, W (N, K) NVFP4) streams N*K*9/16
+weight bytes once. The other kernels give one program per BLOCK_N weight rows
+and the full K, i.e. 16-64 programs for N = 1024-4096 on a 132-SM H100, which
+cannot stream at the HBM rate. Here the grid is ``(cdiv(N, BLOCK_N), splits)``:
+program ``(j, s)`` owns weight rows ``[j*BLOCK_N, (j+1)*BLOCK_N)`` and the K range
+``[s*k_chunk, min(K, (s+1)*k_chunk))`` (``k_chunk`` a multiple of BLOCK_K, so
+only the last split can end on a ragged step; K need only be a multiple of 16),
+and ``splits`` is chosen on the host from (M, N, K) alone so that the grid fills
+one wave of the GPU (:func:`plan_splitk`).
+
+Three kernels:
+
+* ``_splitk_partial_kernel`` (Triton; also runs in the interpreter): the K-slice
+  partial sums, either on CUDA cores (``USE_DOT=False``: the exact decode and
+  fp32 FMA step of ``nvfp4_gemv.py``, ROWS token rows per pass; for M <= 4) or
+  through ``tl.dot`` (``USE_DOT=True``: the decode + swap-AB dot step of
+  ``nvfp4_gemm.py``; the portable tensor-core path).
+* ``_splitk_mma_kernel`` (Gluon, sm_90 only): the same partial sums with the
+  FP4 words decoded straight into ``mma.sync`` A-operand registers (the building
+  blocks of ``nvfp4_gluon_jit.py`` / ``nvfp4_mma_decode.py``; ~3.2 instructions
+  per weight); used for M >= 8 when K % 128 == 0.
+* ``_splitk_reduce_kernel`` (Triton): ``out = bf16(sum_s partial[s] *
+  global_scale * 2**8 + bias)``, summing the splits in index order.
+
+Partial sums go to a float32 workspace ``(splits, M, N)`` taken from the
+caching allocator on every call (no state between calls: CUDA-graph safe, any
+stream); the reduction order is fixed, so the result has the same bits on
+every run, eager or graph replay. With one split the partial kernels write bf16
+directly (global scale and bias in their epilogue) and no workspace is used.
+
+Decoded weights carry a factor ``2**-8`` (see ``nvfp4_jit``), undone with the
+global scale (0-d or per row (N, 1)) in the final epilogue.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .nvfp4_gemm import _load_weight_step, _mma_step, global_scale_strides
+from .nvfp4_gemv import _fma_step, _load_step
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, gluon_supports
+from .nvfp4_jit import round_to_bf16
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    from .nvfp4_gluon_jit import load_weights, scale_layout, store_epilogue, weight_layout, x_operand_layout
+    from .nvfp4_mma_decode import _mma_step as _gluon_mma_step
+
+# ---------------------------------------------------------------------------
+# Tile configurations. Key: upper bound on M (the first key >= M wins).
+# Values: (kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg)
+#   kind: "fma" (Triton CUDA-core step, BLOCK_M = ROWS rows per pass), "dot" (Triton tl.dot step),
+#     "mma" (Gluon mma.sync step; falls back to "dot" when Gluon cannot run the shape).
+#   programs_per_sm: resident programs per SM the split count aims for (one full wave).
+#   maxnreg: register cap (None: the compiler's choice).
+# Not yet tuned on a GPU: the fma rows reuse the nvfp4_gemv configs measured in gemm_v5, the
+# mma rows the nvfp4_mma_decode configs of gemm_v6 (benchmarks/NOTES_gemm.md, v11 prediction).
+# ---------------------------------------------------------------------------
+SPLITK_CONFIGS = {
+    1: ("fma", 1, 64, 256, 4, 4, 128),
+    2: ("fma", 2, 64, 256, 4, 3, 168),
+    4: ("fma", 4, 32, 128, 2, 8, None),
+    8: ("mma", 8, 128, 256, 4, 3, None),
+    16: ("mma", 16, 128, 128, 4, 2, None),
+    1 << 62: ("mma", 32, 128, 128, 4, 2, None),
+}
+# Offline sm_90 compile (ptxas, tests/kernels/test_nvfp4_splitk.py), registers / K-loop SASS per weight:
+# fma 1 row 127-128 regs, 5.3 instr/weight; fma 2 rows 164-168; fma 4 rows (2 warps) 123-127;
+# mma 8 rows 128-135 regs, 3.1 instr/weight; mma 32 rows 225-227 regs; no spills in any K loop.
+# the portable tensor-core step, when the Gluon kernel cannot run the shape (K % 128, alignment)
+DOT_FALLBACK = ("dot", 16, 64, 128, 4, 2, None)
+# Interpreter (CPU tests): tiny tiles so that the N/K edges, split edges and row loops are exercised.
+INTERPRETER_CONFIGS = {
+    "fma": ("fma", 2, 16, 64, 4, 1, None),
+    "dot": ("dot", 16, 16, 64, 4, 1, None),
+}
+INTERPRETER_PROGRAMS = 12  # "SM count" the interpreter plans for (splits > 1 at test sizes)
+# The fp32 workspace (splits * M * N * 4 bytes, written once and read once by the reduction) is
+# meant to stay in the 50 MB L2: at most WORKSPACE_L2_BYTES, and at most WORKSPACE_WEIGHT_RATIO
+# times the weight bytes N*K*9/16.
+WORKSPACE_L2_BYTES = 16 << 20
+WORKSPACE_WEIGHT_RATIO = 1.0
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def select_splitk_config(m: int, interpreter: bool, gluon_ok: bool):
+    """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg) for M rows; the
+    interpreter runs the Triton kinds only ("fma" up to 4 rows, "dot" above)."""
+    if interpreter:
+        return INTERPRETER_CONFIGS["fma" if m <= 4 else "dot"]
+    for bound, config in SPLITK_CONFIGS.items():
+        if m <= bound:
+            break
+    if config[0] == "mma" and not gluon_ok:
+        config = DOT_FALLBACK
+    return config
+
+
+def plan_splitk(m: int, n: int, k: int, block_n: int, block_k: int, target_programs: int) -> tuple[int, int]:
+    """(splits, k_chunk) from host shapes only: enough K splits that ``cdiv(N, BLOCK_N) * splits``
+    reaches ``target_programs`` (one wave), at most one split per K step, and a workspace within
+    :data:`WORKSPACE_L2_BYTES` and :data:`WORKSPACE_WEIGHT_RATIO` times the weight bytes. ``k_chunk`` is a multiple of ``block_k``; every
+    split is non-empty (the last may be shorter)."""
+    n_tiles = triton.cdiv(n, block_n)
+    k_steps = triton.cdiv(k, block_k)
+    splits = max(1, min((2 * target_programs + n_tiles) // (2 * n_tiles), k_steps))  # round(target / n_tiles)
+    ws_cap = int(min(WORKSPACE_L2_BYTES, WORKSPACE_WEIGHT_RATIO * n * k * 9 / 16) // (4 * max(m, 1) * n))
+    splits = max(1, min(splits, ws_cap))
+    steps_per_split = triton.cdiv(k_steps, splits)
+    splits = triton.cdiv(k_steps, steps_per_split)
+    return splits, steps_per_split * block_k
+
+
+@triton.jit
+def _store_partial(acc, rows, row_mask, cols, col_mask, pid_k, num_rows, N, global_scale_ptr, stride_gn, bias_ptr,
+                   out_ptr, stride_om, ws_ptr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    """acc (BLOCK_M, BLOCK_N) fp32 (weights carry 2**-8) -> bf16 out (DIRECT) or workspace[pid_k]."""
+    mask = row_mask[:, None] & col_mask[None, :]
+    if DIRECT:
+        gscale = tl.load(global_scale_ptr + tl.minimum(cols, N - 1).to(tl.int64) * stride_gn) * 256.0
+        acc = acc * gscale[None, :]
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], round_to_bf16(acc, INTERPRET),
+                 mask=mask)
+    else:
+        base = ws_ptr + (pid_k * num_rows).to(tl.int64) * N
+        tl.store(base + rows.to(tl.int64)[:, None] * N + cols[None, :], acc, mask=mask)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _splitk_partial_kernel(
+    x_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, ws_ptr,
+    num_rows, N, K, chunk_steps, stride_xm, stride_wn, stride_sn, stride_gn, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
+    DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Partial sums of weight rows [pid_n*BLOCK_N, +BLOCK_N) over the K range of split pid_k.
+
+    USE_DOT False: x_ptr / w_ptr are int32 views (bf16 pairs, 4 packed bytes), stride_xm / stride_wn in
+    words; BLOCK_M is the ROWS of the CUDA-core step. USE_DOT True: bf16 x and uint8 packed weights.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # k_begin as a multiple of the constexpr BLOCK_K, so that the compiler can prove the
+    # 16-byte alignment of the slice's weight words (vectorised loads)
+    k_begin = pid_k * chunk_steps * BLOCK_K
+    k_len = tl.minimum(K - k_begin, chunk_steps * BLOCK_K)  # > 0: the host plans non-empty splits
+    k_steps = (k_len + BLOCK_K - 1) // BLOCK_K
+
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    cols = pid_n * BLOCK_N + offs_n
+    col_mask = cols < N
+    w_cols = tl.minimum(cols, N - 1).to(tl.int64)  # clamp instead of masking the weight loads
+
+    if USE_DOT:
+        offs_k = tl.arange(0, BLOCK_K)
+        offs_h = tl.arange(0, BLOCK_K // 2)
+        offs_g = tl.arange(0, BLOCK_K // 16)
+        w_ptrs = w_ptr + w_cols[:, None] * stride_wn + (k_begin // 2 + offs_h)[None, :]
+        s_ptrs = scale_ptr + w_cols[:, None] * stride_sn + (k_begin // 16 + offs_g)[None, :]
+    else:
+        offs_w = tl.arange(0, BLOCK_K // 8)
+        offs_g = tl.arange(0, BLOCK_K // 16)
+        offs_q = tl.arange(0, 4)
+        w_ptrs = w_ptr + w_cols[None, :, None] * stride_wn + (k_begin // 8 + offs_w)[None, None, :]
+        s_ptrs = scale_ptr + w_cols[None, :, None] * stride_sn + (k_begin // 16 + offs_g)[None, None, :]
+
+    r0 = pid_n * 0  # a tensor: loop-carried below
+    while r0 < num_rows:
+        rows = r0 + offs_r
+        row_mask = rows < num_rows
+        if USE_DOT:
+            x_ptrs = x_ptr + rows.to(tl.int64)[None, :] * stride_xm + (k_begin + offs_k)[:, None]
+            acc_nm = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            if INTERPRET:
+                kt = 0
+                while kt < k_steps:
+                    pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, k_len, BLOCK_K, EVEN_K, True)
+                    acc_nm = _mma_step(acc_nm, pa, sa, kt, x_ptrs, row_mask, k_len, BLOCK_N, BLOCK_K, True, EVEN_K,
+                                       True)
+                    kt += 1
+            else:
+                for kt in range(0, k_steps):
+                    pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, k_len, BLOCK_K, EVEN_K, True)
+                    acc_nm = _mma_step(acc_nm, pa, sa, kt, x_ptrs, row_mask, k_len, BLOCK_N, BLOCK_K, True, EVEN_K,
+                                       False)
+            acc = tl.trans(acc_nm)
+        else:
+            # x as int32 bf16 pairs; weight word j pairs with x words 4j..4j+3 (see nvfp4_gemv)
+            x_ptrs = (x_ptr + rows.to(tl.int64)[:, None, None, None] * stride_xm
+                      + (k_begin // 2 + 4 * offs_w)[None, None, :, None] + offs_q[None, None, None, :])
+            x_mask = row_mask[:, None, None, None]
+            acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+            # hand double-buffering (nvfp4_gemv): step i+1's loads are issued before step i's FMAs
+            words, scale_bytes, xt = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, 0, k_len, BLOCK_K, EVEN_K)
+            if INTERPRET:
+                i = 0
+                while i < k_steps:
+                    nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
+                    words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, k_len, BLOCK_K, EVEN_K)
+                    acc3 = _fma_step(acc3, words, scale_bytes, xt, BLOCK_N, BLOCK_K, True)
+                    words, scale_bytes, xt = words_n, scale_n, xt_n
+                    i += 1
+            else:
+                for i in range(0, k_steps):
+                    nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
+                    words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, k_len, BLOCK_K, EVEN_K)
+                    acc3 = _fma_step(acc3, words, scale_bytes, xt, BLOCK_N, BLOCK_K, False)
+                    words, scale_bytes, xt = words_n, scale_n, xt_n
+            acc = tl.sum(acc3, axis=2)
+        _store_partial(acc, rows, row_mask, cols, col_mask, pid_k, num_rows, N, global_scale_ptr, stride_gn,
+                       bias_ptr, out_ptr, stride_om, ws_ptr, DIRECT, HAS_BIAS, INTERPRET)
+        r0 += BLOCK_M
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _splitk_reduce_kernel(ws_ptr, global_scale_ptr, bias_ptr, out_ptr, num_rows, N, stride_gn, stride_om,
+                          SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          INTERPRET: tl.constexpr):
+    """out[m, cols] = bf16(sum over s = 0, 1, .., SPLITS-1 (in this order) of ws[s, m, cols]
+    * global_scale * 2**8 + bias)."""
+    m = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    ptrs = ws_ptr + m.to(tl.int64) * N + cols
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(ptrs + (s * num_rows).to(tl.int64) * N, mask=mask, other=0.0)
+    gscale = tl.load(global_scale_ptr + tl.minimum(cols, N - 1).to(tl.int64) * stride_gn) * 256.0
+    acc = acc * gscale
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, round_to_bf16(acc, INTERPRET), mask=mask)
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit(do_not_specialize=["num_rows"])
+    def _splitk_mma_kernel(
+        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, ws_ptr,
+        num_rows, N, K, chunk_steps, swiglu_limit,
+        stride_xm, stride_wn, stride_sn, stride_gn, stride_om,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, DIRECT: gl.constexpr,
+        HAS_BIAS: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """Gluon mma.sync partial sums (dense): program (pid_n, pid_k) decodes its K slice into
+        A-operand registers (nvfp4_mma_decode's step) for BLOCK_M token rows per pass.
+        ``row_index_ptr`` / ``offsets_ptr`` / ``swiglu_limit`` are unused (the shared compile helper's
+        argument set). K is a multiple of BLOCK_K; each split takes ``chunk_steps`` steps."""
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, 8])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
+        w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
+        s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
+        x_layout: gl.constexpr = x_operand_layout(BLOCK_M, BLOCK_K, num_warps)
+        epi_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, num_warps], [1, 0])
+
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        k_begin = pid_k * chunk_steps * BLOCK_K  # a multiple of the constexpr BLOCK_K: aligned loads
+        k_steps = gl.minimum(K // BLOCK_K - pid_k * chunk_steps, chunk_steps)
+        n_start = pid_n * BLOCK_N
+        w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout)), N - 1)
+        w_cols = k_begin // 8 + gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, w_layout))
+        w_ptrs = w_ptr + w_rows.to(gl.int64)[:, None] * stride_wn + w_cols[None, :]
+        s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)), N - 1)
+        s_cols = k_begin // 16 + gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_layout))
+        s_ptrs = scale_ptr + s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
+        x_cols = k_begin // 2 + gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
+        last = gl.maximum(k_steps - 1, 0) * BLOCK_K
+
+        r0 = pid_n * 0
+        while r0 < num_rows:
+            rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
+            x_mask = (rows < num_rows)[:, None]
+            x_ptrs = x_ptr + rows.to(gl.int64)[:, None] * stride_xm + x_cols[None, :]
+            acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+            # register double-buffering as in nvfp4_mma_decode (the load past the end re-reads the last step)
+            words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+            x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+            for step in range(0, k_steps):
+                nxt = gl.minimum((step + 1) * BLOCK_K, last)
+                words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+                x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+                acc = _gluon_mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
+                                      BLOCK_K)
+                words, scale_bytes, x_pairs = words_n, scale_n, x_next
+            if DIRECT:
+                store_epilogue(acc, r0, num_rows, k_steps > 0, n_start, N, global_scale_ptr, 0, 0, stride_gn,
+                               bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, False, False,
+                               num_warps)
+            else:
+                part = gl.convert_layout(acc.permute([1, 0]), epi_layout)  # (BLOCK_M, BLOCK_N)
+                prow = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, epi_layout))
+                pcol = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, epi_layout))
+                base = ws_ptr + (pid_k * num_rows).to(gl.int64) * N
+                gl.store(base + prow.to(gl.int64)[:, None] * N + pcol[None, :], part,
+                         mask=(prow < num_rows)[:, None] & (pcol < N)[None, :])
+            r0 += BLOCK_M
+
+
+def compile_for_sm90(config=SPLITK_CONFIGS[8], *, direct=False, bias=False):
+    """Compile the Gluon split-K kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as
+    :data:`SPLITK_CONFIGS` ("mma" rows)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .nvfp4_gluon_jit import ALIGNED_ARGS, POINTER_ARGS
+
+    _, block_m, block_n, block_k, num_warps = config[:5]
+    scalars = ["num_rows", "N", "K", "chunk_steps", "stride_xm", "stride_wn", "stride_sn", "stride_gn", "stride_om"]
+    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=direct, HAS_BIAS=bias,
+                     num_warps=num_warps)
+    signature = dict(POINTER_ARGS, ws_ptr="*fp32", **{name: "i32" for name in scalars}, swiglu_limit="fp32",
+                     **{name: "constexpr" for name in constants})
+    kernel = _splitk_mma_kernel
+    aligned = [a for a in ALIGNED_ARGS if a in kernel.arg_names] + ["ws_ptr"]
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def compile_partial_for_sm90(config=SPLITK_CONFIGS[1], *, direct=False, bias=False, even_k=True):
+    """Compile the Triton partial kernel for sm_90 without a GPU ("fma" / "dot" configs)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kind, block_m, block_n, block_k, num_warps, _, maxnreg = config
+    dot = kind == "dot"
+    signature = dict(x_ptr="*bf16" if dot else "*i32", w_ptr="*u8" if dot else "*i32", scale_ptr="*u8",
+                     global_scale_ptr="*fp32", bias_ptr="*bf16", out_ptr="*bf16", ws_ptr="*fp32",
+                     num_rows="i32", N="i32", K="i32", chunk_steps="i32", stride_xm="i32", stride_wn="i32",
+                     stride_sn="i32", stride_gn="i32", stride_om="i32")
+    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=dot, DIRECT=direct, HAS_BIAS=bias,
+                     EVEN_K=even_k, INTERPRET=False)
+    signature.update({name: "constexpr" for name in constants})
+    kernel = _splitk_partial_kernel
+    aligned = ["x_ptr", "w_ptr", "scale_ptr", "global_scale_ptr", "bias_ptr", "out_ptr", "ws_ptr", "N", "K",
+               "stride_xm", "stride_wn", "stride_sn", "stride_om"]
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = ASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
+    options = {"num_warps": num_warps}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+# Routing (megamoe/ops/gemm.py: decode_route, dense only, host shapes only): M <= SPLITK_MAX_ROWS.
+# A prediction (benchmarks/NOTES_gemm.md, v11), to be confirmed by `bench_gemm.py --dense-splitk`:
+# at M = 256 the mma kernel streams the weights 8 times (32 rows per pass), so M > 64 keeps the
+# previous route until measured.
+SPLITK_MAX_ROWS = 64
+
+
+def splitk_preferred(num_rows: int, n: int, k: int) -> bool:
+    """Host-shape rule for dense GEMMs: decode-sized M (any N, K % 16 == 0)."""
+    return 0 < num_rows <= SPLITK_MAX_ROWS and k % 16 == 0
+
+
+def splitk_supports(x: torch.Tensor, data: torch.Tensor) -> bool:
+    """Alignment the int32 views need (x rows and packed weight rows on 4-byte boundaries); K % 16."""
+    return (x.stride(-1) == 1 and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0
+            and data.dim() == 2 and data.is_contiguous() and data.data_ptr() % 4 == 0 and data.shape[-1] % 8 == 0)
+
+
+def launch_nvfp4_splitk(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    block_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    interpreter: bool = False,
+    config=None,
+    splits: int | None = None,
+    expert_offsets=None,
+    row_index=None,
+    swiglu: bool = False,
+    swiglu_limit=None,
+) -> torch.Tensor:
+    """Launch the dense split-K NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
+
+    x (M, K) bf16, last dim contiguous, rows 4-byte aligned; data (N, K//2) uint8 contiguous (low
+    nibble = even element); block_scale (N, K//16) float8_e4m3fn; global_scale 0-d or (N, 1) fp32;
+    bias None or (N,) float; out (M, N) bf16 (row-major). K a multiple of 16 (:func:`splitk_supports`).
+    ``config``: a :data:`SPLITK_CONFIGS` value (else :func:`select_splitk_config`); ``splits``:
+    override the planned split count (benchmarks). Dense only: grouped arguments are refused.
+    Returns ``out``; bit-identical across runs for the same inputs and config.
+    """
+    if expert_offsets is not None or row_index is not None or swiglu:
+        raise ValueError("expert_offsets: the split-K kernel is dense only")
+    m = out.shape[0]
+    n, k = data.shape[0], 2 * data.shape[1]
+    if m == 0 or n == 0:
+        return out
+    gluon_ok = not interpreter and gluon_supports(x, data)
+    config = tuple(config or select_splitk_config(m, interpreter, gluon_ok))
+    kind, block_m, block_n, block_k, num_warps, per_sm, maxnreg = config
+    if kind == "mma":
+        if interpreter or not gluon_ok:
+            raise ValueError("config: the Gluon 'mma' kind needs an sm_90 GPU and K % 128 == 0")
+        if k % block_k:
+            block_k = 128
+    target = INTERPRETER_PROGRAMS if interpreter else _num_sms(x.device.index or 0) * per_sm
+    if splits is None:
+        splits, k_chunk = plan_splitk(m, n, k, block_n, block_k, target)
+    else:
+        k_steps = triton.cdiv(k, block_k)
+        per = triton.cdiv(k_steps, max(1, min(splits, k_steps)))
+        splits, k_chunk = triton.cdiv(k_steps, per), per * block_k
+    direct = splits == 1
+    ws = out if direct else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    _, stride_gn = global_scale_strides(global_scale, False)
+    scale_u8 = block_scale.view(torch.uint8)
+    bias_arg = bias if bias is not None else out
+    grid = (triton.cdiv(n, block_n), splits)
+    if kind == "mma":
+        x32, data32 = x.view(torch.int32), data.view(torch.int32)
+        _splitk_mma_kernel[grid](
+            x32, x32, data32, scale_u8, global_scale, x32, bias_arg, out, ws,
+            m, n, k, k_chunk // block_k, 0.0, x32.stride(0), data32.stride(0), scale_u8.stride(0), stride_gn, out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=direct, HAS_BIAS=bias is not None,
+            num_warps=num_warps,
+        )
+    else:
+        dot = kind == "dot"
+        xa, wa = (x, data) if dot else (x.view(torch.int32), data.view(torch.int32))
+        extra = {"maxnreg": maxnreg} if maxnreg is not None and not interpreter else {}
+        _splitk_partial_kernel[grid](
+            xa, wa, scale_u8, global_scale, bias_arg, out, ws,
+            m, n, k, k_chunk // block_k, xa.stride(0), wa.stride(0), scale_u8.stride(0), stride_gn, out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=dot, DIRECT=direct,
+            HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, INTERPRET=interpreter,
+            num_warps=num_warps, num_stages=3 if dot else 1, **extra,
+        )
+    if not direct:
+        block = min(1024, triton.next_power_of_2(n))
+        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+            ws, global_scale, bias_arg, out, m, n, stride_gn, out.stride(0),
+            SPLITS=splits, BLOCK=block, HAS_BIAS=bias is not None, INTERPRET=interpreter,
+            num_warps=4,
+        )
+    return out

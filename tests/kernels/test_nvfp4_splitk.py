@@ -1,0 +1,217 @@
+"""Dense split-K NVFP4 GEMM (megamoe/kernels/nvfp4_splitk.py) against float32 math on the decoded weights.
+
+On CPU the Triton kinds run through the interpreter with tiny tiles (fma: ROWS=2, BLOCK_N=16, BLOCK_K=64;
+dot: BLOCK_M=16, BLOCK_N=16, BLOCK_K=64), so the shapes cross the N tile edge, the K step edge (K a
+multiple of 16 only), uneven split edges and several row passes. The Gluon kind is compiled offline for
+sm_90 and its K loop inspected. The ``cuda`` tests run the production configs on real V4 / issue shapes,
+graph replay == eager, the absence of host syncs and run-to-run bit equality.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gemm_helpers import every_code_weight, random_weight, rel_err
+from megamoe.kernels import nvfp4_splitk as sk
+from megamoe.kernels.nvfp4_gluon_jit import GLUON_AVAILABLE
+from megamoe.reference.quantize import dequantize
+
+FMA, DOT = sk.INTERPRETER_CONFIGS["fma"], sk.INTERPRETER_CONFIGS["dot"]
+
+
+def _launch(x, w, out, **kw):
+    return sk.launch_nvfp4_splitk(x, w.data, w.block_scale, w.global_scale, out, interpreter=not x.is_cuda, **kw)
+
+
+def _f32(x, w, bias=None):
+    y = x.float().cpu() @ dequantize(w.to("cpu"), torch.float32).t()
+    return y + bias.float().cpu() if bias is not None else y
+
+
+@pytest.mark.parametrize("m,n,k,config,splits", [
+    (1, 40, 208, FMA, 3),     # K % 64 != 0: ragged last step; uneven splits (2, 1, 1 steps)
+    (3, 40, 256, FMA, None),  # planned splits; 2 row passes of ROWS=2
+    (2, 33, 400, FMA, 1),     # one split: the direct bf16 epilogue
+    (5, 24, 208, DOT, 2),     # tensor-core step, M not a multiple of BLOCK_M
+    (17, 40, 320, DOT, None), # two row passes
+])
+def test_matches_float32(device, m, n, k, config, splits):
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = torch.randn(m, k).bfloat16().to(device)
+    bias = torch.randn(n).bfloat16().to(device)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    _launch(x, w, out, bias=bias, config=config if not x.is_cuda else None, splits=splits)
+    assert rel_err(out, _f32(x, w, bias)) < (4e-3 if not x.is_cuda else 1e-2)
+
+
+def test_scalar_global_scale_and_strided_out(device):
+    n, k, m = 48, 192, 2
+    w = random_weight((n, k), device)  # 0-d global scale
+    x = torch.randn(m, k).bfloat16().to(device)
+    big = torch.full((m, n + 8), float("nan"), dtype=torch.bfloat16, device=device)
+    out = big[:, :n]  # row stride n + 8
+    _launch(x, w, out, splits=2)
+    assert rel_err(out, _f32(x, w)) < 4e-3
+    assert big[:, n:].isnan().all(), "columns past N must not be written"
+
+
+@pytest.mark.parametrize("config", [FMA, DOT])
+def test_decode_is_exact(device, config):
+    """Identity activations give back the decoded weight bit for bit (every E2M1 code, zero / subnormal /
+    negative / largest block scales), summed over two K splits."""
+    n, k = 16, 128
+    w3 = every_code_weight(n, k, device)
+    w = type(w3)(w3.data[0], w3.block_scale[0], w3.global_scale.reshape(()), (n, k))
+    x = torch.eye(k).bfloat16().to(device)
+    out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
+    _launch(x, w, out, config=config if not x.is_cuda else None, splits=2)
+    assert torch.equal(out.t().cpu(), dequantize(w.to("cpu"), torch.bfloat16))
+
+
+def test_deterministic(device):
+    n, k, m = 40, 320, 3
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = (torch.randn(m, k) * 3).bfloat16().to(device)
+    first = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16, device=device), splits=4)
+    second = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16, device=device), splits=4)
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (8, 1024, 4096), (64, 18432, 7168), (1, 32768, 1024),
+                                   (256, 4096, 8192), (1, 7, 16), (3, 100, 1008)])
+def test_plan_covers_k_and_fills_the_gpu(m, n, k):
+    for kind_config in sk.SPLITK_CONFIGS.values():
+        block_n, block_k, per_sm = kind_config[2], kind_config[3], kind_config[5]
+        target = 132 * per_sm
+        splits, chunk = sk.plan_splitk(m, n, k, block_n, block_k, target)
+        k_steps = -(-k // block_k)
+        assert chunk % block_k == 0 and 1 <= splits <= k_steps
+        assert (splits - 1) * chunk < k <= splits * chunk, "every split non-empty, K covered"
+        if splits > 1:
+            assert splits * m * n * 4 <= sk.WORKSPACE_L2_BYTES
+        n_tiles = -(-n // block_n)
+        if n_tiles * 2 <= target and splits * m * n * 4 * 4 <= sk.WORKSPACE_L2_BYTES and k_steps >= 4:
+            assert splits > 1, "small N must be split"
+
+
+def test_grouped_arguments_are_refused():
+    w = random_weight((16, 32), "cpu")
+    x = torch.randn(2, 32).bfloat16()
+    with pytest.raises(ValueError, match="expert_offsets"):
+        _launch(x, w, torch.empty(2, 16, dtype=torch.bfloat16), expert_offsets=torch.zeros(1, dtype=torch.int32))
+
+
+# ----------------------------------------------------------------------------------------------
+# Offline sm_90 compile (no GPU needed): registers, spills and the K loops' instruction mix.
+# ----------------------------------------------------------------------------------------------
+
+
+def _compile_in_subprocess(key, tmp_path, **flags):
+    """sm_90 cubin of the config SPLITK_CONFIGS[key], compiled in a fresh process (the test session may
+    run the interpreter, which replaces jit functions)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / f"splitk_{key}.cubin"
+    code = ("import sys; from megamoe.kernels import nvfp4_splitk as s; "
+            f"cfg = s.SPLITK_CONFIGS[{key}] if {key!r} != 'dot' else s.DOT_FALLBACK; "
+            f"f = s.compile_for_sm90 if cfg[0] == 'mma' else s.compile_partial_for_sm90; "
+            f"c = f(cfg, **{flags!r}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
+    subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)
+    return out.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
+@pytest.mark.parametrize("key,max_per_weight", [(1, 5.6), (8, 3.4), (1 << 62, 4.8)])
+def test_sm90_k_loop_is_lean(tmp_path, key, max_per_weight):
+    """SASS instructions per weight in the K loop, no local-memory traffic in it, registers within the
+    occupancy the split plan assumes (programs_per_sm x num_warps x 32 threads)."""
+    tk = pytest.importorskip("test_nvfp4_gluon")  # tests/kernels: its SASS helpers
+    if tk._cuobjdump() is None:
+        pytest.skip("needs cuobjdump")
+    cubin = _compile_in_subprocess(key, tmp_path)
+    config = sk.SPLITK_CONFIGS[key]
+    kind, block_m, block_n, block_k, num_warps, per_sm, _ = config
+    loops = [(n, ops) for n, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"] or ops["FFMA"]]
+    assert len(loops) == 1, loops
+    count, ops = loops[0]
+    assert not ops["LDL"] and not ops["STL"], ops
+    assert count / (block_n * block_k // (32 * num_warps)) <= max_per_weight, (count, ops)
+    path = pathlib.Path(tmp_path) / "res.cubin"
+    path.write_bytes(cubin)
+    res = subprocess.run([tk._cuobjdump(), "-res-usage", str(path)], capture_output=True, text=True).stdout
+    regs = int(res.split("REG:")[1].split()[0])
+    assert regs * 32 * num_warps * per_sm <= 65536, (regs, per_sm)
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA (the lead's H100 run)
+# ----------------------------------------------------------------------------------------------
+
+ISSUE_SHAPES = [(4096, 4096), (1024, 4096), (18432, 7168), (32768, 1024), (4096, 8192)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,k", ISSUE_SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 13, 64, 256])
+def test_cuda_issue_shapes(n, k, m):
+    device = torch.device("cuda")
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = torch.randn(m, k, device=device).bfloat16()
+    bias = torch.randn(n, device=device).bfloat16()
+    out = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16, device=device), bias=bias)
+    assert rel_err(out, _f32(x, w, bias)) < 1e-2
+    assert torch.equal(out, _launch(x, w, torch.empty_like(out), bias=bias)), "not deterministic"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", list(sk.SPLITK_CONFIGS.values()) + [sk.DOT_FALLBACK])
+def test_cuda_every_config_and_split(config):
+    device = torch.device("cuda")
+    n, k, m = 1000, 2048, 37
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = torch.randn(m, k, device=device).bfloat16()
+    ref = _f32(x, w)
+    for splits in (1, 3, 16):
+        out = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16, device=device), config=config, splits=splits)
+        assert rel_err(out, ref) < 1e-2, (config, splits)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", [sk.SPLITK_CONFIGS[1], sk.SPLITK_CONFIGS[8], sk.DOT_FALLBACK])
+def test_cuda_decode_is_exact(config):
+    device = torch.device("cuda")
+    n, k = 256, 512
+    w3 = every_code_weight(n, k, device)
+    w = type(w3)(w3.data[0], w3.block_scale[0], w3.global_scale.reshape(()), (n, k))
+    x = torch.eye(k, device=device).bfloat16()
+    out = _launch(x, w, torch.empty(k, n, dtype=torch.bfloat16, device=device), config=config, splits=4)
+    assert torch.equal(out.t().cpu(), dequantize(w.to("cpu"), torch.bfloat16))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (8, 1024, 4096), (64, 4096, 7168)])
+def test_cuda_sync_free_and_graph_replay(m, n, k):
+    device = torch.device("cuda")
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = torch.randn(m, k, device=device).bfloat16()
+    bias = torch.randn(n, device=device).bfloat16()
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+    launch = lambda: _launch(x, w, out, bias=bias)  # noqa: E731
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        launch()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = out.clone()
+    assert torch.equal(replayed, launch().clone()), "CUDA-graph replay differs from eager"
+    assert rel_err(replayed, _f32(x, w, bias)) < 1e-2

@@ -1,7 +1,8 @@
 """Benchmark: exact top-k of the V4 indexer scores on one GPU (see benchmarks/NOTES_topk.md).
 
 For batch 1, 8, 32, 128 x context 4k, 32k, 128k (CSA, m = 4: T = context / 4 entries) x k 512, 1024:
-* ``topk``: megamoe.ops.topk.topk_indices (bucket-select kernel) on float32 scores;
+* ``topk``: megamoe.ops.topk.topk_indices (bucket-select kernels, v2: rows split over several programs at
+  small batch) on float32 scores; ``topk_v1``: the v1 one-program-per-row kernel (``programs=1``);
 * ``torch_topk_f32``: ``torch.topk(scores, k).indices`` (no tie / -inf guarantees; a speed reference);
 * ``select_topk``: the current reference path (int64 keys + torch.topk);
 * ``scores+topk``: megamoe.kvcache.ops.indexer_scores on a pool of random NVFP4 keys + our top-k;
@@ -52,7 +53,7 @@ def fill_pool(cache: CompressedKVCache, slots: int, entries: int):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="benchmarks/results/topk_v1")
+    ap.add_argument("--out", default="benchmarks/results/topk_v2")
     args = ap.parse_args()
     dev = torch.device("cuda")
     batches = [1, 8, 32, 128] if not args.quick else [1, 32]
@@ -81,6 +82,12 @@ def main():
                 out = torch.empty((B, K), dtype=torch.int32, device=dev)
                 assert torch.equal(topk_indices(scores, k, out=out), select_topk(scores, k)), (B, T, k)
                 t_ours = graph_median_us(lambda: topk_indices(scores, k, out=out))
+                from megamoe.kernels.topk import launch_topk, workspace_entries
+                ws1 = torch.zeros((B, max(1, workspace_entries(T, k, programs=1))), dtype=torch.int32, device=dev)
+                out1 = torch.empty_like(out)
+                launch_topk(scores, out1, ws1, programs=1)
+                assert torch.equal(out1, out), (B, T, k)
+                t_v1 = graph_median_us(lambda: launch_topk(scores, out1, ws1, programs=1))
                 t_torch = graph_median_us(lambda: torch.topk(scores, K, dim=1).indices)
                 t_ref = graph_median_us(lambda: select_topk(scores, k))
 
@@ -103,6 +110,7 @@ def main():
                 t_bf16 = graph_median_us(torch_path)
                 base = dict(batch=B, context=ctx, entries=T, k=k)
                 rows += [dict(op="topk", us=t_ours, **base),
+                         dict(op="topk_v1", us=t_v1, **base),
                          dict(op="torch_topk_f32", us=t_torch, **base),
                          dict(op="select_topk", us=t_ref, **base),
                          dict(op="indexer_scores", us=t_score, **base),

@@ -4,11 +4,13 @@
 indices, best first (semantics bit for bit ``megamoe.reference.topk.topk_indices``: ties to the lower index,
 ``-0.0 == +0.0``, NaN above ``+inf``, ``-1`` for ``-inf`` scores).
 
-Dispatch (``megamoe.ops._dispatch.use_triton``): CUDA tensors -> the bucket-select kernel of
-``megamoe/kernels/topk.py`` (one program per row); CPU tensors -> the reference, or the kernel through the
+Dispatch (``megamoe.ops._dispatch.use_triton``): CUDA tensors -> the bucket-select kernels of
+``megamoe/kernels/topk.py`` (one program per row at large batch; at small batch each row is split over
+several programs, three launches with in-kernel last-arriving merges); CPU tensors -> the reference, or the kernel through the
 interpreter when ``TRITON_INTERPRET=1``. The Triton path is sync-free and CUDA-graph capturable: host
-decisions use shapes only; it allocates the output (unless ``out`` is given) and a scratch buffer of
-``workspace_entries(T, k)`` int32 per row (pass ``workspace=`` to reuse one).
+decisions use shapes only; it allocates the output (unless ``out`` is given) and a zeroed scratch buffer of
+``workspace_entries(T, k)`` int32 per row (pass ``workspace=`` to reuse one: zero it once before its first
+use; every call leaves its arrival counters at zero).
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def topk_indices(scores: torch.Tensor, k: int, *, out: torch.Tensor | None = Non
                  workspace: torch.Tensor | None = None) -> torch.Tensor:
     """scores: (B, T) float32, contiguous; k >= 1 -> (B, min(k, T)) int32 (written into ``out`` if given:
     an int32 contiguous tensor of that shape on the scores' device). ``workspace``: optional
-    (B, >= workspace_entries(T, k)) int32 contiguous scratch (Triton path only)."""
+    (B, >= workspace_entries(T, k)) int32 contiguous scratch, zeroed once before first use (Triton path
+    only)."""
     if not isinstance(scores, torch.Tensor):
         raise TypeError(f"scores: expected a torch.Tensor, got {type(scores).__name__}")
     if scores.dtype != torch.float32:

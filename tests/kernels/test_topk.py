@@ -127,6 +127,71 @@ def test_validation(device):
     assert topk_indices(scores, 100).shape == (2, 64)
 
 
+# ---------------------------------------------------------------- v2: rows split over several programs
+def _check_split(scores, k, programs, **launch):
+    B, T = scores.shape
+    out = torch.full((B, min(k, T)), 77, dtype=torch.int32, device=scores.device)
+    ws = torch.zeros((B, kt.workspace_entries(T, k, interpreter=INTERP, programs=programs)), dtype=torch.int32,
+                     device=scores.device)
+    kt.launch_topk(scores, out, ws, interpreter=INTERP, programs=programs, **launch)
+    assert torch.equal(out, select_topk(scores, k)), (out, select_topk(scores, k))
+    assert bool((ws[:, 0] == 0).all())  # arrival counters back at zero (graph replay / next call)
+    return ws
+
+
+@pytest.mark.parametrize("case", ["randn", "ties", "neg_inf", "sorted", "nan_zero"])
+def test_split_rows_exact(device, case):
+    """Rows split over P programs (uneven last span): bit-identical to the reference on random rows, heavy
+    ties (all equal: the k lowest indices), -inf tails (fewer than k finite), ascending rows, NaN / -0.0."""
+    T, k = 700, 40
+    scores = torch.randn((2, T), device=device) * 10
+    if case == "ties":
+        scores = torch.randint(0, 3, (2, T), device=device).float()
+        scores[1] = 1.5
+    elif case == "neg_inf":
+        scores[0, 25:] = float("-inf")
+        scores[1, :] = float("-inf")
+    elif case == "sorted":
+        scores = torch.sort(scores, dim=1).values
+    elif case == "nan_zero":
+        scores[0, ::7] = float("nan")
+        scores[1, ::3] = -0.0
+        scores[1, 1::3] = 0.0
+    _check_split(scores, k, programs=3)
+
+
+def test_split_rows_k_ge_T_and_small_T(device):
+    scores = torch.randn((2, 50), device=device)
+    out = torch.empty((2, 50), dtype=torch.int32, device=device)
+    kt.launch_topk(scores, out, interpreter=INTERP, programs=4)  # k == T: the sort-only kernel
+    assert torch.equal(out, select_topk(scores, 64))
+    _check_split(scores, 10, programs=4)
+
+
+def test_split_rows_fallback_and_reuse(device):
+    """More than CAP candidates in the threshold bucket (dense ties): the merging program runs the whole
+    v1 selection of the row; the -inf bucket never falls back. The same workspace serves a second call."""
+    T, k = 400, 16
+    scores = 1.0 + torch.randint(0, 40, (2, T), device=device).float() * 2**-20
+    scores[1, 9:] = float("-inf")
+    ws = _check_split(scores, k, programs=2, cap=16)
+    assert ws[0, 3] == 1 and ws[1, 3] == 0  # fallback flags
+    scores2 = torch.randn((2, T), device=device)
+    out = torch.empty((2, k), dtype=torch.int32, device=device)
+    kt.launch_topk(scores2, out, ws, interpreter=INTERP, programs=2, cap=16)
+    assert torch.equal(out, select_topk(scores2, k))
+
+
+def test_split_programs_choice():
+    """Host choice from shapes only: split at small batch, v1 at large batch / short rows / k >= T."""
+    assert kt.split_programs(1, 32768, 512) == 64
+    assert kt.split_programs(8, 32768, 512) == 16
+    assert kt.split_programs(128, 32768, 512) == 1
+    assert kt.split_programs(1, 1024, 512) == 2
+    assert kt.split_programs(1, 512, 512) == 1
+    assert kt.workspace_entries(32768, 512) >= kt.workspace_entries(32768, 512, programs=1)
+
+
 # ---------------------------------------------------------------- sm_90 offline compile
 _COMPILE = """
 import json, os, re, subprocess, sys, tempfile
@@ -175,7 +240,68 @@ def test_sm90_compile_no_spills(K, all_entries):
         assert info["cg_loads"] > 0, info
 
 
+_COMPILE_SPLIT = """
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from megamoe.kernels import topk as kt
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+types = dict(scores_ptr="*fp32", out_ptr="*i32", ws_ptr="*i32", T="i32", ws_stride="i32", SPAN="i32")
+cfg = kt.SPLIT["gpu"]
+res = {}
+for kern, consts in ((kt._split_max_kernel, dict(P=64, CHUNK=cfg["chunk"])),
+                     (kt._split_hist_kernel, dict(K=512, K_P2=512, CAP=2048, CHUNK=cfg["chunk"], P=64, P_P2=64,
+                                                  ROW_CHUNK=kt.CONFIG["gpu"]["chunk"])),
+                     (kt._split_select_kernel, dict(K=512, K_P2=512, CAP=2048, CHUNK=cfg["chunk"], P=64, P_P2=64))):
+    sig = {n: ("constexpr" if n in consts else types[n]) for n in kern.arg_names}
+    c = {(kern.arg_names.index(n),): v for n, v in consts.items()}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names) if n.endswith("_ptr")}
+    k = triton.compile(ASTSource(kern, sig, constexprs=c, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": cfg["num_warps"]})
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "k.ptx"), "w").write(k.asm["ptx"])
+        info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"), "-o",
+                               os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True).stderr
+    res[kern.fn.__name__] = dict(regs=int(re.search(r"Used (\\d+) registers", info).group(1)),
+                                 spills=int(re.search(r"(\\d+) bytes spill stores", info).group(1)),
+                                 atom=k.asm["ptx"].count("atom."))
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.slow
+def test_sm90_compile_split_kernels():
+    """The split-path kernels compile for sm_90 without spills (k = 512) and merge through atomics."""
+    import json
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", _COMPILE_SPLIT], cwd=root, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    info = json.loads(res.stdout.strip().splitlines()[-1])
+    assert all(v["spills"] == 0 for v in info.values()), info
+    assert info["_split_hist_kernel"]["atom"] > 0 and info["_split_select_kernel"]["atom"] > 0, info
+
+
 # ---------------------------------------------------------------- GPU
+@pytest.mark.cuda
+@pytest.mark.parametrize("B", [1, 2, 8])
+@pytest.mark.parametrize("T", [1024, 8192, 32768, 32768 + 77])
+def test_cuda_split_rows(B, T):
+    """Small batch on the GPU: the split path (several programs per row) == reference, incl. ties / -inf."""
+    dev = torch.device("cuda")
+    assert kt.split_programs(B, T, 512, num_sms=kt._num_sms(dev)) > 1
+    for k in (512, 1024):
+        scores = torch.randn((B, T), device=dev)
+        scores[0, T // 2:] = float("-inf")
+        if B > 1:
+            scores[1] = torch.randint(0, 4, (T,), device=dev).float()
+        _check(scores, k)
+        _check(torch.sort(scores, dim=1).values, k)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("B", [1, 3, 32, 128])
 @pytest.mark.parametrize("k", [512, 1024])
@@ -209,7 +335,7 @@ def test_cuda_graph_replay_and_sync_free(T):
         torch.cuda.set_sync_debug_mode("default")
     eager = out.clone()
     assert torch.equal(eager, select_topk(scores, k))
-    ws = torch.empty((B, kt.workspace_entries(T, k)), dtype=torch.int32, device=dev)
+    ws = torch.zeros((B, kt.workspace_entries(T, k)), dtype=torch.int32, device=dev)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

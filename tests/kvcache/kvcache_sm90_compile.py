@@ -66,7 +66,8 @@ def main():
                        max_entries="i32", num_slots="i32", max_lb="i32", num_pages="i32")
     for official in (True, False):
         k = compile_sm90(indexer._indexer_scores_kernel, index_types, dict(
-            H=64, KEY_DIM=128, EPB=64, BLOCK=indexer.BLOCK_T["gpu"], INTERPRET=False, OFFICIAL=official),
+            H=64, KEY_DIM=128, EPB=64, BLOCK=indexer.BLOCK_T["gpu"], INTERPRET=False, OFFICIAL=official,
+            TILES=indexer.MAX_TILES),
             num_warps=8)
         report[f"indexer_{'official' if official else 'nvfp4'}"] = ptxas_usage(k)
     compress_types = dict(kv_ptr="*fp32", score_ptr="*fp32", slots_ptr="*i32", positions_ptr="*i32",

@@ -44,3 +44,13 @@ def _fresh_seed(request):
     """Seed torch from the run seed and the test's node id."""
     torch.manual_seed(RUN_SEED ^ zlib.crc32(request.node.nodeid.encode()))
     yield
+
+
+@pytest.fixture(autouse=True)
+def _clear_error_words():
+    """Each test starts with clean device error words (megamoe/ops/errors.py: process-wide state)."""
+    from megamoe.ops import errors
+
+    for word in errors._WORDS.values():
+        word.zero_()
+    yield

@@ -11,6 +11,9 @@ maps the (token, slot) pair index ``t*k + j`` to the row of the expert-sorted
 GEMM output; it lives on the device and is never read on the host.
 
 Grid: ``(T, cdiv(H, BLOCK_H))``; ``T = 0`` launches nothing.
+
+An ``inv_perm`` value outside ``[0, R)`` drops its pair (adds nothing, reads nothing) and the program sets
+``ERR_FLAG`` in the error word (``megamoe/ops/errors.py``) with one predicated atomic.
 """
 from __future__ import annotations
 
@@ -42,7 +45,9 @@ def _moe_combine_kernel(
     weight_ptr,  # (T, k) fp32
     shared_ptr,  # (T, H) bf16 (read only if HAS_SHARED)
     out_ptr,  # (T, H) bf16
+    err_ptr,  # (1,) int32 error word
     H,
+    num_expert_rows,  # R
     stride_expert_out,
     stride_shared,
     stride_out,
@@ -50,6 +55,7 @@ def _moe_combine_kernel(
     HAS_SHARED: tl.constexpr,
     BLOCK_H: tl.constexpr,
     INTERPRET: tl.constexpr,
+    ERR_FLAG: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -57,11 +63,16 @@ def _moe_combine_kernel(
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     if HAS_SHARED:
         acc += tl.load(shared_ptr + token * stride_shared + cols, mask=col_mask, other=0.0).to(tl.float32)
+    bad = 0
     for j in tl.static_range(TOP_K):
         row = tl.load(inv_perm_ptr + token * TOP_K + j).to(tl.int64)
-        w = tl.load(weight_ptr + token * TOP_K + j)
-        y = tl.load(expert_out_ptr + row * stride_expert_out + cols, mask=col_mask, other=0.0)
+        ok = (row >= 0) & (row < num_expert_rows)
+        bad += (~ok).to(tl.int32)
+        w = tl.where(ok, tl.load(weight_ptr + token * TOP_K + j), 0.0)  # a dropped pair adds w=0 * y=0
+        y = tl.load(expert_out_ptr + tl.where(ok, row, 0) * stride_expert_out + cols, mask=col_mask & ok, other=0.0)
         acc += w * y.to(tl.float32)
+    # one flag per token (the column-block-0 program)
+    tl.atomic_or(err_ptr, ERR_FLAG, mask=(bad > 0) & (tl.program_id(1) == 0))
     tl.store(out_ptr + token * stride_out + cols, _round_bf16(acc, INTERPRET), mask=col_mask)
 
 
@@ -73,13 +84,17 @@ def launch_moe_combine(
     out: torch.Tensor,
     *,
     interpreter: bool = False,
+    error_word: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the combine kernel (no validation: the op in megamoe/ops/moe.py does it).
 
     expert_out: (R >= T*k, H) bf16, unit column stride. inv_perm: (T*k,) int32
     contiguous. topk_weights: (T, k) fp32 contiguous. shared: None or (T, H)
-    bf16. out: (T, H) bf16. Returns ``out``.
+    bf16. out: (T, H) bf16. error_word: the (1,) int32 word an out-of-range
+    ``inv_perm`` flags (default: the device's). Returns ``out``.
     """
+    from ..ops import errors
+
     num_tokens, top_k = topk_weights.shape
     hidden = out.shape[1]
     if num_tokens == 0 or hidden == 0:
@@ -94,7 +109,9 @@ def launch_moe_combine(
         topk_weights,
         shared if has_shared else out,
         out,
+        error_word if error_word is not None else errors.error_word(out.device),
         hidden,
+        expert_out.shape[0],
         expert_out.stride(0),
         shared.stride(0) if has_shared else 0,
         out.stride(0),
@@ -102,6 +119,7 @@ def launch_moe_combine(
         HAS_SHARED=has_shared,
         BLOCK_H=block_h,
         INTERPRET=interpreter,
+        ERR_FLAG=errors.flag("combine", "inv_perm"),
         num_warps=cfg["num_warps"],
     )
     return out

@@ -16,7 +16,10 @@ one or a few chunk steps, replacing the multi-kernel radix sort + searchsorted +
 scatter of the torch path; large prefill batches should keep the torch path
 (the single program is serial over chunks).
 
-Ids must lie in [0, E); pairs beyond ``num_pairs`` are masked.
+An id outside [0, E) drops its pair: it is grouped as expert E (after every real expert, i.e. into the
+padding rows past ``expert_offsets[E-1]`` that the grouped GEMM writes as zeros; ``sorted_expert`` holds E
+there) and the program sets ``ERR_FLAG`` in the error word (``megamoe/ops/errors.py``) once. Pairs beyond
+``num_pairs`` are masked.
 """
 from __future__ import annotations
 
@@ -34,21 +37,27 @@ def _moe_dispatch_kernel(
     sorted_expert_ptr,  # (P,) int32 out
     row_index_ptr,  # (P,) int32 out
     inv_perm_ptr,  # (P,) int32 out
+    err_ptr,  # (1,) int32 error word
     num_pairs,
     num_groups,
     TOP_K: tl.constexpr,
     BINS: tl.constexpr,  # power of two > num_groups; bin BINS-1 collects masked lanes
     BLOCK: tl.constexpr,
+    ERR_FLAG: tl.constexpr,
 ):
     bins = tl.arange(0, BINS)
     lanes = tl.arange(0, BLOCK)
     counts = tl.zeros((BINS,), dtype=tl.int32)
+    bad = 0
     start = 0
     while start < num_pairs:
         p = start + lanes
         e = tl.load(ids_ptr + p, mask=p < num_pairs, other=BINS - 1)
-        counts += tl.histogram(e, BINS)
+        ok = (e >= 0) & (e < num_groups)
+        bad += tl.sum(((p < num_pairs) & ~ok).to(tl.int32), 0)
+        counts += tl.histogram(tl.where(ok, e, num_groups), BINS)
         start += BLOCK
+    tl.atomic_or(err_ptr, ERR_FLAG, mask=bad > 0)
     counts = tl.where(bins < num_groups, counts, 0)
     ends = tl.cumsum(counts, 0)
     tl.store(offsets_ptr + bins, ends, mask=bins < num_groups)
@@ -58,6 +67,7 @@ def _moe_dispatch_kernel(
         p = start + lanes
         valid = p < num_pairs
         e = tl.load(ids_ptr + p, mask=valid, other=BINS - 1)
+        e = tl.where((e >= 0) & (e < num_groups), e, num_groups)  # dropped pairs: pseudo-expert E
         earlier_same = (e[:, None] == e[None, :]) & (lanes[None, :] < lanes[:, None])
         rank = tl.sum(earlier_same.to(tl.int32), axis=1)
         base = tl.sum(tl.where(e[:, None] == bins[None, :], running[None, :], 0), axis=1)
@@ -70,11 +80,17 @@ def _moe_dispatch_kernel(
 
 
 def launch_moe_dispatch(ids: torch.Tensor, top_k: int, num_groups: int, offsets: torch.Tensor,
-                        sorted_expert: torch.Tensor, row_index: torch.Tensor, inv_perm: torch.Tensor) -> None:
-    """ids: (P,) int32 contiguous (P = T*k, pair order). Outputs: int32 contiguous, (E,) and three (P,)."""
+                        sorted_expert: torch.Tensor, row_index: torch.Tensor, inv_perm: torch.Tensor,
+                        error_word: torch.Tensor | None = None) -> None:
+    """ids: (P,) int32 contiguous (P = T*k, pair order). Outputs: int32 contiguous, (E,) and three (P,).
+    error_word: the (1,) int32 word an id outside [0, E) flags (default: the device's)."""
+    from ..ops import errors
+
     num_pairs = ids.shape[0]
     bins = triton.next_power_of_2(num_groups + 1)
     _moe_dispatch_kernel[(1,)](
-        ids, offsets, sorted_expert, row_index, inv_perm, num_pairs, num_groups,
-        TOP_K=top_k, BINS=bins, BLOCK=DISPATCH_CONFIG["BLOCK"], num_warps=DISPATCH_CONFIG["num_warps"],
+        ids, offsets, sorted_expert, row_index, inv_perm,
+        error_word if error_word is not None else errors.error_word(ids.device), num_pairs, num_groups,
+        TOP_K=top_k, BINS=bins, BLOCK=DISPATCH_CONFIG["BLOCK"], ERR_FLAG=errors.flag("dispatch", "topk_ids"),
+        num_warps=DISPATCH_CONFIG["num_warps"],
     )

@@ -174,15 +174,15 @@ def _mma_step(
 
 # num_rows / num_programs change from call to call: no value specialisation, so a warmed-up
 # model never recompiles when the token count changes (only the config bucket can).
-@triton.jit(do_not_specialize=["num_rows", "num_programs"])
+@triton.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows"])
 def _nvfp4_gemm_kernel(
-    x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr,
-    num_rows, N, K, num_experts, swiglu_limit, num_programs,
+    x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
+    num_rows, N, K, num_experts, swiglu_limit, num_programs, num_src_rows,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     GROUPED: tl.constexpr, HAS_ROW_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, SPLIT_EVEN_ODD: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, INTERPRET: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, INTERPRET: tl.constexpr, ERR_FLAG: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = (N + BLOCK_N - 1) // BLOCK_N  # (tl.cdiv gives a 1-element tensor in the interpreter)
@@ -213,6 +213,7 @@ def _nvfp4_gemm_kernel(
     # Persistent loop over work items (m-tile major, n-tile minor): programs
     # that run concurrently share an expert's m-tiles, so its weights stay in L2.
     work = pid
+    bad_rows = 0  # row_index values outside [0, num_src_rows) seen by this program (one flag at the end)
     while work < total_work:
         tile = work // n_tiles
         n_start = (work % n_tiles) * BLOCK_N
@@ -233,9 +234,15 @@ def _nvfp4_gemm_kernel(
         rows = row_start + offs_m
         row_mask = rows < row_end
         if HAS_ROW_INDEX:
+            # an out-of-range row_index reads zero activations (the row is dropped) and is flagged
             src_rows = tl.load(row_index_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+            src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
+            bad_rows += tl.sum((row_mask & ~src_ok & is_real).to(tl.int32), 0)
+            x_mask = row_mask & src_ok
+            src_rows = tl.where(src_ok, src_rows, 0)
         else:
             src_rows = rows.to(tl.int64)
+            x_mask = row_mask
         cols = n_start + offs_n
         col_mask = cols < N
         if EVEN_N:
@@ -254,7 +261,7 @@ def _nvfp4_gemm_kernel(
             kt = 0
             while kt < k_iters:
                 pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, K, BLOCK_K, EVEN_K, True)
-                acc = _mma_step(acc, pa, sa, kt, x_ptrs, row_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, True)
+                acc = _mma_step(acc, pa, sa, kt, x_ptrs, x_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, True)
                 kt += 1
         else:
             # Triton's software pipeliner stages both the weight bytes and the
@@ -262,7 +269,7 @@ def _nvfp4_gemm_kernel(
             # (A hand-written register prefetch of the weights defeated it.)
             for kt in range(0, k_iters):
                 pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, K, BLOCK_K, EVEN_K, True)
-                acc = _mma_step(acc, pa, sa, kt, x_ptrs, row_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, False)
+                acc = _mma_step(acc, pa, sa, kt, x_ptrs, x_mask, K, BLOCK_N, BLOCK_K, SPLIT_EVEN_ODD, EVEN_K, False)
 
         gscale = tl.load(
             global_scale_ptr + expert_c * stride_ge + cols.to(tl.int64) * stride_gn, mask=col_mask, other=0.0
@@ -294,6 +301,16 @@ def _nvfp4_gemm_kernel(
                 mask=row_mask[:, None] & col_mask[None, :],
             )
         work += num_programs
+    if HAS_ROW_INDEX:
+        tl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+
+
+def gemm_error_word(device, error_word=None) -> tuple[torch.Tensor, int]:
+    """(error word, row_index flag bit) shared by the GEMM launchers of this family."""
+    from ..ops import errors
+
+    return (error_word if error_word is not None else errors.error_word(device)), \
+        errors.flag("nvfp4_grouped_mm", "row_index")
 
 
 def global_scale_strides(global_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
@@ -322,6 +339,7 @@ def launch_nvfp4_gemm(
     swiglu_limit: float | None = None,
     interpreter: bool = False,
     config=None,
+    error_word: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the NVFP4 GEMM (inputs already validated by ``megamoe.ops.gemm``).
 
@@ -331,6 +349,9 @@ def launch_nvfp4_gemm(
     ``row_index`` (T,) int32; data (E, N, K//2); block_scale (E, N, K//16);
     global_scale 0-d, (E, 1, 1) or (E, N, 1) fp32; expert_offsets (E,) int32;
     out (T, N) bf16, or (T, N//2) with ``swiglu``. Last dimensions contiguous.
+    A ``row_index`` value outside ``[0, S)`` reads zero activations and sets the
+    ``("nvfp4_grouped_mm", "row_index")`` bit of ``error_word`` (default: the
+    device's word, ``megamoe.ops.errors.error_word``).
     """
     grouped = expert_offsets is not None
     num_rows = out.shape[0]
@@ -349,16 +370,18 @@ def launch_nvfp4_gemm(
         programs = min(work_bound, _num_sms(x.device.index or 0) * per_sm)
     stride_ge, stride_gn = global_scale_strides(global_scale, grouped)
     scale_u8 = block_scale.view(torch.uint8)
+    err, err_flag = gemm_error_word(out.device, error_word)
     _nvfp4_gemm_kernel[(programs,)](
         x, row_index if row_index is not None else x, data, scale_u8, global_scale,
-        expert_offsets if grouped else x, bias if bias is not None else x, out,
+        expert_offsets if grouped else x, bias if bias is not None else x, out, err,
         num_rows, n, k, num_experts, float(swiglu_limit) if swiglu_limit is not None else 0.0, programs,
+        x.shape[0],
         x.stride(0), data.stride(0) if grouped else 0, data.stride(-2),
         scale_u8.stride(0) if grouped else 0, scale_u8.stride(-2), stride_ge, stride_gn, out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=triton.next_power_of_2(num_experts + 1) if grouped else 1,
         GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
         SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, SPLIT_EVEN_ODD=split, EVEN_K=k % block_k == 0, EVEN_N=n % block_n == 0, INTERPRET=interpreter,
-        num_warps=num_warps, num_stages=num_stages,
+        ERR_FLAG=err_flag, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .nvfp4_gemm import global_scale_strides
+from .nvfp4_gemm import gemm_error_word, global_scale_strides
 from .nvfp4_jit import decode_e2m1_pairs_portable, e4m3_scale_factor_2p118, round_to_bf16
 
 # ---------------------------------------------------------------------------
@@ -166,14 +166,15 @@ def _decode_fp32_asm(packed, factor):
     )
 
 
-@triton.jit(do_not_specialize=["num_rows"])
+@triton.jit(do_not_specialize=["num_rows", "num_src_rows"])
 def _nvfp4_gemv_kernel(
-    x32_ptr, row_index_ptr, w32_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr,
-    num_rows, N, K, num_experts, swiglu_limit,
+    x32_ptr, row_index_ptr, w32_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
+    num_rows, N, K, num_experts, swiglu_limit, num_src_rows,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     GROUPED: tl.constexpr, HAS_ROW_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr,
     SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr,
+    ERR_FLAG: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
@@ -229,18 +230,25 @@ def _nvfp4_gemv_kernel(
     k_steps = (k_len + BLOCK_K - 1) // BLOCK_K
 
     r0 = row_start
+    bad_rows = 0  # row_index values outside [0, num_src_rows) in computed rows (one flag at the end)
     while r0 < row_end:
         rows = r0 + offs_r
         row_mask = rows < row_end
         if HAS_ROW_INDEX:
+            # an out-of-range row_index reads zero activations (the row is dropped) and is flagged
             src_rows = tl.load(row_index_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+            src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
+            bad_rows += tl.sum((row_mask & ~src_ok).to(tl.int32), 0)
+            row_mask_x = row_mask & src_ok
+            src_rows = tl.where(src_ok, src_rows, 0)
         else:
             src_rows = rows.to(tl.int64)
+            row_mask_x = row_mask
         # x read as int32 words, each one (even, odd) bf16 pair; weight word j pairs with x
         # words 4j..4j+3 (x element 2p in the low half of word p)
         x_ptrs = (x32_ptr + src_rows[:, None, None, None] * stride_xm
                   + 4 * offs_w[None, None, :, None] + offs_q[None, None, None, :])
-        x_mask = row_mask[:, None, None, None]
+        x_mask = row_mask_x[:, None, None, None]
         # fp32 partial sums per (row, feature, K word): FFMA chains in the loop, one
         # reduction over K per row group
         acc = tl.zeros((ROWS, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
@@ -281,6 +289,8 @@ def _nvfp4_gemv_kernel(
             tl.store(out_ptr + out_rows + cols[None, :], round_to_bf16(acc, INTERPRET),
                      mask=row_mask[:, None] & col_mask[None, :])
         r0 += ROWS
+    if HAS_ROW_INDEX:
+        tl.atomic_or(err_ptr, ERR_FLAG, mask=(bad_rows > 0) & (k_len > 0))
 
 
 @triton.jit
@@ -356,10 +366,12 @@ def launch_nvfp4_gemv(
     swiglu_limit: float | None = None,
     interpreter: bool = False,
     config=None,
+    error_word: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the decode-shaped NVFP4 GEMM (inputs already validated by ``megamoe.ops.gemm``).
 
-    Same contract as :func:`megamoe.kernels.nvfp4_gemm.launch_nvfp4_gemm`.
+    Same contract as :func:`megamoe.kernels.nvfp4_gemm.launch_nvfp4_gemm` (row_index drop rule and
+    error flag included).
     Dense (``expert_offsets is None``): x (M, K) bf16; data (N, K//2) uint8 (low
     nibble = even element); block_scale (N, K//16) float8_e4m3fn; global_scale
     0-d or (N, 1) fp32; bias None or (N,); out (M, N) bf16. Grouped: x (T, K)
@@ -388,16 +400,17 @@ def launch_nvfp4_gemv(
     scale_u8 = block_scale.view(torch.uint8)
     data32 = data.view(torch.int32)  # 4 packed bytes per word (K % 8 == 0, rows 4-byte aligned)
     grid = (triton.cdiv(n, block_n), slots)
+    err, err_flag = gemm_error_word(out.device, error_word)
     _nvfp4_gemv_kernel[grid](
         x.view(torch.int32), row_index if row_index is not None else x, data32, scale_u8, global_scale,
-        expert_offsets if grouped else x, bias if bias is not None else x, out,
-        num_rows, n, k, num_experts, float(swiglu_limit) if swiglu_limit is not None else 0.0,
+        expert_offsets if grouped else x, bias if bias is not None else x, out, err,
+        num_rows, n, k, num_experts, float(swiglu_limit) if swiglu_limit is not None else 0.0, x.shape[0],
         x.stride(0) // 2, data32.stride(0) if grouped else 0, data32.stride(-2),
         scale_u8.stride(0) if grouped else 0, scale_u8.stride(-2), stride_ge, stride_gn, out.stride(0),
         ROWS=rows, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=triton.next_power_of_2(num_experts) if grouped else 1,
         GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
         SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, EVEN_K=k % block_k == 0, INTERPRET=interpreter,
-        num_warps=num_warps, num_stages=num_stages, **extra,
+        ERR_FLAG=err_flag, num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out

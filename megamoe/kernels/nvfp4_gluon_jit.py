@@ -61,8 +61,8 @@ def gluon_supports(x: torch.Tensor, data: torch.Tensor, block_k: int = 128) -> b
 
 
 POINTER_ARGS = dict(x_ptr="*i32", row_index_ptr="*i32", w_ptr="*i32", scale_ptr="*u8", global_scale_ptr="*fp32",
-                    offsets_ptr="*i32", bias_ptr="*bf16", out_ptr="*bf16")
-ALIGNED_ARGS = list(POINTER_ARGS) + ["N", "K", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_sn",
+                    offsets_ptr="*i32", bias_ptr="*bf16", out_ptr="*bf16", err_ptr="*i32")
+ALIGNED_ARGS = [name for name in POINTER_ARGS if name != "err_ptr"] + ["N", "K", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_sn",
                                      "stride_om"]
 
 
@@ -81,8 +81,8 @@ def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, g
     block_m, block_n, block_k = block_sizes
     constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=512, GROUPED=grouped,
                      HAS_ROW_INDEX=row_index, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=swiglu_limit,
-                     num_warps=num_warps)
-    signature = dict(POINTER_ARGS, **{name: "i32" for name in scalars}, swiglu_limit="fp32",
+                     ERR_FLAG=1, num_warps=num_warps)
+    signature = dict(POINTER_ARGS, **{name: "i32" for name in scalars + ["num_src_rows"]}, swiglu_limit="fp32",
                      **{name: "constexpr" for name in constants})
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED_ARGS}
     source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
@@ -90,27 +90,29 @@ def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, g
 
 
 def kernel_arguments(x, data, block_scale, global_scale, out, *, expert_offsets, row_index, bias, swiglu,
-                     swiglu_limit):
+                     swiglu_limit, error_word=None):
     """The shared launch arguments of the Gluon GEMM kernels: (head, strides, flags).
 
     ``kernel[grid](*head, [num_programs,] *strides, BLOCK_..., **flags)``: x and
     the packed weights as int32 words (bf16 pairs, 4 packed bytes), scale bytes
-    as uint8; unused pointers alias x (never read).
+    as uint8; unused pointers alias x (never read). ``error_word``: the int32 word that a
+    ``row_index`` value outside ``[0, S)`` flags (default: the device's, ``megamoe.ops.errors``).
     """
-    from .nvfp4_gemm import global_scale_strides
+    from .nvfp4_gemm import gemm_error_word, global_scale_strides
 
     grouped = expert_offsets is not None
     x32, data32 = x.view(torch.int32), data.view(torch.int32)
     scale_u8 = block_scale.view(torch.uint8)
     stride_ge, stride_gn = global_scale_strides(global_scale, grouped)
+    err, err_flag = gemm_error_word(out.device, error_word)
     head = (x32, row_index if row_index is not None else x32, data32, scale_u8, global_scale,
-            expert_offsets if grouped else x32, bias if bias is not None else x, out,
-            out.shape[0], data.shape[-2], 2 * data.shape[-1], data.shape[0] if grouped else 1,
+            expert_offsets if grouped else x32, bias if bias is not None else x, out, err,
+            out.shape[0], data.shape[-2], 2 * data.shape[-1], data.shape[0] if grouped else 1, x.shape[0],
             float(swiglu_limit) if swiglu_limit is not None else 0.0)
     strides = (x32.stride(0), data32.stride(0) if grouped else 0, data32.stride(-2),
                scale_u8.stride(0) if grouped else 0, scale_u8.stride(-2), stride_ge, stride_gn, out.stride(0))
     flags = dict(GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
-                 SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None)
+                 SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, ERR_FLAG=err_flag)
     return head, strides, flags
 
 

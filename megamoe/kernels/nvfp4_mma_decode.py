@@ -123,14 +123,14 @@ if GLUON_AVAILABLE:
         row_end = gl.sum(gl.where(here, ends, 0), axis=0)
         return gl.maximum(expert_p1 - 1, 0), row_start, gl.where(expert_p1 > 0, row_end, 0)
 
-    @gluon.jit(do_not_specialize=["num_rows"])
+    @gluon.jit(do_not_specialize=["num_rows", "num_src_rows"])
     def _nvfp4_mma_decode_kernel(
-        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr,
-        num_rows, N, K, num_experts, swiglu_limit,
+        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
+        num_rows, N, K, num_experts, num_src_rows, swiglu_limit,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
-        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, num_warps: gl.constexpr,
+        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
     ):
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 8])
@@ -170,11 +170,16 @@ if GLUON_AVAILABLE:
         last = gl.maximum(k_steps - 1, 0) * BLOCK_K
 
         r0 = row_start
+        bad_rows = 0  # row_index values outside [0, num_src_rows) (masked once per row tile, flagged once)
         while r0 < row_end:
             rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
             row_mask = rows < row_end
             if HAS_ROW_INDEX:
                 src_rows = gl.load(row_index_ptr + rows, mask=row_mask, other=0).to(gl.int64)
+                src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
+                bad_rows += gl.sum((row_mask & ~src_ok).to(gl.int32), axis=0)
+                row_mask = row_mask & src_ok  # the x loads only: the epilogue stores by row_end
+                src_rows = gl.where(src_ok, src_rows, 0)
             else:
                 src_rows = rows.to(gl.int64)
             x_ptrs = x_ptr + src_rows[:, None] * stride_xm + x_cols[None, :]
@@ -195,6 +200,8 @@ if GLUON_AVAILABLE:
                            stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
                            SWIGLU, HAS_LIMIT, num_warps)
             r0 += BLOCK_M
+        if HAS_ROW_INDEX:
+            gl.atomic_or(err_ptr, ERR_FLAG, mask=(bad_rows > 0) & (k_steps > 0))
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
@@ -220,6 +227,7 @@ def launch_nvfp4_mma_decode(
     swiglu_limit: float | None = None,
     interpreter: bool = False,
     config=None,
+    error_word: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -242,7 +250,8 @@ def launch_nvfp4_mma_decode(
         raise ValueError(f"data: K={k} must be a multiple of BLOCK_K={block_k} for this kernel")
     slots = min(num_experts, num_rows) + 1 if grouped else 1
     head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
-                                            row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
+                                            row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                                            error_word=error_word)
     _nvfp4_mma_decode_kernel[(triton.cdiv(n, block_n), slots)](
         *head, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts)) if grouped else 32 * num_warps,

@@ -66,14 +66,14 @@ def wgmma_preferred(num_rows: int, num_experts: int | None) -> bool:
 
 if GLUON_AVAILABLE:
 
-    @gluon.jit(do_not_specialize=["num_rows", "num_programs"])
+    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows"])
     def _nvfp4_wgmma_kernel(
-        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr,
-        num_rows, N, K, num_experts, swiglu_limit, num_programs,
+        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
+        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
-        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, num_warps: gl.constexpr,
+        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
     ):
         """Prefill-shaped NVFP4 GEMM: weight tile decoded into wgmma A registers, x^T tile through shared memory."""
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -111,6 +111,7 @@ if GLUON_AVAILABLE:
         # persistent loop over work items (m-tile major, n-tile minor: programs running together
         # share an expert's m-tile, so its activations and weights stay in L2)
         work = gl.program_id(0)
+        bad_rows = 0  # row_index values outside [0, num_src_rows) (masked once per tile, flagged once)
         while work < total_work:
             tile = work // n_tiles
             n_start = (work % n_tiles) * BLOCK_N
@@ -135,6 +136,10 @@ if GLUON_AVAILABLE:
             row_mask = rows < row_end
             if HAS_ROW_INDEX:
                 src_rows = gl.load(row_index_ptr + rows, mask=row_mask, other=0).to(gl.int64)
+                src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
+                bad_rows += gl.sum((row_mask & ~src_ok & is_real).to(gl.int32), axis=0)
+                row_mask = row_mask & src_ok  # the x loads only: the epilogue stores by row_end
+                src_rows = gl.where(src_ok, src_rows, 0)
             else:
                 src_rows = rows.to(gl.int64)
             x_ptrs = x_ptr + src_rows[:, None] * stride_xm + x_cols[None, :]
@@ -159,6 +164,8 @@ if GLUON_AVAILABLE:
                       stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU,
                       HAS_LIMIT, num_warps)
             work += num_programs
+        if HAS_ROW_INDEX:
+            gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
 
 
 def compile_for_sm90(config=WGMMA_CONFIG, *, grouped=True, row_index=True, bias=False, swiglu=False,
@@ -184,6 +191,7 @@ def launch_nvfp4_wgmma(
     swiglu_limit: float | None = None,
     interpreter: bool = False,
     config=None,
+    error_word: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the prefill-shaped Gluon wgmma NVFP4 GEMM (same contract as
     :func:`megamoe.kernels.nvfp4_mma_decode.launch_nvfp4_mma_decode`).
@@ -209,7 +217,8 @@ def launch_nvfp4_wgmma(
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
     programs = min(work_bound, _num_sms(x.device.index or 0) * per_sm)
     head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
-                                            row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
+                                            row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                                            error_word=error_word)
     _nvfp4_wgmma_kernel[(programs,)](
         *head, programs, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,

@@ -135,8 +135,31 @@ def gather_entries(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tens
                               _flat(pool.entries_scale), _flat(pool.entries_rope).view(torch.int16),
                               out.view(torch.int16), entries_per_block=pool.entries_per_block)
         return out
+    _record_gather_errors(pool, block_table, slots, indices)
     out.copy_(_ref().gather_entries(pool, block_table, slots, indices))
     return out
+
+
+def _record_gather_errors(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tensor,
+                          indices: torch.Tensor) -> None:
+    """Torch path: the gather kernel's error flags (megamoe/ops/errors.py), by the same rules, as device ops."""
+    from ..ops import errors
+
+    word, dev = errors.error_word(indices.device), indices.device
+    num_slots, max_lb = block_table.shape
+    epb, pages = pool.entries_per_block, pool.entries_fp8.shape[0]
+    slot = slots.long()
+    slot_ok = (slot >= 0) & (slot < num_slots)
+    errors.record(word, errors.flag("gather_entries", "slots"), (slot < -1) | (slot >= num_slots))
+    t = torch.where(slot_ok[:, None], indices.long(), -1)
+    logical = torch.where(t >= 0, torch.div(t, epb, rounding_mode="floor"), 0)
+    errors.record(word, errors.flag("gather_entries", "indices"), (t < -1) | ((t >= 0) & (logical >= max_lb)))
+    if num_slots and max_lb:
+        looked_up = (t >= 0) & (logical < max_lb)
+        table = block_table.to(dev).long()
+        page = table[torch.where(slot_ok, slot, 0)[:, None], torch.where(looked_up, logical, 0)]
+        page = torch.where(looked_up, page, -1)
+        errors.record(word, errors.flag("gather_entries", "block_table"), (page < -1) | (page >= pages))
 
 
 def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, weights: torch.Tensor,

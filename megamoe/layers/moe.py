@@ -55,6 +55,7 @@ import torch
 
 from ..format.tensor import NVFP4Tensor
 from ..models.config import MoEConfig
+from ..ops import errors
 from ..ops import gemm as gemm_ops
 from ..ops import moe as moe_ops
 from ..ops._dispatch import resolve_device
@@ -258,6 +259,7 @@ class Nvfp4MoE:
         self._inter_q = torch.empty_like(self._inter)
         self._expert_out = torch.empty((pairs, c.hidden_size), dtype=torch.bfloat16, device=dev)
         self._out = torch.empty((max_num_tokens, c.hidden_size), dtype=torch.bfloat16, device=dev)
+        errors.error_word(dev)  # the device's error word exists before any graph capture
         self._layer_id = next(_LAYER_IDS)
         _LAYERS[self._layer_id] = self
         self.last_routing = None  # (topk_weights, topk_ids) of the last forward: views of layer buffers
@@ -465,7 +467,10 @@ class Nvfp4MoE:
         expert_out = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, offsets, mode=gemm_mode,
                                                out=self._expert_out[:pairs])
         shared = self.shared.forward(hidden_states) if self.shared is not None and not fuse else None
-        return moe_ops.combine(expert_out, d["inv_perm"], topk_weights, shared, out=out)
+        result = moe_ops.combine(expert_out, d["inv_perm"], topk_weights, shared, out=out)
+        # eager only: raises if a kernel masked an out-of-range index (no-op while capturing / sync-debugging)
+        errors.check_errors_eager(self.device)
+        return result
 
     __call__ = forward
 
@@ -585,6 +590,7 @@ class Nvfp4MoE:
         Returns ``run(hidden_states, token_ids=None) -> out``: copies the (num_tokens, H) bf16 input (and, for
         a hash-routed layer, the (num_tokens,) token ids: required then) into the graph's static inputs,
         replays, returns the static output (the layer's output buffer; valid until the next call).
+        Replays do not check the device error word: call ``megamoe.ops.errors.check_errors()`` between steps.
         """
         if self.device.type != "cuda":
             raise RuntimeError("capture: CUDA graphs need a CUDA layer")

@@ -93,6 +93,16 @@ def _check_index(t, name: str, length: int | None, x: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected device {x.device} (x's), got {t.device}")
 
 
+def _record_row_index(x: torch.Tensor, row_index: torch.Tensor, expert_offsets: torch.Tensor) -> None:
+    """Torch path: flag row_index values outside [0, S) in the rows the GEMM computes (< offsets[E-1])."""
+    from . import errors
+
+    rows = torch.arange(row_index.shape[0], device=x.device)
+    live = rows < expert_offsets[-1].clamp(min=0)
+    bad = live & ((row_index < 0) | (row_index >= x.shape[0]))
+    errors.record(errors.error_word(x.device), errors.flag("nvfp4_grouped_mm", "row_index"), bad)
+
+
 def _quantized_activations(x: torch.Tensor) -> torch.Tensor:
     """w4a4: NVFP4 round trip of x with a per-row dynamic global scale (sync-free on the kernel path)."""
     if x.numel() == 0:
@@ -238,6 +248,8 @@ def nvfp4_grouped_mm(
     n_out = n // 2 if activation == "swiglu" else n
     _check_out(out, (num_rows, n_out), x)
     if not use_triton(x):
+        if row_index is not None:  # same drop rule and flag as the kernels (megamoe/ops/errors.py)
+            _record_row_index(x, row_index, expert_offsets)
         return _reference.nvfp4_grouped_mm(
             x, weight, expert_offsets, mode=mode, out=out, row_index=row_index,
             activation=activation, swiglu_limit=swiglu_limit,

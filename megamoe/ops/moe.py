@@ -213,6 +213,12 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
     "triton" (``megamoe/kernels/moe_dispatch.py``: one single-program launch,
     meant for decode-sized batches; int32 ids; identical outputs). "triton" on
     a CPU tensor without ``TRITON_INTERPRET=1`` falls back to "torch".
+
+    An id outside ``[0, E)`` drops its pair on both backends: the pair is grouped
+    as a pseudo-expert E after every real expert (``sorted_expert`` = E), i.e. into
+    the padding rows past ``expert_offsets[E-1]`` that the grouped GEMM writes as
+    zeros, so the combine adds ``w * 0``; the ``("dispatch", "topk_ids")`` bit of
+    the device's error word is set (``megamoe/ops/errors.py``).
     """
     _check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), 2)
     if backend not in ("torch", "triton"):
@@ -224,6 +230,11 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
     flat = topk_ids.reshape(-1)
     if backend == "triton" and use_triton(topk_ids) and pairs > 0:
         return _dispatch_triton(flat, top_k, num_experts, pairs, b)
+    from . import errors
+
+    invalid = (flat < 0) | (flat >= num_experts)
+    errors.record(errors.error_word(device), errors.flag("dispatch", "topk_ids"), invalid)
+    flat = torch.where(invalid, num_experts, flat)  # dropped pairs: pseudo-expert E, sorted last
     if "sorted_expert" in b:
         sorted_expert, perm = b["sorted_expert"][:pairs], b["perm"][:pairs]
         torch.sort(flat, stable=True, out=(sorted_expert, perm))
@@ -280,7 +291,10 @@ def combine(
     int32, sorted row of pair ``t*k + j``. topk_weights: (T, k) fp32.
     shared: None or (T, H) bf16. out: optional (T, H) bf16 buffer.
     Returns (T, H) bf16: ``shared[t] + sum_j w[t, j] * expert_out[inv_perm[t*k+j]]``
-    in float32 (shared first, then j ascending), rounded once.
+    in float32 (shared first, then j ascending), rounded once. A pair whose
+    ``inv_perm`` lies outside ``[0, R)`` is dropped (adds ``0 * 0``) and sets the
+    ``("combine", "inv_perm")`` bit of the device's error word
+    (``megamoe/ops/errors.py``); both backends follow this rule.
     """
     _check_tensor(expert_out, "expert_out", (torch.bfloat16,), 2)
     _check_tensor(topk_weights, "topk_weights", (torch.float32,), 2)
@@ -313,9 +327,19 @@ def combine(
             expert_out, inv_perm.contiguous(), topk_weights.contiguous(), shared, out,
             interpreter=interpreter_enabled() and not expert_out.is_cuda,
         )
+    from . import errors
+
+    idx = inv_perm.long()
+    ok = (idx >= 0) & (idx < expert_out.shape[0])
+    errors.record(errors.error_word(expert_out.device), errors.flag("combine", "inv_perm"), ~ok)
     acc = shared.float() if shared is not None else torch.zeros((num_tokens, hidden), device=expert_out.device)
-    gathered = expert_out.index_select(0, inv_perm.long()).float().view(num_tokens, top_k, hidden)
+    if expert_out.shape[0]:
+        gathered = expert_out.index_select(0, torch.where(ok, idx, 0)).float()
+    else:
+        gathered = torch.zeros((idx.shape[0], hidden), device=expert_out.device)
+    gathered = torch.where(ok[:, None], gathered, 0.0).view(num_tokens, top_k, hidden)
+    weights = torch.where(ok.view(num_tokens, top_k), topk_weights, 0.0)  # a dropped pair adds 0 * 0
     for j in range(top_k):
-        acc = acc + topk_weights[:, j : j + 1] * gathered[:, j]
+        acc = acc + weights[:, j : j + 1] * gathered[:, j]
     out.copy_(acc)
     return out

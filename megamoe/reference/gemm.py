@@ -129,13 +129,18 @@ def nvfp4_grouped_mm(
     x: (T, K) bf16, or (S, K) with ``row_index`` (T,) int32 (row t reads
     ``x[row_index[t]]``).  weight: NVFP4Tensor (E, N, K).  expert_offsets: (E,)
     int32 cumulative row ends.  Returns (T, N) bf16, or (T, N//2) with
-    ``activation="swiglu"``; rows >= expert_offsets[-1] are zero.
+    ``activation="swiglu"``; rows >= expert_offsets[-1] are zero. A
+    ``row_index`` value outside ``[0, S)`` reads zero activations (the row is
+    dropped, as in the kernels).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
     xa = activations_for_mode(x, mode)
     if row_index is not None:
-        xa = xa[row_index.long()]
+        idx = row_index.long()
+        ok = (idx >= 0) & (idx < xa.shape[0])
+        xa = torch.where(ok[:, None], xa[torch.where(ok, idx, 0)] if xa.shape[0] else
+                         xa.new_zeros((idx.shape[0], xa.shape[1])), 0)
     num_rows = xa.shape[0]
     num_experts, n = weight.shape[0], weight.shape[1]
     y = torch.zeros((num_rows, n), dtype=torch.float32, device=x.device)

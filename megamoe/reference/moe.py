@@ -232,6 +232,8 @@ def moe_forward(
     out = torch.zeros((num_tokens, w2.shape[1]), dtype=torch.float32, device=hidden_states.device)
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():
+        if not 0 <= e < w13.shape[0]:
+            continue  # an out-of-range id drops its pair (as the layer's dispatch does)
         token_idx, slot = torch.nonzero(ids == e, as_tuple=True)
         l2 = scales.get("l2")
         y = expert_ffn(
@@ -253,10 +255,14 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, to
     topk_ids: (T, k) int. Returns ``(expert_offsets (E,) int32 cumulative row
     ends, perm (T*k,) int64 pair index of each sorted row, row_index (T*k,)
     int32 token of each sorted row)``. Pairs of one expert keep token order.
+    An id outside ``[0, E)`` drops its pair: it sorts after every real expert
+    (as pseudo-expert E) and counts for no expert.
     """
     flat = topk_ids.reshape(-1).long()
+    flat = torch.where((flat < 0) | (flat >= num_experts), num_experts, flat)
     k = topk_ids.shape[1] if topk_ids.dim() == 2 else 1
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
     counts.index_add_(0, flat, torch.ones_like(flat))
+    counts = counts[:num_experts]
     perm = torch.argsort(flat, stable=True)
     return torch.cumsum(counts, 0).to(torch.int32), perm, (perm // k).to(torch.int32)

@@ -55,11 +55,12 @@ def main():
             OFFICIAL_KEY=official))
         report[f"flush_{'official' if official else 'per_entry_nvfp4'}"] = ptxas_usage(k)
     gather_types = dict(indices_ptr="*i32", slots_ptr="*i32", block_table_ptr="*i32", fp8_ptr="*u8",
-                        scale_ptr="*fp32", rope_ptr="*i16", out_ptr="*i16", K="i32", num_slots="i32",
+                        scale_ptr="*fp32", rope_ptr="*i16", out_ptr="*i16", err_ptr="*i32", K="i32", num_slots="i32",
                         max_lb="i32", num_pages="i32")
     for cols in (7, 1):
         k = compile_sm90(kvcache_gather._gather_entries_kernel, gather_types, dict(
-            EPB=64, NOPE=448, ROPE=64, SCALE_COLS=cols, NOPE_P2=512, ROPE_P2=64, BLOCK=kvcache_gather.BLOCK_K))
+            EPB=64, NOPE=448, ROPE=64, SCALE_COLS=cols, NOPE_P2=512, ROPE_P2=64, BLOCK=kvcache_gather.BLOCK_K,
+            FLAG_INDICES=8, FLAG_SLOTS=16, FLAG_TABLE=32))
         report[f"gather_cols{cols}"] = ptxas_usage(k)
     index_types = dict(q_ptr="*bf16", weights_ptr="*fp32", slots_ptr="*i32", n_entries_ptr="*i32",
                        block_table_ptr="*i32", key_data_ptr="*u8", key_scale_ptr="*u8", scores_ptr="*fp32",

@@ -1,0 +1,250 @@
+"""Device-side index guard (megamoe/ops/errors.py): out-of-range device indices are dropped by the same rule on
+the Triton path (interpreter on CPU, the GPU kernels on CUDA) and the torch path, and flagged in the device's
+error word, which check_errors() reports by op and argument and clears."""
+import pytest
+import torch
+
+from megamoe.ops import errors
+from megamoe.ops import gemm as gemm_ops
+from megamoe.ops import moe as moe_ops
+from gemm_helpers import offsets_of, random_weight  # tests/gemm_helpers.py (tests/ is on sys.path)
+
+
+def _both_backends(monkeypatch, fn):
+    """fn() on the Triton path (interpreter) and on the torch path, each with a fresh word: [(result, word)]."""
+    out = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TRITON_INTERPRET", flag)
+        errors.clear_errors("cpu")
+        result = fn()
+        out.append((result, errors.peek_errors("cpu")))
+    errors.clear_errors("cpu")
+    return out
+
+
+def test_error_word_cached_and_check_names_op_and_argument():
+    word = errors.error_word("cpu")
+    assert errors.error_word(torch.device("cpu")) is word and word.dtype == torch.int32 and word.shape == (1,)
+    errors.check_errors("cpu")  # clean: no raise
+    word |= errors.flag("combine", "inv_perm") | errors.flag("dispatch", "topk_ids")
+    with pytest.raises(errors.DeviceIndexError, match=r"combine: argument 'inv_perm'.*dispatch: argument 'topk_ids'") \
+            as info:
+        errors.check_errors("cpu")
+    assert info.value.flags == [("combine", "inv_perm"), ("dispatch", "topk_ids")]
+    assert int(word) == 0  # cleared by the check
+    errors.check_errors()
+    assert len(set(errors.FLAGS.values())) == len(errors.FLAGS)
+
+
+@pytest.mark.parametrize("bad", [100, -1, 2**31 - 1])
+def test_grouped_mm_row_index_out_of_range_dropped_and_flagged(monkeypatch, bad):
+    e, n, k, s = 3, 32, 64, 5
+    w = random_weight((e, n, k), "cpu")
+    x = torch.randn(s, k).to(torch.bfloat16)
+    counts = [2, 0, 3]
+    offsets = offsets_of(counts, "cpu")
+    row_index = torch.tensor([0, bad, 4, 1, 2, bad], dtype=torch.int32)  # last row is padding: not flagged
+    good = row_index.clone()
+    good[1] = 0
+
+    def run():
+        return gemm_ops.nvfp4_grouped_mm(x, w, offsets, row_index=row_index)
+
+    (a, wa), (b, wb) = _both_backends(monkeypatch, run)
+    assert torch.equal(a, b)
+    assert wa == wb == errors.flag("nvfp4_grouped_mm", "row_index")
+    assert bool((a[1] == 0).all()) and bool((a[5] == 0).all())  # dropped row: zero activations
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ref = gemm_ops.nvfp4_grouped_mm(x, w, offsets, row_index=good)
+    assert torch.equal(a[[0, 2, 3, 4]], ref[[0, 2, 3, 4]])
+    errors.clear_errors("cpu")
+
+
+def test_grouped_mm_padding_row_index_not_flagged(monkeypatch):
+    w = random_weight((2, 32, 64), "cpu")
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    row_index = torch.tensor([0, 2, -7, 99], dtype=torch.int32)  # rows 2, 3 are padding (offsets[-1] = 2)
+    for out, word in _both_backends(monkeypatch, lambda: gemm_ops.nvfp4_grouped_mm(
+            x, w, offsets_of([1, 1], "cpu"), row_index=row_index)):
+        assert word == 0 and bool((out[2:] == 0).all())
+
+
+@pytest.mark.parametrize("bad", [100, -1])
+def test_gemv_launcher_row_index_guard(bad):
+    """The CUDA-core decode kernel under the interpreter: same drop rule and flag."""
+    from megamoe.kernels.nvfp4_gemv import launch_nvfp4_gemv
+
+    w = random_weight((2, 32, 64), "cpu")
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    offsets = offsets_of([2, 1], "cpu")
+    row_index = torch.tensor([3, bad, 0], dtype=torch.int32)
+    word = torch.zeros(1, dtype=torch.int32)
+    out = torch.full((3, 32), 9.0, dtype=torch.bfloat16)
+    launch_nvfp4_gemv(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets, row_index=row_index,
+                      interpreter=True, error_word=word)
+    assert int(word) == errors.flag("nvfp4_grouped_mm", "row_index")
+    ref = torch.ops.aten.clone(out)
+    from megamoe.reference.gemm import nvfp4_grouped_mm as ref_mm
+    ref = ref_mm(x, w, offsets, row_index=row_index)
+    assert bool((out[1] == 0).all())
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("bad", [6, -1, -(2**31)])
+def test_combine_inv_perm_out_of_range_dropped_and_flagged(monkeypatch, bad):
+    t, k, h, r = 3, 2, 80, 6
+    y = torch.randn(r, h).to(torch.bfloat16)
+    w = torch.rand(t, k)
+    w[1, 0] = float("nan")  # a dropped pair's NaN weight does not leak
+    inv = torch.tensor([0, 1, bad, 3, 4, 5], dtype=torch.int32)
+    shared = torch.randn(t, h).to(torch.bfloat16)
+    (a, wa), (b, wb) = _both_backends(monkeypatch, lambda: moe_ops.combine(y, inv, w, shared))
+    assert torch.equal(a, b) and torch.isfinite(a[1]).all()
+    assert wa == wb == errors.flag("combine", "inv_perm")
+    expect = (shared[1].float() + w[1, 1] * y[3].float()).to(torch.bfloat16)
+    assert torch.equal(a[1], expect)
+    errors.clear_errors("cpu")
+
+
+@pytest.mark.parametrize("bad", [4, -1, 1000])
+def test_dispatch_invalid_ids_dropped_to_padding(monkeypatch, bad):
+    e = 4
+    ids = torch.tensor([[1, bad], [0, 1], [bad, 3]], dtype=torch.int32)
+    results = []
+    for backend in ("triton", "torch"):
+        errors.clear_errors("cpu")
+        d = moe_ops.dispatch(ids, e, backend=backend)
+        results.append((d, errors.peek_errors("cpu")))
+    (a, wa), (b, wb) = results
+    for key in ("expert_offsets", "sorted_expert", "row_index", "inv_perm"):
+        assert torch.equal(a[key], b[key]), key
+    assert wa == wb == errors.flag("dispatch", "topk_ids")
+    assert a["expert_offsets"].tolist() == [1, 3, 3, 4]
+    assert a["sorted_expert"][4:].tolist() == [e, e]  # the dropped pairs, after every real expert
+    assert sorted(a["inv_perm"][[1, 4]].tolist()) == [4, 5]
+    errors.clear_errors("cpu")
+
+
+def test_dispatch_valid_ids_do_not_flag():
+    ids = torch.randint(0, 8, (5, 3), dtype=torch.int32)
+    for backend in ("triton", "torch"):
+        moe_ops.dispatch(ids, 8, backend=backend)
+        assert errors.peek_errors("cpu") == 0
+
+
+def test_gather_entries_flags(monkeypatch):
+    import importlib.util, pathlib
+    spec = importlib.util.spec_from_file_location("_kv_rel", pathlib.Path(__file__).parents[1] / "kvcache" / "test_kvcache_reliability.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _cache = mod._cache
+    from megamoe.kvcache import ops as kv_ops
+
+    cache = _cache()
+    cache.join(0)
+    cache.prepare_forward([0], [0], [16])
+    table = cache.block_table.clone()
+    cases = [  # (slots, indices, table edit, expected flags)
+        ([0, -1], [[0, -1], [-1, -1]], None, 0),  # -1 markers are not errors
+        ([0, 5], [[0, 1], [0, 1]], None, errors.flag("gather_entries", "slots")),
+        ([0, -2], [[0, 1], [0, 1]], None, errors.flag("gather_entries", "slots")),
+        ([0, 0], [[0, -3], [10 ** 6, 1]], None, errors.flag("gather_entries", "indices")),
+        ([1, 0], [[0, 1], [0, 1]], (1, 0, 10 ** 6), errors.flag("gather_entries", "block_table")),
+    ]
+    for slots, indices, edit, expected in cases:
+        tab = table.clone()
+        if edit is not None:
+            tab[edit[0], edit[1]] = edit[2]
+        s = torch.tensor(slots, dtype=torch.int32)
+        i = torch.tensor(indices, dtype=torch.int32)
+        (a, wa), (b, wb) = _both_backends(monkeypatch, lambda: kv_ops.gather_entries(cache.pool, tab, s, i))
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+        assert wa == wb == expected, (slots, indices, edit, wa, wb)
+
+
+def test_layer_eager_forward_raises_on_flag():
+    from megamoe.layers.moe import Nvfp4MoE
+    from megamoe.models.config import MoEConfig
+
+    cfg = MoEConfig(hidden_size=64, intermediate_size=32, num_experts=4, top_k=2, shared_intermediate_size=32)
+    layer = Nvfp4MoE.random(cfg, seed=0, max_num_tokens=4)
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    layer.forward(x)  # clean
+    errors.error_word("cpu").fill_(errors.flag("combine", "inv_perm"))  # as if a kernel had dropped a pair
+    with pytest.raises(errors.DeviceIndexError, match="inv_perm"):
+        layer.forward(x)
+    prev = errors.set_eager_checks(False)
+    try:
+        errors.error_word("cpu").fill_(errors.flag("combine", "inv_perm"))
+        layer.forward(x)  # checks off: no raise
+    finally:
+        errors.set_eager_checks(prev)
+        errors.clear_errors("cpu")
+
+
+@pytest.mark.cuda
+def test_cuda_guard_graph_replay_equals_eager_and_no_sync():
+    """On the GPU: invalid row_index / inv_perm / ids are dropped by every kernel without a host sync, the word is
+    set inside a graph replay too, and check_errors() reports it between replays."""
+    dev = torch.device("cuda")
+    word = errors.error_word(dev)
+    e, n, k = 8, 256, 512
+    w = random_weight((e, n, k), dev)
+    x = torch.randn(16, k, device=dev).to(torch.bfloat16)
+    offsets = offsets_of([2, 0, 3, 1, 0, 4, 2, 2], dev)
+    row_index = torch.randint(0, 16, (16,), dtype=torch.int32, device=dev)
+    row_index[3], row_index[7] = 100, -1
+    ids = torch.randint(0, e, (4, 2), dtype=torch.int32, device=dev)
+    ids[1, 1] = e
+    errors.clear_errors(dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = gemm_ops.nvfp4_grouped_mm(x, w, offsets, row_index=row_index)
+        d = moe_ops.dispatch(ids, e, backend="triton")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert errors.peek_errors(dev) == errors.flag("nvfp4_grouped_mm", "row_index") | errors.flag("dispatch",
+                                                                                                   "topk_ids")
+    assert bool((eager[3] == 0).all()) and bool((eager[7] == 0).all())
+    errors.clear_errors(dev)
+    out = torch.empty_like(eager)
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gemm_ops.nvfp4_grouped_mm(x, w, offsets, row_index=row_index, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    errors.clear_errors(dev)
+    with torch.cuda.graph(graph):
+        gemm_ops.nvfp4_grouped_mm(x, w, offsets, row_index=row_index, out=out)
+    graph.replay()
+    assert torch.equal(out, eager)
+    with pytest.raises(errors.DeviceIndexError, match="row_index"):
+        errors.check_errors(dev)
+    assert int(word) == 0
+    ref = gemm_ops.nvfp4_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu(), row_index=row_index.cpu())
+    torch.testing.assert_close(out.cpu().float(), ref.float(), rtol=2e-2, atol=2e-2)
+    errors.clear_errors("cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 8, 64, 200])
+def test_cuda_grouped_mm_all_routes_guard(tokens):
+    """Every decode route (mma / wgmma / gemv / tensor-core, chosen by shape) drops and flags a bad row_index."""
+    dev = torch.device("cuda")
+    e, n, k = 16, 512, 1024
+    w = random_weight((e, n, k), dev)
+    x = torch.randn(tokens, k, device=dev).to(torch.bfloat16)
+    pairs = tokens * 4
+    counts = torch.bincount(torch.randint(0, e, (pairs,)), minlength=e).tolist()
+    offsets = offsets_of(counts, dev)
+    row_index = torch.randint(0, tokens, (pairs,), dtype=torch.int32, device=dev)
+    row_index[0] = tokens + 5
+    errors.clear_errors(dev)
+    out = gemm_ops.nvfp4_grouped_mm(x, w, offsets, row_index=row_index)
+    assert errors.peek_errors(dev) == errors.flag("nvfp4_grouped_mm", "row_index")
+    ref = gemm_ops.nvfp4_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu(), row_index=row_index.cpu())
+    torch.testing.assert_close(out.cpu().float(), ref.float(), rtol=2e-2, atol=2e-2)
+    errors.clear_errors(dev)
+    errors.clear_errors("cpu")

@@ -38,16 +38,17 @@ def _entry(rank: int, world: int, port: int, fn, kwargs: dict, outdir: str, inte
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    backend = kwargs.pop("backend", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S * (6 if backend == "nccl" else 1)))
     try:
         result = fn(rank, world, **kwargs)
     except BaseException:
         with open(os.path.join(outdir, f"rank{rank}.err"), "w") as f:
             f.write(traceback.format_exc())
         raise
-    finally:
-        pass
     torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -207,3 +208,38 @@ def loading_and_validation(rank: int, world: int, *, path: str, seed: int) -> di
     for what in ("top_k", "mode", "divisible", "local_error", "weights"):
         out[what] = config_mismatch(rank, world, what=what)
     return out
+
+
+def cuda_checks(rank: int, world: int, *, preset: str, tokens: int, seed: int) -> dict:
+    """NCCL: EP vs one-GPU Nvfp4MoE (same weights), capacity graph replay == eager, no syncs in capacity mode."""
+    from megamoe.distributed import ExpertParallelMoE
+    from megamoe.layers import Nvfp4MoE
+    from megamoe.models.config import PRESETS
+
+    c, dev = PRESETS[preset], torch.device("cuda", rank)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    x_all = torch.randn(world * tokens, c.hidden_size, generator=gen, device=dev).to(torch.bfloat16)
+    x = x_all[rank * tokens:(rank + 1) * tokens].contiguous()
+    ep = ExpertParallelMoE.random(c, seed=seed, max_num_tokens=tokens, device=dev)
+    exact = ep.forward(x).clone()
+    cap = ep.forward(x, capacity=True).clone()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ep.forward(x, capacity=True)
+        synced = False
+    except RuntimeError:
+        synced = True
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    replay = ep.capture(tokens)
+    graph = replay(x).clone()
+    single = Nvfp4MoE.random(c, seed=seed, max_num_tokens=world * tokens, device=dev)
+    single.fuse_shared_max_tokens = ep.fuse_shared_max_tokens
+    want = single.forward(x_all)[rank * tokens:(rank + 1) * tokens].float()
+    rel = ((exact.float() - want).norm() / want.norm()).item()
+    ref = single.reference_forward(x_all)[rank * tokens:(rank + 1) * tokens]
+    rel_ref = ((exact.float() - ref).norm() / ref.norm()).item()
+    return {"capacity_vs_exact": torch.equal(cap, exact), "graph_vs_eager": torch.equal(graph, cap),
+            "synced": synced, "rel_vs_single_gpu": rel, "bit_equal_single_gpu": torch.equal(exact.float(), want),
+            "rel_vs_reference": rel_ref}

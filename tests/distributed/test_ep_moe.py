@@ -82,3 +82,18 @@ def test_expert_range_and_slicing(monkeypatch):
     part = slice_experts(layer.w13, 2, 4)
     assert part.shape == (2,) + tuple(layer.w13.shape[1:])
     assert torch.equal(part.data, layer.w13.data[2:4]) and torch.equal(part.global_scale, layer.w13.global_scale[2:4])
+
+
+@pytest.mark.slow
+def test_torchrun_run_ep_cli(tmp_path):
+    """`torchrun --nproc-per-node 2 -m megamoe run --ep` on CPU (gloo, 127.0.0.1): exits 0, bit-exact check."""
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="0", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
+           "--master-addr", "127.0.0.1", "--master-port", str(workers.free_port()),
+           "-m", "megamoe", "run", "--ep", "--tokens", "4", "--iters", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env,
+                          cwd=str(Path(__file__).resolve().parents[2]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "== single-process (bit for bit): True" in proc.stdout and "ok" in proc.stdout

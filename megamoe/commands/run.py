@@ -25,6 +25,10 @@ def register(subparsers) -> None:
     p.add_argument("--calibrate", action="store_true", help="w4a4: static activation scales from the batch")
     p.add_argument("--iters", type=int, default=None, help="timing iterations on CPU (default 3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ep", action="store_true",
+                   help="expert parallelism over the ranks of 'torchrun --nproc-per-node N -m megamoe run --ep' "
+                        "(NCCL on GPUs, gloo on CPU); --tokens is per rank")
+    p.add_argument("--no-check", action="store_true", help="--ep: skip the single-process comparison")
     p.set_defaults(func=main)
 
 
@@ -40,6 +44,10 @@ def _layer_flops_and_bytes(layer, x, topk_ids) -> tuple[float, float, int]:
 
 
 def main(args) -> int:
+    if getattr(args, "ep", False):
+        from ..distributed.launch import main_ep
+
+        return main_ep(args)
     from ..layers.moe import Nvfp4MoE
     from ..models.config import PRESETS
 

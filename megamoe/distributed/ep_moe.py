@@ -1,0 +1,558 @@
+"""Expert-parallel NVFP4 MoE block: the routed experts split over the ranks of a process group.
+
+Ownership: with world size W and E routed experts (E % W == 0), rank r owns experts
+``[r * E/W, (r + 1) * E/W)`` (contiguous ranges). The gate, the correction bias, the hash table and the shared
+expert are replicated on every rank.
+
+Pipeline of :meth:`ExpertParallelMoE.forward` on each rank's own T tokens:
+
+1. routing, locally, with the router of :class:`~megamoe.layers.moe.Nvfp4MoE` (``megamoe.ops.moe.route``:
+   score routing with correction bias / groups, or hash routing from ``tid2eid`` and the token ids);
+2. local dispatch (``megamoe.ops.moe.dispatch``): the T*k (token, slot) pairs sorted stably by expert, which
+   sorts them by destination rank too (contiguous ownership);
+3. counts first: ``all_to_all_single`` of the (E,) per-expert pair counts -> ``C`` (W, E/W), the rows source
+   rank s sends for each local expert l;
+4. rows: ``all_to_all_single`` of the gathered bf16 token rows (``x[row_index]``; w4a4 with static scales:
+   the already quantized rows) into the receive buffer, ordered by source rank, then local expert, then the
+   sender's token order;
+5. local grouped GEMMs with the existing ops: ``nvfp4_grouped_mm(recv, w13, offsets, row_index=..., swiglu)``
+   then ``nvfp4_grouped_mm(inter, w2, offsets)``; ``row_index`` reorders the received rows *expert-major*
+   (expert l: source 0's rows, then source 1's, ...), so each expert's segment holds exactly the rows, in the
+   same order, that the single-process layer's segment holds for the concatenated batch (rank 0's tokens,
+   then rank 1's, ...);
+6. the expert outputs are gathered back to source order and returned with a second ``all_to_all_single``;
+7. combine with ``megamoe.ops.moe.combine``: the same kernel, slot order and float32 accumulation as
+   ``Nvfp4MoE``: shared expert first then slots 0..k-1; or, where ``Nvfp4MoE`` fuses the shared expert
+   (T <= ``fuse_shared_max_tokens``), slots 0..k-1 then the shared expert as slot k with weight 1.0. The
+   shared expert runs locally (:class:`~megamoe.layers.moe.Nvfp4SharedExpert`) on the rank's own tokens.
+
+Every row-wise result is therefore the single-process result: bit for bit on the CPU reference path (where
+the rows of each matmul are the same rows), see ``tests/distributed/``.
+
+Two exchange modes, chosen per call (``capacity=``), the same on every rank for one step:
+
+* **exact** (default; prefill, outside CUDA graphs): after the counts exchange the host reads the W send and
+  W receive totals (one device->host copy) and the row all-to-alls use exact split sizes; the buffers are
+  prefixes of the preallocated ones when they fit, else exact-size allocations.
+* **capacity** (decode, CUDA-graph capturable, no host reads): every rank pair exchanges a fixed
+  ``cap = capacity_tokens * top_k`` rows (the worst case: all of a rank's pairs to one peer); counts are
+  exchanged on the device; the sender scatters its rows into its peer slots, padding rows are never part of
+  an expert segment (the grouped GEMMs write them as zeros) and the combine reads only valid rows.
+
+Memory of the capacity mode, per rank, with R = W * capacity_tokens * top_k rows, bf16:
+send R*H, receive R*H, intermediate R*I (+ R*I for static w4a4), expert output R*H, return send R*H and
+return receive (R + max_num_tokens)*H, i.e. about ``2 * R * (5*H + I)`` bytes (+ ``2*R*I`` for w4a4 static
+scales), plus int64 indices of 4*R. Example: V4-Flash (H=4096, I=2048, k=6), W=8, capacity_tokens=64:
+R = 3072 rows -> 2 * 3072 * (20480 + 2048) = 138 MB per MoE layer's buffers (they can be shared between
+layers by the model: they are workspace, not state). The exact mode reuses these buffers when the step fits
+and allocates ``(received pairs) * (3*H + I) * 2`` bytes otherwise.
+
+Process groups: NCCL for CUDA layers, gloo for CPU layers (checked); the layer's constructor and
+:meth:`load_weights` are collectives that check the settings (and the replicated weights' checksums) are
+the same on every rank and raise the same ``ValueError`` on every rank otherwise.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from ..format.tensor import NVFP4Tensor
+from ..layers import moe as moe_layer
+from ..layers.moe import (DISPATCH_KERNEL_MAX_PAIRS, FUSE_SHARED_MAX_TOKENS, MODES, Nvfp4SharedExpert,
+                          _check_hidden, _check_nvfp4, _quant_roundtrip)
+from ..models.config import MoEConfig
+from ..ops import gemm as gemm_ops
+from ..ops import moe as moe_ops
+from ..ops._dispatch import resolve_device
+from .comm import check_backend, check_same_across_ranks, tensor_checksum
+
+
+def expert_range(num_experts: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The contiguous routed-expert range ``[start, stop)`` owned by ``rank`` (E % world_size must be 0)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank/world_size: expected 0 <= rank < world_size, got {rank}/{world_size}")
+    if num_experts % world_size:
+        raise ValueError(f"num_experts={num_experts} is not divisible by the world size {world_size}: expert "
+                         "parallelism gives every rank the same number of experts")
+    per = num_experts // world_size
+    return rank * per, (rank + 1) * per
+
+
+def slice_experts(weight: NVFP4Tensor, start: int, stop: int) -> NVFP4Tensor:
+    """Experts ``[start, stop)`` of a stacked (E, N, K) NVFP4Tensor (global scale 0-d, (E,1,1) or (E,N,1))."""
+    gs = weight.global_scale
+    if gs.dim() == 3 and gs.shape[0] != 1:
+        gs = gs[start:stop]
+    return NVFP4Tensor(weight.data[start:stop].contiguous(), weight.block_scale[start:stop].contiguous(),
+                       gs.contiguous(), (stop - start,) + tuple(weight.shape[1:]))
+
+
+def _excl_cumsum(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return torch.cumsum(t, dim) - t
+
+
+class ExpertParallelMoE:
+    """DeepSeek-V4-style MoE block with its routed experts spread over a process group (see module docstring).
+
+    config: :class:`~megamoe.models.MoEConfig` (same on every rank). max_num_tokens: the most tokens one rank
+    passes to a forward. group: the process group (default: the world). capacity_tokens: the most tokens per
+    rank in capacity (CUDA-graph) mode (default ``max_num_tokens``); sizes the preallocated exchange buffers.
+    mode / fuse_shared_expert / fuse_shared_max_tokens / dispatch_backend / router_backend: as
+    :class:`~megamoe.layers.moe.Nvfp4MoE` (the fuse settings choose the combine order that matches it; the
+    shared expert itself always runs on the rank's own tokens).
+
+    Attributes: ``rank``, ``world_size``, ``expert_start``, ``expert_stop``, ``num_local_experts``.
+    The constructor is a collective over ``group``.
+    """
+
+    def __init__(self, config: MoEConfig, *, max_num_tokens: int, group=None, device="cpu", mode: str = "w4a16",
+                 capacity_tokens: int | None = None, fuse_shared_expert: bool = True,
+                 fuse_shared_max_tokens: int | None = None, dispatch_backend: str = "auto",
+                 router_backend: str = "triton"):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("ExpertParallelMoE: torch.distributed is not initialised (init_process_group, or "
+                               "megamoe.distributed.init_from_env under torchrun)")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank, self.world_size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        error = None
+        try:
+            if not isinstance(config, MoEConfig):
+                raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
+            if mode not in MODES:
+                raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+            if not isinstance(max_num_tokens, int) or max_num_tokens < 1:
+                raise ValueError(f"max_num_tokens: expected a positive int, got {max_num_tokens!r}")
+            capacity_tokens = max_num_tokens if capacity_tokens is None else capacity_tokens
+            if not isinstance(capacity_tokens, int) or not 1 <= capacity_tokens <= max_num_tokens:
+                raise ValueError(f"capacity_tokens: expected an int in 1..max_num_tokens={max_num_tokens}, got "
+                                 f"{capacity_tokens!r}")
+            if dispatch_backend not in ("auto", "torch", "triton"):
+                raise ValueError(f"dispatch_backend: expected 'auto', 'torch' or 'triton', got {dispatch_backend!r}")
+            if router_backend not in ("torch", "triton"):
+                raise ValueError(f"router_backend: expected 'torch' or 'triton', got {router_backend!r}")
+            self.device = resolve_device(device)
+            check_backend(self.group, self.device)
+        except (TypeError, ValueError, RuntimeError) as e:
+            error = f"{type(e).__name__}: {e}"
+        fields = {} if error else {
+            "config": dataclasses.asdict(config), "mode": mode, "max_num_tokens": max_num_tokens,
+            "capacity_tokens": capacity_tokens, "fuse_shared_expert": bool(fuse_shared_expert),
+            "fuse_shared_max_tokens": fuse_shared_max_tokens, "device_type": self.device.type,
+            "world_size": self.world_size,
+        }
+        check_same_across_ranks(self.group, "ExpertParallelMoE", fields, error)
+        c = config
+        self.expert_start, self.expert_stop = expert_range(c.num_experts, self.world_size, self.rank)
+        self.num_local_experts = self.expert_stop - self.expert_start
+        self.config, self.max_num_tokens, self.capacity_tokens, self.mode = config, max_num_tokens, capacity_tokens, mode
+        self.dispatch_backend, self.router_backend = dispatch_backend, router_backend
+        self.fused_shared = bool(fuse_shared_expert and c.shared_intermediate_size == c.intermediate_size)
+        self.fuse_shared_max_tokens = (FUSE_SHARED_MAX_TOKENS if fuse_shared_max_tokens is None
+                                       else fuse_shared_max_tokens)
+        dev, h, k, w, el = self.device, c.hidden_size, c.top_k, self.world_size, self.num_local_experts
+        pairs = max_num_tokens * k
+        self.capacity_rows = capacity_tokens * k  # rows per rank pair in capacity mode
+        rows = w * self.capacity_rows  # receive rows in capacity mode
+        self.gate_weight = self.correction_bias = self.tid2eid = None
+        self.w13 = self.w2 = None  # local experts, checkpoint order (E/W, 2I, H), (E/W, H, I)
+        self._w13_kernel = None
+        self.input_scales: dict | None = None  # static w4a4: {"l1": 0-d, "l2": (E/W,)} or None
+        self.shared = (
+            Nvfp4SharedExpert(h, c.shared_intermediate_size, max_num_tokens=max_num_tokens, device=dev,
+                              swiglu_limit=c.swiglu_limit, mode=mode)
+            if c.shared_intermediate_size else None
+        )
+        self._dispatch_buffers = {
+            "sorted_expert": torch.empty(pairs, dtype=torch.int32, device=dev),
+            "perm": torch.empty(pairs, dtype=torch.int64, device=dev),
+            "row_index": torch.empty(pairs, dtype=torch.int32, device=dev),
+            "inv_perm": torch.empty(pairs, dtype=torch.int32, device=dev),
+            "arange": torch.arange(pairs, dtype=torch.int32, device=dev),
+            "experts": torch.arange(c.num_experts, dtype=torch.int32, device=dev),
+            "expert_offsets": torch.empty(c.num_experts, dtype=torch.int32, device=dev),
+        }
+        self._route_weights = torch.empty((max_num_tokens, k), dtype=torch.float32, device=dev)
+        self._route_ids = torch.empty((max_num_tokens, k), dtype=torch.int32, device=dev)
+        # combine in Nvfp4MoE's fused order: slot k = the shared expert, weight 1.0, row R + t of the return buffer
+        self._weights_ext = torch.ones((max_num_tokens, k + 1), dtype=torch.float32, device=dev)
+        self._ids_ext = torch.zeros((max_num_tokens, k + 1), dtype=torch.int32, device=dev)
+        self._inv_perm_ext = torch.empty((max_num_tokens, k + 1), dtype=torch.int32, device=dev)
+        self._tokens = torch.arange(max_num_tokens, dtype=torch.int64, device=dev)
+        self._x_q = torch.empty((max_num_tokens, h), dtype=torch.bfloat16, device=dev)
+        # counts: (E,) sent per expert, (W * E/W,) received = C (W, E/W) row-major
+        self._send_counts = torch.empty(c.num_experts, dtype=torch.int32, device=dev)
+        self._recv_counts = torch.empty(c.num_experts, dtype=torch.int32, device=dev)
+        self._host_counts = torch.empty(2 * w, dtype=torch.int64, pin_memory=False)
+        # capacity-mode constants and exchange buffers (zeroed once: padding rows hold finite stale rows only)
+        self._peer_base = torch.arange(w, dtype=torch.int64, device=dev) * self.capacity_rows
+        self._rows = torch.arange(max(rows, pairs), dtype=torch.int64, device=dev)
+        self._send_x = torch.zeros((max(rows, pairs), h), dtype=torch.bfloat16, device=dev)
+        self._recv_x = torch.zeros((rows, h), dtype=torch.bfloat16, device=dev)
+        self._inter = torch.empty((rows, c.intermediate_size), dtype=torch.bfloat16, device=dev)
+        self._inter_q = torch.empty_like(self._inter) if mode == "w4a4" else None
+        self._y = torch.empty((rows, h), dtype=torch.bfloat16, device=dev)
+        self._y_back = torch.empty((rows, h), dtype=torch.bfloat16, device=dev)
+        self._ret = torch.zeros((max(rows, pairs) + max_num_tokens, h), dtype=torch.bfloat16, device=dev)
+        self._out = torch.empty((max_num_tokens, h), dtype=torch.bfloat16, device=dev)
+        self.last_routing = None  # (topk_weights, topk_ids) of the last forward: views of layer buffers
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, gate_weight, correction_bias, w13: NVFP4Tensor, w2: NVFP4Tensor,
+                     shared_w13: NVFP4Tensor | None = None, shared_w2: NVFP4Tensor | None = None, *,
+                     tid2eid: torch.Tensor | None = None) -> None:
+        """Install this rank's weights (a collective: checks the replicated ones agree on every rank).
+
+        gate_weight (E, H), correction_bias (E,) or None, tid2eid (vocab, k) or None, shared_w13 (2*Is, H),
+        shared_w2 (H, Is): replicated, as :meth:`Nvfp4MoE.load_weights`. w13 (E/W, 2I, H) rows [gate; up] and
+        w2 (E/W, H, I): only this rank's experts ``[expert_start, expert_stop)`` (see :func:`slice_experts`).
+        """
+        c, dev, el = self.config, self.device, self.num_local_experts
+        error = None
+        try:
+            gate, bias, table = _check_router_weights(c, dev, gate_weight, correction_bias, tid2eid)
+            _check_nvfp4(w13, "w13", (el, 2 * c.intermediate_size, c.hidden_size), dev)
+            _check_nvfp4(w2, "w2", (el, c.hidden_size, c.intermediate_size), dev)
+            if self.shared is not None and (shared_w13 is None or shared_w2 is None):
+                raise ValueError("shared_w13/shared_w2: the config has a shared expert; got None")
+        except (TypeError, ValueError) as e:
+            error = f"{type(e).__name__}: {e}"
+        fields = {} if error else {
+            "gate_weight": tensor_checksum(gate), "correction_bias": tensor_checksum(bias),
+            "tid2eid": tensor_checksum(table),
+            "shared": None if self.shared is None else (tensor_checksum(shared_w13.data),
+                                                        tensor_checksum(shared_w2.data)),
+        }
+        check_same_across_ranks(self.group, "ExpertParallelMoE.load_weights", fields, error)
+        self.gate_weight, self.correction_bias, self.tid2eid = gate, bias, table
+        self.w13, self.w2 = w13, w2
+        if self.shared is not None:
+            self.shared.load_weights(shared_w13, shared_w2)
+        self._w13_kernel = gemm_ops.interleave_gate_up(w13)
+        self._w2_kernel = w2
+
+    def set_input_scales(self, l1: torch.Tensor, l2: torch.Tensor, shared_l1=None, shared_l2=None) -> None:
+        """Static w4a4 scales: l1 0-d (all experts), l2 (E/W,) this rank's experts, shared ones 0-d.
+
+        As :meth:`Nvfp4MoE.set_input_scales`, including its fused-shared rule (one L1 scale = the max of both),
+        so the numerics match the single-process layer's. Local (not a collective).
+        """
+        el = self.num_local_experts
+        if not isinstance(l2, torch.Tensor) or tuple(l2.shape) != (el,):
+            raise ValueError(f"l2: expected this rank's ({el},) scales, got "
+                             f"{tuple(l2.shape) if isinstance(l2, torch.Tensor) else type(l2).__name__}")
+        if not isinstance(l1, torch.Tensor) or l1.dim() != 0 or not l1.is_floating_point():
+            raise ValueError(f"l1: expected a 0-d floating-point tensor, got {l1!r}")
+        for name, t in (("l1", l1), ("l2", l2), ("shared_l1", shared_l1), ("shared_l2", shared_l2)):
+            if t is not None and t.numel() and not bool(torch.isfinite(t).all() and (t > 0).all()):
+                raise ValueError(f"{name}: static input scales must be finite and > 0")
+        l1, l2 = l1.float().to(self.device), l2.float().to(self.device)
+        if self.shared is not None and shared_l1 is not None and shared_l2 is not None:
+            s_l1 = shared_l1.float().to(self.device).reshape(())
+            if self.fused_shared:
+                l1 = s_l1 = torch.maximum(l1, s_l1)
+            self.shared.input_scales = {"l1": s_l1, "l2": shared_l2.float().to(self.device).reshape(())}
+        elif self.fused_shared:
+            raise ValueError("shared_l1/shared_l2: the fused shared expert needs its static scales too")
+        self.input_scales = {"l1": l1, "l2": l2}
+
+    @classmethod
+    def random(cls, config: MoEConfig, *, seed: int = 0, hash_vocab: int | None = None, **kwargs):
+        """This rank's share of ``Nvfp4MoE.random(config, seed=seed, hash_vocab=hash_vocab)``: the same weights
+        (same per-tensor, per-expert generators), but only the local experts are drawn and quantized."""
+        layer = cls(config, **kwargs)
+        dev, c = layer.device, config
+        h, i, e, si = c.hidden_size, c.intermediate_size, c.num_experts, c.shared_intermediate_size
+
+        def gen(tag: int, index: int = 0) -> torch.Generator:
+            return torch.Generator(device=dev).manual_seed(moe_layer._sub_seed(seed, tag, index))
+
+        def randn(shape, scale, tag, index=0):
+            return (torch.randn(*shape, generator=gen(tag, index), device=dev) * scale).to(torch.bfloat16)
+
+        gate = randn((e, h), h ** -0.5, 1)
+        bias = None
+        if c.use_correction_bias and hash_vocab is None:
+            bias = torch.rand(e, generator=gen(2), device=dev) * 0.1
+        tid2eid = None
+        if hash_vocab is not None:
+            tid2eid = torch.rand(hash_vocab, e, generator=gen(3), device=dev).topk(c.top_k, dim=1).indices.int()
+        e0, el = layer.expert_start, layer.num_local_experts
+        w13 = moe_layer._random_experts(el, (2 * i, h), h ** -0.5, lambda j: gen(4, e0 + j), dev, None, "w13")
+        w2 = moe_layer._random_experts(el, (h, i), i ** -0.5, lambda j: gen(5, e0 + j), dev, None, "w2")
+        s13 = moe_layer.quantize_weight(randn((2 * si, h), h ** -0.5, 6)) if si else None
+        s2 = moe_layer.quantize_weight(randn((h, si), si ** -0.5, 7)) if si else None
+        layer.load_weights(gate, bias, w13, w2, s13, s2, tid2eid=tid2eid)
+        return layer
+
+    # ------------------------------------------------------------------ forward
+    @property
+    def hash_routed(self) -> bool:
+        return self.tid2eid is not None
+
+    def route(self, hidden_states: torch.Tensor, out=None, token_ids: torch.Tensor | None = None):
+        """(topk_weights (T, k) fp32, topk_ids (T, k) int32): the single-process router on this rank's tokens."""
+        c = self.config
+        if self.hash_routed and token_ids is None:
+            raise ValueError("token_ids: this layer is hash-routed (tid2eid loaded); pass the (T,) token ids")
+        return moe_ops.route(
+            hidden_states, self.gate_weight, self.correction_bias, top_k=c.top_k, scoring_func=c.scoring_func,
+            n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
+            routed_scaling_factor=c.routed_scaling_factor, backend=self.router_backend, out=out,
+            token_ids=token_ids if self.hash_routed else None, tid2eid=self.tid2eid,
+        )
+
+    def _token_ids(self, token_ids, num_tokens: int):
+        if token_ids is not None:
+            if not isinstance(token_ids, torch.Tensor) or token_ids.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"token_ids: expected an int32/int64 torch.Tensor, got "
+                                f"{getattr(token_ids, 'dtype', type(token_ids).__name__)}")
+            if tuple(token_ids.shape) != (num_tokens,) or token_ids.device != self.device:
+                raise ValueError(f"token_ids: expected shape ({num_tokens},) on {self.device}, got "
+                                 f"{tuple(token_ids.shape)} on {token_ids.device}")
+        if not self.hash_routed:
+            return None
+        if token_ids is None:
+            raise ValueError("token_ids: this layer is hash-routed (tid2eid loaded); pass the (T,) token ids")
+        return token_ids
+
+    def forward(self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None, *,
+                capacity: bool = False) -> torch.Tensor:
+        """(T, H) bf16 -> (T, H) bf16 (a view of the layer's output buffer) for this rank's T tokens.
+
+        A collective: every rank of the group calls it for the same step with the same ``capacity`` (its own
+        T may differ, 0 included). capacity=False: exact split sizes (reads 2W counts on the host; not
+        capturable). capacity=True: fixed ``capacity_tokens * top_k`` rows per rank pair, no host reads,
+        CUDA-graph capturable; needs T <= capacity_tokens. Both give identical outputs.
+        token_ids: (T,) int32/int64, required by a hash-routed layer.
+        """
+        if self._w13_kernel is None:
+            raise RuntimeError("ExpertParallelMoE: call load_weights() first")
+        c = self.config
+        _check_hidden(hidden_states, c.hidden_size, self.max_num_tokens, self.device)
+        t = hidden_states.shape[0]
+        token_ids = self._token_ids(token_ids, t)
+        if capacity and t > self.capacity_tokens:
+            raise ValueError(f"hidden_states: {t} tokens exceed capacity_tokens={self.capacity_tokens} (the "
+                             "capacity-mode exchange buffers); use capacity=False or a larger capacity_tokens")
+        k, w, el, e = c.top_k, self.world_size, self.num_local_experts, c.num_experts
+        shared_last = self.shared is not None and self.fused_shared and t <= self.fuse_shared_max_tokens
+        pairs = t * k
+        # 1. routing (local)
+        if t == 0:
+            topk_weights, topk_ids = self._route_weights[:0], self._route_ids[:0]
+        elif shared_last:
+            topk_weights, topk_ids = self.route(hidden_states, out=(self._weights_ext, self._ids_ext),
+                                                token_ids=token_ids)
+        else:
+            topk_weights, topk_ids = self.route(hidden_states, out=(self._route_weights, self._route_ids),
+                                                token_ids=token_ids)
+        self.last_routing = (topk_weights, topk_ids)
+        # 2. local dispatch: pairs sorted by expert = by destination rank
+        backend = self.dispatch_backend
+        if backend == "auto":
+            backend = "triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"
+        d = moe_ops.dispatch(topk_ids, e, buffers=self._dispatch_buffers, backend=backend)
+        offsets = d["expert_offsets"]
+        # 3. counts first (on the device)
+        send_counts = self._send_counts
+        send_counts[:1].copy_(offsets[:1])
+        torch.sub(offsets[1:], offsets[:-1], out=send_counts[1:])
+        dist.all_to_all_single(self._recv_counts, send_counts, group=self.group)
+        counts = self._recv_counts.view(w, el).long()  # C[s, l]: rows from source s for local expert l
+        send_per_peer = send_counts.view(w, el).long().sum(1)  # (W,)
+        recv_per_peer = counts.sum(1)  # (W,)
+        if capacity:
+            send_rows = recv_rows = w * self.capacity_rows
+            recv_base = self._peer_base
+            in_splits = out_splits = None
+        else:  # one host read of the 2W totals
+            self._host_counts.copy_(torch.cat((send_per_peer, recv_per_peer)))
+            host = self._host_counts.tolist()
+            in_splits, out_splits = host[:w], host[w:]
+            send_rows, recv_rows = pairs, sum(out_splits)
+            recv_base = _excl_cumsum(recv_per_peer)
+        # 4. rows: token rows gathered in sorted-pair order into the send layout
+        x = hidden_states
+        static = self.mode == "w4a4" and self.input_scales is not None
+        gemm_mode = "w4a16" if static else self.mode
+        if static and t:
+            x = _quant_roundtrip(hidden_states, self.input_scales["l1"], self._x_q[:t])
+        send_x = self._buffer(self._send_x, send_rows, c.hidden_size)
+        if pairs:
+            gathered = x.index_select(0, d["row_index"])
+            if capacity:  # sorted pair p -> slot peer*cap + (p - first pair of that peer)
+                sorted_peer = d["sorted_expert"].long() // el
+                slot = (sorted_peer * self.capacity_rows + self._arange(pairs)
+                        - send_base_of(send_per_peer, sorted_peer))
+                send_x.index_copy_(0, slot, gathered)
+            else:
+                send_x.copy_(gathered)
+        recv_x = self._buffer(self._recv_x, recv_rows, c.hidden_size)
+        dist.all_to_all_single(recv_x, send_x, out_splits, in_splits, group=self.group)
+        # 5. local experts: expert-major row order (expert l: source 0's rows, source 1's, ...)
+        row_index, back_index, local_offsets, row_expert = self._local_order(counts, recv_base, recv_rows)
+        y_back = self._buffer(self._y_back, recv_rows, c.hidden_size)
+        if recv_rows:
+            inter = gemm_ops.nvfp4_grouped_mm(
+                recv_x, self._w13_kernel, local_offsets, mode=gemm_mode,
+                out=self._buffer(self._inter, recv_rows, c.intermediate_size), row_index=row_index,
+                activation="swiglu", swiglu_limit=c.swiglu_limit,
+            )
+            if static:
+                row_scale = self.input_scales["l2"].index_select(0, row_expert).unsqueeze(1)
+                inter = _quant_roundtrip(inter, row_scale,
+                                         self._buffer(self._inter_q, recv_rows, c.intermediate_size))
+            y = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, local_offsets, mode=gemm_mode,
+                                          out=self._buffer(self._y, recv_rows, c.hidden_size))
+            # 6. back to source order, second all-to-all
+            torch.index_select(y, 0, back_index, out=y_back)
+        ret = self._buffer(self._ret, send_rows + t, c.hidden_size)
+        dist.all_to_all_single(ret[:send_rows], y_back, in_splits, out_splits, group=self.group)
+        out = self._out[:t]
+        if t == 0:
+            return out
+        # 7. combine in the single-process layer's order
+        inv_perm = d["inv_perm"]
+        if capacity:  # sorted row p came back at slot peer(p)*cap + p - first pair of that peer
+            inv_perm = self._capacity_rows_of(inv_perm, d["sorted_expert"], send_per_peer)
+        if shared_last:
+            self.shared.forward(hidden_states, out=ret[send_rows:send_rows + t])
+            ext = self._inv_perm_ext[:t]
+            ext[:, :k].copy_(inv_perm.view(t, k))
+            torch.add(self._tokens[:t], send_rows, out=ext[:, k])
+            return moe_ops.combine(ret, ext.view(-1), self._weights_ext[:t], None, out=out)
+        shared = self.shared.forward(hidden_states) if self.shared is not None else None
+        return moe_ops.combine(ret, inv_perm, topk_weights, shared, out=out)
+
+    __call__ = forward
+
+    def _arange(self, n: int) -> torch.Tensor:
+        return self._rows[:n] if n <= self._rows.shape[0] else torch.arange(n, dtype=torch.int64, device=self.device)
+
+    @staticmethod
+    def _buffer(buf: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+        """The first ``rows`` rows of a preallocated buffer, or an exact-size one when it does not fit."""
+        if rows <= buf.shape[0]:
+            return buf[:rows]
+        return torch.empty((rows, width), dtype=buf.dtype, device=buf.device)
+
+    def _capacity_rows_of(self, inv_perm: torch.Tensor, sorted_expert: torch.Tensor,
+                          send_per_peer: torch.Tensor) -> torch.Tensor:
+        p = inv_perm.long()
+        peer = sorted_expert.long().index_select(0, p) // self.num_local_experts
+        return (peer * self.capacity_rows + p - send_base_of(send_per_peer, peer)).to(torch.int32)
+
+    def _local_order(self, counts: torch.Tensor, recv_base: torch.Tensor, rows: int):
+        """Expert-major order of the received rows (device ops only, sizes from ``rows``).
+
+        counts: C (W, E/W) int64. recv_base: (W,) first receive row of each source. Returns
+        ``row_index`` (rows,) int32: receive row of expert-major position q (0 for padding);
+        ``back_index`` (rows,) int64: expert-major position of receive row r (0 for padding);
+        ``local_offsets`` (E/W,) int32 cumulative row ends; ``row_expert`` (rows,) int64 local expert of
+        position q (0 for padding).
+        """
+        w, el = counts.shape
+        src_start = (recv_base.unsqueeze(1) + _excl_cumsum(counts, 1)).reshape(-1)  # block (s, l) -> recv row
+        src_end = src_start + counts.reshape(-1)
+        em_counts = counts.t().reshape(-1)  # blocks in (l, s) order
+        em_end = torch.cumsum(em_counts, 0)
+        em_start = em_end - em_counts
+        local_offsets = torch.cumsum(counts.sum(0), 0).to(torch.int32)
+        total = em_end[-1:]
+        q = self._arange(rows)
+        nblocks = w * el
+        b = torch.searchsorted(em_end, q, right=True).clamp_(max=nblocks - 1)  # block (l, s) of position q
+        row_expert = torch.div(b, w, rounding_mode="floor")
+        src_block = (b % w) * el + row_expert
+        valid_q = q < total
+        row_index = torch.where(valid_q, src_start.index_select(0, src_block) + q - em_start.index_select(0, b),
+                                torch.zeros_like(q)).to(torch.int32)
+        row_expert = torch.where(valid_q, row_expert, torch.zeros_like(row_expert))
+        r = q
+        b2 = torch.searchsorted(src_end, r, right=True).clamp_(max=nblocks - 1)  # block (s, l) of receive row r
+        start2 = src_start.index_select(0, b2)
+        valid_r = (r >= start2) & (r < src_end.index_select(0, b2))
+        em_block = (b2 % el) * w + torch.div(b2, el, rounding_mode="floor")
+        back_index = torch.where(valid_r, em_start.index_select(0, em_block) + r - start2, torch.zeros_like(r))
+        return row_index, back_index, local_offsets, row_expert
+
+    # ------------------------------------------------------------ CUDA graphs
+    def capture(self, num_tokens: int, *, warmup: int = 2):
+        """Capture a capacity-mode forward for ``num_tokens`` tokens into a CUDA graph (NCCL all-to-alls
+        inside). A collective: every rank captures (and later replays) together. Returns
+        ``run(hidden_states, token_ids=None) -> out`` as :meth:`Nvfp4MoE.capture`."""
+        if self.device.type != "cuda":
+            raise RuntimeError("capture: CUDA graphs need a CUDA layer")
+        if not 1 <= num_tokens <= self.capacity_tokens:
+            raise ValueError(f"num_tokens: expected 1..{self.capacity_tokens} (capacity_tokens), got {num_tokens}")
+        static_in = torch.zeros((num_tokens, self.config.hidden_size), dtype=torch.bfloat16, device=self.device)
+        static_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device) if self.hash_routed else None
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                self.forward(static_in, static_ids, capacity=True)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = self.forward(static_in, static_ids, capacity=True)
+
+        def run(hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+            if tuple(hidden_states.shape) != tuple(static_in.shape):
+                raise ValueError(f"hidden_states: the graph was captured for shape {tuple(static_in.shape)}, "
+                                 f"got {tuple(hidden_states.shape)}")
+            if static_ids is not None:
+                if not isinstance(token_ids, torch.Tensor) or tuple(token_ids.shape) != (num_tokens,):
+                    raise ValueError(f"token_ids: the hash-routed graph needs ({num_tokens},) token ids")
+                static_ids.copy_(token_ids)
+            static_in.copy_(hidden_states)
+            graph.replay()
+            return static_out
+
+        run.graph, run.static_input, run.static_output = graph, static_in, static_out
+        return run
+
+    def exchange_bytes(self, capacity: bool, received_pairs: int | None = None) -> int:
+        """Bytes this rank receives in the two row all-to-alls of one forward (bf16 rows)."""
+        rows = self.world_size * self.capacity_rows if capacity else int(received_pairs or 0)
+        return 2 * rows * self.config.hidden_size * 2
+
+
+def send_base_of(send_per_peer: torch.Tensor, peer: torch.Tensor) -> torch.Tensor:
+    """First sorted pair sent to each of ``peer`` (int64 indices): exclusive cumsum of the per-peer counts."""
+    return _excl_cumsum(send_per_peer).index_select(0, peer)
+
+
+def _check_router_weights(c: MoEConfig, dev, gate_weight, correction_bias, tid2eid):
+    """The replicated router weights, checked with :meth:`Nvfp4MoE.load_weights`' rules; returns them as the
+    layer stores them (gate fp32, bias fp32 or None, table int32 or None)."""
+    if not isinstance(gate_weight, torch.Tensor) or gate_weight.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError("gate_weight: expected a bf16/fp32 tensor (E, H)")
+    if tuple(gate_weight.shape) != (c.num_experts, c.hidden_size) or gate_weight.device != dev:
+        raise ValueError(f"gate_weight: expected shape {(c.num_experts, c.hidden_size)} on {dev}, got "
+                         f"{tuple(gate_weight.shape)} on {gate_weight.device}")
+    if tid2eid is not None:
+        if not isinstance(tid2eid, torch.Tensor):
+            raise TypeError(f"tid2eid: expected a torch.Tensor, got {type(tid2eid).__name__}")
+        if tid2eid.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"tid2eid: expected int32 or int64, got {tid2eid.dtype}")
+        if tid2eid.dim() == 2 and tid2eid.dtype == torch.int64 and tid2eid.numel():
+            lo, hi = int(tid2eid.min()), int(tid2eid.max())  # before the int32 cast can wrap
+            if lo < 0 or hi >= c.num_experts:
+                raise ValueError(f"tid2eid: expected expert ids in [0, {c.num_experts}), got values in [{lo}, {hi}]")
+        tid2eid = tid2eid.to(device=dev, dtype=torch.int32).contiguous()
+        moe_ops.check_tid2eid(tid2eid, c.num_experts, c.top_k)
+        if correction_bias is not None:
+            raise ValueError("correction_bias: hash-routed layers (tid2eid given) have no correction bias; pass None")
+    elif c.use_correction_bias:
+        if correction_bias is None:
+            raise ValueError("correction_bias: the config uses e_score_correction_bias; got None")
+        if tuple(correction_bias.shape) != (c.num_experts,) or correction_bias.device != dev:
+            raise ValueError(f"correction_bias: expected ({c.num_experts},) on {dev}, got "
+                             f"{tuple(correction_bias.shape)} on {correction_bias.device}")
+        correction_bias = correction_bias.float().contiguous()
+    else:
+        correction_bias = None
+    return gate_weight.float().contiguous(), correction_bias, tid2eid

@@ -1,0 +1,245 @@
+"""Multi-process harness for the expert-parallel tests (CPU, gloo, 127.0.0.1 only) and the rank programs.
+
+:func:`launch` spawns ``world`` processes (torch.multiprocessing, spawn), each joins a gloo group on a free
+127.0.0.1 port with a short timeout, runs ``fn(rank, world, **kwargs)`` and saves its return value; a rank
+that raises or a run past the deadline fails the test (the processes are killed; nothing hangs).
+
+The ranks run the CPU reference path (``TRITON_INTERPRET=0``) with one thread each: MKL's float32 matmul
+gives every row the same result whatever the number of rows only from 4 rows up (fewer rows take other
+kernels), so the single-process oracle and the EP ranks see row-identical matmuls when each rank has 0 or >= 4
+tokens (the routed experts' segments are identical by construction).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from megamoe.models import MoEConfig
+
+TINY = MoEConfig(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, shared_intermediate_size=32,
+                 scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="tiny-ep")
+GROUP_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn, kwargs: dict, outdir: str, interpret: bool) -> None:
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    backend = kwargs.pop("backend", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S * (6 if backend == "nccl" else 1)))
+    try:
+        result = fn(rank, world, **kwargs)
+    except BaseException:
+        with open(os.path.join(outdir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def launch(world: int, fn, outdir, *, timeout_s: float = 60.0, interpret: bool = False, **kwargs) -> list:
+    """Run ``fn(rank, world, **kwargs)`` on ``world`` spawned ranks; returns their results in rank order."""
+    outdir = os.fspath(outdir)
+    os.makedirs(outdir, exist_ok=True)
+    ctx = mp.start_processes(_entry, args=(world, free_port(), fn, kwargs, outdir, interpret), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"EP test ranks still running after {timeout_s} s (hang?)")
+    except Exception as error:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        errs = [open(os.path.join(outdir, f)).read() for f in sorted(os.listdir(outdir)) if f.endswith(".err")]
+        raise AssertionError(f"{error}\n" + "\n".join(errs)) from None
+    return [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+
+
+# ----------------------------------------------------------------------------- rank programs
+def _tokens_per_rank(world: int) -> list:
+    return {1: [6], 2: [6, 4], 4: [5, 7, 0, 4]}[world]
+
+
+def _batch(world: int, seed: int, hidden: int, vocab: int | None = None):
+    counts = _tokens_per_rank(world)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(counts), hidden, generator=gen).to(torch.bfloat16)
+    ids = torch.randint(0, vocab, (sum(counts),), generator=gen) if vocab else None
+    return counts, x, ids
+
+
+def _mine(t: torch.Tensor | None, counts: list, rank: int):
+    if t is None:
+        return None
+    start = sum(counts[:rank])
+    return t[start:start + counts[rank]]
+
+
+def compare_with_single_process(rank: int, world: int, *, seed: int, fuse_max: int, hash_vocab=None,
+                                mode="w4a16", bias_to_rank: int | None = None) -> dict:
+    """EP forward (exact and capacity) vs Nvfp4MoE on the concatenated batch; returns equality flags."""
+    from megamoe.distributed import ExpertParallelMoE
+    from megamoe.layers import Nvfp4MoE
+
+    c = TINY
+    counts, x, ids = _batch(world, seed + 1, c.hidden_size, hash_vocab)
+    single = Nvfp4MoE.random(c, seed=seed, hash_vocab=hash_vocab, max_num_tokens=sum(counts), mode=mode,
+                             fuse_shared_max_tokens=fuse_max)
+    ep = ExpertParallelMoE.random(c, seed=seed, hash_vocab=hash_vocab, max_num_tokens=8, mode=mode,
+                                  fuse_shared_max_tokens=fuse_max)
+    if bias_to_rank is not None:  # every token's k experts on one rank: the other ranks receive nothing
+        el = c.num_experts // world
+        bias = torch.zeros(c.num_experts)
+        bias[bias_to_rank * el:(bias_to_rank + 1) * el] = 100.0
+        single.correction_bias = ep.correction_bias = bias
+    ref = single.forward(x, ids).clone()
+    ref_ids = single.last_routing[1].clone()
+    mx, mids = _mine(x, counts, rank), _mine(ids, counts, rank)
+    exact = ep.forward(mx, mids).clone()
+    ep_ids = ep.last_routing[1].clone()
+    cap = ep.forward(mx, mids, capacity=True).clone()
+    want = _mine(ref, counts, rank)
+    return {
+        "tokens": counts[rank],
+        "routing_equal": torch.equal(ep_ids, _mine(ref_ids, counts, rank)),
+        "exact_equal": torch.equal(exact, want),
+        "capacity_equal": torch.equal(cap, want),
+        "capacity_vs_exact": torch.equal(cap, exact),
+        "max_diff": (exact.float() - want.float()).abs().max().item() if counts[rank] else 0.0,
+        "finite": bool(torch.isfinite(exact).all()),
+        "experts_used": sorted(set(ref_ids.flatten().tolist())),
+        "ref_nonzero": bool(want.abs().sum() > 0) if counts[rank] else True,
+    }
+
+
+def config_mismatch(rank: int, world: int, *, what: str) -> dict:
+    """Ranks disagree on a setting: every rank must raise a clear ValueError (no hang)."""
+    from megamoe.distributed import ExpertParallelMoE
+
+    c = TINY
+    kwargs = {"max_num_tokens": 8}
+    if what == "top_k" and rank == world - 1:
+        c = c.replace(top_k=3)
+    elif what == "mode" and rank == 0:
+        kwargs["mode"] = "w4a4"
+    elif what == "divisible":
+        c = c.replace(num_experts=5)
+    elif what == "local_error" and rank == 1:
+        kwargs["max_num_tokens"] = 0
+    try:
+        if what == "weights":
+            ExpertParallelMoE.random(c, seed=rank, **kwargs)
+        else:
+            ExpertParallelMoE(c, **kwargs)
+    except ValueError as error:
+        return {"error": str(error)}
+    return {"error": None}
+
+
+def load_from_checkpoint(rank: int, world: int, *, path: str, seed: int, fuse_max: int) -> dict:
+    """Each rank loads its experts from a sharded ModelOpt checkpoint; records the tensor names it read."""
+    from megamoe.checkpoint import ShardedCheckpoint, load_moe_layer
+    from megamoe.distributed import load_expert_parallel_moe
+
+    class Recording(ShardedCheckpoint):
+        def get(self, name, *args):
+            self.read.add(name)
+            return super().get(name, *args)
+
+        __getitem__ = get
+
+    c = TINY
+    ckpt = Recording(path)
+    ckpt.read = set()
+    ep = load_expert_parallel_moe(ckpt, c, prefix="model.layers.0.mlp.", max_num_tokens=8,
+                                  fuse_shared_max_tokens=fuse_max, mode="w4a4")
+    counts, x, _ = _batch(world, seed, c.hidden_size)
+    single = load_moe_layer(path, c, prefix="model.layers.0.mlp.", max_num_tokens=sum(counts), mode="w4a4")
+    single.fuse_shared_max_tokens = fuse_max
+    want = _mine(single.forward(x).clone(), counts, rank)
+    mx = _mine(x, counts, rank)
+    exact = ep.forward(mx).clone()
+    cap = ep.forward(mx, capacity=True).clone()
+    return {"read": sorted(ckpt.read), "range": (ep.expert_start, ep.expert_stop),
+            "static_scales": ep.input_scales is not None and single.input_scales is not None,
+            "l1_equal": bool(torch.equal(ep.input_scales["l1"], single.input_scales["l1"])),
+            "exact_equal": torch.equal(exact, want), "capacity_equal": torch.equal(cap, want)}
+
+
+SCENARIOS = {
+    "score_fused_order": dict(seed=3, fuse_max=64),
+    "score_shared_first": dict(seed=4, fuse_max=0),
+    "hash_routed": dict(seed=5, fuse_max=64, hash_vocab=50),
+    "all_to_last_rank": dict(seed=6, fuse_max=0, bias_to_rank=-1),
+    "w4a4_dynamic": dict(seed=7, fuse_max=64, mode="w4a4"),
+}
+
+
+def all_scenarios(rank: int, world: int, *, seed: int) -> dict:
+    out = {}
+    for name, kw in SCENARIOS.items():
+        kw = dict(kw, seed=kw["seed"] + seed)
+        if kw.get("bias_to_rank") == -1:
+            kw["bias_to_rank"] = world - 1
+        out[name] = compare_with_single_process(rank, world, **kw)
+    return out
+
+
+def loading_and_validation(rank: int, world: int, *, path: str, seed: int) -> dict:
+    out = {"checkpoint": load_from_checkpoint(rank, world, path=path, seed=seed, fuse_max=64)}
+    for what in ("top_k", "mode", "divisible", "local_error", "weights"):
+        out[what] = config_mismatch(rank, world, what=what)
+    return out
+
+
+def cuda_checks(rank: int, world: int, *, preset: str, tokens: int, seed: int) -> dict:
+    """NCCL: EP vs one-GPU Nvfp4MoE (same weights), capacity graph replay == eager, no syncs in capacity mode."""
+    from megamoe.distributed import ExpertParallelMoE
+    from megamoe.layers import Nvfp4MoE
+    from megamoe.models.config import PRESETS
+
+    c, dev = PRESETS[preset], torch.device("cuda", rank)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    x_all = torch.randn(world * tokens, c.hidden_size, generator=gen, device=dev).to(torch.bfloat16)
+    x = x_all[rank * tokens:(rank + 1) * tokens].contiguous()
+    ep = ExpertParallelMoE.random(c, seed=seed, max_num_tokens=tokens, device=dev)
+    exact = ep.forward(x).clone()
+    cap = ep.forward(x, capacity=True).clone()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ep.forward(x, capacity=True)
+        synced = False
+    except RuntimeError:
+        synced = True
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    replay = ep.capture(tokens)
+    graph = replay(x).clone()
+    single = Nvfp4MoE.random(c, seed=seed, max_num_tokens=world * tokens, device=dev)
+    single.fuse_shared_max_tokens = ep.fuse_shared_max_tokens
+    want = single.forward(x_all)[rank * tokens:(rank + 1) * tokens].float()
+    rel = ((exact.float() - want).norm() / want.norm()).item()
+    ref = single.reference_forward(x_all)[rank * tokens:(rank + 1) * tokens]
+    rel_ref = ((exact.float() - ref).norm() / ref.norm()).item()
+    return {"capacity_vs_exact": torch.equal(cap, exact), "graph_vs_eager": torch.equal(graph, cap),
+            "synced": synced, "rel_vs_single_gpu": rel, "bit_equal_single_gpu": torch.equal(exact.float(), want),
+            "rel_vs_reference": rel_ref}

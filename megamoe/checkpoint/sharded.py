@@ -118,6 +118,8 @@ class ShardedCheckpoint:
     def names(self) -> list:
         return sorted(self.weight_map)
 
+    keys = names  # mapping-style access (the model's loaders iterate ``keys()``)
+
     def __contains__(self, name) -> bool:
         return name in self.weight_map
 

@@ -116,14 +116,16 @@ def _rotate(y, yp, c, s, even, INVERSE: tl.constexpr):
     """One RoPE output element: ``y`` its own value, ``yp`` its pair partner (index ^ 1).
 
     Forward (z * f): even (real) ``y*c - yp*s``, odd (imag) ``yp*s + y*c``; inverse (z * conj f): even
-    ``y*c + yp*s``, odd ``y*c - yp*s``. Each product rounded, then one add (PyTorch's CPU complex multiply).
+    ``y*c + yp*s``, odd ``y*c - yp*s``. Each product rounded, then one add or subtract (PyTorch's CPU complex
+    multiply; a true subtraction, not ``+ (-p)``: Triton's float negation is ``0 - p``, which loses -0.0).
     """
+    yc = y * c
     ps = yp * s
     if INVERSE:
-        ps = tl.where(even, ps, -ps)
+        sub = ~even
     else:
-        ps = tl.where(even, -ps, ps)
-    return y * c + ps
+        sub = even
+    return tl.where(sub, yc - ps, yc + ps)
 
 
 # ------------------------------------------------------------------------------------------------ RMSNorm

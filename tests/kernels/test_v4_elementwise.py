@@ -135,7 +135,7 @@ def test_q_kv_exact_designed(device):
     q = torch.cat([_few_bit(T, D, exponent=e) for e in (0, -40)], dim=1).to(device)  # exact head sums
     gq, wq, gkv, wkv = _q_kv(q, kv, w, freqs, pos, H, 0.0)
     exact = device.type == "cpu"
-    _compare(gkv, wkv, max_fraction=0.0, what="kv designed")
+    _compare(gkv, wkv, max_fraction=0.0 if exact else 1e-3, what="kv designed")  # GPU: rsqrt.approx
     _compare(gq, wq, max_fraction=0.0 if exact else 1e-3, what="q few-bit")
     _, wq, _, _ = _q_kv(q, None, None, freqs, pos, H, 1e-6)
     _compare(ew.q_kv_path(q, None, None, freqs, pos, num_heads=H, eps=1e-6)[0], wq,

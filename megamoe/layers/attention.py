@@ -32,15 +32,15 @@ from ..kvcache import ops as kv_ops
 from ..models.config import V4Config
 from ..ops import gemm as gemm_ops
 from ..ops._dispatch import resolve_device
+from ..ops import v4_elementwise as ew
 from ..ops.attention import sparse_mqa_attention
 from ..reference import v4_numerics as nx
-from ..reference.v4_attention import head_rms_norm
 from .linear import DenseLinear
 
 #: Block of the FP8 simulation of the window kv and compressed entries (official ``act_quant(..., 64)``).
-KV_FP8_BLOCK = 64
+KV_FP8_BLOCK = ew.KV_FP8_BLOCK
 #: Block of the FP4 simulation of the indexer query and keys (official ``fp4_block_size``).
-INDEX_FP4_BLOCK = 32
+INDEX_FP4_BLOCK = ew.INDEX_FP4_BLOCK
 
 
 def rope_table(cfg: V4Config, layer: int, device) -> torch.Tensor:
@@ -106,6 +106,7 @@ class Nvfp4Attention:
         if self.kind == "hca":
             self._entry_arange = torch.arange(max(kcfg.max_entries, 1), dtype=torch.int32, device=dev)
         self._group_offsets = torch.arange(1, cfg.o_groups + 1, dtype=torch.int32, device=dev)
+        self._group_offsets_by_rows = {}  # T -> group offsets * T (host cache on a shape, made outside graphs)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, w) -> None:
@@ -184,17 +185,17 @@ class Nvfp4Attention:
             self.cache.prepare_forward(slots, positions_before, positions_after)
 
     # ------------------------------------------------------------------ shared per-token math
+    # The elementwise steps are the fused ops of ``megamoe.ops.v4_elementwise`` (one launch each on CUDA; the
+    # PyTorch formulas ``*_reference`` there on the CPU).
     def _q_and_kv(self, x: torch.Tensor, pos: torch.Tensor):
-        """x (T, dim) bf16, pos (T,) int -> (qr (T, q_lora) bf16, q (T, H, D) bf16, kv (T, D) bf16)."""
+        """x (T, dim) bf16, pos (T,) int -> (qr (T, q_lora) bf16, q (T, H, D) bf16, kv (T, D) bf16).
+
+        ``qr = q_norm(wq_a(x))``; q: official bf16 per-head norm + RoPE; kv: kv_norm + RoPE + FP8 simulation of
+        the non-RoPE dims (64-blocks)."""
         cfg = self.cfg
-        freqs = self.freqs[pos.long()]
-        qr = nx.rms_norm(self.wq_a(x), self.q_norm, cfg.norm_eps)
-        q = self.wq_b(qr).view(x.shape[0], cfg.num_heads, cfg.head_dim)
-        q = nx.apply_rope(head_rms_norm(q, cfg.norm_eps), freqs)
-        kv = nx.rms_norm(self.wkv(x), self.kv_norm, cfg.norm_eps)
-        kv = nx.apply_rope(kv, freqs)
-        nope = cfg.nope_dim
-        kv = torch.cat([nx.fp8_block_simulate(kv[:, :nope], KV_FP8_BLOCK), kv[:, nope:]], dim=-1)
+        qr = ew.rms_norm(self.wq_a(x), self.q_norm, cfg.norm_eps)
+        q, kv = ew.q_kv_path(self.wq_b(qr), self.wkv(x), self.kv_norm, self.freqs, pos, num_heads=cfg.num_heads,
+                             eps=cfg.norm_eps)
         return qr, q, kv
 
     def _compressor_inputs(self, x: torch.Tensor, pos: torch.Tensor):
@@ -208,25 +209,30 @@ class Nvfp4Attention:
 
     def _index_query(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor):
         """Indexer query (T, n_heads, Di) bf16 (RoPE, Hadamard, FP4 simulated) and weights (T, n_heads) float32."""
-        cfg = self.cfg
-        q = self.i_wq_b(qr).view(x.shape[0], cfg.index_n_heads, cfg.index_head_dim)
-        q = nx.apply_rope(q, self.freqs[pos.long()])
-        q = nx.fp4_block_simulate(nx.hadamard_rotate(q), INDEX_FP4_BLOCK)
-        weights = (self.i_weights(x) * self.index_weight_scale).float()
-        return q, weights
+        return ew.index_q_path(self.i_wq_b(qr), self.i_weights(x), self.freqs, pos, n_heads=self.cfg.index_n_heads,
+                               weight_scale=self.index_weight_scale)
 
     def _output(self, o: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """o (T, H, D) bf16 -> inverse RoPE -> grouped wo_a -> wo_b -> (T, dim) bf16."""
         cfg = self.cfg
         T, G = o.shape[0], cfg.o_groups
-        o = nx.apply_rope(o, self.freqs[pos.long()], inverse=True)
-        grouped = o.reshape(T, G, -1).transpose(0, 1).reshape(G * T, -1)  # rows sorted by group
+        grouped = ew.output_path(o, self.freqs, pos, groups=G).view(G * T, -1)  # rows sorted by group
         if isinstance(self.wo_a, NVFP4Tensor):
-            u = gemm_ops.nvfp4_grouped_mm(grouped.contiguous(), self.wo_a, self._group_offsets * T)
+            u = gemm_ops.nvfp4_grouped_mm(grouped, self.wo_a, self._group_row_offsets(T))
         else:
             u = torch.bmm(grouped.view(G, T, -1), self.wo_a.transpose(1, 2)).reshape(G * T, -1)
         u = u.view(G, T, -1).transpose(0, 1).reshape(T, -1)
         return self.wo_b(u)
+
+    def _group_row_offsets(self, T: int) -> torch.Tensor:
+        """(G,) int32 cumulative row counts ``(g + 1) * T`` of the grouped ``wo_a`` GEMM (cached per T, outside
+        graph capture; inside a capture a new tensor from the graph's pool)."""
+        offs = self._group_offsets_by_rows.get(T)
+        if offs is None:
+            offs = self._group_offsets * T
+            if not (offs.is_cuda and torch.cuda.is_current_stream_capturing()):
+                self._group_offsets_by_rows[T] = offs
+        return offs
 
     def _window_rows(self, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """(T, window) int32 ring rows of the window positions pos-window+1..pos of each row's slot (-1 = none)."""

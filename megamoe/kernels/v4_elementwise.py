@@ -1,0 +1,390 @@
+"""Fused per-token elementwise steps of the DeepSeek-V4 attention block (norms, RoPE, Hadamard, FP8/FP4 simulation).
+
+The PyTorch formulas (``megamoe/reference/v4_numerics.py``, ``megamoe.reference.v4_attention.head_rms_norm``) run
+as dozens of tiny kernels per layer and token; each family below is one launch:
+
+* :func:`launch_rms_norm`: ``RMSNorm(weight)`` (the q_lora norm);
+* :func:`launch_q_kv`: the q heads (official bf16 op-by-op per-head norm, RoPE) and the window kv row
+  (RMSNorm(weight), RoPE, FP8 64-block simulation of the non-RoPE dims) in one grid (T, H + 1);
+* :func:`launch_index_q`: the indexer query (RoPE, Hadamard, FP4 32-block simulation) and its head weights;
+* :func:`launch_output`: inverse RoPE of the attention output, stored in the grouped (G, T, H * D / G) layout
+  of the grouped ``wo_a`` GEMM.
+
+Numerics. Every elementwise step is the reference's float32 operation with its rounding, in its order: bf16
+inputs are widened from their bits, bf16 outputs are rounded to nearest even from the float32 bits, RoPE's
+complex product is ``a*c - b*d`` / ``a*d + b*c`` with each product rounded (PyTorch's CPU complex multiply;
+launches pass ``enable_fp_fusion=False`` so that no FMA contracts them on the GPU), divisions by the power-of-two
+block scales are ``div_rn`` (exact), the E4M3 / E2M1 encodes are the integer helpers of ``nvfp4_jit`` (the
+interpreter's float8 cast truncates). What is not bit-for-bit the reference's:
+
+* the sums of squares of the norms are float32 sums in another order than PyTorch's reductions (the result is
+  the same whenever the sum is exact in float32, e.g. few-bit inputs; otherwise the mean differs by a few float32
+  ulps, which moves a bf16 output by one ulp only at a rounding boundary);
+* the Hadamard product is computed as log2(d) float32 butterfly stages (a + b, a - b) instead of the reference's
+  float32 matmul: both are float32 sums of the same d exact terms +-x_k in another order, so before the
+  ``* d**-0.5`` scaling ``|ours - ref| <= (log2(d) + d - 1) * 2**-24 * sum_k |x_k|`` (measured on 2e5 random
+  rows against PyTorch's CPU matmul: at most 5 * 2**-24 * sum|x|, 63 % of the float32 values differ in the last
+  bits, 7e-5 of the bf16 roundings and 2e-7 of the final FP4-simulated elements differ). An element differs only
+  where the float32 value sits within that distance of a bf16 rounding boundary (then one bf16 ulp, which can move
+  it to the neighbouring E2M1 code or, through the block amax, change the block scale by a factor of 2);
+* ``rsqrt`` is the platform's: ``1 / sqrt`` in the interpreter (as PyTorch's CPU rsqrt), the approximate
+  ``rsqrt.approx.ftz.f32`` on the GPU (PyTorch's CUDA ``rsqrtf`` is the same instruction; its argument here is
+  >= eps, never subnormal);
+* on the GPU, PyTorch's own CUDA complex multiply may be FMA-contracted by nvcc, so against the formulas run on
+  CUDA (not on the CPU) a rotated element can differ by one bf16 ulp at a rounding boundary;
+* a Hadamard output that is an exact zero is +0.0 here; the reference's matmul could give -0.0 for a row of
+  negative zeros (then the FP4 code's sign bit differs).
+
+Non-finite values follow the reference: NaN/Inf propagate through the norms and RoPE; an FP8/FP4 block holding a
+NaN or an Inf decodes to NaN throughout (the reference's scale is NaN or Inf there). NaN is stored as 0x7FC0.
+Positions outside ``[0, n_positions)`` read no table row (their rotated dims are unspecified, zeros here).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .nvfp4_jit import e2m1_decode, e2m1_magnitude_code, e4m3_decode, e4m3_encode, sign_bit
+
+#: FP8 block of the window kv (official ``act_quant(kv[..., :-rd], 64)``) and FP4 block of the indexer query.
+FP8_BLOCK = 64
+FP4_BLOCK = 32
+#: Official amax floors and format maxima.
+_FP8_MAX = tl.constexpr(448.0)
+_FP8_AMAX_FLOOR = tl.constexpr(1e-4)
+_FP4_MAX = tl.constexpr(6.0)
+_FP4_AMAX_FLOOR = tl.constexpr(6.0 * 2.0 ** -126)
+
+#: Tile configs (tiny row kernels: one token row / head per program).
+RMS_NORM_WARPS = 4
+Q_KV_WARPS = 4
+#: Indexer heads per program.
+INDEX_BLOCK_H = 8
+INDEX_WARPS = 4
+OUTPUT_WARPS = 4
+
+#: Compile options of every launch: no FMA contraction (the reference rounds each product).
+_EXACT = dict(enable_fp_fusion=False)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+@triton.jit
+def _load_bf16(ptr, mask):
+    """bf16 elements (through an int16 pointer) -> float32, exact (from the bits; masked lanes 0)."""
+    bits = tl.load(ptr, mask=mask, other=0)
+    return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_bits(v):
+    """float32 -> bf16 bit pattern (int32, low 16 bits), round to nearest even; NaN -> 0x7FC0."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(v != v, 0x7FC0, rounded)
+
+
+@triton.jit
+def _bf16_round(v):
+    """float32 -> the float32 value of its bf16 rounding (``.to(bf16).float()``)."""
+    return (_bf16_bits(v) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _is_finite(x):
+    return (x == x) & (tl.abs(x) != float("inf"))
+
+
+@triton.jit
+def _pow2_ceil(t):
+    """``2 ** ceil(log2(t))`` for positive finite float32 ``t``, exact from the bits (``nx.pow2_ceil``)."""
+    bits = t.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    return (exponent << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rope_cos_sin(freqs_ptr, pos, pos_ok, r, mask, RD: tl.constexpr):
+    """cos / sin of pair ``r // 2`` at ``pos`` from the (n_positions, RD // 2, 2) float32 table (masked: 0)."""
+    m = mask & pos_ok
+    off = (tl.where(pos_ok, pos, 0) * (RD // 2) + tl.where(m, r, 0) // 2) * 2
+    return tl.load(freqs_ptr + off, mask=m, other=0.0), tl.load(freqs_ptr + off + 1, mask=m, other=0.0)
+
+
+@triton.jit
+def _rotate(y, yp, c, s, even, INVERSE: tl.constexpr):
+    """One RoPE output element: ``y`` its own value, ``yp`` its pair partner (index ^ 1).
+
+    Forward (z * f): even (real) ``y*c - yp*s``, odd (imag) ``yp*s + y*c``; inverse (z * conj f): even
+    ``y*c + yp*s``, odd ``y*c - yp*s``. Each product rounded, then one add or subtract (PyTorch's CPU complex
+    multiply; a true subtraction, not ``+ (-p)``: Triton's float negation is ``0 - p``, which loses -0.0).
+    """
+    yc = y * c
+    ps = yp * s
+    if INVERSE:
+        sub = ~even
+    else:
+        sub = even
+    return tl.where(sub, yc - ps, yc + ps)
+
+
+# ------------------------------------------------------------------------------------------------ RMSNorm
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, N_P2: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, N_P2)
+    m = offs < N
+    x = _load_bf16(x_ptr + row * N + offs, m)
+    r = tl.math.rsqrt(tl.div_rn(tl.sum(x * x, axis=0), N * 1.0) + eps)
+    y = x * r
+    if HAS_WEIGHT:
+        y = tl.load(w_ptr + offs, mask=m, other=0.0) * y
+    tl.store(out_ptr + row * N + offs, _bf16_bits(y).to(tl.int16), mask=m)
+
+
+def launch_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x (R, N) bf16 contiguous, weight (N,) float32 or None -> (R, N) bf16: ``nx.rms_norm``."""
+    R, N = x.shape
+    out = torch.empty_like(x)
+    if R:
+        _rms_norm_kernel[(R,)](x.view(torch.int16), weight if weight is not None else x, out.view(torch.int16),
+                               float(eps), N=N, N_P2=triton.next_power_of_2(N), HAS_WEIGHT=weight is not None,
+                               num_warps=RMS_NORM_WARPS, **_EXACT)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ q heads + kv
+@triton.jit
+def _q_head(q_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, H: tl.constexpr, D: tl.constexpr,
+            RD: tl.constexpr, D_P2: tl.constexpr):
+    """One head: official bf16 per-head norm (every op rounded to bf16), then RoPE on the last RD dims."""
+    offs = tl.arange(0, D_P2)
+    m = offs < D
+    base = t * (H * D) + h * D
+    x = _load_bf16(q_ptr + base + offs, m)
+    sq = _bf16_round(x * x)
+    mean = _bf16_round(tl.div_rn(tl.sum(sq, axis=0), D * 1.0))
+    r = _bf16_round(tl.math.rsqrt(_bf16_round(mean + eps)))
+    y = _bf16_round(x * r)
+    NOPE: tl.constexpr = D - RD
+    rope = m & (offs >= NOPE)
+    yp = _bf16_round(_load_bf16(q_ptr + base + (offs ^ 1), rope) * r)
+    c, s = _rope_cos_sin(freqs_ptr, pos, pos_ok, offs - NOPE, rope, RD)
+    rot = _rotate(y, yp, c, s, (offs & 1) == 0, False)
+    bits = tl.where(rope, _bf16_bits(rot), _bf16_bits(y))
+    tl.store(out_ptr + base + offs, bits.to(tl.int16), mask=m)
+
+
+@triton.jit
+def _kv_row(kv_ptr, w_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, eps, D: tl.constexpr, RD: tl.constexpr,
+            D_P2: tl.constexpr, FB: tl.constexpr):
+    """The window kv row: RMSNorm(weight) -> RoPE -> FP8 simulation of the D - RD non-RoPE dims (FB-blocks)."""
+    b = tl.arange(0, D_P2 // FB)[:, None]
+    j = tl.arange(0, FB)[None, :]
+    offs = b * FB + j                                   # (blocks, FB): one FP8 block per row
+    m = offs < D
+    base = t * D
+    x = _load_bf16(kv_ptr + base + offs, m)
+    r = tl.math.rsqrt(tl.div_rn(tl.sum(tl.sum(x * x, axis=1), axis=0), D * 1.0) + eps)
+    y = _bf16_round(tl.load(w_ptr + offs, mask=m, other=0.0) * (x * r))
+    NOPE: tl.constexpr = D - RD
+    rope = m & (offs >= NOPE)
+    partner = offs ^ 1
+    yp = _bf16_round(tl.load(w_ptr + partner, mask=rope, other=0.0) * (_load_bf16(kv_ptr + base + partner, rope) * r))
+    c, s = _rope_cos_sin(freqs_ptr, pos, pos_ok, offs - NOPE, rope, RD)
+    rot = _rotate(y, yp, c, s, (offs & 1) == 0, False)
+    # FP8 (E4M3) block simulation of the non-RoPE dims: NOPE % FB == 0, so a block is all-nope or all-rope.
+    nope = offs < NOPE
+    finite = _is_finite(y)
+    block_ok = tl.sum((nope & ~finite).to(tl.int32), axis=1) == 0
+    amax = tl.max(tl.where(nope & finite, tl.abs(y), 0.0), axis=1)
+    scale = _pow2_ceil(tl.maximum(amax, _FP8_AMAX_FLOOR) * (1.0 / _FP8_MAX))[:, None]
+    v = tl.div_rn(y, scale)
+    code = e4m3_encode(tl.minimum(tl.abs(v), _FP8_MAX)) | (sign_bit(v) << 7)
+    fp8 = tl.where(block_ok[:, None], e4m3_decode(code) * scale, float("nan"))
+    bits = tl.where(nope, _bf16_bits(fp8), _bf16_bits(rot))
+    tl.store(out_ptr + base + offs, bits.to(tl.int16), mask=m)
+
+
+@triton.jit
+def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, freqs_ptr, pos_ptr, q_out_ptr, kv_out_ptr, n_pos, eps,
+                 H: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, D_P2: tl.constexpr, FB: tl.constexpr,
+                 HAS_Q: tl.constexpr, HAS_KV: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    pos_ok = (pos >= 0) & (pos < n_pos)
+    if HAS_Q and HAS_KV:
+        if h < H:
+            _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, H, D, RD, D_P2)
+        else:
+            _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, D, RD, D_P2, FB)
+    elif HAS_Q:
+        _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, H, D, RD, D_P2)
+    else:
+        _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, D, RD, D_P2, FB)
+
+
+def launch_q_kv(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.Tensor | None,
+                freqs: torch.Tensor, positions: torch.Tensor, *, num_heads: int, head_dim: int, eps: float):
+    """One launch for the q heads and the window kv row of T tokens (either may be None).
+
+    q: (T, H * D) bf16 contiguous (``wq_b`` output) -> (T, H, D) bf16; kv: (T, D) bf16 contiguous (``wkv``
+    output), kv_weight (D,) float32 -> (T, D) bf16; freqs: (n_positions, RD // 2, 2) float32 contiguous (the
+    complex64 table as real); positions: (T,) int32/int64. D - RD must be a multiple of 64.
+    """
+    src = q if q is not None else kv
+    T, D = src.shape[0], head_dim
+    rd = 2 * freqs.shape[1]
+    q_out = torch.empty((T, num_heads, D), dtype=torch.bfloat16, device=src.device) if q is not None else None
+    kv_out = torch.empty_like(kv) if kv is not None else None
+    if T:
+        n_prog = (num_heads if q is not None else 0) + (1 if kv is not None else 0)
+        d_p2 = max(triton.next_power_of_2(D), FP8_BLOCK)
+        _q_kv_kernel[(T, n_prog)](
+            (q if q is not None else kv).view(torch.int16), (kv if kv is not None else q).view(torch.int16),
+            kv_weight if kv_weight is not None else freqs, freqs, positions,
+            (q_out if q is not None else kv_out).view(torch.int16),
+            (kv_out if kv is not None else q_out).view(torch.int16), freqs.shape[0], float(eps),
+            H=num_heads, D=D, RD=rd, D_P2=d_p2, FB=FP8_BLOCK, HAS_Q=q is not None, HAS_KV=kv is not None,
+            num_warps=Q_KV_WARPS, **_EXACT)
+    return q_out, kv_out
+
+
+# ------------------------------------------------------------------------------------------------ indexer query
+@triton.jit
+def _butterfly(x, R: tl.constexpr, N: tl.constexpr, STRIDE: tl.constexpr):
+    """One Walsh-Hadamard stage on the rows of x (R, N): elements i and i + STRIDE (bit STRIDE of i clear) ->
+    (x_i + x_{i+STRIDE}, x_i - x_{i+STRIDE})."""
+    x4 = tl.permute(tl.reshape(x, (R, N // (2 * STRIDE), 2, STRIDE)), (0, 1, 3, 2))
+    a, b = tl.split(x4)
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (R, N))
+
+
+@triton.jit
+def _index_q_kernel(q_ptr, w_ptr, freqs_ptr, pos_ptr, q_out_ptr, w_out_ptr, n_pos, w_scale,
+                    NH: tl.constexpr, DI: tl.constexpr, LOG2_DI: tl.constexpr, RD: tl.constexpr,
+                    H_SCALE: tl.constexpr, FB: tl.constexpr, BLOCK_H: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = hh < NH
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    pos_ok = (pos >= 0) & (pos < n_pos)
+    # head weights: float(bf16(w * scale))
+    wv = _load_bf16(w_ptr + t * NH + hh, hm)
+    tl.store(w_out_ptr + t * NH + hh, _bf16_round(wv * w_scale), mask=hm)
+    # RoPE (bf16 out), in the natural layout with a partner load per rotated element
+    k = tl.arange(0, DI)[None, :]
+    base = t * (NH * DI) + hh[:, None] * DI
+    m = hm[:, None] & (k < DI)
+    x = _load_bf16(q_ptr + base + k, m)
+    NOPE: tl.constexpr = DI - RD
+    rope = m & (k >= NOPE)
+    xp = _load_bf16(q_ptr + base + (k ^ 1), rope)
+    c, s = _rope_cos_sin(freqs_ptr, pos, pos_ok, k - NOPE, rope, RD)
+    x = tl.where(rope, _bf16_round(_rotate(x, xp, c, s, (k & 1) == 0, False)), x)
+    # Hadamard: x @ H_DI (Sylvester) * DI**-0.5 as log2(DI) butterfly stages (a, b) -> (a + b, a - b), float32
+    for stage in tl.static_range(LOG2_DI):
+        x = _butterfly(x, BLOCK_H, DI, 1 << stage)
+    y = _bf16_round(x * H_SCALE)
+    # FP4 (E2M1) simulation per FB-block
+    y3 = tl.reshape(y, (BLOCK_H, DI // FB, FB))
+    finite = _is_finite(y3)
+    block_ok = tl.sum((~finite).to(tl.int32), axis=2) == 0
+    amax = tl.max(tl.where(finite, tl.abs(y3), 0.0), axis=2)
+    scale = _pow2_ceil(tl.maximum(amax, _FP4_AMAX_FLOOR) * (1.0 / _FP4_MAX))[:, :, None]
+    v = tl.div_rn(y3, scale)
+    code = e2m1_magnitude_code(tl.minimum(tl.abs(v), _FP4_MAX)) | (sign_bit(v) << 3)
+    val = tl.where(block_ok[:, :, None], e2m1_decode(code) * scale, float("nan"))
+    bits = tl.reshape(_bf16_bits(val), (BLOCK_H, DI))
+    tl.store(q_out_ptr + base + k, bits.to(tl.int16), mask=m)
+
+
+def launch_index_q(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
+                   n_heads: int, weight_scale: float):
+    """q: (T, NH * DI) bf16 contiguous (``indexer.wq_b`` output), weights: (T, NH) bf16 contiguous
+    (``weights_proj`` output), freqs (n_positions, RD // 2, 2) float32, positions (T,) int ->
+    (q (T, NH, DI) bf16: FP4-simulated Hadamard of the rotated query, w (T, NH) float32: ``bf16(w * scale)``)."""
+    T = q.shape[0]
+    DI = q.shape[1] // n_heads
+    q_out = torch.empty((T, n_heads, DI), dtype=torch.bfloat16, device=q.device)
+    w_out = torch.empty((T, n_heads), dtype=torch.float32, device=q.device)
+    if T:
+        _index_q_kernel[(T, triton.cdiv(n_heads, INDEX_BLOCK_H))](
+            q.view(torch.int16), weights.view(torch.int16), freqs, positions, q_out.view(torch.int16), w_out,
+            freqs.shape[0], float(weight_scale), NH=n_heads, DI=DI, LOG2_DI=DI.bit_length() - 1, RD=2 * freqs.shape[1], H_SCALE=DI ** -0.5,
+            FB=FP4_BLOCK, BLOCK_H=INDEX_BLOCK_H, num_warps=INDEX_WARPS, **_EXACT)
+    return q_out, w_out
+
+
+# ------------------------------------------------------------------------------------------------ output
+@triton.jit
+def _output_kernel(o_ptr, freqs_ptr, pos_ptr, out_ptr, T, n_pos, H: tl.constexpr, D: tl.constexpr,
+                   RD: tl.constexpr, G: tl.constexpr, D_P2: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    pos_ok = (pos >= 0) & (pos < n_pos)
+    offs = tl.arange(0, D_P2)
+    m = offs < D
+    src = o_ptr + (t * H + h) * D
+    bits = tl.load(src + offs, mask=m, other=0)
+    x = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    NOPE: tl.constexpr = D - RD
+    rope = m & (offs >= NOPE)
+    xp = _load_bf16(src + (offs ^ 1), rope)
+    c, s = _rope_cos_sin(freqs_ptr, pos, pos_ok, offs - NOPE, rope, RD)
+    rot = _rotate(x, xp, c, s, (offs & 1) == 0, True)
+    bits = tl.where(rope, _bf16_bits(rot).to(tl.int16), bits)
+    HG: tl.constexpr = H // G
+    g = h // HG
+    dst = out_ptr + (g * T + t) * (HG * D) + (h % HG) * D
+    tl.store(dst + offs, bits, mask=m)
+
+
+def launch_output(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, groups: int) -> torch.Tensor:
+    """o: (T, H, D) bf16 contiguous -> (G, T, H * D // G) bf16: inverse RoPE of each head's last RD dims, head h
+    at group ``h // (H // G)``, columns ``(h % (H // G)) * D ...``."""
+    T, H, D = o.shape
+    out = torch.empty((groups, T, H * D // groups), dtype=torch.bfloat16, device=o.device)
+    if T:
+        _output_kernel[(T, H)](o.view(torch.int16), freqs, positions, out.view(torch.int16), T, freqs.shape[0],
+                               H=H, D=D, RD=2 * freqs.shape[1], G=groups, D_P2=triton.next_power_of_2(D),
+                               num_warps=OUTPUT_WARPS, **_EXACT)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ offline build
+#: Kernel signatures for :func:`compile_sm90` (pointer and scalar types; the constexprs come from the family).
+_SIGNATURES = {
+    "rms_norm": ("_rms_norm_kernel", dict(x_ptr="*i16", w_ptr="*fp32", out_ptr="*i16", eps="fp32")),
+    "q_kv": ("_q_kv_kernel", dict(q_ptr="*i16", kv_ptr="*i16", kv_w_ptr="*fp32", freqs_ptr="*fp32", pos_ptr="*i32",
+                                  q_out_ptr="*i16", kv_out_ptr="*i16", n_pos="i32", eps="fp32")),
+    "index_q": ("_index_q_kernel", dict(q_ptr="*i16", w_ptr="*i16", freqs_ptr="*fp32", pos_ptr="*i32",
+                                        q_out_ptr="*i16", w_out_ptr="*fp32", n_pos="i32", w_scale="fp32")),
+    "output": ("_output_kernel", dict(o_ptr="*i16", freqs_ptr="*fp32", pos_ptr="*i32", out_ptr="*i16", T="i32",
+                                      n_pos="i32")),
+}
+
+
+def compile_sm90(family: str, *, num_heads: int = 64, head_dim: int = 512, rope_dim: int = 64, q_lora: int = 1024,
+                 index_heads: int = 64, index_dim: int = 128, groups: int = 8):
+    """Compile one family's kernel for sm_90 without a GPU (default: V4-Flash shapes), as launched
+    (``enable_fp_fusion=False``). Returns the ``CompiledKernel`` (``asm["ptx"]``, ``asm["cubin"]``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    name, signature = _SIGNATURES[family]
+    constexprs, warps = {
+        "rms_norm": (dict(N=q_lora, N_P2=triton.next_power_of_2(q_lora), HAS_WEIGHT=True), RMS_NORM_WARPS),
+        "q_kv": (dict(H=num_heads, D=head_dim, RD=rope_dim, D_P2=max(triton.next_power_of_2(head_dim), FP8_BLOCK),
+                      FB=FP8_BLOCK, HAS_Q=True, HAS_KV=True), Q_KV_WARPS),
+        "index_q": (dict(NH=index_heads, DI=index_dim, LOG2_DI=index_dim.bit_length() - 1, RD=rope_dim, H_SCALE=index_dim ** -0.5, FB=FP4_BLOCK,
+                         BLOCK_H=INDEX_BLOCK_H), INDEX_WARPS),
+        "output": (dict(H=num_heads, D=head_dim, RD=rope_dim, G=groups, D_P2=triton.next_power_of_2(head_dim)),
+                   OUTPUT_WARPS),
+    }[family]
+    kernel = globals()[name]
+    sig = dict(signature, **{k: "constexpr" for k in constexprs})
+    return triton.compile(ASTSource(kernel, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps, **_EXACT))

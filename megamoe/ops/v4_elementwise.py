@@ -1,0 +1,184 @@
+"""Fused per-token steps of the DeepSeek-V4 attention block: validation and dispatch.
+
+CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``) run one Triton launch per call
+(``megamoe/kernels/v4_elementwise.py``); CPU tensors otherwise run the PyTorch formulas of
+``megamoe/reference/v4_numerics.py`` / ``head_rms_norm``, composed here as ``*_reference`` functions (the layer's
+formulas before fusion, and the tests' reference). The kernels equal these formulas bit for bit except for the
+float32 summation order of the norms' sums of squares and of the Hadamard product (bounds in the kernel module).
+
+Tables: ``freqs`` is a layer's (n_positions, rope_dim // 2) complex64 RoPE table (``rope_frequencies``), positions
+(T,) int32/int64 index its rows. Sync-free, host decisions on shapes only (CUDA-graph capturable).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..reference import v4_numerics as nx
+from ..reference.v4_attention import head_rms_norm
+from ._dispatch import use_triton
+
+#: FP8 block of the window kv's non-RoPE dims, FP4 block of the indexer query (official 64 / 32).
+KV_FP8_BLOCK = 64
+INDEX_FP4_BLOCK = 32
+
+
+# ------------------------------------------------------------------------------------------------ validation
+def _tensor(t, name: str, dtype: torch.dtype, dim: int, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if t.dim() != dim:
+        raise ValueError(f"{name}: expected {dim} dimensions, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+
+
+def _rope_inputs(freqs, positions, T: int, device, width: int, name: str) -> int:
+    """Validate the table and positions; returns rope_dim."""
+    _tensor(freqs, "freqs", torch.complex64, 2, device)
+    rd = 2 * freqs.shape[1]
+    if rd < 2 or rd > width or (width - rd) % 2:
+        raise ValueError(f"freqs: rope_dim {rd} must be even and fit the {width} dims of {name}")
+    if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"positions: expected an int32/int64 tensor, got {getattr(positions, 'dtype', type(positions))}")
+    if tuple(positions.shape) != (T,) or positions.device != device:
+        raise ValueError(f"positions: expected shape ({T},) on {device}, got {tuple(positions.shape)} on "
+                         f"{positions.device}")
+    return rd
+
+
+def _positive_int(v, name: str) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{name}: expected a positive int, got {v!r}")
+
+
+def _table(freqs: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(freqs.contiguous())
+
+
+# ------------------------------------------------------------------------------------------------ formulas
+def q_path_reference(q: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, num_heads: int,
+                     eps: float) -> torch.Tensor:
+    """(T, H * D) bf16 -> official bf16 per-head norm -> RoPE -> (T, H, D) bf16."""
+    q = q.view(q.shape[0], num_heads, -1)
+    return nx.apply_rope(head_rms_norm(q, eps), freqs[positions.long()])
+
+
+def kv_path_reference(kv: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
+                      eps: float) -> torch.Tensor:
+    """(T, D) bf16 -> RMSNorm(weight) -> RoPE -> FP8 64-block simulation of the non-RoPE dims -> (T, D) bf16."""
+    kv = nx.apply_rope(nx.rms_norm(kv, weight, eps), freqs[positions.long()])
+    nope = kv.shape[1] - 2 * freqs.shape[1]
+    return torch.cat([nx.fp8_block_simulate(kv[:, :nope], KV_FP8_BLOCK), kv[:, nope:]], dim=-1)
+
+
+def index_q_reference(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
+                      n_heads: int, weight_scale: float):
+    """(T, n * Di) bf16, (T, n) bf16 -> (FP4-simulated Hadamard of RoPE(q) (T, n, Di) bf16,
+    ``(weights * weight_scale).float()`` (T, n) float32)."""
+    q = nx.apply_rope(q.view(q.shape[0], n_heads, -1), freqs[positions.long()])
+    q = nx.fp4_block_simulate(nx.hadamard_rotate(q), INDEX_FP4_BLOCK)
+    return q, (weights * weight_scale).float()
+
+
+def output_reference(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, groups: int) -> torch.Tensor:
+    """(T, H, D) bf16 -> inverse RoPE -> (G, T, H * D // G) bf16 (rows of group g = heads g*H/G ... )."""
+    T = o.shape[0]
+    o = nx.apply_rope(o, freqs[positions.long()], inverse=True)
+    return o.reshape(T, groups, -1).transpose(0, 1).contiguous()
+
+
+# ------------------------------------------------------------------------------------------------ ops
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim (``nx.rms_norm``): x (R, N) bf16, weight (N,) float32 or None -> (R, N) bf16."""
+    _tensor(x, "x", torch.bfloat16, 2)
+    if weight is not None:
+        _tensor(weight, "weight", torch.float32, 1, x.device)
+        if weight.shape[0] != x.shape[1]:
+            raise ValueError(f"weight: expected ({x.shape[1]},), got {tuple(weight.shape)}")
+    if use_triton(x):
+        from ..kernels.v4_elementwise import launch_rms_norm
+
+        return launch_rms_norm(x.contiguous(), None if weight is None else weight.contiguous(), eps)
+    return nx.rms_norm(x, weight, eps)
+
+
+def q_kv_path(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.Tensor | None,
+              freqs: torch.Tensor, positions: torch.Tensor, *, num_heads: int, eps: float):
+    """The attention block's query heads and window kv row in one launch.
+
+    q: (T, H * D) bf16 (``wq_b`` output) or None -> (T, H, D) bf16 :func:`q_path_reference`;
+    kv: (T, D) bf16 (``wkv`` output) or None, kv_weight (D,) float32 -> (T, D) bf16 :func:`kv_path_reference`
+    (D - rope_dim a multiple of 64). Returns (q, kv), None for an input that was None.
+    """
+    if q is None and kv is None:
+        raise ValueError("q, kv: expected at least one tensor")
+    _positive_int(num_heads, "num_heads")
+    src = q if q is not None else kv
+    T, dev = src.shape[0] if isinstance(src, torch.Tensor) else 0, getattr(src, "device", None)
+    D = None
+    if q is not None:
+        _tensor(q, "q", torch.bfloat16, 2)
+        if q.shape[1] % num_heads:
+            raise ValueError(f"q: {q.shape[1]} columns are not a multiple of num_heads={num_heads}")
+        D = q.shape[1] // num_heads
+    if kv is not None:
+        _tensor(kv, "kv", torch.bfloat16, 2, dev)
+        if kv.shape[0] != T or (D is not None and kv.shape[1] != D):
+            raise ValueError(f"kv: expected shape ({T}, {D if D is not None else 'D'}), got {tuple(kv.shape)}")
+        D = kv.shape[1]
+        _tensor(kv_weight, "kv_weight", torch.float32, 1, dev)
+        if tuple(kv_weight.shape) != (D,):
+            raise ValueError(f"kv_weight: expected ({D},), got {tuple(kv_weight.shape)}")
+    rd = _rope_inputs(freqs, positions, T, dev, D, "a head")
+    if kv is not None and (D - rd) % KV_FP8_BLOCK:
+        raise ValueError(f"kv: the {D - rd} non-RoPE dims are not a multiple of the FP8 block {KV_FP8_BLOCK}")
+    if use_triton(src):
+        from ..kernels.v4_elementwise import launch_q_kv
+
+        return launch_q_kv(None if q is None else q.contiguous(), None if kv is None else kv.contiguous(),
+                           None if kv is None else kv_weight.contiguous(), _table(freqs), positions,
+                           num_heads=num_heads, head_dim=D, eps=eps)
+    return (None if q is None else q_path_reference(q, freqs, positions, num_heads=num_heads, eps=eps),
+            None if kv is None else kv_path_reference(kv, kv_weight, freqs, positions, eps=eps))
+
+
+def index_q_path(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
+                 n_heads: int, weight_scale: float):
+    """The indexer query and head weights (:func:`index_q_reference`): q (T, n_heads * Di) bf16, weights
+    (T, n_heads) bf16 -> ((T, n_heads, Di) bf16, (T, n_heads) float32). Di a power of two >= 32."""
+    _tensor(q, "q", torch.bfloat16, 2)
+    _positive_int(n_heads, "n_heads")
+    T = q.shape[0]
+    if q.shape[1] % n_heads:
+        raise ValueError(f"q: {q.shape[1]} columns are not a multiple of n_heads={n_heads}")
+    Di = q.shape[1] // n_heads
+    if Di < INDEX_FP4_BLOCK or Di & (Di - 1):
+        raise ValueError(f"q: index head dim {Di} must be a power of two >= {INDEX_FP4_BLOCK}")
+    _tensor(weights, "weights", torch.bfloat16, 2, q.device)
+    if tuple(weights.shape) != (T, n_heads):
+        raise ValueError(f"weights: expected shape {(T, n_heads)}, got {tuple(weights.shape)}")
+    _rope_inputs(freqs, positions, T, q.device, Di, "an index head")
+    if use_triton(q):
+        from ..kernels.v4_elementwise import launch_index_q
+
+        return launch_index_q(q.contiguous(), weights.contiguous(), _table(freqs), positions, n_heads=n_heads,
+                              weight_scale=float(weight_scale))
+    return index_q_reference(q, weights, freqs, positions, n_heads=n_heads, weight_scale=weight_scale)
+
+
+def output_path(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, groups: int) -> torch.Tensor:
+    """Inverse RoPE of the attention output in the grouped layout of ``wo_a`` (:func:`output_reference`):
+    o (T, H, D) bf16 -> (groups, T, H * D // groups) bf16 contiguous (``view(groups * T, -1)``: rows by group)."""
+    _tensor(o, "o", torch.bfloat16, 3)
+    _positive_int(groups, "groups")
+    T, H, D = o.shape
+    if H % groups:
+        raise ValueError(f"groups: {groups} does not divide the {H} heads")
+    _rope_inputs(freqs, positions, T, o.device, D, "a head")
+    if use_triton(o):
+        from ..kernels.v4_elementwise import launch_output
+
+        return launch_output(o.contiguous(), _table(freqs), positions, groups=groups)
+    return output_reference(o, freqs, positions, groups=groups)

@@ -329,9 +329,10 @@ def compile_for_sm90(config=SPLITK_CONFIGS[8], *, direct=False, bias=False):
     scalars = ["num_rows", "N", "K", "chunk_steps", "stride_xm", "stride_wn", "stride_sn", "stride_gn", "stride_om"]
     constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=direct, HAS_BIAS=bias,
                      num_warps=num_warps)
-    signature = dict(POINTER_ARGS, ws_ptr="*fp32", **{name: "i32" for name in scalars}, swiglu_limit="fp32",
-                     **{name: "constexpr" for name in constants})
     kernel = _splitk_mma_kernel
+    pointers = {name: kind for name, kind in POINTER_ARGS.items() if name in kernel.arg_names}  # no err_ptr here
+    signature = dict(pointers, ws_ptr="*fp32", **{name: "i32" for name in scalars}, swiglu_limit="fp32",
+                     **{name: "constexpr" for name in constants})
     aligned = [a for a in ALIGNED_ARGS if a in kernel.arg_names] + ["ws_ptr"]
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)

@@ -13,19 +13,11 @@ import torch
 
 from ..reference import attention as _reference
 from ._dispatch import interpreter_enabled, use_triton
+from ._validate import check_tensor
 
 
 def _check(t, name: str, dtype: torch.dtype, dim: int, device=None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
-    if t.dim() != dim:
-        raise ValueError(f"{name}: expected {dim} dimensions, got shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name}: expected device {device}, got {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor")
+    check_tensor(t, name, dtype, dim, device, contiguous=True)
 
 
 def _expect_shape(t, name: str, shape: tuple) -> None:

@@ -16,6 +16,7 @@ import torch
 from ..reference import v4_numerics as nx
 from ..reference.v4_attention import head_rms_norm
 from ._dispatch import use_triton
+from ._validate import check_tensor
 
 #: FP8 block of the window kv's non-RoPE dims, FP4 block of the indexer query (official 64 / 32).
 KV_FP8_BLOCK = 64
@@ -23,15 +24,7 @@ INDEX_FP4_BLOCK = 32
 
 
 # ------------------------------------------------------------------------------------------------ validation
-def _tensor(t, name: str, dtype: torch.dtype, dim: int, device=None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
-    if t.dim() != dim:
-        raise ValueError(f"{name}: expected {dim} dimensions, got shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+_tensor = check_tensor
 
 
 def _rope_inputs(freqs, positions, T: int, device, width: int, name: str) -> int:

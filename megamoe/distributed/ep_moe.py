@@ -61,7 +61,7 @@ import torch.distributed as dist
 from ..format.tensor import NVFP4Tensor
 from ..layers import moe as moe_layer
 from ..layers.moe import (DISPATCH_KERNEL_MAX_PAIRS, FUSE_SHARED_MAX_TOKENS, MODES, Nvfp4SharedExpert,
-                          _check_hidden, _check_nvfp4, _quant_roundtrip)
+                          _check_hidden, _check_nvfp4, _quant_roundtrip, check_router_weights)
 from ..models.config import MoEConfig
 from ..ops import gemm as gemm_ops
 from ..ops import moe as moe_ops
@@ -525,34 +525,4 @@ def send_base_of(send_per_peer: torch.Tensor, peer: torch.Tensor) -> torch.Tenso
     return _excl_cumsum(send_per_peer).index_select(0, peer)
 
 
-def _check_router_weights(c: MoEConfig, dev, gate_weight, correction_bias, tid2eid):
-    """The replicated router weights, checked with :meth:`Nvfp4MoE.load_weights`' rules; returns them as the
-    layer stores them (gate fp32, bias fp32 or None, table int32 or None)."""
-    if not isinstance(gate_weight, torch.Tensor) or gate_weight.dtype not in (torch.bfloat16, torch.float32):
-        raise TypeError("gate_weight: expected a bf16/fp32 tensor (E, H)")
-    if tuple(gate_weight.shape) != (c.num_experts, c.hidden_size) or gate_weight.device != dev:
-        raise ValueError(f"gate_weight: expected shape {(c.num_experts, c.hidden_size)} on {dev}, got "
-                         f"{tuple(gate_weight.shape)} on {gate_weight.device}")
-    if tid2eid is not None:
-        if not isinstance(tid2eid, torch.Tensor):
-            raise TypeError(f"tid2eid: expected a torch.Tensor, got {type(tid2eid).__name__}")
-        if tid2eid.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"tid2eid: expected int32 or int64, got {tid2eid.dtype}")
-        if tid2eid.dim() == 2 and tid2eid.dtype == torch.int64 and tid2eid.numel():
-            lo, hi = int(tid2eid.min()), int(tid2eid.max())  # before the int32 cast can wrap
-            if lo < 0 or hi >= c.num_experts:
-                raise ValueError(f"tid2eid: expected expert ids in [0, {c.num_experts}), got values in [{lo}, {hi}]")
-        tid2eid = tid2eid.to(device=dev, dtype=torch.int32).contiguous()
-        moe_ops.check_tid2eid(tid2eid, c.num_experts, c.top_k)
-        if correction_bias is not None:
-            raise ValueError("correction_bias: hash-routed layers (tid2eid given) have no correction bias; pass None")
-    elif c.use_correction_bias:
-        if correction_bias is None:
-            raise ValueError("correction_bias: the config uses e_score_correction_bias; got None")
-        if tuple(correction_bias.shape) != (c.num_experts,) or correction_bias.device != dev:
-            raise ValueError(f"correction_bias: expected ({c.num_experts},) on {dev}, got "
-                             f"{tuple(correction_bias.shape)} on {correction_bias.device}")
-        correction_bias = correction_bias.float().contiguous()
-    else:
-        correction_bias = None
-    return gate_weight.float().contiguous(), correction_bias, tid2eid
+_check_router_weights = check_router_weights  # the single-GPU layer's rules

@@ -275,39 +275,11 @@ class Nvfp4MoE:
         correction bias (pass None) and its forward needs ``token_ids``.
         """
         c, dev = self.config, self.device
-        if not isinstance(gate_weight, torch.Tensor) or gate_weight.dtype not in (torch.bfloat16, torch.float32):
-            raise TypeError("gate_weight: expected a bf16/fp32 tensor (E, H)")
-        if tuple(gate_weight.shape) != (c.num_experts, c.hidden_size) or gate_weight.device != dev:
-            raise ValueError(f"gate_weight: expected shape {(c.num_experts, c.hidden_size)} on {dev}, got "
-                             f"{tuple(gate_weight.shape)} on {gate_weight.device}")
-        if tid2eid is not None:
-            if not isinstance(tid2eid, torch.Tensor):
-                raise TypeError(f"tid2eid: expected a torch.Tensor, got {type(tid2eid).__name__}")
-            if tid2eid.dtype not in (torch.int32, torch.int64):
-                raise TypeError(f"tid2eid: expected int32 or int64, got {tid2eid.dtype}")
-            if tid2eid.dim() == 2 and tid2eid.dtype == torch.int64 and tid2eid.numel():
-                lo, hi = int(tid2eid.min()), int(tid2eid.max())  # before the int32 cast can wrap
-                if lo < 0 or hi >= c.num_experts:
-                    raise ValueError(f"tid2eid: expected expert ids in [0, {c.num_experts}), got values in "
-                                     f"[{lo}, {hi}]")
-            tid2eid = tid2eid.to(device=dev, dtype=torch.int32).contiguous()
-            moe_ops.check_tid2eid(tid2eid, c.num_experts, c.top_k)
-            if correction_bias is not None:
-                raise ValueError("correction_bias: hash-routed layers (tid2eid given) have no correction bias; "
-                                 "pass None")
-        elif c.use_correction_bias:
-            if correction_bias is None:
-                raise ValueError("correction_bias: the config uses e_score_correction_bias; got None")
-            if tuple(correction_bias.shape) != (c.num_experts,) or correction_bias.device != dev:
-                raise ValueError(f"correction_bias: expected ({c.num_experts},) on {dev}, got "
-                                 f"{tuple(correction_bias.shape)} on {correction_bias.device}")
-            correction_bias = correction_bias.float().contiguous()
-        else:
-            correction_bias = None
+        gate_weight, correction_bias, tid2eid = check_router_weights(c, dev, gate_weight, correction_bias, tid2eid)
         _check_nvfp4(w13, "w13", (c.num_experts, 2 * c.intermediate_size, c.hidden_size), dev)
         _check_nvfp4(w2, "w2", (c.num_experts, c.hidden_size, c.intermediate_size), dev)
         # fp32 once at load: the router computes its logits in fp32 (bf16 -> fp32 is exact, routing unchanged)
-        self.gate_weight, self.correction_bias = gate_weight.float().contiguous(), correction_bias
+        self.gate_weight, self.correction_bias = gate_weight, correction_bias
         self.tid2eid = tid2eid
         self.w13, self.w2 = w13, w2
         if self.shared is not None:
@@ -643,6 +615,42 @@ class Nvfp4MoE:
         if self.shared is not None:
             total += self.shared.w13.nbytes() + self.shared.w2.nbytes()
         return total
+
+
+def check_router_weights(c: MoEConfig, dev, gate_weight, correction_bias, tid2eid):
+    """The router's weights checked (before any state changes) and returned as a layer stores them: gate (E, H)
+    float32 (bf16 -> fp32 is exact; the router computes its logits in fp32), correction bias (E,) float32 or None,
+    hash table (vocab, k) int32 or None. Shared by :class:`Nvfp4MoE` and the expert-parallel layer."""
+    if not isinstance(gate_weight, torch.Tensor) or gate_weight.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError("gate_weight: expected a bf16/fp32 tensor (E, H)")
+    if tuple(gate_weight.shape) != (c.num_experts, c.hidden_size) or gate_weight.device != dev:
+        raise ValueError(f"gate_weight: expected shape {(c.num_experts, c.hidden_size)} on {dev}, got "
+                         f"{tuple(gate_weight.shape)} on {gate_weight.device}")
+    if tid2eid is not None:
+        if not isinstance(tid2eid, torch.Tensor):
+            raise TypeError(f"tid2eid: expected a torch.Tensor, got {type(tid2eid).__name__}")
+        if tid2eid.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"tid2eid: expected int32 or int64, got {tid2eid.dtype}")
+        if tid2eid.dim() == 2 and tid2eid.dtype == torch.int64 and tid2eid.numel():
+            lo, hi = int(tid2eid.min()), int(tid2eid.max())  # before the int32 cast can wrap
+            if lo < 0 or hi >= c.num_experts:
+                raise ValueError(f"tid2eid: expected expert ids in [0, {c.num_experts}), got values in "
+                                 f"[{lo}, {hi}]")
+        tid2eid = tid2eid.to(device=dev, dtype=torch.int32).contiguous()
+        moe_ops.check_tid2eid(tid2eid, c.num_experts, c.top_k)
+        if correction_bias is not None:
+            raise ValueError("correction_bias: hash-routed layers (tid2eid given) have no correction bias; "
+                             "pass None")
+    elif c.use_correction_bias:
+        if correction_bias is None:
+            raise ValueError("correction_bias: the config uses e_score_correction_bias; got None")
+        if tuple(correction_bias.shape) != (c.num_experts,) or correction_bias.device != dev:
+            raise ValueError(f"correction_bias: expected ({c.num_experts},) on {dev}, got "
+                             f"{tuple(correction_bias.shape)} on {correction_bias.device}")
+        correction_bias = correction_bias.float().contiguous()
+    else:
+        correction_bias = None
+    return gate_weight.float().contiguous(), correction_bias, tid2eid
 
 
 def _per_expert_global_scale(gs: torch.Tensor, experts: int) -> torch.Tensor:

@@ -78,13 +78,39 @@ def _stack_gate_up(gate: NVFP4Tensor, up: NVFP4Tensor) -> tuple[torch.Tensor, to
     return torch.cat((gate.data, up.data)), torch.cat((gate.block_scale, up.block_scale)), rows_gs
 
 
-def _load_ffn(tensors: dict, prefix: str, hidden: int, inter: int):
-    """gate/up/down of one FFN -> (w13 parts, w2, l1 input scale, l2 input scale)."""
-    gate, gate_in = read_nvfp4_linear(tensors, f"{prefix}gate_proj", inter, hidden)
-    up, up_in = read_nvfp4_linear(tensors, f"{prefix}up_proj", inter, hidden)
-    down, down_in = read_nvfp4_linear(tensors, f"{prefix}down_proj", hidden, inter)
+def _load_ffn(tensors: dict, prefix: str, hidden: int, inter: int, names: tuple = PROJECTIONS):
+    """gate/up/down of one FFN -> (w13 parts, w2, l1 input scale, l2 input scale). ``names``: the gate, up and down
+    projections' names (HF / ModelOpt ``gate_proj, up_proj, down_proj``; official DeepSeek ``w1, w3, w2``)."""
+    gate_name, up_name, down_name = names
+    gate, gate_in = read_nvfp4_linear(tensors, f"{prefix}{gate_name}", inter, hidden)
+    up, up_in = read_nvfp4_linear(tensors, f"{prefix}{up_name}", inter, hidden)
+    down, down_in = read_nvfp4_linear(tensors, f"{prefix}{down_name}", hidden, inter)
     l1 = None if gate_in is None or up_in is None else torch.maximum(gate_in, up_in)
     return _stack_gate_up(gate, up), down, l1, down_in
+
+
+def read_experts(tensors, prefix: str, experts, hidden: int, inter: int, names: tuple = PROJECTIONS):
+    """Routed experts ``experts`` (an iterable of ids) of ``{prefix}experts.{e}.`` stacked -> (w13 (n, 2I, H)
+    [gate; up], w2 (n, H, I), l1 input scales, l2 input scales: lists with None where absent)."""
+    data13, scale13, gs13, data2, scale2, gs2, l1s, l2s = [], [], [], [], [], [], [], []
+    for expert in experts:
+        (d, s, g), down, l1, l2 = _load_ffn(tensors, f"{prefix}experts.{expert}.", hidden, inter, names)
+        data13.append(d), scale13.append(s), gs13.append(g)
+        data2.append(down.data), scale2.append(down.block_scale), gs2.append(down.global_scale.reshape(1, 1))
+        l1s.append(l1), l2s.append(l2)
+    n = len(data13)
+    w13 = NVFP4Tensor(torch.stack(data13), torch.stack(scale13), _compact_global_scale(torch.stack(gs13)),
+                      (n, 2 * inter, hidden))
+    w2 = NVFP4Tensor(torch.stack(data2), torch.stack(scale2), torch.stack(gs2), (n, hidden, inter))
+    return w13, w2, l1s, l2s
+
+
+def read_shared_expert(tensors, prefix: str, hidden: int, inter: int, names: tuple = PROJECTIONS):
+    """The shared expert ``{prefix}shared_experts.`` -> (w13 (2I, H), w2 (H, I), (l1, l2) input scales or None)."""
+    (d, s, g), w2, l1, l2 = _load_ffn(tensors, f"{prefix}shared_experts.", hidden, inter, names)
+    g = _compact_global_scale(g)
+    w13 = NVFP4Tensor(d, s, g.reshape(()) if g.numel() == 1 else g, (2 * inter, hidden))
+    return w13, w2, (l1, l2)
 
 
 def _compact_global_scale(rows_gs: torch.Tensor) -> torch.Tensor:
@@ -124,24 +150,11 @@ def load_moe_layer(source, config: MoEConfig, *, prefix: str = "", max_num_token
     elif c.use_correction_bias:
         name = f"{prefix}gate.e_score_correction_bias"
         bias = _expect(_get(tensors, name), name, (e,), (torch.float32, torch.bfloat16)).float()
-    data13, scale13, gs13, data2, scale2, gs2, l1s, l2s = [], [], [], [], [], [], [], []
-    for expert in range(e):
-        (d, s, g), down, l1, l2 = _load_ffn(tensors, f"{prefix}experts.{expert}.", h, i)
-        data13.append(d), scale13.append(s), gs13.append(g)
-        data2.append(down.data), scale2.append(down.block_scale), gs2.append(down.global_scale.reshape(1, 1))
-        l1s.append(l1), l2s.append(l2)
-    w13 = NVFP4Tensor(torch.stack(data13), torch.stack(scale13), _compact_global_scale(torch.stack(gs13)),
-                      (e, 2 * i, h))
-    w2 = NVFP4Tensor(torch.stack(data2), torch.stack(scale2), torch.stack(gs2), (e, h, i))
+    w13, w2, l1s, l2s = read_experts(tensors, prefix, range(e), h, i)
     shared_w13 = shared_w2 = None
     shared_scales = (None, None)
     if c.shared_intermediate_size:
-        si = c.shared_intermediate_size
-        (d, s, g), shared_w2, sl1, sl2 = _load_ffn(tensors, f"{prefix}shared_experts.", h, si)
-        shared_w13 = NVFP4Tensor(d, s, _compact_global_scale(g), (2 * si, h))
-        if shared_w13.global_scale.numel() == 1:
-            shared_w13 = NVFP4Tensor(d, s, shared_w13.global_scale.reshape(()), (2 * si, h))
-        shared_scales = (sl1, sl2)
+        shared_w13, shared_w2, shared_scales = read_shared_expert(tensors, prefix, h, c.shared_intermediate_size)
     dev = torch.device(device)
     layer = Nvfp4MoE(c, max_num_tokens=max_num_tokens, device=dev, mode=mode)
     try:

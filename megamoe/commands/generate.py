@@ -61,8 +61,10 @@ def _layers_that_fit(cfg, device) -> int:
 
 
 def main(args) -> int:
+    from ..kvcache import DecodeBatch
     from ..models.config import MODEL_PRESETS
     from ..models.model import PhaseTimer, V4Model
+    from ..ops.sampling import SamplingParams, sample
 
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -134,9 +136,6 @@ def main(args) -> int:
                 for r in range(B):
                     outputs[r].append(host[r])
         else:
-            from ..kvcache import DecodeBatch
-            from ..ops.sampling import SamplingParams, sample
-
             batch = DecodeBatch.allocate(B, device)
             params = SamplingParams.allocate(B, device)
             params.set(list(range(B)), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -156,8 +155,6 @@ def main(args) -> int:
         print(f"batch {B}: prefill {prefill_s * 1e3:.1f} ms total; decode {median * 1e3:.2f} ms/token (median of "
               f"{steps}), {B / median:.1f} tokens/s")
         # per-layer-kind breakdown: one eager profiled step (synchronizes between phases)
-        from ..kvcache import DecodeBatch
-
         pbatch = DecodeBatch.allocate(B, device)
         timer = PhaseTimer(device)
         model.prepare_decode(pbatch, list(range(B)))

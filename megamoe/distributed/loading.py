@@ -13,9 +13,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.modelopt import _compact_global_scale, _expect, _get, _load_ffn, _optional
+from ..checkpoint.modelopt import _expect, _get, _optional, read_experts, read_shared_expert
 from ..checkpoint.sharded import CheckpointError, ShardedCheckpoint
-from ..format.tensor import NVFP4Tensor
 from ..models.config import MoEConfig
 from .ep_moe import ExpertParallelMoE
 
@@ -52,26 +51,11 @@ def load_expert_parallel_moe(source, config: MoEConfig, *, prefix: str = "", max
     elif c.use_correction_bias:
         name = f"{prefix}gate.e_score_correction_bias"
         bias = _expect(_get(tensors, name), name, (e,), (torch.float32, torch.bfloat16)).float()
-    data13, scale13, gs13, data2, scale2, gs2, l2s = [], [], [], [], [], [], []
-    l1_local = []
-    for expert in range(layer.expert_start, layer.expert_stop):
-        (d, s, g), down, l1, l2 = _load_ffn(tensors, f"{prefix}experts.{expert}.", h, i)
-        data13.append(d), scale13.append(s), gs13.append(g)
-        data2.append(down.data), scale2.append(down.block_scale), gs2.append(down.global_scale.reshape(1, 1))
-        l1_local.append(l1), l2s.append(l2)
-    el = layer.num_local_experts
-    w13 = NVFP4Tensor(torch.stack(data13), torch.stack(scale13), _compact_global_scale(torch.stack(gs13)),
-                      (el, 2 * i, h))
-    w2 = NVFP4Tensor(torch.stack(data2), torch.stack(scale2), torch.stack(gs2), (el, h, i))
+    w13, w2, l1_local, l2s = read_experts(tensors, prefix, range(layer.expert_start, layer.expert_stop), h, i)
     shared_w13 = shared_w2 = None
     shared_scales = (None, None)
     if c.shared_intermediate_size:
-        si = c.shared_intermediate_size
-        (d, s, g), shared_w2, sl1, sl2 = _load_ffn(tensors, f"{prefix}shared_experts.", h, si)
-        shared_w13 = NVFP4Tensor(d, s, _compact_global_scale(g), (2 * si, h))
-        if shared_w13.global_scale.numel() == 1:
-            shared_w13 = NVFP4Tensor(d, s, shared_w13.global_scale.reshape(()), (2 * si, h))
-        shared_scales = (sl1, sl2)
+        shared_w13, shared_w2, shared_scales = read_shared_expert(tensors, prefix, h, c.shared_intermediate_size)
     layer.load_weights(gate_weight.to(dev), None if bias is None else bias.to(dev), w13.to(dev), w2.to(dev),
                        None if shared_w13 is None else shared_w13.to(dev),
                        None if shared_w2 is None else shared_w2.to(dev),

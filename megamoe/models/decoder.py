@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checkpoint.modelopt import _compact_global_scale, _stack_gate_up, read_nvfp4_linear
+from ..checkpoint.modelopt import read_experts, read_nvfp4_linear, read_shared_expert
 from ..format.tensor import NVFP4Tensor
 from ..layers.attention import Nvfp4Attention
 from ..layers.moe import Nvfp4MoE
@@ -63,23 +63,9 @@ def moe_weights(tensors, cfg: V4Config, layer: int):
     p = f"layers.{layer}.ffn."
     h, i, e = m.hidden_size, m.intermediate_size, m.num_experts
 
-    def ffn(prefix, inter):
-        gate = nvfp4_from_checkpoint(tensors, prefix + "w1", inter, h)
-        up = nvfp4_from_checkpoint(tensors, prefix + "w3", inter, h)
-        down = nvfp4_from_checkpoint(tensors, prefix + "w2", h, inter)
-        return _stack_gate_up(gate, up), down
-
-    d13, s13, g13, d2, s2, g2 = [], [], [], [], [], []
-    for expert in range(e):
-        (d, s, g), down = ffn(f"{p}experts.{expert}.", i)
-        d13.append(d), s13.append(s), g13.append(g)
-        d2.append(down.data), s2.append(down.block_scale), g2.append(down.global_scale.reshape(1, 1))
-    w13 = NVFP4Tensor(torch.stack(d13), torch.stack(s13), _compact_global_scale(torch.stack(g13)), (e, 2 * i, h))
-    w2 = NVFP4Tensor(torch.stack(d2), torch.stack(s2), torch.stack(g2), (e, h, i))
-    si = m.shared_intermediate_size
-    (d, s, g), shared_w2 = ffn(f"{p}shared_experts.", si)
-    g = _compact_global_scale(g)
-    shared_w13 = NVFP4Tensor(d, s, g.reshape(()) if g.numel() == 1 else g, (2 * si, h))
+    names = ("w1", "w3", "w2")  # official Expert: w1 = gate, w3 = up, w2 = down
+    w13, w2, _, _ = read_experts(tensors, p, range(e), h, i, names)
+    shared_w13, shared_w2, _ = read_shared_expert(tensors, p, h, m.shared_intermediate_size, names)
     hashed = layer < cfg.num_hash_layers
     gate = tensors[p + "gate.weight"]
     bias = None if hashed else tensors[p + "gate.bias"].float()

@@ -64,7 +64,7 @@ def _invalid_inputs(device, vocab=30, e=16, k=4, t=8):
     x = torch.randn(t, 32).bfloat16()
     x[6, 0] = float("nan")  # NaN state: table ids kept, NaN weights
     table = _table(vocab, e, k)
-    tokens = torch.randint(0, vocab, (t,))
+    tokens = torch.randperm(vocab)[:t]  # distinct ids: the rows made invalid below share no id with the good ones
     tokens[1], tokens[2] = vocab, -3  # out of the vocabulary
     table[tokens[4]] = torch.tensor([2, e, 1, 0], dtype=torch.int32)  # an entry out of [0, E)
     table[tokens[5]] = torch.tensor([3, 1, -1, 0], dtype=torch.int32)

@@ -113,6 +113,16 @@ def read_shared_expert(tensors, prefix: str, hidden: int, inter: int, names: tup
     return w13, w2, (l1, l2)
 
 
+def open_tensors(source):
+    """A path (a ``.safetensors`` file or a checkpoint directory, read lazily), a ShardedCheckpoint or a dict ->
+    the mapping the loaders read tensors from."""
+    if isinstance(source, (str, os.PathLike)):
+        return ShardedCheckpoint(source)
+    if isinstance(source, (dict, ShardedCheckpoint)):
+        return source
+    raise TypeError(f"source: expected a path, a ShardedCheckpoint or a dict of tensors, got {type(source).__name__}")
+
+
 def _compact_global_scale(rows_gs: torch.Tensor) -> torch.Tensor:
     """(..., 2I, 1) per-row scale -> (..., 1, 1) when all rows of each leading index agree (load time only)."""
     first = rows_gs[..., :1, :]
@@ -129,13 +139,7 @@ def load_moe_layer(source, config: MoEConfig, *, prefix: str = "", max_num_token
     mis-shaped tensor. Static w4a4 scales are installed when every projection
     has an ``input_scale``.
     """
-    if isinstance(source, (str, os.PathLike)):
-        tensors = ShardedCheckpoint(source)
-    elif isinstance(source, (dict, ShardedCheckpoint)):
-        tensors = source
-    else:
-        raise TypeError(f"source: expected a path, a ShardedCheckpoint or a dict of tensors, got "
-                        f"{type(source).__name__}")
+    tensors = open_tensors(source)
     c = config
     h, i, e = c.hidden_size, c.intermediate_size, c.num_experts
     gate_weight = _expect(_get(tensors, f"{prefix}gate.weight"), f"{prefix}gate.weight", (e, h),

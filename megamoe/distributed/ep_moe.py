@@ -61,7 +61,7 @@ import torch.distributed as dist
 from ..format.tensor import NVFP4Tensor
 from ..layers import moe as moe_layer
 from ..layers.moe import (DISPATCH_KERNEL_MAX_PAIRS, FUSE_SHARED_MAX_TOKENS, MODES, Nvfp4SharedExpert,
-                          _check_hidden, _check_nvfp4, _quant_roundtrip, check_router_weights)
+                          _check_hidden, _check_nvfp4, _quant_roundtrip, check_router_weights, dispatch_buffers)
 from ..models.config import MoEConfig
 from ..ops import gemm as gemm_ops
 from ..ops import moe as moe_ops
@@ -164,15 +164,7 @@ class ExpertParallelMoE:
                               swiglu_limit=c.swiglu_limit, mode=mode)
             if c.shared_intermediate_size else None
         )
-        self._dispatch_buffers = {
-            "sorted_expert": torch.empty(pairs, dtype=torch.int32, device=dev),
-            "perm": torch.empty(pairs, dtype=torch.int64, device=dev),
-            "row_index": torch.empty(pairs, dtype=torch.int32, device=dev),
-            "inv_perm": torch.empty(pairs, dtype=torch.int32, device=dev),
-            "arange": torch.arange(pairs, dtype=torch.int32, device=dev),
-            "experts": torch.arange(c.num_experts, dtype=torch.int32, device=dev),
-            "expert_offsets": torch.empty(c.num_experts, dtype=torch.int32, device=dev),
-        }
+        self._dispatch_buffers = dispatch_buffers(pairs, c.num_experts, dev)
         self._route_weights = torch.empty((max_num_tokens, k), dtype=torch.float32, device=dev)
         self._route_ids = torch.empty((max_num_tokens, k), dtype=torch.int32, device=dev)
         # combine in Nvfp4MoE's fused order: slot k = the shared expert, weight 1.0, row R + t of the return buffer

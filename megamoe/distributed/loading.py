@@ -8,13 +8,12 @@ tensors of experts ``[r*E/W, (r+1)*E/W)`` only.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.modelopt import _expect, _get, _optional, read_experts, read_shared_expert
-from ..checkpoint.sharded import CheckpointError, ShardedCheckpoint
+from ..checkpoint.modelopt import _expect, _get, _optional, open_tensors, read_experts, read_shared_expert
+from ..checkpoint.sharded import CheckpointError
 from ..models.config import MoEConfig
 from .ep_moe import ExpertParallelMoE
 
@@ -28,13 +27,7 @@ def load_expert_parallel_moe(source, config: MoEConfig, *, prefix: str = "", max
     Static w4a4 scales are installed when every projection has an ``input_scale`` (L1 = the max over all
     experts' gate/up input scales, as the single-process loader; reduced across the ranks).
     """
-    if isinstance(source, (str, os.PathLike)):
-        tensors = ShardedCheckpoint(source)
-    elif isinstance(source, (dict, ShardedCheckpoint)):
-        tensors = source
-    else:
-        raise TypeError(f"source: expected a path, a ShardedCheckpoint or a dict of tensors, got "
-                        f"{type(source).__name__}")
+    tensors = open_tensors(source)
     layer = ExpertParallelMoE(config, max_num_tokens=max_num_tokens, group=group, device=device, mode=mode,
                               **kwargs)
     c, dev = config, layer.device

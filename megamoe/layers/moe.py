@@ -240,15 +240,7 @@ class Nvfp4MoE:
                               swiglu_limit=c.swiglu_limit, mode=mode)
             if c.shared_intermediate_size else None
         )
-        self._dispatch_buffers = {
-            "sorted_expert": torch.empty(pairs, dtype=torch.int32, device=dev),
-            "perm": torch.empty(pairs, dtype=torch.int64, device=dev),
-            "row_index": torch.empty(pairs, dtype=torch.int32, device=dev),
-            "inv_perm": torch.empty(pairs, dtype=torch.int32, device=dev),
-            "arange": torch.arange(pairs, dtype=torch.int32, device=dev),
-            "experts": torch.arange(self._groups, dtype=torch.int32, device=dev),
-            "expert_offsets": torch.empty(self._groups, dtype=torch.int32, device=dev),
-        }
+        self._dispatch_buffers = dispatch_buffers(pairs, self._groups, dev)
         self._route_weights = torch.empty((max_num_tokens, c.top_k), dtype=torch.float32, device=dev)
         self._route_ids = torch.empty((max_num_tokens, c.top_k), dtype=torch.int32, device=dev)
         if self.fused_shared:  # routing with the shared expert appended as slot k: id E, weight 1.0 (set once)
@@ -615,6 +607,20 @@ class Nvfp4MoE:
         if self.shared is not None:
             total += self.shared.w13.nbytes() + self.shared.w2.nbytes()
         return total
+
+
+def dispatch_buffers(pairs: int, groups: int, device) -> dict:
+    """Preallocated outputs of ``megamoe.ops.moe.dispatch`` for up to ``pairs`` (token, expert) pairs over ``groups``
+    expert groups (graph-stable pointers)."""
+    return {
+        "sorted_expert": torch.empty(pairs, dtype=torch.int32, device=device),
+        "perm": torch.empty(pairs, dtype=torch.int64, device=device),
+        "row_index": torch.empty(pairs, dtype=torch.int32, device=device),
+        "inv_perm": torch.empty(pairs, dtype=torch.int32, device=device),
+        "arange": torch.arange(pairs, dtype=torch.int32, device=device),
+        "experts": torch.arange(groups, dtype=torch.int32, device=device),
+        "expert_offsets": torch.empty(groups, dtype=torch.int32, device=device),
+    }
 
 
 def check_router_weights(c: MoEConfig, dev, gate_weight, correction_bias, tid2eid):

@@ -113,6 +113,26 @@ def read_shared_expert(tensors, prefix: str, hidden: int, inter: int, names: tup
     return w13, w2, (l1, l2)
 
 
+def read_router(tensors, prefix: str, config: MoEConfig):
+    """``{prefix}gate.*`` -> (gate weight (E, H) bf16/fp32, correction bias (E,) float32 or None, hash table
+    (vocab, k) int32/int64 or None). A hash-routed layer (a ``gate.tid2eid`` table: DeepSeek-V4's first layers)
+    has no correction bias."""
+    c = config
+    gate_weight = _expect(_get(tensors, f"{prefix}gate.weight"), f"{prefix}gate.weight",
+                          (c.num_experts, c.hidden_size), (torch.bfloat16, torch.float32))
+    bias = None
+    tid2eid = _optional(tensors, f"{prefix}gate.tid2eid")
+    if tid2eid is not None:
+        name = f"{prefix}gate.tid2eid"
+        if tid2eid.dtype not in (torch.int32, torch.int64) or tid2eid.dim() != 2 or tid2eid.shape[1] != c.top_k:
+            raise CheckpointError(f"checkpoint: {name!r} has shape {tuple(tid2eid.shape)} {tid2eid.dtype}, "
+                                  f"expected (vocab, {c.top_k}) int32/int64")
+    elif c.use_correction_bias:
+        name = f"{prefix}gate.e_score_correction_bias"
+        bias = _expect(_get(tensors, name), name, (c.num_experts,), (torch.float32, torch.bfloat16)).float()
+    return gate_weight, bias, tid2eid
+
+
 def open_tensors(source):
     """A path (a ``.safetensors`` file or a checkpoint directory, read lazily), a ShardedCheckpoint or a dict ->
     the mapping the loaders read tensors from."""
@@ -142,18 +162,7 @@ def load_moe_layer(source, config: MoEConfig, *, prefix: str = "", max_num_token
     tensors = open_tensors(source)
     c = config
     h, i, e = c.hidden_size, c.intermediate_size, c.num_experts
-    gate_weight = _expect(_get(tensors, f"{prefix}gate.weight"), f"{prefix}gate.weight", (e, h),
-                          (torch.bfloat16, torch.float32))
-    bias = None
-    tid2eid = _optional(tensors, f"{prefix}gate.tid2eid")
-    if tid2eid is not None:  # a hash-routed layer (DeepSeek-V4's first layers): no correction bias
-        name = f"{prefix}gate.tid2eid"
-        if tid2eid.dtype not in (torch.int32, torch.int64) or tid2eid.dim() != 2 or tid2eid.shape[1] != c.top_k:
-            raise CheckpointError(f"checkpoint: {name!r} has shape {tuple(tid2eid.shape)} {tid2eid.dtype}, "
-                                  f"expected (vocab, {c.top_k}) int32/int64")
-    elif c.use_correction_bias:
-        name = f"{prefix}gate.e_score_correction_bias"
-        bias = _expect(_get(tensors, name), name, (e,), (torch.float32, torch.bfloat16)).float()
+    gate_weight, bias, tid2eid = read_router(tensors, prefix, c)
     w13, w2, l1s, l2s = read_experts(tensors, prefix, range(e), h, i)
     shared_w13 = shared_w2 = None
     shared_scales = (None, None)

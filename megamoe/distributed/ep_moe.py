@@ -151,7 +151,7 @@ class ExpertParallelMoE:
         self.fused_shared = bool(fuse_shared_expert and c.shared_intermediate_size == c.intermediate_size)
         self.fuse_shared_max_tokens = (FUSE_SHARED_MAX_TOKENS if fuse_shared_max_tokens is None
                                        else fuse_shared_max_tokens)
-        dev, h, k, w, el = self.device, c.hidden_size, c.top_k, self.world_size, self.num_local_experts
+        dev, h, k, w = self.device, c.hidden_size, c.top_k, self.world_size
         pairs = max_num_tokens * k
         self.capacity_rows = capacity_tokens * k  # rows per rank pair in capacity mode
         rows = w * self.capacity_rows  # receive rows in capacity mode
@@ -255,7 +255,7 @@ class ExpertParallelMoE:
         (same per-tensor, per-expert generators), but only the local experts are drawn and quantized."""
         layer = cls(config, **kwargs)
         dev, c = layer.device, config
-        h, i, e, si = c.hidden_size, c.intermediate_size, c.num_experts, c.shared_intermediate_size
+        h, i, si = c.hidden_size, c.intermediate_size, c.shared_intermediate_size
 
         def gen(tag: int, index: int = 0) -> torch.Generator:
             return torch.Generator(device=dev).manual_seed(moe_layer._sub_seed(seed, tag, index))
@@ -263,13 +263,7 @@ class ExpertParallelMoE:
         def randn(shape, scale, tag, index=0):
             return (torch.randn(*shape, generator=gen(tag, index), device=dev) * scale).to(torch.bfloat16)
 
-        gate = randn((e, h), h ** -0.5, 1)
-        bias = None
-        if c.use_correction_bias and hash_vocab is None:
-            bias = torch.rand(e, generator=gen(2), device=dev) * 0.1
-        tid2eid = None
-        if hash_vocab is not None:
-            tid2eid = torch.rand(hash_vocab, e, generator=gen(3), device=dev).topk(c.top_k, dim=1).indices.int()
+        gate, bias, tid2eid = moe_layer._random_router(c, gen, dev, hash_vocab)
         e0, el = layer.expert_start, layer.num_local_experts
         w13 = moe_layer._random_experts(el, (2 * i, h), h ** -0.5, lambda j: gen(4, e0 + j), dev, None, "w13")
         w2 = moe_layer._random_experts(el, (h, i), i ** -0.5, lambda j: gen(5, e0 + j), dev, None, "w2")

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.modelopt import _expect, _get, _optional, open_tensors, read_experts, read_shared_expert
-from ..checkpoint.sharded import CheckpointError
+from ..checkpoint.modelopt import open_tensors, read_experts, read_router, read_shared_expert
 from ..models.config import MoEConfig
 from .ep_moe import ExpertParallelMoE
 
@@ -31,19 +30,8 @@ def load_expert_parallel_moe(source, config: MoEConfig, *, prefix: str = "", max
     layer = ExpertParallelMoE(config, max_num_tokens=max_num_tokens, group=group, device=device, mode=mode,
                               **kwargs)
     c, dev = config, layer.device
-    h, i, e = c.hidden_size, c.intermediate_size, c.num_experts
-    gate_weight = _expect(_get(tensors, f"{prefix}gate.weight"), f"{prefix}gate.weight", (e, h),
-                          (torch.bfloat16, torch.float32))
-    bias = None
-    tid2eid = _optional(tensors, f"{prefix}gate.tid2eid")
-    if tid2eid is not None:
-        name = f"{prefix}gate.tid2eid"
-        if tid2eid.dtype not in (torch.int32, torch.int64) or tid2eid.dim() != 2 or tid2eid.shape[1] != c.top_k:
-            raise CheckpointError(f"checkpoint: {name!r} has shape {tuple(tid2eid.shape)} {tid2eid.dtype}, "
-                                  f"expected (vocab, {c.top_k}) int32/int64")
-    elif c.use_correction_bias:
-        name = f"{prefix}gate.e_score_correction_bias"
-        bias = _expect(_get(tensors, name), name, (e,), (torch.float32, torch.bfloat16)).float()
+    h, i = c.hidden_size, c.intermediate_size
+    gate_weight, bias, tid2eid = read_router(tensors, prefix, c)
     w13, w2, l1_local, l2s = read_experts(tensors, prefix, range(layer.expert_start, layer.expert_stop), h, i)
     shared_w13 = shared_w2 = None
     shared_scales = (None, None)

@@ -327,13 +327,7 @@ class Nvfp4MoE:
         def randn(shape, scale, tag, index=0):
             return (torch.randn(*shape, generator=gen(tag, index), device=device) * scale).to(torch.bfloat16)
 
-        gate = randn((e, h), h ** -0.5, 1)
-        bias = None
-        if c.use_correction_bias and hash_vocab is None:
-            bias = torch.rand(e, generator=gen(2), device=device) * 0.1
-        tid2eid = None
-        if hash_vocab is not None:
-            tid2eid = torch.rand(hash_vocab, e, generator=gen(3), device=device).topk(c.top_k, dim=1).indices.int()
+        gate, bias, tid2eid = _random_router(c, gen, device, hash_vocab)
         kept = {} if return_bf16 else None
         w13 = _random_experts(e, (2 * i, h), h ** -0.5, lambda j: gen(4, j), device, kept, "w13")
         w2 = _random_experts(e, (h, i), i ** -0.5, lambda j: gen(5, j), device, kept, "w2")
@@ -607,6 +601,21 @@ class Nvfp4MoE:
         if self.shared is not None:
             total += self.shared.w13.nbytes() + self.shared.w2.nbytes()
         return total
+
+
+def _random_router(c: MoEConfig, gen, device, hash_vocab: int | None):
+    """Random router weights of :meth:`Nvfp4MoE.random` (also the expert-parallel layer's): gate (E, H) bf16 with
+    std H**-0.5 from ``gen(1)``, correction bias U(0, 0.1) from ``gen(2)`` (score routing with a bias), hash
+    table of ``hash_vocab`` rows of distinct experts from ``gen(3)`` (hash routing)."""
+    e, h = c.num_experts, c.hidden_size
+    gate = (torch.randn(e, h, generator=gen(1), device=device) * h ** -0.5).to(torch.bfloat16)
+    bias = None
+    if c.use_correction_bias and hash_vocab is None:
+        bias = torch.rand(e, generator=gen(2), device=device) * 0.1
+    tid2eid = None
+    if hash_vocab is not None:
+        tid2eid = torch.rand(hash_vocab, e, generator=gen(3), device=device).topk(c.top_k, dim=1).indices.int()
+    return gate, bias, tid2eid
 
 
 def dispatch_buffers(pairs: int, groups: int, device) -> dict:

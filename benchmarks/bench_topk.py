@@ -31,23 +31,15 @@ from megamoe.kvcache import CompressedCacheConfig, CompressedKVCache, ops  # noq
 from megamoe.ops.topk import topk_indices  # noqa: E402
 from megamoe.reference.kvcache import select_topk  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kvcache import fill_pool  # noqa: E402  (random keys with valid scales for either numerics)
+
 
 def graph_median_us(fn, reps=100):
     """Median of CUDA-graph replays of ``fn`` in microseconds (one call per graph)."""
     fn()  # compile / warm outside the capture
     torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(fn, rep=reps, return_mode="median") * 1e3
-
-
-def fill_pool(cache: CompressedKVCache, slots: int, entries: int):
-    """Pages for ``slots`` requests of ``entries`` entries; random keys with valid E4M3 scales (as bench_kvcache)."""
-    c = cache.config
-    for s in range(slots):
-        cache.join(s)
-    cache.prepare_forward(list(range(slots)), [0] * slots, [entries * c.ratio] * slots)
-    p = cache.pool
-    p.index_keys.random_(0, 256)
-    p.index_key_scale.view(torch.uint8).random_(0x30, 0x40)
 
 
 def main():

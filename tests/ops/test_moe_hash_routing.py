@@ -1,12 +1,13 @@
 """Hash routing (DeepSeek-V4's first layers) in megamoe.ops.moe.route: reference vs a Python oracle, the Triton
 kernel vs the torch path, the invalid-input policy, validation, and the sm_90 build of the kernel."""
-import math
 
 import pytest
 import torch
 
 from megamoe.ops import moe as moe_ops
 from megamoe.reference import moe as moe_ref
+
+from test_moe_ops import score_oracle  # noqa: E402  (tests/ops is on sys.path under pytest's rootdir-based import)
 
 
 def _oracle(x, gate, table, tokens, scoring, norm, scale):
@@ -16,14 +17,7 @@ def _oracle(x, gate, table, tokens, scoring, norm, scale):
     num_experts = gate.shape[0]
     ws, ids = [], []
     for row, tok in zip(logits, tokens.tolist()):
-        if scoring == "sigmoid":
-            s = [1 / (1 + math.exp(-v)) for v in row]
-        elif scoring == "softmax":
-            m = max(row)
-            z = sum(math.exp(v - m) for v in row)
-            s = [math.exp(v - m) / z for v in row]
-        else:
-            s = [math.sqrt(math.log1p(math.exp(v))) for v in row]
+        s = score_oracle(row, scoring)
         entry = table[tok].tolist() if 0 <= tok < vocab else None
         if entry is None or not all(0 <= e < num_experts for e in entry):
             ids.append(list(range(k)))

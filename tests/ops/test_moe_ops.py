@@ -8,20 +8,24 @@ from megamoe.ops import moe as moe_ops
 from megamoe.reference import moe as moe_ref
 
 
+def score_oracle(row, scoring: str) -> list:
+    """Python scores of one token's router logits (sigmoid, softmax or sqrt(softplus))."""
+    if scoring == "sigmoid":
+        return [1 / (1 + math.exp(-v)) for v in row]
+    if scoring == "softmax":
+        m = max(row)
+        z = sum(math.exp(v - m) for v in row)
+        return [math.exp(v - m) / z for v in row]
+    return [math.sqrt(math.log1p(math.exp(v))) for v in row]
+
+
 def _brute_route(x, gate, bias, top_k, scoring, n_group=1, topk_group=1, norm=True, scale=1.0):
     """Per-token Python oracle with the documented tie-break (lower expert index wins)."""
     logits = (x.float() @ gate.float().t()).tolist()
     num_experts = gate.shape[0]
     ids, weights = [], []
     for row in logits:
-        if scoring == "sigmoid":
-            s = [1 / (1 + math.exp(-v)) for v in row]
-        elif scoring == "softmax":
-            m = max(row)
-            z = sum(math.exp(v - m) for v in row)
-            s = [math.exp(v - m) / z for v in row]
-        else:
-            s = [math.sqrt(math.log1p(math.exp(v))) for v in row]
+        s = score_oracle(row, scoring)
         key = [si + (bias[e].item() if bias is not None else 0.0) for e, si in enumerate(s)]
         allowed = set(range(num_experts))
         if n_group > 1:

@@ -216,12 +216,39 @@ def test_sampler_kernel_builds_for_sm90():
     from sm90_compile import compile_sm90
 
     sig = dict(values_ptr="*fp32", ids_ptr="*i64", n_keep_ptr="*i32", temperature_ptr="*fp32", seed_ptr="*i64",
-               step_ptr="*i64", out_ptr="*i64", N="i32", stride_v="i32", stride_i="i32")
+               step_ptr="*i64", part_best_ptr="*fp32", part_at_ptr="*i32", N="i32", stride_v="i32", stride_i="i32",
+               P="i32")
     for sorted_, vtype in ((False, "*bf16"), (True, "*fp32")):
-        ptx, res = compile_sm90("megamoe.kernels.sampling", "_sample_kernel", {**sig, "values_ptr": vtype},
-                                dict(SORTED=sorted_, BLOCK_V=2048, INTERPRET=False, NUM_CHUNKS=1), 8)
+        ptx, res = compile_sm90("megamoe.kernels.sampling", "_sample_partial_kernel", {**sig, "values_ptr": vtype},
+                                dict(SORTED=sorted_, BLOCK_V=2048, CHUNKS_PER_PART=2), 8)
         assert res["LOCAL"] == 0 and res["STACK"] == 0 and res["REG"] <= 64, res
         assert "mul.lo.s32" in ptx and "shr.u32" in ptx  # the mixer stays in 32-bit (wrapping) arithmetic
+    msig = dict(part_best_ptr="*fp32", part_at_ptr="*i32", ids_ptr="*i64", stride_i="i32", step_ptr="*i64",
+                out_ptr="*i64", P="i32")
+    _, res = compile_sm90("megamoe.kernels.sampling", "_sample_merge_kernel", msig, dict(SORTED=True, P_P2=64), 1)
+    assert res["LOCAL"] == 0 and res["STACK"] == 0, res
+
+
+def test_parts_cover_the_row_and_do_not_change_the_token():
+    """The row split (shapes only) covers every chunk once; any split gives the one-pass argmax (ties: lowest)."""
+    from megamoe.kernels import sampling as ks
+
+    for rows, n in ((1, 129280), (8, 129280), (64, 129280), (1, 1), (3, 5000), (300, 4096)):
+        parts, per = ks.sample_parts(rows, n, 2048)
+        chunks = -(-n // 2048)
+        assert parts * per >= chunks > (parts - 1) * per, (rows, n, parts, per)
+    # ties across part boundaries and NaN/-inf parts: the interpreter kernel with 4 parts against argmax
+    logits = torch.full((3, 300), float("-inf"))
+    logits[0, 70] = logits[0, 250] = 5.0  # tie in parts 1 and 3 -> 70
+    logits[1, :] = float("nan")  # nothing finite -> 0, like the one-pass kernel
+    logits[2, 299] = 1.0
+    b = logits.shape[0]
+    p = _params(b, "cpu", temperature=0.0)
+    out = torch.empty(b, dtype=torch.int64)
+    step = p.step.clone()
+    ks.launch_sample(logits, None, None, p.temperature, p.seed, p.step, out, interpreter=True)
+    assert out.tolist() == [70, 0, 299]
+    assert (p.step == step + 1).all()
 
 
 @pytest.mark.cuda

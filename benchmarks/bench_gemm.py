@@ -26,9 +26,11 @@ Writes ``benchmarks/results/gemm_<date>.json``, ``gemm_<date>.md`` and
 sweeps the config candidates below per shape and records the best.
 
 ``--dense-splitk`` runs only the dense split-K comparison instead: the issue shapes (N x K) at
-M = 1, 8, 64, 256, each timed as CUDA-graph replay (32 calls per graph over > 96 MB of weight
-copies): the split-K kernel, the route the op took before it, bf16 ``F.linear``, the HBM floor and
-the % of it (``--splitk-sweep`` adds split counts 1..32); writes ``gemm_dense_splitk_<date>.{json,md}``.
+M = 1, 8, 16, 32, 64, 128, 256, each timed as CUDA-graph replay (32 calls per graph over > 96 MB of
+weight copies): the split-K kernel, the route the op took before it, bf16 ``F.linear``, the HBM floor
+and the % of it; ``--splitk-sweep`` adds the two-launch reduction, split counts 1..32 and the
+alternative configs of ``SPLITK_SWEEP_CONFIGS`` and prints the best knob per shape; writes
+``gemm_dense_splitk_<date>.{json,md}`` (``--tag`` names them, e.g. ``gemm_dense_v13``).
 
 Run:  PYTHONUNBUFFERED=1 python benchmarks/bench_gemm.py [--tune] [--gemv-tune] [--dense] [--tokens 1 8 ...] [--out-dir DIR]
       python benchmarks/bench_gemm.py --plot-only results/gemm_X.json   (redraw the PNG)
@@ -393,7 +395,20 @@ def run_dense(args):
 
 
 SPLITK_SHAPES = [(4096, 4096), (1024, 4096), (18432, 7168), (32768, 1024), (4096, 8192)]  # (N, K)
-SPLITK_ROWS = (1, 8, 64, 256)
+SPLITK_ROWS = (1, 8, 16, 32, 64, 128, 256)
+SPLITK_SWEEP_SPLITS = (1, 2, 4, 8, 16, 32)
+# --splitk-sweep: alternative configs per M (kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg),
+# each at its planned split count; the default config also at every count of SPLITK_SWEEP_SPLITS.
+SPLITK_SWEEP_CONFIGS = {
+    1: [("fma", 1, 64, 256, 4, 2, 128), ("fma", 1, 64, 256, 4, 8, 128), ("fma", 1, 32, 256, 2, 8, 128)],
+    8: [("mma", 8, 128, 256, 4, 6, None), ("mma", 8, 64, 256, 4, 4, None), ("wgmma", 32, 64, 128, 4, 3, None)],
+    16: [("mma", 16, 128, 128, 4, 4, None), ("wgmma", 32, 64, 128, 4, 3, None)],
+    32: [("wgmma", 32, 64, 128, 4, 4, None), ("wgmma", 32, 64, 128, 4, 2, None), ("mma", 32, 128, 128, 4, 2, None)],
+    64: [("wgmma", 64, 64, 128, 4, 3, None), ("wgmma", 64, 64, 128, 4, 1, None), ("wgmma", 64, 128, 128, 8, 1, None),
+         ("wgmma", 32, 64, 128, 4, 3, None)],
+    128: [("wgmma", 64, 64, 128, 4, 2, None), ("wgmma", 128, 128, 128, 8, 2, None)],
+    256: [("wgmma", 64, 64, 128, 4, 2, None), ("wgmma", 128, 128, 128, 8, 2, None)],
+}
 GRAPH_CALLS = 32  # calls per captured graph (the per-call time is the replay time / GRAPH_CALLS)
 GRAPH_BYTES = 96 << 20  # weight copies cycled inside a graph: at least this many bytes (> the 50 MB L2)
 
@@ -441,9 +456,10 @@ def run_dense_splitk(args):
                 sk.SPLITK_MAX_ROWS = saved
             prev_launch = ops_gemm._launcher(prev_name)
 
-            def splitk(i, splits=None):
+            def splitk(i, splits=None, config=None, fused=True):
                 w = ws[i]
-                return lambda: sk.launch_nvfp4_splitk(x, w.data, w.block_scale, w.global_scale, out, splits=splits)
+                return lambda: sk.launch_nvfp4_splitk(x, w.data, w.block_scale, w.global_scale, out, splits=splits,
+                                                      config=config, fused=fused)
 
             def previous(i):
                 w = ws[i]
@@ -452,7 +468,8 @@ def run_dense_splitk(args):
             ref = torch.nn.functional.linear(x, w_bf16[0]).float()
             got = sk.launch_nvfp4_splitk(x, ws[0].data, ws[0].block_scale, ws[0].global_scale, out).float()
             cfg = sk.select_splitk_config(m, False, True)
-            planned = sk.plan_splitk(m, n, k, cfg[2], cfg[3], sk._num_sms(0) * cfg[5])[0]
+            m_tiles = -(-m // cfg[1]) if cfg[0] == "wgmma" else 1
+            planned = sk.plan_splitk(m, n, k, cfg[2], cfg[3], max(1, sk._num_sms(0) * cfg[5] // m_tiles))[0]
             floor = (fp4_bytes + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6
             row = dict(n=n, k=k, m=m, hbm_floor_us=floor, config=list(cfg), splits=planned,
                        rel_err_vs_bf16=((got - ref).norm() / ref.norm()).item(),
@@ -463,29 +480,51 @@ def run_dense_splitk(args):
                                            bf16_copies, args.rep_ms),
                        op_route=ops_gemm.decode_route(x, ws[0].data, m, None, n, k))
             if args.splitk_sweep:
-                row["splits_sweep"] = {s: _graph_time(lambda i, s=s: splitk(i, s), copies, args.rep_ms)
-                                       for s in (1, 2, 4, 8, 16, 32)}
+                sweep = {"two-launch": _graph_time(lambda i: splitk(i, fused=False), copies, args.rep_ms)}
+                for s in SPLITK_SWEEP_SPLITS:
+                    sweep[f"splits={s}"] = _graph_time(lambda i, s=s: splitk(i, splits=s), copies, args.rep_ms)
+                key = next(bound for bound in SPLITK_SWEEP_CONFIGS if m <= bound)
+                for alt in SPLITK_SWEEP_CONFIGS[key]:
+                    try:
+                        sweep[str(alt)] = _graph_time(lambda i, c=alt: splitk(i, config=c), copies, args.rep_ms)
+                    except Exception as e:  # noqa: BLE001 - a config the shape cannot take: report, go on
+                        print(f"  sweep {alt}: {type(e).__name__}: {e}", flush=True)
+                best = min(sweep, key=sweep.get)
+                row["splits_sweep"] = sweep
+                row["sweep_best"] = dict(knob=best, us=sweep[best], vs_default=row["splitk_us"] / sweep[best])
             row["pct_of_floor"] = 100 * floor / row["splitk_us"]
             rows.append(row)
-            print(f"N={n:6d} K={k:5d} M={m:4d}  split-K {row['splitk_us']:8.1f} us (splits {planned:2d}, "
+            print(f"N={n:6d} K={k:5d} M={m:4d}  split-K {row['splitk_us']:8.1f} us ({cfg[0]} {cfg[1]}, splits {planned:2d}, "
                   f"{row['pct_of_floor']:5.1f}% of floor {floor:6.1f})  {prev_name} {row['previous_us']:8.1f}  "
-                  f"bf16 {row['bf16_us']:8.1f}  op->{row['op_route']}  err {row['rel_err_vs_bf16']:.1e}"
-                  + (f"  sweep {row['splits_sweep']}" if args.splitk_sweep else ""), flush=True)
+                  f"bf16 {row['bf16_us']:8.1f} ({row['bf16_us'] / row['splitk_us']:.2f}x)  op->{row['op_route']}  "
+                  f"err {row['rel_err_vs_bf16']:.1e}"
+                  + (f"  best {row['sweep_best']['knob']} {row['sweep_best']['us']:.1f}" if args.splitk_sweep else ""),
+                  flush=True)
         del ws, w_bf16
     return rows
 
 
 def write_dense_splitk_markdown(rows, meta, path):
     lines = [f"# Dense NVFP4 linear, split-K ({meta['date']}, {meta['device']}, torch {meta['torch']}, "
-             f"triton {meta['triton']})", "", f"Command: `{meta['command']}`", "",
+             f"triton {meta['triton']})", "", f"Command: `{meta['command']}` (wall {meta.get('wall_s', '?')} s)", "",
              f"Graph replay: {GRAPH_CALLS} calls per CUDA graph over weight copies of >= {GRAPH_BYTES >> 20} MB "
              "(L2 flushed before each replay), do_bench median / calls. Floor: (N*K*9/16 + activations) / 3.0 TB/s.",
-             "", "| N x K | M | split-K us | splits | % of floor | previous route | previous us | bf16 us | floor us "
-             "| vs bf16 | op route |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| N x K | M | split-K us | kind, rows | splits | % of floor | previous route | previous us | bf16 us "
+             "| floor us | vs bf16 | op route |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['splitk_us']:.1f} | {r['splits']} | {r['pct_of_floor']:.0f}% "
+        lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['splitk_us']:.1f} | {r['config'][0]} {r['config'][1]} "
+                     f"| {r['splits']} | {r['pct_of_floor']:.0f}% "
                      f"| {r['previous_route']} | {r['previous_us']:.1f} | {r['bf16_us']:.1f} | {r['hbm_floor_us']:.1f} "
                      f"| {r['bf16_us'] / r['splitk_us']:.2f}x | {r['op_route']} |")
+    if any("splits_sweep" in r for r in rows):
+        lines += ["", "## --splitk-sweep: best knob per shape (default = the table config at its planned splits)", "",
+                  "| N x K | M | default us | best knob | best us | default / best | two-launch us |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "sweep_best" in r:
+                b = r["sweep_best"]
+                lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['splitk_us']:.1f} | {b['knob']} | {b['us']:.1f} "
+                             f"| {b['vs_default']:.2f}x | {r['splits_sweep']['two-launch']:.1f} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -622,8 +661,9 @@ def main():
     parser.add_argument("--mma-tune", action="store_true", help="sweep the Gluon decode-kernel candidates")
     parser.add_argument("--wgmma-tune", action="store_true", help="sweep the Gluon wgmma-kernel candidates")
     parser.add_argument("--dense-splitk", action="store_true",
-                        help="only the dense split-K comparison (issue shapes, M = 1, 8, 64, 256, graph replay)")
-    parser.add_argument("--splitk-sweep", action="store_true", help="with --dense-splitk: also sweep the split count")
+                        help="only the dense split-K comparison (issue shapes, M = 1..256, graph replay)")
+    parser.add_argument("--splitk-sweep", action="store_true",
+                        help="with --dense-splitk: also sweep the split count, configs, two-launch reduction")
     parser.add_argument("--rep-ms", type=int, default=60)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--tag", default=None, help="file name stem (default gemm_<UTC date-time>)")

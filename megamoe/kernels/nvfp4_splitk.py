@@ -12,7 +12,7 @@ only the last split can end on a ragged step; K need only be a multiple of 16),
 and ``splits`` is chosen on the host from (M, N, K) alone so that the grid fills
 one wave of the GPU (:func:`plan_splitk`).
 
-Three kernels:
+Four kernels:
 
 * ``_splitk_partial_kernel`` (Triton; also runs in the interpreter): the K-slice
   partial sums, either on CUDA cores (``USE_DOT=False``: the exact decode and
@@ -22,15 +22,40 @@ Three kernels:
 * ``_splitk_mma_kernel`` (Gluon, sm_90 only): the same partial sums with the
   FP4 words decoded straight into ``mma.sync`` A-operand registers (the building
   blocks of ``nvfp4_gluon_jit.py`` / ``nvfp4_mma_decode.py``; ~3.2 instructions
-  per weight); used for M >= 8 when K % 128 == 0.
+  per weight); used for 8 <= M <= 16 when K % 128 == 0.
+* ``_splitk_wgmma_kernel`` (Gluon, sm_90 only, ``kind = "wgmma"``): the wgmma
+  step of ``nvfp4_wgmma.py`` (weights decoded into the A registers, swap-AB,
+  the x^T tile through shared memory) for 16 < M <= 256: one program owns
+  BLOCK_M = 32..128 token rows, so at M <= 64 (128) one weight pass serves
+  every row; a third grid axis takes further BLOCK_M row tiles (its programs
+  are launched next to each other and share the weight slice through L2).
 * ``_splitk_reduce_kernel`` (Triton): ``out = bf16(sum_s partial[s] *
-  global_scale * 2**8 + bias)``, summing the splits in index order.
+  global_scale * 2**8 + bias)``, summing the splits in index order; only the
+  fallback of the single-launch reduction below.
 
-Partial sums go to a float32 workspace ``(splits, M, N)`` taken from the
-caching allocator on every call (no state between calls: CUDA-graph safe, any
-stream); the reduction order is fixed, so the result has the same bits on
-every run, eager or graph replay. With one split the partial kernels write bf16
-directly (global scale and bias in their epilogue) and no workspace is used.
+**Single launch, deterministic reduction** (``FUSED``). Partial sums go to a
+float32 workspace ``(splits, M, N)`` taken from the caching allocator on every
+call. Each program stores its partial, then (after a CTA barrier) takes a
+ticket with one ``atomic_add(acq_rel, gpu scope)`` on the counter of its
+output tile; the program that draws ticket ``splits - 1`` is the last one,
+sums the tile's partials in split-index order ``0, 1, .., splits-1`` (loads
+from L2, ``.cg``), applies ``global_scale * 2**8`` and bias, writes bf16, and
+stores 0 back into the counter. The sum order does not depend on which
+program arrives last, so the bits are the same on every run, eager or graph
+replay, and equal to the two-launch path's (same operations, same order).
+
+**Counter workspace** (:func:`splitk_counters`): one int32 vector of
+:data:`COUNTER_SLOTS` zeros per device, allocated on the first launch outside
+CUDA-graph capture and cached for the life of the process (a captured graph
+keeps its address). Every launch leaves it all-zero again (each tile's last
+program resets its counter), so graphs replay and eager calls interleave
+freely. Two split-K launches on *different streams of one device* must not
+run concurrently (they would share tile counters); a launch while a graph is
+being captured before any eager launch on that device, or one with more tiles
+than :data:`COUNTER_SLOTS`, falls back to the two-launch reduction (same bits).
+
+With one split the partial kernels write bf16 directly (global scale and bias
+in their epilogue) and no workspace or counter is used.
 
 Decoded weights carry a factor ``2**-8`` (see ``nvfp4_jit``), undone with the
 global scale (0-d or per row (N, 1)) in the final epilogue.
@@ -53,18 +78,33 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-    from .nvfp4_gluon_jit import load_weights, scale_layout, store_epilogue, weight_layout, x_operand_layout
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+    from .nvfp4_gluon_jit import (
+        decode_a_operand,
+        load_weights,
+        scale_layout,
+        store_epilogue,
+        weight_layout,
+        x_kappa_order,
+        x_operand_layout,
+        x_split_layout,
+    )
     from .nvfp4_mma_decode import _mma_step as _gluon_mma_step
 
 # ---------------------------------------------------------------------------
 # Tile configurations. Key: upper bound on M (the first key >= M wins).
 # Values: (kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg)
 #   kind: "fma" (Triton CUDA-core step, BLOCK_M = ROWS rows per pass), "dot" (Triton tl.dot step),
-#     "mma" (Gluon mma.sync step; falls back to "dot" when Gluon cannot run the shape).
+#     "mma" (Gluon mma.sync step, BLOCK_M rows per pass), "wgmma" (Gluon wgmma step, BLOCK_M rows per
+#     program, BLOCK_N = 16 * num_warps, BLOCK_M >= 8 * num_warps); the Gluon kinds fall back to "dot"
+#     when Gluon cannot run the shape.
 #   programs_per_sm: resident programs per SM the split count aims for (one full wave).
 #   maxnreg: register cap (None: the compiler's choice).
-# Not yet tuned on a GPU: the fma rows reuse the nvfp4_gemv configs measured in gemm_v5, the
-# mma rows the nvfp4_mma_decode configs of gemm_v6 (benchmarks/NOTES_gemm.md, v11 prediction).
+# fma rows: the nvfp4_gemv configs measured in gemm_v5; mma rows: the nvfp4_mma_decode configs of gemm_v6;
+# measured as the split-K kernel on an H200 in gemm_dense_splitk_20261123_1435 (M = 1, 8: 1.1-1.9x bf16).
+# wgmma rows (v13): not yet measured; BLOCK_M covers M <= 64 in one program (one weight pass), 128 rows
+# need 8 warps (two warpgroups) to keep the x operand in registers (NOTES_gemm.md, v13).
 # ---------------------------------------------------------------------------
 SPLITK_CONFIGS = {
     1: ("fma", 1, 64, 256, 4, 4, 128),
@@ -72,12 +112,15 @@ SPLITK_CONFIGS = {
     4: ("fma", 4, 32, 128, 2, 8, None),
     8: ("mma", 8, 128, 256, 4, 3, None),
     16: ("mma", 16, 128, 128, 4, 2, None),
-    1 << 62: ("mma", 32, 128, 128, 4, 2, None),
+    32: ("wgmma", 32, 64, 128, 4, 3, None),
+    64: ("wgmma", 64, 64, 128, 4, 2, None),
+    1 << 62: ("wgmma", 128, 128, 128, 8, 1, None),
 }
 # Offline sm_90 compile (ptxas, tests/kernels/test_nvfp4_splitk.py), registers / K-loop SASS per weight:
 # fma 1 row 127-128 regs, 5.3 instr/weight; fma 2 rows 164-168; fma 4 rows (2 warps) 123-127;
 # mma 8 rows 128-135 regs, 3.1 instr/weight; mma 32 rows 225-227 regs; no spills in any K loop.
-# the portable tensor-core step, when the Gluon kernel cannot run the shape (K % 128, alignment)
+# v13 (single-launch reduction and the wgmma kind): see NOTES_gemm.md, v13 (registers / spills table).
+# the portable tensor-core step, when the Gluon kernels cannot run the shape (K % 128, alignment)
 DOT_FALLBACK = ("dot", 16, 64, 128, 4, 2, None)
 # Interpreter (CPU tests): tiny tiles so that the N/K edges, split edges and row loops are exercised.
 INTERPRETER_CONFIGS = {
@@ -90,6 +133,11 @@ INTERPRETER_PROGRAMS = 12  # "SM count" the interpreter plans for (splits > 1 at
 # times the weight bytes N*K*9/16.
 WORKSPACE_L2_BYTES = 16 << 20
 WORKSPACE_WEIGHT_RATIO = 1.0
+# Tile counters of the single-launch reduction: int32 slots per device (64 KB); a launch with more
+# output tiles (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) for "wgmma", cdiv(N, BLOCK_N) otherwise) uses the
+# two-launch reduction.
+COUNTER_SLOTS = 1 << 14
+_COUNTERS: dict = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,9 +153,28 @@ def select_splitk_config(m: int, interpreter: bool, gluon_ok: bool):
     for bound, config in SPLITK_CONFIGS.items():
         if m <= bound:
             break
-    if config[0] == "mma" and not gluon_ok:
+    if config[0] in ("mma", "wgmma") and not gluon_ok:
         config = DOT_FALLBACK
     return config
+
+
+def splitk_counters(device) -> torch.Tensor | None:
+    """The (COUNTER_SLOTS,) int32 tile counters of ``device`` (zeros; every launch leaves them zero).
+
+    Allocated on first use and cached per device for the life of the process. While the current stream
+    is capturing a CUDA graph and no counters exist yet, returns None (a zero-fill recorded in the graph
+    would not run for eager calls): the launcher then uses the two-launch reduction.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+        _COUNTERS[device] = counters
+    return counters
 
 
 def plan_splitk(m: int, n: int, k: int, block_n: int, block_k: int, target_programs: int) -> tuple[int, int]:
@@ -126,31 +193,69 @@ def plan_splitk(m: int, n: int, k: int, block_n: int, block_k: int, target_progr
 
 
 @triton.jit
+def _epilogue_store(acc, rows, row_mask, cols, col_mask, N, global_scale_ptr, stride_gn, bias_ptr, out_ptr,
+                    stride_om, HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc (R, C) fp32 (weights carry 2**-8) -> bf16(acc * global_scale * 2**8 + bias) at out[rows, cols]."""
+    gscale = tl.load(global_scale_ptr + tl.minimum(cols, N - 1).to(tl.int64) * stride_gn) * 256.0
+    acc = acc * gscale[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], round_to_bf16(acc, INTERPRET),
+             mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
 def _store_partial(acc, rows, row_mask, cols, col_mask, pid_k, num_rows, N, global_scale_ptr, stride_gn, bias_ptr,
                    out_ptr, stride_om, ws_ptr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
                    INTERPRET: tl.constexpr):
     """acc (BLOCK_M, BLOCK_N) fp32 (weights carry 2**-8) -> bf16 out (DIRECT) or workspace[pid_k]."""
-    mask = row_mask[:, None] & col_mask[None, :]
     if DIRECT:
-        gscale = tl.load(global_scale_ptr + tl.minimum(cols, N - 1).to(tl.int64) * stride_gn) * 256.0
-        acc = acc * gscale[None, :]
-        if HAS_BIAS:
-            acc = acc + tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], round_to_bf16(acc, INTERPRET),
-                 mask=mask)
+        _epilogue_store(acc, rows, row_mask, cols, col_mask, N, global_scale_ptr, stride_gn, bias_ptr, out_ptr,
+                        stride_om, HAS_BIAS, INTERPRET)
     else:
         base = ws_ptr + (pid_k * num_rows).to(tl.int64) * N
-        tl.store(base + rows.to(tl.int64)[:, None] * N + cols[None, :], acc, mask=mask)
+        tl.store(base + rows.to(tl.int64)[:, None] * N + cols[None, :], acc,
+                 mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _last_program_reduces(ws_ptr, cnt_ptr, slot, splits, num_rows, cols, col_mask, N, global_scale_ptr, stride_gn,
+                          bias_ptr, out_ptr, stride_om, BLOCK_M: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          INTERPRET: tl.constexpr):
+    """Single-launch reduction (module docstring): after this program's partials are stored, draw a
+    ticket on counter ``slot``; the last of the ``splits`` programs sums workspace[0..splits-1] of its
+    column tile in index order, writes bf16 and resets the counter to 0."""
+    tl.debug_barrier()  # every thread's partial stores precede the (release) ticket
+    ticket = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
+    if ticket == splits - 1:
+        offs_r = tl.arange(0, BLOCK_M)
+        r0 = slot * 0
+        while r0 < num_rows:
+            rows = r0 + offs_r
+            row_mask = rows < num_rows
+            mask = row_mask[:, None] & col_mask[None, :]
+            ptrs = ws_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
+            acc = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+            s = slot * 0 + 1  # a while loop: the interpreter cannot range() over a runtime bound
+            while s < splits:
+                acc += tl.load(ptrs + (s * num_rows).to(tl.int64) * N, mask=mask, other=0.0, cache_modifier=".cg")
+                s += 1
+            _epilogue_store(acc, rows, row_mask, cols, col_mask, N, global_scale_ptr, stride_gn, bias_ptr, out_ptr,
+                            stride_om, HAS_BIAS, INTERPRET)
+            r0 += BLOCK_M
+        tl.store(cnt_ptr + slot, 0)  # every program of this tile has drawn its ticket: ready for the next launch
 
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _splitk_partial_kernel(
-    x_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, ws_ptr,
-    num_rows, N, K, chunk_steps, stride_xm, stride_wn, stride_sn, stride_gn, stride_om,
+    x_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+    num_rows, N, K, chunk_steps, splits, stride_xm, stride_wn, stride_sn, stride_gn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-    DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr,
+    DIRECT: tl.constexpr, FUSED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
-    """Partial sums of weight rows [pid_n*BLOCK_N, +BLOCK_N) over the K range of split pid_k.
+    """Partial sums of weight rows [pid_n*BLOCK_N, +BLOCK_N) over the K range of split pid_k; with FUSED
+    the last of the ``splits`` programs of the column tile also reduces them (counter ``cnt_ptr[pid_n]``).
 
     USE_DOT False: x_ptr / w_ptr are int32 views (bf16 pairs, 4 packed bytes), stride_xm / stride_wn in
     words; BLOCK_M is the ROWS of the CUDA-core step. USE_DOT True: bf16 x and uint8 packed weights.
@@ -228,40 +333,89 @@ def _splitk_partial_kernel(
         _store_partial(acc, rows, row_mask, cols, col_mask, pid_k, num_rows, N, global_scale_ptr, stride_gn,
                        bias_ptr, out_ptr, stride_om, ws_ptr, DIRECT, HAS_BIAS, INTERPRET)
         r0 += BLOCK_M
+    if FUSED:
+        _last_program_reduces(ws_ptr, cnt_ptr, pid_n, splits, num_rows, cols, col_mask, N, global_scale_ptr,
+                              stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, HAS_BIAS, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _splitk_reduce_kernel(ws_ptr, global_scale_ptr, bias_ptr, out_ptr, num_rows, N, stride_gn, stride_om,
                           SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
                           INTERPRET: tl.constexpr):
-    """out[m, cols] = bf16(sum over s = 0, 1, .., SPLITS-1 (in this order) of ws[s, m, cols]
-    * global_scale * 2**8 + bias)."""
-    m = tl.program_id(1)
+    """Two-launch fallback: out[m, cols] = bf16(sum over s = 0, 1, .., SPLITS-1 (in this order) of
+    ws[s, m, cols] * global_scale * 2**8 + bias) -- the operations of the single-launch reduction."""
+    rows = tl.program_id(1) + tl.arange(0, 1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    ptrs = ws_ptr + m.to(tl.int64) * N + cols
-    acc = tl.load(ptrs, mask=mask, other=0.0)
+    col_mask = cols < N
+    ptrs = ws_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
+    acc = tl.load(ptrs, mask=col_mask[None, :], other=0.0)
     for s in tl.static_range(1, SPLITS):
-        acc += tl.load(ptrs + (s * num_rows).to(tl.int64) * N, mask=mask, other=0.0)
-    gscale = tl.load(global_scale_ptr + tl.minimum(cols, N - 1).to(tl.int64) * stride_gn) * 256.0
-    acc = acc * gscale
-    if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, round_to_bf16(acc, INTERPRET), mask=mask)
+        acc += tl.load(ptrs + (s * num_rows).to(tl.int64) * N, mask=col_mask[None, :], other=0.0)
+    _epilogue_store(acc, rows, rows < num_rows, cols, col_mask, N, global_scale_ptr, stride_gn, bias_ptr, out_ptr,
+                    stride_om, HAS_BIAS, INTERPRET)
 
 
 if GLUON_AVAILABLE:
 
-    @gluon.jit(do_not_specialize=["num_rows"])
+    @gluon.constexpr_function
+    def _reduce_layout(num_warps):
+        """(rows, columns) tiles of the workspace: token rows over the warps, columns over the lanes."""
+        return gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+
+    @gluon.jit
+    def _gluon_store_partial(acc, row_start, row_end, num_rows, n_start, N, pid_k, ws_ptr, BLOCK_M: gl.constexpr,
+                             BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+        """acc (BLOCK_N weight rows, BLOCK_M tokens) fp32 -> workspace[pid_k, row_start.., n_start..]."""
+        red_layout: gl.constexpr = _reduce_layout(num_warps)
+        part = gl.convert_layout(acc.permute([1, 0]), red_layout)  # (BLOCK_M, BLOCK_N)
+        rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, red_layout))
+        cols = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, red_layout))
+        base = ws_ptr + (pid_k * num_rows).to(gl.int64) * N
+        gl.store(base + rows.to(gl.int64)[:, None] * N + cols[None, :], part,
+                 mask=(rows < row_end)[:, None] & (cols < N)[None, :])
+
+    @gluon.jit
+    def _gluon_last_program_reduces(ws_ptr, cnt_ptr, slot, splits, row_start, row_end, num_rows, n_start, N,
+                                    global_scale_ptr, stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M: gl.constexpr,
+                                    BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr):
+        """The single-launch reduction of the Gluon kinds (as ``_last_program_reduces``): ticket on
+        counter ``slot``; the last program sums workspace[0..splits-1] of rows [row_start, row_end) x its
+        BLOCK_N columns in index order, writes bf16 and resets the counter."""
+        gl.thread_barrier()  # every thread's partial stores precede the (release) ticket
+        ticket = gl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
+        if ticket == splits - 1:
+            red_layout: gl.constexpr = _reduce_layout(num_warps)
+            cols = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, red_layout))
+            col_mask = cols < N
+            gscale = gl.load(global_scale_ptr + gl.minimum(cols, N - 1).to(gl.int64) * stride_gn) * 256.0
+            r0 = row_start + slot * 0
+            while r0 < row_end:
+                rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, red_layout))
+                mask = (rows < row_end)[:, None] & col_mask[None, :]
+                ptrs = ws_ptr + rows.to(gl.int64)[:, None] * N + cols[None, :]
+                acc = gl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                for s in range(1, splits):
+                    acc += gl.load(ptrs + (s * num_rows).to(gl.int64) * N, mask=mask, other=0.0,
+                                   cache_modifier=".cg")
+                acc = acc * gscale[None, :]
+                if HAS_BIAS:
+                    acc = acc + gl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(gl.float32)[None, :]
+                gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], acc.to(gl.bfloat16),
+                         mask=mask)
+                r0 += BLOCK_M
+            gl.store(cnt_ptr + slot, 0)  # every program of this tile has drawn its ticket
+
+    @gluon.jit(do_not_specialize=["num_rows", "splits"])
     def _splitk_mma_kernel(
-        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, ws_ptr,
-        num_rows, N, K, chunk_steps, swiglu_limit,
+        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+        num_rows, N, K, chunk_steps, splits, swiglu_limit,
         stride_xm, stride_wn, stride_sn, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, DIRECT: gl.constexpr,
-        HAS_BIAS: gl.constexpr, num_warps: gl.constexpr,
+        FUSED: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr,
     ):
         """Gluon mma.sync partial sums (dense): program (pid_n, pid_k) decodes its K slice into
-        A-operand registers (nvfp4_mma_decode's step) for BLOCK_M token rows per pass.
+        A-operand registers (nvfp4_mma_decode's step) for BLOCK_M token rows per pass; with FUSED the
+        last program of column tile pid_n reduces (counter ``cnt_ptr[pid_n]``).
         ``row_index_ptr`` / ``offsets_ptr`` / ``swiglu_limit`` are unused (the shared compile helper's
         argument set). K is a multiple of BLOCK_K; each split takes ``chunk_steps`` steps."""
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
@@ -271,7 +425,6 @@ if GLUON_AVAILABLE:
         w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
         s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
         x_layout: gl.constexpr = x_operand_layout(BLOCK_M, BLOCK_K, num_warps)
-        epi_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, num_warps], [1, 0])
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
@@ -308,38 +461,108 @@ if GLUON_AVAILABLE:
                                bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, False, False,
                                num_warps)
             else:
-                part = gl.convert_layout(acc.permute([1, 0]), epi_layout)  # (BLOCK_M, BLOCK_N)
-                prow = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, epi_layout))
-                pcol = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, epi_layout))
-                base = ws_ptr + (pid_k * num_rows).to(gl.int64) * N
-                gl.store(base + prow.to(gl.int64)[:, None] * N + pcol[None, :], part,
-                         mask=(prow < num_rows)[:, None] & (pcol < N)[None, :])
+                _gluon_store_partial(acc, r0, num_rows, num_rows, n_start, N, pid_k, ws_ptr, BLOCK_M, BLOCK_N,
+                                     num_warps)
             r0 += BLOCK_M
+        if FUSED:
+            _gluon_last_program_reduces(ws_ptr, cnt_ptr, pid_n, splits, pid_n * 0, num_rows, num_rows, n_start, N,
+                                        global_scale_ptr, stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N,
+                                        HAS_BIAS, num_warps)
+
+    @gluon.jit(do_not_specialize=["num_rows", "splits"])
+    def _splitk_wgmma_kernel(
+        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+        num_rows, N, K, chunk_steps, splits, swiglu_limit,
+        stride_xm, stride_wn, stride_sn, stride_gn, stride_om,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, DIRECT: gl.constexpr,
+        FUSED: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """Gluon wgmma partial sums (dense, swap-AB, the step of ``nvfp4_wgmma.py``): program
+        (pid_m, pid_n, pid_k) computes token rows [pid_m*BLOCK_M, +BLOCK_M) x weight rows
+        [pid_n*BLOCK_N, +BLOCK_N) over the K slice of split pid_k, the weight tile decoded into the
+        wgmma A registers and the x^T tile staged in shared memory. With FUSED the last program of the
+        (pid_m, pid_n) tile reduces (counter ``cnt_ptr[pid_m * cdiv(N, BLOCK_N) + pid_n]``). Unused
+        arguments as in ``_splitk_mma_kernel``. BLOCK_N = 16 * num_warps, BLOCK_M >= 8 * num_warps."""
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BLOCK_M, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
+        s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
+        x_layout: gl.constexpr = x_split_layout(BLOCK_M, BLOCK_K, num_warps)
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_K],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+
+        pid_m = gl.program_id(0)  # fastest: the row tiles of one weight slice run side by side (L2 reuse)
+        pid_n = gl.program_id(1)
+        pid_k = gl.program_id(2)
+        k_begin = pid_k * chunk_steps * BLOCK_K  # a multiple of the constexpr BLOCK_K: aligned loads
+        k_steps = gl.minimum(K // BLOCK_K - pid_k * chunk_steps, chunk_steps)
+        n_start = pid_n * BLOCK_N
+        row_start = pid_m * BLOCK_M
+        row_end = gl.minimum(row_start + BLOCK_M, num_rows)
+        w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout)), N - 1)
+        w_cols = k_begin // 8 + gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, w_layout))
+        w_ptrs = w_ptr + w_rows.to(gl.int64)[:, None] * stride_wn + w_cols[None, :]
+        s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)), N - 1)
+        s_cols = k_begin // 16 + gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_layout))
+        s_ptrs = scale_ptr + s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
+        rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
+        x_cols = k_begin // 2 + gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
+        x_ptrs = x_ptr + rows.to(gl.int64)[:, None] * stride_xm + x_cols[None, :]
+        x_mask = (rows < num_rows)[:, None]
+        last = gl.maximum(k_steps - 1, 0) * BLOCK_K
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+        words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+        x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+        for step in range(0, k_steps):
+            nxt = gl.minimum((step + 1) * BLOCK_K, last)
+            words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+            x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+            a = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)
+            gl.thread_barrier()  # every warpgroup's (synchronous) wgmma of the previous step has read x_smem
+            x_smem.store(x_kappa_order(x_pairs, BLOCK_M, BLOCK_K))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(a, x_smem.permute([1, 0]), acc)
+            words, scale_bytes, x_pairs = words_n, scale_n, x_next
+        if DIRECT:
+            store_epilogue(acc, row_start, row_end, k_steps > 0, n_start, N, global_scale_ptr, 0, 0, stride_gn,
+                           bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, False, False,
+                           num_warps)
+        else:
+            _gluon_store_partial(acc, row_start, row_end, num_rows, n_start, N, pid_k, ws_ptr, BLOCK_M, BLOCK_N,
+                                 num_warps)
+            if FUSED:
+                _gluon_last_program_reduces(ws_ptr, cnt_ptr, pid_m * gl.num_programs(1) + pid_n, splits, row_start,
+                                            row_end, num_rows, n_start, N, global_scale_ptr, stride_gn, bias_ptr,
+                                            out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS, num_warps)
 
 
-def compile_for_sm90(config=SPLITK_CONFIGS[8], *, direct=False, bias=False):
-    """Compile the Gluon split-K kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as
-    :data:`SPLITK_CONFIGS` ("mma" rows)."""
+def compile_for_sm90(config=SPLITK_CONFIGS[8], *, direct=False, bias=False, fused=True):
+    """Compile a Gluon split-K kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as
+    :data:`SPLITK_CONFIGS` ("mma" or "wgmma" rows)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .nvfp4_gluon_jit import ALIGNED_ARGS, POINTER_ARGS
 
-    _, block_m, block_n, block_k, num_warps = config[:5]
-    scalars = ["num_rows", "N", "K", "chunk_steps", "stride_xm", "stride_wn", "stride_sn", "stride_gn", "stride_om"]
-    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=direct, HAS_BIAS=bias,
-                     num_warps=num_warps)
-    kernel = _splitk_mma_kernel
+    kind, block_m, block_n, block_k, num_warps = config[:5]
+    scalars = ["num_rows", "N", "K", "chunk_steps", "splits", "stride_xm", "stride_wn", "stride_sn", "stride_gn",
+               "stride_om"]
+    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=direct, FUSED=fused and not direct,
+                     HAS_BIAS=bias, num_warps=num_warps)
+    kernel = _splitk_wgmma_kernel if kind == "wgmma" else _splitk_mma_kernel
     pointers = {name: kind for name, kind in POINTER_ARGS.items() if name in kernel.arg_names}  # no err_ptr here
-    signature = dict(pointers, ws_ptr="*fp32", **{name: "i32" for name in scalars}, swiglu_limit="fp32",
-                     **{name: "constexpr" for name in constants})
+    signature = dict(pointers, ws_ptr="*fp32", cnt_ptr="*i32", **{name: "i32" for name in scalars},
+                     swiglu_limit="fp32", **{name: "constexpr" for name in constants})
+    signature = {name: signature[name] for name in kernel.arg_names}
     aligned = [a for a in ALIGNED_ARGS if a in kernel.arg_names] + ["ws_ptr"]
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-def compile_partial_for_sm90(config=SPLITK_CONFIGS[1], *, direct=False, bias=False, even_k=True):
+def compile_partial_for_sm90(config=SPLITK_CONFIGS[1], *, direct=False, bias=False, even_k=True, fused=True):
     """Compile the Triton partial kernel for sm_90 without a GPU ("fma" / "dot" configs)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -347,11 +570,11 @@ def compile_partial_for_sm90(config=SPLITK_CONFIGS[1], *, direct=False, bias=Fal
     kind, block_m, block_n, block_k, num_warps, _, maxnreg = config
     dot = kind == "dot"
     signature = dict(x_ptr="*bf16" if dot else "*i32", w_ptr="*u8" if dot else "*i32", scale_ptr="*u8",
-                     global_scale_ptr="*fp32", bias_ptr="*bf16", out_ptr="*bf16", ws_ptr="*fp32",
-                     num_rows="i32", N="i32", K="i32", chunk_steps="i32", stride_xm="i32", stride_wn="i32",
-                     stride_sn="i32", stride_gn="i32", stride_om="i32")
-    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=dot, DIRECT=direct, HAS_BIAS=bias,
-                     EVEN_K=even_k, INTERPRET=False)
+                     global_scale_ptr="*fp32", bias_ptr="*bf16", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32",
+                     num_rows="i32", N="i32", K="i32", chunk_steps="i32", splits="i32", stride_xm="i32",
+                     stride_wn="i32", stride_sn="i32", stride_gn="i32", stride_om="i32")
+    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=dot, DIRECT=direct,
+                     FUSED=fused and not direct, HAS_BIAS=bias, EVEN_K=even_k, INTERPRET=False)
     signature.update({name: "constexpr" for name in constants})
     kernel = _splitk_partial_kernel
     aligned = ["x_ptr", "w_ptr", "scale_ptr", "global_scale_ptr", "bias_ptr", "out_ptr", "ws_ptr", "N", "K",
@@ -364,16 +587,31 @@ def compile_partial_for_sm90(config=SPLITK_CONFIGS[1], *, direct=False, bias=Fal
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-# Routing (megamoe/ops/gemm.py: decode_route, dense only, host shapes only): M <= SPLITK_MAX_ROWS.
-# A prediction (benchmarks/NOTES_gemm.md, v11), to be confirmed by `bench_gemm.py --dense-splitk`:
-# at M = 256 the mma kernel streams the weights 8 times (32 rows per pass), so M > 64 keeps the
-# previous route until measured.
-SPLITK_MAX_ROWS = 64
+# Routing (megamoe/ops/gemm.py: decode_route, dense only, host shapes only). Per shape class, the largest
+# M routed to split-K (the first class whose weight-element bound N*K is >= the shape's wins):
+#   "small" (N*K <= 2**24: 4096x4096, 1024x4096): launch- and latency-bound, the single-launch reduction;
+#   "large" (18432x7168, 32768x1024, 4096x8192): bandwidth-bound.
+# M <= 16 measured (gemm_dense_splitk_20261123_1435: 1.1-1.9x bf16 at M = 1, 8); 17..64 are the wgmma
+# kind, predicted >= bf16 (NOTES_gemm.md, v13), to be confirmed by `bench_gemm.py --dense-splitk`, which
+# also times M = 128, 256 ("measure-ready": raise a bound here when the table shows split-K ahead).
+DENSE_SPLITK_MAX_ROWS = (
+    ("small", 1 << 24, 64),
+    ("large", 1 << 62, 64),
+)
+SPLITK_MAX_ROWS = 256  # overall cap (benchmarks set it to 0 to time the route the op took before split-K)
+
+
+def dense_shape_class(n: int, k: int) -> tuple[str, int]:
+    """(class name, largest M routed to split-K) of a dense (N, K) weight, from :data:`DENSE_SPLITK_MAX_ROWS`."""
+    for name, max_elements, max_rows in DENSE_SPLITK_MAX_ROWS:
+        if n * k <= max_elements:
+            return name, max_rows
+    return DENSE_SPLITK_MAX_ROWS[-1][0], DENSE_SPLITK_MAX_ROWS[-1][2]
 
 
 def splitk_preferred(num_rows: int, n: int, k: int) -> bool:
-    """Host-shape rule for dense GEMMs: decode-sized M (any N, K % 16 == 0)."""
-    return 0 < num_rows <= SPLITK_MAX_ROWS and k % 16 == 0
+    """Host-shape rule for dense GEMMs: decode-sized M for the shape class (any N, K % 16 == 0)."""
+    return 0 < num_rows <= min(SPLITK_MAX_ROWS, dense_shape_class(n, k)[1]) and k % 16 == 0
 
 
 def splitk_supports(x: torch.Tensor, data: torch.Tensor) -> bool:
@@ -393,6 +631,7 @@ def launch_nvfp4_splitk(
     interpreter: bool = False,
     config=None,
     splits: int | None = None,
+    fused: bool = True,
     expert_offsets=None,
     row_index=None,
     swiglu: bool = False,
@@ -404,7 +643,8 @@ def launch_nvfp4_splitk(
     nibble = even element); block_scale (N, K//16) float8_e4m3fn; global_scale 0-d or (N, 1) fp32;
     bias None or (N,) float; out (M, N) bf16 (row-major). K a multiple of 16 (:func:`splitk_supports`).
     ``config``: a :data:`SPLITK_CONFIGS` value (else :func:`select_splitk_config`); ``splits``:
-    override the planned split count (benchmarks). Dense only: grouped arguments are refused.
+    override the planned split count (benchmarks); ``fused=False``: the two-launch reduction (benchmarks,
+    tests; the same bits). Dense only: grouped arguments are refused.
     Returns ``out``; bit-identical across runs for the same inputs and config.
     """
     if expert_offsets is not None or row_index is not None or swiglu:
@@ -416,44 +656,56 @@ def launch_nvfp4_splitk(
     gluon_ok = not interpreter and gluon_supports(x, data)
     config = tuple(config or select_splitk_config(m, interpreter, gluon_ok))
     kind, block_m, block_n, block_k, num_warps, per_sm, maxnreg = config
-    if kind == "mma":
+    if kind in ("mma", "wgmma"):
         if interpreter or not gluon_ok:
-            raise ValueError("config: the Gluon 'mma' kind needs an sm_90 GPU and K % 128 == 0")
+            raise ValueError(f"config: the Gluon {kind!r} kind needs an sm_90 GPU and K % 128 == 0")
         if k % block_k:
             block_k = 128
+        if kind == "wgmma" and (block_n != 16 * num_warps or block_m < 8 * num_warps):
+            raise ValueError(f"config: wgmma needs BLOCK_N = 16 * num_warps and BLOCK_M >= 8 * num_warps, got {config}")
     target = INTERPRETER_PROGRAMS if interpreter else _num_sms(x.device.index or 0) * per_sm
+    m_tiles = triton.cdiv(m, block_m) if kind == "wgmma" else 1
+    n_tiles = triton.cdiv(n, block_n)
     if splits is None:
-        splits, k_chunk = plan_splitk(m, n, k, block_n, block_k, target)
+        splits, k_chunk = plan_splitk(m, n, k, block_n, block_k, max(1, target // m_tiles))
     else:
         k_steps = triton.cdiv(k, block_k)
         per = triton.cdiv(k_steps, max(1, min(splits, k_steps)))
         splits, k_chunk = triton.cdiv(k_steps, per), per * block_k
     direct = splits == 1
     ws = out if direct else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    counters = None
+    if not direct and fused and m_tiles * n_tiles <= COUNTER_SLOTS:
+        counters = splitk_counters(x.device)
+    fused_launch = counters is not None
+    cnt = counters if fused_launch else ws
     _, stride_gn = global_scale_strides(global_scale, False)
     scale_u8 = block_scale.view(torch.uint8)
     bias_arg = bias if bias is not None else out
-    grid = (triton.cdiv(n, block_n), splits)
-    if kind == "mma":
+    if kind in ("mma", "wgmma"):
         x32, data32 = x.view(torch.int32), data.view(torch.int32)
-        _splitk_mma_kernel[grid](
-            x32, x32, data32, scale_u8, global_scale, x32, bias_arg, out, ws,
-            m, n, k, k_chunk // block_k, 0.0, x32.stride(0), data32.stride(0), scale_u8.stride(0), stride_gn, out.stride(0),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=direct, HAS_BIAS=bias is not None,
-            num_warps=num_warps,
+        kernel = _splitk_wgmma_kernel if kind == "wgmma" else _splitk_mma_kernel
+        grid = (m_tiles, n_tiles, splits) if kind == "wgmma" else (n_tiles, splits)
+        kernel[grid](
+            x32, x32, data32, scale_u8, global_scale, x32, bias_arg, out, ws, cnt,
+            m, n, k, k_chunk // block_k, splits, 0.0, x32.stride(0), data32.stride(0), scale_u8.stride(0),
+            stride_gn, out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=direct, FUSED=fused_launch,
+            HAS_BIAS=bias is not None, num_warps=num_warps,
         )
     else:
         dot = kind == "dot"
         xa, wa = (x, data) if dot else (x.view(torch.int32), data.view(torch.int32))
         extra = {"maxnreg": maxnreg} if maxnreg is not None and not interpreter else {}
-        _splitk_partial_kernel[grid](
-            xa, wa, scale_u8, global_scale, bias_arg, out, ws,
-            m, n, k, k_chunk // block_k, xa.stride(0), wa.stride(0), scale_u8.stride(0), stride_gn, out.stride(0),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=dot, DIRECT=direct,
+        _splitk_partial_kernel[(n_tiles, splits)](
+            xa, wa, scale_u8, global_scale, bias_arg, out, ws, cnt,
+            m, n, k, k_chunk // block_k, splits, xa.stride(0), wa.stride(0), scale_u8.stride(0), stride_gn,
+            out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=dot, DIRECT=direct, FUSED=fused_launch,
             HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, INTERPRET=interpreter,
             num_warps=num_warps, num_stages=3 if dot else 1, **extra,
         )
-    if not direct:
+    if not direct and not fused_launch:
         block = min(1024, triton.next_power_of_2(n))
         _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
             ws, global_scale, bias_arg, out, m, n, stride_gn, out.stride(0),

@@ -14,8 +14,9 @@ host-known values (rows, experts, N, K; never device values), set from H100
 measurements (``benchmarks/NOTES_gemm.md``). On sm_90 with K % 128 == 0,
 grouped GEMMs with few rows per expert go to the Gluon ``mma.sync`` decode
 kernel (``nvfp4_mma_decode.py``) and those with up to a few hundred rows per
-expert to the Gluon wgmma kernel (``nvfp4_wgmma.py``); dense GEMMs with M <= 64 to the split-K
-kernel (``nvfp4_splitk.py``: K splits fill the GPU for small N), grouped shapes those kernels
+expert to the Gluon wgmma kernel (``nvfp4_wgmma.py``); dense GEMMs with decode-sized M to the split-K
+kernel (``nvfp4_splitk.py``: K splits fill the GPU for small N, one launch; the M bound per shape class
+is the table ``nvfp4_splitk.DENSE_SPLITK_MAX_ROWS``, today 64 for every class), grouped shapes those kernels
 cannot take to the CUDA-core kernel (``nvfp4_gemv.py``);
 everything else to the Triton tensor-core GEMM (``nvfp4_gemm.py``). The interpreter (CPU) path
 keeps the Triton tensor-core kernel, whose CPU tests stay meaningful; the

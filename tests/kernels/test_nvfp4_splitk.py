@@ -17,6 +17,7 @@ import torch
 from gemm_helpers import every_code_weight, random_weight, rel_err
 from megamoe.kernels import nvfp4_splitk as sk
 from megamoe.kernels.nvfp4_gluon_jit import GLUON_AVAILABLE
+from megamoe.reference import gemm as reference_gemm
 from megamoe.reference.quantize import dequantize
 
 FMA, DOT = sk.INTERPRETER_CONFIGS["fma"], sk.INTERPRETER_CONFIGS["dot"]
@@ -80,6 +81,70 @@ def test_deterministic(device):
     assert torch.equal(first, second)
 
 
+def _counters(device):
+    return sk.splitk_counters(device)
+
+
+@pytest.mark.parametrize("m,n,k,splits", [
+    (1, 40, 16, None),   # K at the minimum (one 16-element block): one split, direct epilogue
+    (1, 40, 208, 4),     # single-launch reduction, uneven last split, N % 16 != 0
+    (7, 33, 320, None),  # dot kind (M > 4), planned splits, N not a multiple of the tile
+    (16, 24, 192, 3),
+    (17, 40, 128, 2),    # two row passes of BLOCK_M = 16
+    (64, 18, 256, None), # four row passes
+])
+def test_single_launch_matches_reference(device, m, n, k, splits):
+    """The kernel (with its last-program reduction when split) against megamoe/reference/gemm.py, and bit
+    for bit against the two-launch reduction; the tile counters are all zero again afterwards."""
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = torch.randn(m, k).bfloat16().to(device)
+    bias = torch.randn(n).bfloat16().to(device)
+    out = _launch(x, w, torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device), bias=bias,
+                  splits=splits)
+    ref = reference_gemm.nvfp4_linear(x.cpu(), w.to("cpu"), bias.cpu())
+    assert rel_err(out, ref) < 4e-3
+    assert rel_err(out, _f32(x, w, bias)) < 4e-3
+    two = _launch(x, w, torch.empty_like(out), bias=bias, splits=splits, fused=False)
+    assert torch.equal(out, two), "single-launch and two-launch reductions differ"
+    assert torch.equal(out, _launch(x, w, torch.empty_like(out), bias=bias, splits=splits)), "not deterministic"
+    assert not _counters(device).any(), "tile counters not reset"
+
+
+def test_counters_are_used(device):
+    """A counter left non-zero (e.g. by an aborted launch) makes a program other than the last one reduce:
+    the result changes, so the test above would see a missing reset; a second launch restores them."""
+    n, k, m = 40, 256, 2
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = torch.randn(m, k).bfloat16().to(device)
+    good = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16, device=device), splits=4)
+    counters = _counters(device)
+    counters[0] = 1  # column tile 0 starts one ticket ahead
+    out = _launch(x, w, torch.zeros(m, n, dtype=torch.bfloat16, device=device), splits=4)
+    counters.zero_()
+    bad_cols = (out != good).any(0)
+    assert bad_cols.any(), "a stale counter went unnoticed: the single-launch reduction is not in use"
+    assert torch.equal(_launch(x, w, torch.empty_like(out), splits=4), good)
+
+
+def test_splitk_counters_cached_per_device():
+    a = sk.splitk_counters("cpu")
+    assert a is sk.splitk_counters(torch.device("cpu"))
+    assert a.dtype == torch.int32 and a.shape == (sk.COUNTER_SLOTS,)
+
+
+def test_dense_route_table():
+    """Host rule: the per-shape-class bound, K % 16, and the overall cap the benchmark lowers."""
+    for name, max_elements, max_rows in sk.DENSE_SPLITK_MAX_ROWS:
+        assert sk.dense_shape_class(1, max_elements) == (name, max_rows)
+    assert sk.splitk_preferred(1, 4096, 4096) and sk.splitk_preferred(64, 18432, 7168)
+    assert not sk.splitk_preferred(0, 4096, 4096) and not sk.splitk_preferred(8, 4096, 4104)
+    assert not sk.splitk_preferred(sk.dense_shape_class(4096, 4096)[1] + 1, 4096, 4096)
+    for m in (17, 32, 64, 128, 256):
+        config = sk.select_splitk_config(m, False, True)
+        assert config[0] == "wgmma" and config[2] == 16 * config[4] and config[1] >= 8 * config[4], config
+        assert sk.select_splitk_config(m, False, False) == sk.DOT_FALLBACK
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (8, 1024, 4096), (64, 18432, 7168), (1, 32768, 1024),
                                    (256, 4096, 8192), (1, 7, 16), (3, 100, 1008)])
 def test_plan_covers_k_and_fills_the_gpu(m, n, k):
@@ -116,7 +181,7 @@ def _compile_in_subprocess(key, tmp_path, **flags):
     out = tmp_path / f"splitk_{key}.cubin"
     code = ("import sys; from megamoe.kernels import nvfp4_splitk as s; "
             f"cfg = s.SPLITK_CONFIGS[{key}] if {key!r} != 'dot' else s.DOT_FALLBACK; "
-            f"f = s.compile_for_sm90 if cfg[0] == 'mma' else s.compile_partial_for_sm90; "
+            f"f = s.compile_for_sm90 if cfg[0] in ('mma', 'wgmma') else s.compile_partial_for_sm90; "
             f"c = f(cfg, **{flags!r}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
     subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)
     return out.read_bytes()
@@ -124,7 +189,7 @@ def _compile_in_subprocess(key, tmp_path, **flags):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
-@pytest.mark.parametrize("key,max_per_weight", [(1, 5.6), (8, 3.4), (1 << 62, 4.8)])
+@pytest.mark.parametrize("key,max_per_weight", [(1, 5.6), (8, 3.4), (16, 4.0), (32, 4.4), (64, 5.8), (1 << 62, 4.8)])
 def test_sm90_k_loop_is_lean(tmp_path, key, max_per_weight):
     """SASS instructions per weight in the K loop, no local-memory traffic in it, registers within the
     occupancy the split plan assumes (programs_per_sm x num_warps x 32 threads)."""
@@ -134,7 +199,7 @@ def test_sm90_k_loop_is_lean(tmp_path, key, max_per_weight):
     cubin = _compile_in_subprocess(key, tmp_path)
     config = sk.SPLITK_CONFIGS[key]
     kind, block_m, block_n, block_k, num_warps, per_sm, _ = config
-    loops = [(n, ops) for n, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"] or ops["FFMA"]]
+    loops = [(n, ops) for n, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"] or ops["HGMMA"] or ops["FFMA"]]
     assert len(loops) == 1, loops
     count, ops = loops[0]
     assert not ops["LDL"] and not ops["STL"], ops
@@ -155,7 +220,7 @@ ISSUE_SHAPES = [(4096, 4096), (1024, 4096), (18432, 7168), (32768, 1024), (4096,
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("n,k", ISSUE_SHAPES)
-@pytest.mark.parametrize("m", [1, 2, 4, 8, 13, 64, 256])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 13, 16, 17, 32, 64, 128, 256])
 def test_cuda_issue_shapes(n, k, m):
     device = torch.device("cuda")
     w = random_weight((n, k), device, scale_shape=(n, 1))
@@ -177,10 +242,14 @@ def test_cuda_every_config_and_split(config):
     for splits in (1, 3, 16):
         out = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16, device=device), config=config, splits=splits)
         assert rel_err(out, ref) < 1e-2, (config, splits)
+        two = _launch(x, w, torch.empty_like(out), config=config, splits=splits, fused=False)
+        assert torch.equal(out, two), ("single-launch and two-launch reductions differ", config, splits)
+    assert not sk.splitk_counters(device).any(), "tile counters not reset"
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", [sk.SPLITK_CONFIGS[1], sk.SPLITK_CONFIGS[8], sk.DOT_FALLBACK])
+@pytest.mark.parametrize("config", [sk.SPLITK_CONFIGS[1], sk.SPLITK_CONFIGS[8], sk.SPLITK_CONFIGS[64],
+                                    sk.SPLITK_CONFIGS[1 << 62], sk.DOT_FALLBACK])
 def test_cuda_decode_is_exact(config):
     device = torch.device("cuda")
     n, k = 256, 512
@@ -192,7 +261,8 @@ def test_cuda_decode_is_exact(config):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (8, 1024, 4096), (64, 4096, 7168)])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (8, 1024, 4096), (32, 1024, 4096), (64, 4096, 7168),
+                                   (256, 4096, 8192)])
 def test_cuda_sync_free_and_graph_replay(m, n, k):
     device = torch.device("cuda")
     w = random_weight((n, k), device, scale_shape=(n, 1))
@@ -215,3 +285,51 @@ def test_cuda_sync_free_and_graph_replay(m, n, k):
     replayed = out.clone()
     assert torch.equal(replayed, launch().clone()), "CUDA-graph replay differs from eager"
     assert rel_err(replayed, _f32(x, w, bias)) < 1e-2
+    for _ in range(3):  # replays leave the tile counters at zero and keep the bits
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, replayed)
+    assert not sk.splitk_counters(device).any(), "tile counters not reset"
+
+
+V4_DENSE = [(1536, 7168), (7168, 1024), (512, 7168), (4096, 7168), (7168, 2048)]  # q/kv LoRA, out proj, shared
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,k", V4_DENSE)
+@pytest.mark.parametrize("m", [1, 8, 24, 64])
+def test_cuda_v4_shapes_through_the_op(n, k, m):
+    """nvfp4_linear (decode_route -> split-K for M <= 64) on DeepSeek-V4 dense projection shapes."""
+    from megamoe.ops import gemm as ops_gemm
+
+    device = torch.device("cuda")
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = torch.randn(m, k, device=device).bfloat16()
+    assert ops_gemm.decode_route(x, w.data, m, None, n, k) == "splitk"
+    out = ops_gemm.nvfp4_linear(x, w)
+    assert rel_err(out, _f32(x, w)) < 1e-2
+    assert torch.equal(out, ops_gemm.nvfp4_linear(x, w))
+
+
+@pytest.mark.cuda
+def test_cuda_capture_before_any_eager_call_falls_back():
+    """No counters yet while capturing: the two-launch reduction is captured, with the same bits."""
+    device = torch.device("cuda")
+    saved = sk._COUNTERS.pop(device.__class__("cuda", torch.cuda.current_device()), None)
+    try:
+        n, k, m = 1024, 4096, 8
+        w = random_weight((n, k), device, scale_shape=(n, 1))
+        x = torch.randn(m, k, device=device).bfloat16()
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+        _launch(x, w, torch.empty_like(out), fused=False)  # compile outside the capture
+        stream = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(graph, stream=stream):
+                _launch(x, w, out)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, _launch(x, w, torch.empty_like(out)))
+    finally:
+        if saved is not None:
+            sk._COUNTERS[device.__class__("cuda", torch.cuda.current_device())] = saved

@@ -456,7 +456,7 @@ def run_dense_splitk(args):
                 sk.SPLITK_MAX_ROWS = saved
             prev_launch = ops_gemm._launcher(prev_name)
 
-            def splitk(i, splits=None, config=None, fused=True):
+            def splitk(i, splits=None, config=None, fused=None):
                 w = ws[i]
                 return lambda: sk.launch_nvfp4_splitk(x, w.data, w.block_scale, w.global_scale, out, splits=splits,
                                                       config=config, fused=fused)
@@ -467,7 +467,7 @@ def run_dense_splitk(args):
 
             ref = torch.nn.functional.linear(x, w_bf16[0]).float()
             got = sk.launch_nvfp4_splitk(x, ws[0].data, ws[0].block_scale, ws[0].global_scale, out).float()
-            cfg = sk.select_splitk_config(m, False, True)
+            cfg = sk.select_splitk_config(m, False, True, n, k)
             m_tiles = -(-m // cfg[1]) if cfg[0] == "wgmma" else 1
             planned = sk.plan_splitk(m, n, k, cfg[2], cfg[3], max(1, sk._num_sms(0) * cfg[5] // m_tiles))[0]
             floor = (fp4_bytes + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6

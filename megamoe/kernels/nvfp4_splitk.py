@@ -116,6 +116,16 @@ SPLITK_CONFIGS = {
     64: ("wgmma", 64, 64, 128, 4, 2, None),
     1 << 62: ("wgmma", 128, 128, 128, 8, 1, None),
 }
+# Per shape class (:func:`dense_shape_class`), the entries that replace SPLITK_CONFIGS' (same keys). Measured on
+# the H100 (gemm_dense_v13 sweep): at M = 64 on the bandwidth-bound class, 8 warps x 128 columns per program
+# (one program per SM) beat the 4-warp 64-column tile: 18432x7168 96.0 -> 86.0 us, 32768x1024 26.5 -> 19.5 us.
+SPLITK_CLASS_CONFIGS = {
+    "large": {64: ("wgmma", 64, 128, 128, 8, 1, None)},
+}
+# The single-launch reduction (the last-arriving program sums the splits) only up to this many rows: above it,
+# one program reducing splits x BLOCK_M x BLOCK_N values serially cost more than the second launch (gemm_dense_v13
+# sweep, H100: 1024x4096 M = 16 13.9 us single vs 8.0 two-launch; M = 1 single 0.3-0.5 us faster; M = 8 even).
+FUSED_MAX_ROWS = 8
 # Offline sm_90 compile (ptxas, tests/kernels/test_nvfp4_splitk.py), registers / K-loop SASS per weight:
 # fma 1 row 127-128 regs, 5.3 instr/weight; fma 2 rows 164-168; fma 4 rows (2 warps) 123-127;
 # mma 8 rows 128-135 regs, 3.1 instr/weight; mma 32 rows 225-227 regs; no spills in any K loop.
@@ -145,12 +155,16 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def select_splitk_config(m: int, interpreter: bool, gluon_ok: bool):
-    """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg) for M rows; the
-    interpreter runs the Triton kinds only ("fma" up to 4 rows, "dot" above)."""
+def select_splitk_config(m: int, interpreter: bool, gluon_ok: bool, n: int | None = None, k: int | None = None):
+    """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg) for M rows of an (N, K) weight
+    (:data:`SPLITK_CLASS_CONFIGS` overrides per shape class when N, K are given); the interpreter runs the
+    Triton kinds only ("fma" up to 4 rows, "dot" above)."""
     if interpreter:
         return INTERPRETER_CONFIGS["fma" if m <= 4 else "dot"]
-    for bound, config in SPLITK_CONFIGS.items():
+    table = SPLITK_CONFIGS
+    if n is not None and k is not None:
+        table = {**SPLITK_CONFIGS, **SPLITK_CLASS_CONFIGS.get(dense_shape_class(n, k)[0], {})}
+    for bound, config in sorted(table.items()):
         if m <= bound:
             break
     if config[0] in ("mma", "wgmma") and not gluon_ok:
@@ -631,7 +645,7 @@ def launch_nvfp4_splitk(
     interpreter: bool = False,
     config=None,
     splits: int | None = None,
-    fused: bool = True,
+    fused: bool | None = None,
     expert_offsets=None,
     row_index=None,
     swiglu: bool = False,
@@ -643,8 +657,8 @@ def launch_nvfp4_splitk(
     nibble = even element); block_scale (N, K//16) float8_e4m3fn; global_scale 0-d or (N, 1) fp32;
     bias None or (N,) float; out (M, N) bf16 (row-major). K a multiple of 16 (:func:`splitk_supports`).
     ``config``: a :data:`SPLITK_CONFIGS` value (else :func:`select_splitk_config`); ``splits``:
-    override the planned split count (benchmarks); ``fused=False``: the two-launch reduction (benchmarks,
-    tests; the same bits). Dense only: grouped arguments are refused.
+    override the planned split count (benchmarks); ``fused``: None chooses the single-launch reduction for
+    M <= :data:`FUSED_MAX_ROWS`, True forces it, False the two-launch reduction (the same bits either way). Dense only: grouped arguments are refused.
     Returns ``out``; bit-identical across runs for the same inputs and config.
     """
     if expert_offsets is not None or row_index is not None or swiglu:
@@ -654,7 +668,7 @@ def launch_nvfp4_splitk(
     if m == 0 or n == 0:
         return out
     gluon_ok = not interpreter and gluon_supports(x, data)
-    config = tuple(config or select_splitk_config(m, interpreter, gluon_ok))
+    config = tuple(config or select_splitk_config(m, interpreter, gluon_ok, n, k))
     kind, block_m, block_n, block_k, num_warps, per_sm, maxnreg = config
     if kind in ("mma", "wgmma"):
         if interpreter or not gluon_ok:
@@ -675,6 +689,8 @@ def launch_nvfp4_splitk(
     direct = splits == 1
     ws = out if direct else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     counters = None
+    if fused is None:
+        fused = m <= FUSED_MAX_ROWS
     if not direct and fused and m_tiles * n_tiles <= COUNTER_SLOTS:
         counters = splitk_counters(x.device)
     fused_launch = counters is not None

@@ -100,13 +100,15 @@ def test_single_launch_matches_reference(device, m, n, k, splits):
     x = torch.randn(m, k).bfloat16().to(device)
     bias = torch.randn(n).bfloat16().to(device)
     out = _launch(x, w, torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device), bias=bias,
-                  splits=splits)
+                  splits=splits, fused=True)
     ref = reference_gemm.nvfp4_linear(x.cpu(), w.to("cpu"), bias.cpu())
     assert rel_err(out, ref) < 4e-3
     assert rel_err(out, _f32(x, w, bias)) < 4e-3
     two = _launch(x, w, torch.empty_like(out), bias=bias, splits=splits, fused=False)
     assert torch.equal(out, two), "single-launch and two-launch reductions differ"
-    assert torch.equal(out, _launch(x, w, torch.empty_like(out), bias=bias, splits=splits)), "not deterministic"
+    assert torch.equal(out, _launch(x, w, torch.empty_like(out), bias=bias, splits=splits, fused=True)), \
+        "not deterministic"
+    assert torch.equal(out, _launch(x, w, torch.empty_like(out), bias=bias, splits=splits)), "automatic choice"
     assert not _counters(device).any(), "tile counters not reset"
 
 
@@ -240,7 +242,8 @@ def test_cuda_every_config_and_split(config):
     x = torch.randn(m, k, device=device).bfloat16()
     ref = _f32(x, w)
     for splits in (1, 3, 16):
-        out = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16, device=device), config=config, splits=splits)
+        out = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16, device=device), config=config, splits=splits,
+                      fused=True)
         assert rel_err(out, ref) < 1e-2, (config, splits)
         two = _launch(x, w, torch.empty_like(out), config=config, splits=splits, fused=False)
         assert torch.equal(out, two), ("single-launch and two-launch reductions differ", config, splits)

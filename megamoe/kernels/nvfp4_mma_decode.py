@@ -152,6 +152,8 @@ def compiled_residency(kernel, grid, args, kwargs) -> int:
            tuple(a.dtype if isinstance(a, torch.Tensor) else type(a) for a in args), torch.cuda.current_device())
     if key not in _RESIDENT:
         compiled = kernel.warmup(*args, grid=grid, **kwargs)
+        if hasattr(compiled, "result"):  # asynchronous compilation mode
+            compiled = compiled.result()
         compiled._init_handles()
         _RESIDENT[key] = resident_programs(compiled.n_regs, kwargs["num_warps"], compiled.metadata.shared)
     return _RESIDENT[key]

@@ -14,14 +14,21 @@ K loop; the next step's weights, scales and activations are loaded before the
 current step is decoded (register double-buffering). The activation tile
 (``BLOCK_M`` tokens, the MMA's N) is held by every warp in B-operand registers.
 
-Grid (grouped): ``(cdiv(N, BLOCK_N), min(E, T) + 1)``: slot ``j`` takes the
-``j``-th non-empty expert, found on the device from ``expert_offsets``; the
-last slot writes zeros to the padding rows ``[offsets[E-1], T)``; an expert
-with more than BLOCK_M rows loops over them (the weight slab is streamed again
-per BLOCK_M rows, from L2 when it is still there). Dense: one slot, so only
-``cdiv(N, BLOCK_N)`` programs (no split-K yet: dense shapes are not routed
-here). Sync-free and CUDA-graph capturable (the routing may change between
-replays).
+Grid (grouped): ``(cdiv(N, BLOCK_N), G)``, persistent along the second axis.
+A work item is (expert, chunk of BLOCK_M rows); every program builds the
+per-expert chunk counts and their prefix sum in registers from
+``expert_offsets`` (one scan) and walks chunks ``g, g + G, ...`` for its
+n-tile, so an expert with many rows is spread over as many programs as it has
+chunks (skewed routing keeps the GPU busy; issue 10). Row band: a launch only
+takes the experts whose row count r satisfies ``row_lo < r <= row_hi``
+(device values; :func:`megamoe.ops.gemm.plan_row_bands` splits a GEMM into
+launches by bands); with ``own_pad`` the padding rows ``[offsets[E-1], T)``
+are one more pseudo-expert whose chunks store zeros without weight traffic.
+``G = min(chunk bound, resident programs / n-tiles)`` (:func:`mma_decode_grid`):
+no more programs than fit on the GPU at once, so empty programs cost nothing
+under concentration and the grid-stride loop balances to one item. Dense: the
+same loop over the M rows' chunks. Sync-free and CUDA-graph capturable (the
+routing may change between replays).
 
 Epilogue (``store_epilogue``): ``global_scale`` (0-d, per expert, per row),
 bias (dense), SwiGLU with optional clamp on the interleaved gate/up rows; the
@@ -36,6 +43,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
 
 if GLUON_AVAILABLE:
@@ -71,12 +79,19 @@ MMA_DECODE_CONFIGS = {
     4: (8, 128, 256, 4),
     1 << 62: (32, 128, 128, 4),
 }
+
 # Routing bounds (megamoe/ops/gemm.py: decode_route). Grouped: up to 32 rows per expert on average
 # (top-8 of 256 experts: 1024 tokens); measured faster than the Triton tensor-core kernel at 1, 8, 64
 # and 512 tokens and than the CUDA-core kernel at 8 and 64 (equal at 1). Dense: not yet - without
 # split-K a dense GEMM has only N/BLOCK_N programs (N=4096, M=1: 59 us vs 26 us on the CUDA-core kernel).
 MMA_DECODE_MAX_ROWS_PER_EXPERT = 32
 MMA_DECODE_MAX_DENSE_ROWS = 0
+# Row bands of the grouped "banded" route (megamoe/ops/gemm.py: plan_row_bands; NOTES_gemm.md v12): the
+# BLOCK_M 8 decode config takes experts with at most MMA_SMALL_BAND_ROWS rows (one chunk), the BLOCK_M 32
+# config those with at most MMA_MAX_BAND_ROWS (two chunks: ~0.7 ps per weight vs ~0.98 for one wgmma tile,
+# gemm_v6_mma / gemm_v7_wgmma), the wgmma kernel the rest.
+MMA_SMALL_BAND_ROWS = 8
+MMA_MAX_BAND_ROWS = 64
 
 
 def select_mma_decode_config(rows_per_expert: int, k: int):
@@ -97,6 +112,72 @@ def mma_decode_preferred(num_rows: int, num_experts: int | None) -> bool:
     return num_rows <= MMA_DECODE_MAX_ROWS_PER_EXPERT * num_experts
 
 
+ROW_HI_UNBOUNDED = 2 ** 31 - 1
+
+
+def chunk_bound(num_rows: int, num_experts: int, block_m: int, row_lo: int = 0, row_hi: int = ROW_HI_UNBOUNDED,
+                own_pad: bool = True, max_rows_per_expert: int | None = None) -> int:
+    """Host upper bound on the work chunks of one grouped launch (any routing of ``num_rows`` rows).
+
+    Experts in the band have more than ``row_lo`` rows, so there are at most
+    ``min(E, T // (row_lo + 1))`` of them; each has at most ``cdiv(min(row_hi,
+    max rows), BLOCK_M)`` chunks, and all of them (plus the padding pseudo-expert)
+    at most one partial chunk each on top of ``T // BLOCK_M`` full ones. Only a
+    grid size: a routing that breaks ``max_rows_per_expert`` makes programs
+    loop more, never skips rows.
+    """
+    most = num_rows if max_rows_per_expert is None else max(1, min(num_rows, max_rows_per_expert))
+    n_band = min(num_experts, num_rows // (row_lo + 1))
+    chunks = min(n_band * triton.cdiv(min(row_hi, most), block_m), n_band + num_rows // block_m)
+    if own_pad:  # the padding pseudo-expert: up to every row
+        chunks = min(chunks + triton.cdiv(num_rows, block_m), n_band + 1 + num_rows // block_m)
+    return chunks
+
+
+def resident_programs(n_regs: int, num_warps: int, shared_bytes: int = 0) -> int:
+    """Programs of one kernel that fit on an sm_90 SM at once: 64K registers (allocated per warp in units
+    of 256, i.e. 8 per thread), 2048 threads, 32 programs, 227 KB of shared memory."""
+    by_regs = 65536 // (max(8, -(-n_regs // 8) * 8) * 32 * num_warps)
+    by_smem = (227 * 1024) // shared_bytes if shared_bytes else 32
+    return max(1, min(by_regs, 2048 // (32 * num_warps), 32, by_smem))
+
+
+_RESIDENT: dict = {}
+
+
+def compiled_residency(kernel, grid, args, kwargs) -> int:
+    """resident_programs of the compiled ``kernel`` for these arguments (compiled once, without a launch;
+    cached per specialization, so the steady state costs one dictionary look-up)."""
+    key = (kernel, tuple(sorted((k, v) for k, v in kwargs.items())),
+           tuple(a.dtype if isinstance(a, torch.Tensor) else type(a) for a in args), torch.cuda.current_device())
+    if key not in _RESIDENT:
+        compiled = kernel.warmup(*args, grid=grid, **kwargs)
+        if hasattr(compiled, "result"):  # asynchronous compilation mode
+            compiled = compiled.result()
+        compiled._init_handles()
+        _RESIDENT[key] = resident_programs(compiled.n_regs, kwargs["num_warps"], compiled.metadata.shared)
+    return _RESIDENT[key]
+
+
+def mma_decode_grid(num_sms: int, resident: int, n: int, chunks: int, block_n: int) -> tuple[int, int]:
+    """(n-tiles, G): G programs per n-tile, at most the chunk bound and what stays resident on the GPU
+    (``resident`` programs per SM): every program starts at once, the grid-stride loop balances to a chunk."""
+    n_tiles = triton.cdiv(n, block_n)
+    return n_tiles, max(1, min(chunks, resident * num_sms // n_tiles))
+
+
+def chunk_schedule_reference(offsets, num_rows: int, block_m: int, row_lo: int = 0,
+                             row_hi: int = ROW_HI_UNBOUNDED, own_pad: bool = True):
+    """The kernels' work list in Python: [(expert, row_start, row_end)] in chunk order (expert E = the
+    padding rows, zeros). Clamps offsets to [0, T] like the kernels. For tests."""
+    ends = [min(max(int(v), 0), num_rows) for v in offsets]
+    starts = [0] + ends[:-1]
+    ranges = [(s, max(e - s, 0), row_lo < e - s <= row_hi) for s, e in zip(starts, ends)]
+    ranges.append((ends[-1], num_rows - ends[-1], own_pad))  # the padding pseudo-expert
+    return [(e, s0 + c, min(s0 + c + block_m, s0 + r))
+            for e, (s0, r, take) in enumerate(ranges) if take for c in range(0, r, block_m)]
+
+
 if GLUON_AVAILABLE:
 
     @gluon.jit
@@ -107,26 +188,38 @@ if GLUON_AVAILABLE:
         return mma_v2(a, b, acc)
 
     @gluon.jit
-    def _expert_of_slot(offsets_ptr, slot, num_experts, num_rows, BLOCK_E: gl.constexpr, num_warps: gl.constexpr):
-        """(expert, row_start, row_end) of the slot-th non-empty expert (row_end 0 when there is none)."""
+    def chunk_schedule(offsets_ptr, num_experts, num_rows, row_lo, row_hi, own_pad, BLOCK_M: gl.constexpr,
+                       BLOCK_E: gl.constexpr, num_warps: gl.constexpr):
+        """Per-lane (lane, starts, ends, chunks, chunk_ends, total): lane e < E is expert e's row range
+        (chunks only when row_lo < rows <= row_hi), lane E the padding rows [offsets[E-1], T) (chunks
+        only with own_pad); chunk_ends is the inclusive prefix sum, total the number of chunks."""
         lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         lane = gl.arange(0, BLOCK_E, layout=lane_layout)
-        ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=0)
-        starts = gl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane < num_experts), other=0)
+        ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
+        prev = gl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
+        starts = gl.where(lane > num_experts, num_rows, prev)
         ends = gl.minimum(gl.maximum(ends, 0), num_rows)
         starts = gl.minimum(gl.maximum(starts, 0), num_rows)
-        active = (ends > starts) & (lane < num_experts)
-        rank = gl.associative_scan(active.to(gl.int32), 0, add_i32)  # 1-based rank of non-empty experts
-        here = active & (rank == slot + 1)
-        expert_p1 = gl.sum(gl.where(here, lane + 1, 0), axis=0)
-        row_start = gl.sum(gl.where(here, starts, 0), axis=0)
-        row_end = gl.sum(gl.where(here, ends, 0), axis=0)
-        return gl.maximum(expert_p1 - 1, 0), row_start, gl.where(expert_p1 > 0, row_end, 0)
+        counts = gl.maximum(ends - starts, 0)
+        take = gl.where(lane < num_experts, (counts > row_lo) & (counts <= row_hi), (lane == num_experts) & (own_pad != 0))
+        chunks = gl.where(take, (counts + BLOCK_M - 1) // BLOCK_M, 0)
+        chunk_ends = gl.associative_scan(chunks, 0, add_i32)
+        return lane, starts, ends, chunks, chunk_ends, gl.sum(chunks, axis=0)
 
-    @gluon.jit(do_not_specialize=["num_rows", "num_src_rows"])
+    @gluon.jit
+    def chunk_rows(chunk, lane, starts, ends, chunks, chunk_ends, BLOCK_M: gl.constexpr):
+        """(owner lane, row_start, row_end) of work chunk ``chunk`` (row_end - row_start <= BLOCK_M)."""
+        owner = gl.sum((chunk_ends <= chunk).to(gl.int32), axis=0)
+        here = lane == owner
+        first = gl.sum(gl.where(here, chunk_ends - chunks, 0), axis=0)
+        row_start = gl.sum(gl.where(here, starts, 0), axis=0) + (chunk - first) * BLOCK_M
+        row_end = gl.minimum(gl.sum(gl.where(here, ends, 0), axis=0), row_start + BLOCK_M)
+        return owner, row_start, row_end
+
+    @gluon.jit(do_not_specialize=["num_rows", "num_src_rows", "num_programs", "row_lo", "row_hi", "own_pad"])
     def _nvfp4_mma_decode_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
-        num_rows, N, K, num_experts, num_src_rows, swiglu_limit,
+        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, row_lo, row_hi, own_pad,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
@@ -141,43 +234,45 @@ if GLUON_AVAILABLE:
         x_layout: gl.constexpr = x_operand_layout(BLOCK_M, BLOCK_K, num_warps)
 
         pid_n = gl.program_id(0)
-        slot = gl.program_id(1)
         if GROUPED:
-            expert, row_start, row_end = _expert_of_slot(offsets_ptr, slot, num_experts, num_rows, BLOCK_E,
-                                                         num_warps)
-            # the last slot owns the padding rows [offsets[E-1], T): zeros, no weight traffic
-            last_end = gl.minimum(gl.maximum(gl.load(offsets_ptr + num_experts - 1), 0), num_rows)
-            is_pad = slot == gl.num_programs(1) - 1
-            row_start = gl.where(is_pad, last_end, row_start)
-            row_end = gl.where(is_pad, num_rows, row_end)
-            k_steps = gl.where(is_pad, 0, K // BLOCK_K)
-            expert = expert.to(gl.int64)
+            lane, starts, ends, chunks, chunk_ends, total = chunk_schedule(
+                offsets_ptr, num_experts, num_rows, row_lo, row_hi, own_pad, BLOCK_M, BLOCK_E, num_warps)
         else:
-            row_start = pid_n * 0
-            row_end = num_rows
-            k_steps = K // BLOCK_K
-            expert = 0
+            total = (num_rows + BLOCK_M - 1) // BLOCK_M
 
         # weight rows past N are clamped (re-read), the stores mask them
         n_start = pid_n * BLOCK_N
         w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout)), N - 1)
         w_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, w_layout))
-        w_ptrs = w_ptr + expert * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + w_cols[None, :]
+        w_offs = w_rows.to(gl.int64)[:, None] * stride_wn + w_cols[None, :]
         s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)), N - 1)
         s_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_layout))
-        s_ptrs = scale_ptr + expert * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
+        s_offs = s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
         x_cols = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
-        last = gl.maximum(k_steps - 1, 0) * BLOCK_K
 
-        r0 = row_start
-        bad_rows = 0  # row_index values outside [0, num_src_rows) (masked once per row tile, flagged once)
-        while r0 < row_end:
+        # persistent walk over this n-tile's chunks of at most BLOCK_M rows of one expert
+        chunk = gl.program_id(1)
+        bad_rows = 0  # row_index values outside [0, num_src_rows) (masked once per chunk, flagged once)
+        while chunk < total:
+            if GROUPED:
+                owner, r0, row_end = chunk_rows(chunk, lane, starts, ends, chunks, chunk_ends, BLOCK_M)
+                is_real = owner < num_experts  # lane E: the padding rows, zeros without weight traffic
+                expert = gl.minimum(owner, num_experts - 1).to(gl.int64)
+            else:
+                r0 = chunk * BLOCK_M
+                row_end = gl.minimum(num_rows, r0 + BLOCK_M)
+                is_real = r0 >= 0
+                expert = 0
+            k_steps = gl.where(is_real, K // BLOCK_K, 0)
+            last = gl.maximum(k_steps - 1, 0) * BLOCK_K
+            w_ptrs = w_ptr + expert * stride_we + w_offs
+            s_ptrs = scale_ptr + expert * stride_se + s_offs
             rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
             row_mask = rows < row_end
             if HAS_ROW_INDEX:
                 src_rows = gl.load(row_index_ptr + rows, mask=row_mask, other=0).to(gl.int64)
                 src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
-                bad_rows += gl.sum((row_mask & ~src_ok).to(gl.int32), axis=0)
+                bad_rows += gl.sum((row_mask & ~src_ok & is_real).to(gl.int32), axis=0)
                 row_mask = row_mask & src_ok  # the x loads only: the epilogue stores by row_end
                 src_rows = gl.where(src_ok, src_rows, 0)
             else:
@@ -196,19 +291,19 @@ if GLUON_AVAILABLE:
                 acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M, BLOCK_K)
                 words, scale_bytes, x_pairs = words_n, scale_n, x_next
             # padding rows (the bias included) are zeros
-            store_epilogue(acc, r0, row_end, k_steps > 0, n_start, N, global_scale_ptr, expert, stride_ge,
+            store_epilogue(acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge,
                            stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
                            SWIGLU, HAS_LIMIT, num_warps)
-            r0 += BLOCK_M
+            chunk += num_programs
         if HAS_ROW_INDEX:
-            gl.atomic_or(err_ptr, ERR_FLAG, mask=(bad_rows > 0) & (k_steps > 0))
+            gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
                      swiglu_limit=True):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
-    scalars = ["num_rows", "N", "K", "num_experts", "stride_xm", "stride_we", "stride_wn", "stride_se",
-               "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
+               "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
     return compile_sm90(_nvfp4_mma_decode_kernel, scalars, config[:3], config[3], grouped=grouped,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
 
@@ -228,6 +323,9 @@ def launch_nvfp4_mma_decode(
     interpreter: bool = False,
     config=None,
     error_word: torch.Tensor | None = None,
+    row_band: tuple[int, int] = (0, ROW_HI_UNBOUNDED),
+    own_pad: bool = True,
+    max_rows_per_expert: int | None = None,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -235,6 +333,10 @@ def launch_nvfp4_mma_decode(
     additionally ``gluon_supports(x, data)`` must hold (sm_90, K % 128 == 0,
     16-byte aligned rows). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps),
     else :func:`select_mma_decode_config`. ``interpreter`` must be False.
+    Grouped only: ``row_band`` (lo, hi): compute only the experts with
+    ``lo < rows <= hi`` (their output rows; other experts' rows are left
+    untouched); ``own_pad``: write zeros to the padding rows ``[offsets[E-1], T)``;
+    ``max_rows_per_expert``: host hint that sizes the grid (never affects results).
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -245,16 +347,24 @@ def launch_nvfp4_mma_decode(
     if num_rows == 0 or n == 0:
         return out
     rows_per_expert = triton.cdiv(num_rows, min(num_experts, num_rows)) if grouped else num_rows
-    block_m, block_n, block_k, num_warps = config or select_mma_decode_config(rows_per_expert, k)
+    config = tuple(config or select_mma_decode_config(rows_per_expert, k))
+    block_m, block_n, block_k, num_warps = config
     if k % block_k:
         raise ValueError(f"data: K={k} must be a multiple of BLOCK_K={block_k} for this kernel")
-    slots = min(num_experts, num_rows) + 1 if grouped else 1
+    row_lo, row_hi = row_band if grouped else (0, ROW_HI_UNBOUNDED)
+    if grouped:
+        chunks = chunk_bound(num_rows, num_experts, block_m, row_lo, row_hi, own_pad, max_rows_per_expert)
+    else:
+        chunks = triton.cdiv(num_rows, block_m)
     head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
-    _nvfp4_mma_decode_kernel[(triton.cdiv(n, block_n), slots)](
-        *head, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts)) if grouped else 32 * num_warps,
-        num_warps=num_warps, **flags,
-    )
+    consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                  BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
+                  num_warps=num_warps, **flags)
+    n_tiles = triton.cdiv(n, block_n)
+    args = (*head, 1, row_lo, row_hi, int(own_pad), *strides)
+    resident = compiled_residency(_nvfp4_mma_decode_kernel, (n_tiles, 1), args, consts)
+    grid = mma_decode_grid(_num_sms(x.device.index or 0), resident, n, chunks, block_n)
+    _nvfp4_mma_decode_kernel[grid](*head, grid[1], row_lo, row_hi, int(own_pad), *strides, **consts)
     return out

@@ -66,10 +66,10 @@ def wgmma_preferred(num_rows: int, num_experts: int | None) -> bool:
 
 if GLUON_AVAILABLE:
 
-    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows"])
+    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "own_pad"])
     def _nvfp4_wgmma_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
-        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs,
+        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, row_lo, own_pad,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
@@ -97,7 +97,10 @@ if GLUON_AVAILABLE:
             starts = gl.where(lane > num_experts, num_rows, prev)
             ends = gl.minimum(gl.maximum(ends, 0), num_rows)
             starts = gl.minimum(gl.maximum(starts, 0), num_rows)
-            tiles = (gl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
+            counts = gl.maximum(ends - starts, 0)
+            # row band: only experts with more than row_lo rows; the padding lane only with own_pad
+            take = gl.where(lane < num_experts, counts > row_lo, (lane == num_experts) & (own_pad != 0))
+            tiles = gl.where(take, (counts + BLOCK_M - 1) // BLOCK_M, 0)
             tile_ends = gl.associative_scan(tiles, 0, add_i32)
             total_tiles = gl.sum(tiles, axis=0)
         else:
@@ -171,7 +174,7 @@ if GLUON_AVAILABLE:
 def compile_for_sm90(config=WGMMA_CONFIG, *, grouped=True, row_index=True, bias=False, swiglu=False,
                      swiglu_limit=True):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
-    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "stride_xm", "stride_we", "stride_wn",
+    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we", "stride_wn",
                "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
     return compile_sm90(_nvfp4_wgmma_kernel, scalars, config[:3], config[3], grouped=grouped,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
@@ -192,9 +195,16 @@ def launch_nvfp4_wgmma(
     interpreter: bool = False,
     config=None,
     error_word: torch.Tensor | None = None,
+    row_lo: int = 0,
+    own_pad: bool = True,
 ) -> torch.Tensor:
     """Launch the prefill-shaped Gluon wgmma NVFP4 GEMM (same contract as
     :func:`megamoe.kernels.nvfp4_mma_decode.launch_nvfp4_mma_decode`).
+
+    Grouped only: ``row_lo``: compute only the experts with more than ``row_lo``
+    rows (the upper band of :func:`megamoe.ops.gemm.plan_row_bands`; other
+    experts' rows are left untouched); ``own_pad``: write zeros to the padding
+    rows ``[offsets[E-1], T)``.
 
     Persistent grid of ``min(work upper bound, SMs * programs_per_sm)`` programs
     over (m-tile, n-tile) work items; the work count is only known on the device.
@@ -213,14 +223,17 @@ def launch_nvfp4_wgmma(
         raise ValueError(f"data: K={k} must be a multiple of BLOCK_K={block_k} for this kernel")
     if block_n != 16 * num_warps:
         raise ValueError(f"config: BLOCK_N={block_n} must be 16 * num_warps={16 * num_warps}")
-    m_tiles_bound = triton.cdiv(num_rows, block_m) + (num_experts + 1 if grouped else 0)
+    # each expert in the band (more than row_lo rows: at most T // (row_lo + 1) of them) and the padding
+    # adds at most one partial tile to the T / BLOCK_M full ones
+    m_tiles_bound = triton.cdiv(num_rows, block_m) + (
+        min(num_experts, num_rows // (row_lo + 1)) + 1 if grouped else 0)
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
     programs = min(work_bound, _num_sms(x.device.index or 0) * per_sm)
     head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
     _nvfp4_wgmma_kernel[(programs,)](
-        *head, programs, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        *head, programs, row_lo if grouped else 0, int(own_pad), *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
         num_warps=num_warps, **flags,
     )

@@ -416,14 +416,14 @@ class Nvfp4MoE:
             x, gemm_mode = _quant_roundtrip(hidden_states, self.input_scales["l1"], self._x_q[:t]), "w4a16"
         inter = gemm_ops.nvfp4_grouped_mm(
             x, self._w13_kernel, offsets, mode=gemm_mode, out=self._inter[:pairs], row_index=d["row_index"],
-            activation="swiglu", swiglu_limit=c.swiglu_limit,
+            activation="swiglu", swiglu_limit=c.swiglu_limit, max_rows_per_expert=t,  # distinct top-k experts
         )
         if static:
             l2 = self.input_scales.get("l2_groups", self.input_scales["l2"])
             row_scale = l2.index_select(0, d["sorted_expert"]).unsqueeze(1)  # (pairs, 1)
             inter = _quant_roundtrip(inter, row_scale, self._inter_q[:pairs])
         expert_out = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, offsets, mode=gemm_mode,
-                                               out=self._expert_out[:pairs])
+                                               out=self._expert_out[:pairs], max_rows_per_expert=t)
         shared = self.shared.forward(hidden_states) if self.shared is not None and not fuse else None
         result = moe_ops.combine(expert_out, d["inv_perm"], topk_weights, shared, out=out)
         # eager only: raises if a kernel masked an out-of-range index (no-op while capturing / sync-debugging)

@@ -12,11 +12,14 @@ interpreter when ``TRITON_INTERPRET=1``.
 Decode routing (CUDA only, :func:`decode_route`): shape-bucket rules on
 host-known values (rows, experts, N, K; never device values), set from H100
 measurements (``benchmarks/NOTES_gemm.md``). On sm_90 with K % 128 == 0,
-grouped GEMMs with few rows per expert go to the Gluon ``mma.sync`` decode
-kernel (``nvfp4_mma_decode.py``) and those with up to a few hundred rows per
-expert to the Gluon wgmma kernel (``nvfp4_wgmma.py``); dense GEMMs with decode-sized M to the split-K
-kernel (``nvfp4_splitk.py``: K splits fill the GPU for small N, one launch; the M bound per shape class
-is the table ``nvfp4_splitk.DENSE_SPLITK_MAX_ROWS``, today 64 for every class), grouped shapes those kernels
+grouped GEMMs with up to a few hundred rows per expert on average take the
+"banded" route (:func:`plan_row_bands`): one launch per row band, each taking
+only the experts whose row count (read on the device) lies in its band, so a
+hot expert gets wide tiles and many programs whatever the routing: the Gluon
+``mma.sync`` kernel (``nvfp4_mma_decode.py``, 8- and 32-row chunks) for small
+experts, the Gluon wgmma kernel (``nvfp4_wgmma.py``) above 64 rows; dense GEMMs with decode-sized M to the
+split-K kernel (``nvfp4_splitk.py``: K splits fill the GPU for small N; the M bound per shape class is the
+table ``nvfp4_splitk.DENSE_SPLITK_MAX_ROWS``, today 64 for every class), grouped shapes those kernels
 cannot take to the CUDA-core kernel (``nvfp4_gemv.py``);
 everything else to the Triton tensor-core GEMM (``nvfp4_gemm.py``). The interpreter (CPU) path
 keeps the Triton tensor-core kernel, whose CPU tests stay meaningful; the
@@ -123,7 +126,8 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts, n: int, k: int) -> str:
-    """Which kernel runs this GEMM: "splitk" (dense split-K decode), "mma" (Gluon mma.sync decode),
+    """Which kernel runs this GEMM: "splitk" (dense split-K decode), "banded" (grouped: Gluon mma.sync
+    and wgmma launches by row bands, :func:`plan_row_bands`), "mma" (dense Gluon mma.sync decode),
     "wgmma" (Gluon wgmma), "gemv" (CUDA-core decode) or "tensor-core" (Triton).
 
     ``num_experts`` None means dense. Host metadata only (shapes, strides,
@@ -137,6 +141,8 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
             and nvfp4_splitk.splitk_supports(x, data)):
         return "splitk"
     gluon_ok = nvfp4_gluon_jit.gluon_supports(x, data)
+    if gluon_ok and num_experts is not None and num_rows <= nvfp4_wgmma.WGMMA_MAX_ROWS_PER_EXPERT * num_experts:
+        return "banded"
     if gluon_ok and nvfp4_mma_decode.mma_decode_preferred(num_rows, num_experts):
         return "mma"
     if gluon_ok and nvfp4_wgmma.wgmma_preferred(num_rows, num_experts):
@@ -146,10 +152,60 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
     return "tensor-core"
 
 
+def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert: int | None = None) -> list:
+    """The launches of the "banded" route: [(route, launcher keyword arguments)], host shapes only.
+
+    Each launch computes only the experts whose row count r (read on the
+    device) lies in its band, so any routing is spread over kernels that suit
+    it (benchmarks/NOTES_gemm.md, v12):
+
+    * "mma" with the decode config (BLOCK_M 8) for r <= ``MMA_SMALL_BAND_ROWS``,
+      only when the average is <= 4 rows per touched expert (the previous decode bucket);
+    * "mma" with BLOCK_M 32 chunks for r <= ``MMA_MAX_BAND_ROWS``;
+    * "wgmma" (BLOCK_M 128 tiles, persistent) above.
+
+    A launch is planned only if some routing can reach its band: no expert has
+    more than ``min(T, max_rows_per_expert)`` rows (the MoE layer passes its
+    token count: top-k experts are distinct per token). The last launch's band
+    is unbounded above, so a wrong hint costs speed, never rows. The first
+    launch writes the padding rows ``[offsets[E-1], T)``.
+    """
+    from ..kernels import nvfp4_mma_decode as mma
+
+    most = num_rows if max_rows_per_expert is None else max(1, min(num_rows, max_rows_per_expert))
+    avg = -(-num_rows // max(1, min(num_experts, num_rows)))
+    small = mma.select_mma_decode_config(avg, k)
+    wide = mma.select_mma_decode_config(mma.MMA_SMALL_BAND_ROWS + 1, k)
+    bands, lo = [], 0
+    if small[0] < wide[0]:
+        lo = mma.MMA_SMALL_BAND_ROWS if most > mma.MMA_SMALL_BAND_ROWS else mma.ROW_HI_UNBOUNDED
+        bands.append(("mma", dict(config=small, row_band=(0, lo))))
+    if most > lo:
+        hi = mma.MMA_MAX_BAND_ROWS if most > mma.MMA_MAX_BAND_ROWS else mma.ROW_HI_UNBOUNDED
+        bands.append(("mma", dict(config=wide, row_band=(lo, hi))))
+        lo = hi
+    if most > lo:
+        bands.append(("wgmma", dict(row_lo=lo)))
+    for i, (route, kwargs) in enumerate(bands):
+        kwargs["own_pad"] = i == 0
+        if route == "mma":
+            kwargs["max_rows_per_expert"] = most
+    return bands
+
+
+def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, **kwargs):
+    """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream."""
+    out = args[4]
+    data = args[1]
+    for route, band in plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert):
+        _launcher(route)(*args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
+    return out
+
+
 def _launcher(route: str):
     from ..kernels import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma
 
-    return {"splitk": nvfp4_splitk.launch_nvfp4_splitk,
+    return {"splitk": nvfp4_splitk.launch_nvfp4_splitk, "banded": _launch_banded,
             "mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "wgmma": nvfp4_wgmma.launch_nvfp4_wgmma,
             "gemv": nvfp4_gemv.launch_nvfp4_gemv, "tensor-core": nvfp4_gemm.launch_nvfp4_gemm}[route]
 
@@ -207,6 +263,7 @@ def nvfp4_grouped_mm(
     row_index=None,
     activation=None,
     swiglu_limit=None,
+    max_rows_per_expert=None,
 ) -> torch.Tensor:
     """Grouped GEMM over experts with NVFP4 weights (rows sorted by expert).
 
@@ -223,6 +280,9 @@ def nvfp4_grouped_mm(
         silu(min(gate, limit)) * clamp(up, -limit, limit) for weights in the
         :func:`interleave_gate_up` layout (no clamp when swiglu_limit is None).
     mode: "w4a16" or "w4a4".  out: optional preallocated bf16 buffer.
+    max_rows_per_expert: None or a host int, the most rows any expert can have
+        (e.g. the token count of a top-k MoE layer); only sizes launches
+        (:func:`plan_row_bands`): results never depend on it, even if wrong.
     """
     _check_x(x, None)
     _check_weight(weight, 3, x)
@@ -248,6 +308,9 @@ def nvfp4_grouped_mm(
         num_rows = x.shape[0]
     n_out = n // 2 if activation == "swiglu" else n
     _check_out(out, (num_rows, n_out), x)
+    if max_rows_per_expert is not None and (isinstance(max_rows_per_expert, bool)
+                                            or not isinstance(max_rows_per_expert, int) or max_rows_per_expert < 1):
+        raise ValueError(f"max_rows_per_expert: expected None or a positive int, got {max_rows_per_expert!r}")
     if not use_triton(x):
         if row_index is not None:  # same drop rule and flag as the kernels (megamoe/ops/errors.py)
             _record_row_index(x, row_index, expert_offsets)
@@ -259,7 +322,8 @@ def nvfp4_grouped_mm(
         out = torch.empty((num_rows, n_out), dtype=torch.bfloat16, device=x.device)
     xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
     data = weight.data.contiguous()
-    launch = _launcher(decode_route(xa, data, num_rows, num_experts, n, k))
+    route = decode_route(xa, data, num_rows, num_experts, n, k)
+    launch = _launcher(route)
     return launch(
         xa,
         data,
@@ -271,4 +335,5 @@ def nvfp4_grouped_mm(
         swiglu=activation == "swiglu",
         swiglu_limit=swiglu_limit,
         interpreter=not x.is_cuda,
+        **({"max_rows_per_expert": max_rows_per_expert} if route == "banded" else {}),
     )

@@ -123,6 +123,7 @@ def nvfp4_grouped_mm(
     row_index=None,
     activation=None,
     swiglu_limit=None,
+    max_rows_per_expert=None,
 ) -> torch.Tensor:
     """Reference grouped GEMM over experts (rows sorted by expert).
 
@@ -131,7 +132,7 @@ def nvfp4_grouped_mm(
     int32 cumulative row ends.  Returns (T, N) bf16, or (T, N//2) with
     ``activation="swiglu"``; rows >= expert_offsets[-1] are zero. A
     ``row_index`` value outside ``[0, S)`` reads zero activations (the row is
-    dropped, as in the kernels).
+    dropped, as in the kernels). ``max_rows_per_expert``: the kernels' launch-size hint (unused here).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")

@@ -112,14 +112,14 @@ def test_decode_route_on_cpu_is_the_triton_gemm():
 
 @pytest.mark.cuda
 def test_cuda_ops_take_every_route():
-    """Grouped decode -> Gluon mma kernel, K % 128 != 0 -> CUDA-core kernel, dense M=1 -> split-K,
-    mid-size -> Gluon wgmma, large -> Triton tensor-core GEMM; each route matches float32 math on the
+    """Grouped up to 256 rows per expert -> Gluon mma / wgmma launches by row band, K % 128 != 0 ->
+    CUDA-core kernel, dense M=1 -> split-K, large -> Triton tensor-core GEMM; each route matches float32 math on the
     decoded weights."""
     from gemm_helpers import grouped_f32, rel_err  # tests/gemm_helpers.py (tests/ is on sys.path)
 
     device = torch.device("cuda")
     e = 64
-    cases = [(40, 256, 512, "mma"), (40, 256, 480, "gemv"), (64 * 64, 256, 512, "wgmma"),
+    cases = [(40, 256, 512, "banded"), (40, 256, 480, "gemv"), (64 * 64, 256, 512, "banded"),
              (64 * 300, 256, 512, "tensor-core")]
     for t, n, k, route in cases:
         w = quantize(torch.randn(e, n, k) * 0.05).to(device)

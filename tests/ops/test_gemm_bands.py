@@ -1,0 +1,230 @@
+"""Skew-robust grouped GEMM schedule (issue 10, NOTES_gemm.md v12): row bands and row chunks.
+
+CPU: the work list of the chunked Gluon kernels (``chunk_schedule_reference``, the
+Python twin of ``nvfp4_mma_decode.chunk_schedule`` / ``chunk_rows``), the host grid
+bound, and the band plan of the "banded" route cover every row exactly once for any
+routing (empty experts, one expert holding every row, counts that are not multiples
+of the tile). CUDA: the banded route against float32 math under skewed routings,
+CUDA-graph replay equal to eager after the routing is rewritten in place, sync-free.
+"""
+import random
+
+import pytest
+import torch
+
+from megamoe.kernels import nvfp4_mma_decode as mma
+from megamoe.ops import gemm as ops_gemm
+
+UNB = mma.ROW_HI_UNBOUNDED
+
+
+def _offsets(counts):
+    out, s = [], 0
+    for c in counts:
+        s += c
+        out.append(s)
+    return out
+
+
+def _routings(e, t, rng):
+    """Adversarial and random per-expert row counts summing to at most t (the rest is padding)."""
+    yield [0] * e
+    yield [t] + [0] * (e - 1)  # one expert holds every row
+    yield [0] * (e - 1) + [t]
+    yield [1] * min(e, t) + [0] * (e - min(e, t))
+    if e >= 6:
+        yield [t // 6 + (i < t % 6) for i in range(6)] + [0] * (e - 6)  # all on top-6
+    for _ in range(20):
+        cut = sorted(rng.randrange(t + 1) for _ in range(e))
+        counts = [b - a for a, b in zip([0] + cut[:-1], cut)]
+        rng.shuffle(counts)
+        yield counts
+    w = [1.0 / (i + 1) ** 1.2 for i in range(e)]  # Zipf
+    counts = [0] * e
+    for i in rng.choices(range(e), weights=w, k=t - 3):
+        counts[i] += 1
+    yield counts
+
+
+def _covered(items, t):
+    rows = [0] * t
+    for _, s, e in items:
+        for r in range(s, e):
+            rows[r] += 1
+    return rows
+
+
+@pytest.mark.parametrize("block_m", [8, 32, 5])
+def test_chunk_schedule_covers_rows_once(block_m):
+    rng = random.Random(block_m)
+    for e, t in [(1, 1), (4, 37), (16, 203), (257, 400)]:
+        for counts in _routings(e, t, rng):
+            offs = _offsets(counts)
+            items = mma.chunk_schedule_reference(offs, t, block_m)
+            assert _covered(items, t) == [1] * t
+            assert all(0 < end - s <= block_m for _, s, end in items)
+            for ex, s, end in items:  # each chunk lies inside its expert's rows (expert E: padding)
+                lo = offs[ex - 1] if ex else 0
+                hi = offs[ex] if ex < e else t
+                assert lo <= s < end <= hi
+            assert len(items) <= mma.chunk_bound(t, e, block_m)
+
+
+def test_chunk_schedule_edge_cases():
+    # empty experts, a ragged last chunk, padding rows, offsets past T clamped
+    assert mma.chunk_schedule_reference([0, 0, 0], 0, 8) == []
+    assert mma.chunk_schedule_reference([0, 19, 19], 22, 8) == [(1, 0, 8), (1, 8, 16), (1, 16, 19), (3, 19, 22)]
+    assert mma.chunk_schedule_reference([5, 50], 20, 8) == [(0, 0, 5), (1, 5, 13), (1, 13, 20)]
+    assert mma.chunk_schedule_reference([0, 19, 19], 22, 8, own_pad=False)[-1] == (1, 16, 19)
+    # band: only experts with lo < rows <= hi
+    assert mma.chunk_schedule_reference([3, 12, 12, 40], 40, 8, 3, 9, False) == [(1, 3, 11), (1, 11, 12)]
+
+
+def test_bands_partition_every_routing():
+    """The launches of plan_row_bands take every expert exactly once (any row count up to T), the first
+    owns the padding, the last band is unbounded (a wrong max_rows_per_expert hint never drops rows)."""
+    rng = random.Random(0)
+    for t, e, hint in [(7, 257, 1), (56, 257, 8), (56, 257, None), (384, 256, 64), (3072, 256, 512),
+                       (24576, 256, 4096), (64, 1, None), (100, 8, 3)]:
+        plan = ops_gemm.plan_row_bands(t, e, 4096, hint)
+        bands = [kw["row_band"] if route == "mma" else (kw["row_lo"], UNB) for route, kw in plan]
+        assert bands[0][0] == 0 and bands[-1][1] == UNB
+        assert all(a[1] == b[0] for a, b in zip(bands, bands[1:]))
+        assert [kw["own_pad"] for _, kw in plan] == [True] + [False] * (len(plan) - 1)
+        for counts in _routings(e, t, rng):
+            items = []
+            for (route, kw), (lo, hi) in zip(plan, bands):
+                bm = kw["config"][0] if route == "mma" else 128
+                mine = mma.chunk_schedule_reference(_offsets(counts), t, bm, lo, hi, kw["own_pad"])
+                if route == "mma" and max(counts) <= kw["max_rows_per_expert"]:  # the grid bound holds
+                    assert len(mine) <= mma.chunk_bound(t, e, bm, lo, hi, kw["own_pad"], kw["max_rows_per_expert"])
+                items += mine
+            assert _covered(items, t) == [1] * t
+
+
+def test_band_plan_keeps_decode_and_adds_launches_only_where_needed():
+    decode = mma.select_mma_decode_config(1, 4096)
+    # 1-8 tokens of a top-k layer (hint = tokens <= 8): one launch, the previous decode kernel and config
+    for tokens in (1, 2, 8):
+        plan = ops_gemm.plan_row_bands(7 * tokens, 257, 4096, tokens)
+        assert len(plan) == 1 and plan[0][0] == "mma" and plan[0][1]["config"] == decode
+    # 64 tokens: decode band + the 32-row band (hot experts up to 64 rows), no wgmma launch
+    assert [r for r, _ in ops_gemm.plan_row_bands(384, 256, 4096, 64)] == ["mma", "mma"]
+    # 512 / 4096 tokens: 32-row chunks up to 64 rows, wgmma above
+    for t in (3072, 24576):
+        plan = ops_gemm.plan_row_bands(t, 256, 4096, t // 6)
+        assert [r for r, _ in plan] == ["mma", "wgmma"] and plan[1][1]["row_lo"] == mma.MMA_MAX_BAND_ROWS
+
+
+def test_resident_programs():
+    # registers of the sm_90 builds (offline ptxas): 135 / 128 (BLOCK_M 8), 227 (BLOCK_M 32), 4 warps
+    assert mma.resident_programs(135, 4) == 3 and mma.resident_programs(128, 4) == 4
+    assert mma.resident_programs(227, 4) == 2 and mma.resident_programs(255, 8) == 1
+    assert mma.resident_programs(32, 4) == 16 and mma.resident_programs(64, 4, 100 * 1024) == 2
+    n_tiles, g = mma.mma_decode_grid(132, 3, 4096, 10 ** 6, 128)
+    assert n_tiles == 32 and g * n_tiles <= 3 * 132
+    assert mma.mma_decode_grid(132, 3, 4096, 5, 128) == (32, 5)
+
+
+def test_max_rows_hint_is_validated():
+    from megamoe.reference.quantize import quantize
+
+    w = quantize(torch.randn(2, 32, 64) * 0.05)
+    x = torch.randn(4, 64).bfloat16()
+    offs = torch.tensor([1, 4], dtype=torch.int32)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_rows_per_expert"):
+            ops_gemm.nvfp4_grouped_mm(x, w, offs, max_rows_per_expert=bad)
+    ref = ops_gemm.nvfp4_grouped_mm(x, w, offs)
+    assert torch.equal(ops_gemm.nvfp4_grouped_mm(x, w, offs, max_rows_per_expert=1), ref)  # a wrong hint
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def _skewed_counts(kind, e, t, gen):
+    if kind == "one":
+        c = torch.zeros(e, dtype=torch.int64)
+        c[e // 2] = t
+        return c
+    if kind == "top6":
+        c = torch.zeros(e, dtype=torch.int64)
+        c[torch.randperm(e, generator=gen)[:6]] = torch.tensor([t // 6 + (i < t % 6) for i in range(6)])
+        return c
+    if kind == "zipf":
+        p = 1.0 / torch.arange(1, e + 1, dtype=torch.float64) ** 1.2
+        return torch.bincount(torch.multinomial(p, t, replacement=True, generator=gen), minlength=e)
+    return torch.bincount(torch.randint(0, e, (t,), generator=gen), minlength=e)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["one", "top6", "zipf", "uniform"])
+@pytest.mark.parametrize("t,hint", [(56, 8), (56, None), (384, 64), (3000, 500), (9000, None)])
+def test_cuda_banded_skewed_matches_float32(kind, t, hint):
+    from gemm_helpers import grouped_f32, random_weight, rel_err
+
+    device = torch.device("cuda")
+    e, n, k = 40, 256, 512
+    gen = torch.Generator().manual_seed(t)
+    counts = _skewed_counts(kind, e, t - 3, gen)
+    if hint is not None:
+        counts = counts.clamp(max=hint)
+    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    real = int(counts.sum())
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    x = torch.randn(t, k, device=device).bfloat16()
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    assert ops_gemm.decode_route(x, w.data, t, e, n, k) == "banded"
+    out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device=device)
+    ops_gemm.nvfp4_grouped_mm(x, w, offsets, row_index=row_index, out=out, max_rows_per_expert=hint)
+    assert (out[real:] == 0).all(), "padding rows must be 0"
+    ref = grouped_f32(x, w, offsets, row_index)
+    assert rel_err(out[:real], ref[:real]) < 4e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t,hint", [(384, 64), (3000, None)])
+def test_cuda_banded_graph_replay_with_routing_moved(t, hint):
+    """Captured under uniform routing, replayed after every row moved to one expert (and back to Zipf):
+    equal to eager bit for bit, sync-free, and correct; SwiGLU epilogue."""
+    from gemm_helpers import grouped_f32, random_weight, rel_err
+    from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
+
+    device = torch.device("cuda")
+    e, i, k = 40, 128, 512
+    plain = random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1))
+    w = interleave_gate_up(plain)
+    gen = torch.Generator().manual_seed(1)
+    offsets = _skewed_counts("uniform", e, t, gen).cumsum(0).to(torch.int32).to(device)
+    x = torch.randn(t, k, device=device).bfloat16()
+    out = torch.empty(t, i, dtype=torch.bfloat16, device=device)
+
+    def launch():
+        return ops_gemm.nvfp4_grouped_mm(x, w, offsets, out=out, activation="swiglu", swiglu_limit=7.0,
+                                         max_rows_per_expert=hint)
+
+    launch()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        launch()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    for kind in ("one", "zipf", "top6"):
+        counts = _skewed_counts(kind, e, t, gen)
+        if hint is not None:
+            counts = counts.clamp(max=hint)
+        offsets.copy_(counts.cumsum(0).to(torch.int32))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = out.clone()
+        assert torch.equal(replayed, launch()), f"graph replay differs from eager ({kind})"
+        real = int(counts.sum())
+        y = grouped_f32(x, plain, offsets)
+        inter = torch.stack((y[:, :i], y[:, i:]), dim=-1).reshape(t, 2 * i)
+        assert rel_err(replayed[:real], swiglu_reference(inter, 7.0)[:real]) < 4e-3, kind
+        assert (replayed[real:] == 0).all()

@@ -25,6 +25,8 @@ entry" marker and is not an error, any other out-of-range index / slot / page id
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 FLAGS: dict[tuple[str, str], int] = {
@@ -39,6 +41,12 @@ FLAGS: dict[tuple[str, str], int] = {
     ("sparse_attention", "slots"): 1 << 8,
     ("sparse_attention", "block_table"): 1 << 9,
 }
+
+# Benchmarking switch only (never for serving): MEGAMOE_DEVICE_GUARD=0 in the environment, read once at import,
+# compiles the kernels' masking of out-of-range device indices and their flag code out (kernel_flag() returns 0
+# and the kernels drop both under that constexpr), to measure what the guard costs (benchmarks/bench_guard.py).
+# An out-of-range index then reads / writes out of bounds. The torch paths are unaffected.
+DEVICE_GUARD: bool = os.environ.get("MEGAMOE_DEVICE_GUARD", "1").strip() != "0"
 
 _WORDS: dict[torch.device, torch.Tensor] = {}
 _EAGER_CHECKS = True
@@ -56,6 +64,12 @@ class DeviceIndexError(ValueError):
 def flag(op: str, argument: str) -> int:
     """The bit of ``(op, argument)`` in the error word."""
     return FLAGS[(op, argument)]
+
+
+def kernel_flag(op: str, argument: str) -> int:
+    """The constexpr flag a kernel launcher passes: :func:`flag`, or 0 when the device guard is compiled out
+    (:data:`DEVICE_GUARD` False); a kernel given 0 neither masks nor flags that argument."""
+    return FLAGS[(op, argument)] if DEVICE_GUARD else 0
 
 
 def _resolve(device) -> torch.device:

@@ -28,7 +28,7 @@ Every device-valued index is masked before it addresses memory: window ids outsi
 loaded as zeros and get score ``-inf`` (p = 0), so a NaN in an unselected entry never reaches a query.
 -1 is the legitimate "none" marker of window ids, entry ids, slots and pages; any other out-of-range value is
 also flagged in the device error word (``megamoe/ops/errors.py``: window id ``< -1`` or ``>= R``; entry id
-``< -1`` or past the table (only for a valid slot); slot ``< -1`` or ``>= S``; looked-up page ``< -1`` or
+``< -1`` or past the table (only for a valid slot); slot ``< -1`` or ``>= S`` (when K > 0); looked-up page ``< -1`` or
 ``>= P``): each program ORs the codes of its rows per lane in registers and issues one predicated atomic at the
 end (no atomic or reduction in the loop).
 
@@ -245,10 +245,11 @@ def _sparse_mqa_kernel(
     slot_ok = (slot >= 0) & (slot < S)
     slot64 = tl.where(slot_ok, slot, 0).to(tl.int64)
     # error bits of the indices this program read, OR-ed per lane (no reduction, no atomic in the loop); one
-    # predicated atomic after it. A slot < -1 or >= S is flagged even without entries (-1 = none is not).
+    # predicated atomic after it. A slot < -1 or >= S is flagged when the query has entry ids to look up (K > 0;
+    # window-only layers pass a dummy table); -1 = none is not an error.
     # (all FLAG_* are 0 when the device guard is compiled out, MEGAMOE_DEVICE_GUARD=0: no flag code at all)
     GUARD: tl.constexpr = FLAG_SLOTS != 0
-    err = tl.zeros((BLOCK_N,), tl.int32) + ((slot < -1) | (slot >= S)).to(tl.int32) * FLAG_SLOTS
+    err = tl.zeros((BLOCK_N,), tl.int32) + ((K > 0) & ((slot < -1) | (slot >= S))).to(tl.int32) * FLAG_SLOTS
     # One loop over blocks [lo, hi) of the row list [window blocks | entry blocks], the tile source chosen per
     # block (two loops, one per source, kept both sets of hoisted addresses live and spilled ~880 B/thread).
     if INTERPRET:

@@ -69,8 +69,8 @@ def sparse_mqa_attention(q, attn_sink, softmax_scale, *, window_kv, window_idx, 
     Errors (no host sync; ``megamoe/ops/errors.py``, read by ``megamoe.check_errors()``): -1 is the legitimate
     "none" marker of window ids, entry ids, slots and pages. Otherwise a window id ``< -1`` or ``>= R`` sets
     ``("sparse_attention", "window_idx")``; an entry id ``< -1`` or whose logical page is ``>= L`` (of a query
-    with a valid slot) ``("sparse_attention", "entry_idx")``; a slot ``< -1`` or ``>= S``
-    ``("sparse_attention", "slots")``; a page id ``< -1`` or ``>= P`` looked up for a listed entry
+    with a valid slot) ``("sparse_attention", "entry_idx")``; a slot ``< -1`` or ``>= S`` when K > 0 (without
+    entry ids the slot is not used: window-only layers pass a dummy table) ``("sparse_attention", "slots")``; a page id ``< -1`` or ``>= P`` looked up for a listed entry
     ``("sparse_attention", "block_table")``. The flagged indices are skipped, as above; both backends agree.
     """
     _check(q, "q", torch.bfloat16, 3)
@@ -149,7 +149,8 @@ def _record_errors(num_rows: int, window_idx, num_pages: int, epb: int, block_ta
     S, L = block_table.shape
     slot = slots.long()
     slot_ok = (slot >= 0) & (slot < S)
-    errors.record(word, errors.flag("sparse_attention", "slots"), (slot < -1) | (slot >= S))
+    if entry_idx.shape[1]:  # the slot only addresses the block table: no entries, nothing to flag
+        errors.record(word, errors.flag("sparse_attention", "slots"), (slot < -1) | (slot >= S))
     e = torch.where(slot_ok[:, None], entry_idx.long(), -1)
     logical = torch.where(e >= 0, torch.div(e, epb, rounding_mode="floor"), 0)
     errors.record(word, errors.flag("sparse_attention", "entry_idx"), (e < -1) | ((e >= 0) & (logical >= L)))

@@ -537,3 +537,16 @@ def test_cuda_out_of_range_flags_eager_and_graph():
                 err.check_errors(dev)
         else:
             err.check_errors(dev)
+
+
+@pytest.mark.parametrize("interp", ["1", "0"])
+def test_slot_not_flagged_without_entries(interp, monkeypatch):
+    """K = 0 (window-only layers pass a (1, 1) dummy table): the slot addresses nothing and is not flagged."""
+    from megamoe.ops import errors as err
+
+    monkeypatch.setenv("TRITON_INTERPRET", interp)
+    inputs = make_inputs(N=3, K=0, num_slots=1, pages_per_slot=1)
+    inputs["slots"] = torch.tensor([0, 5, 7], dtype=torch.int32)
+    err.clear_errors("cpu")
+    run_op(inputs)
+    assert err.peek_errors("cpu") == 0

@@ -1,42 +1,134 @@
 #!/usr/bin/env bash
-# compute-sanitizer over the CUDA kernel tests (GPU machine). Logs go to $OUT (default benchmarks/results/sanitize).
-#   memcheck  : every kernel test file (tests/kernels, tests/ops, tests/kvcache, tests/layers, tests/ops/test_errors.py)
-#   racecheck : a representative subset (shared-memory users: the Gluon wgmma GEMM, sparse attention, top-k)
-#   synccheck : the same subset (barriers in the Gluon kernels)
-# Notes printed into $OUT/README.txt:
-#   * Triton/Gluon kernels are ordinary cubins, so memcheck sees their global loads/stores; the Triton
-#     interpreter paths are CPU-only and are not sanitized (TRITON_INTERPRET must be unset here).
-#   * racecheck/synccheck only model shared memory and __syncthreads-style barriers. The Gluon wgmma kernel
-#     (nvfp4_wgmma.py) issues asynchronous wgmma reads of shared memory ordered by fence.proxy.async +
-#     bar.sync; racecheck does not model the async proxy and may report false hazards there (or none at all);
-#     treat its racecheck result as advisory. Kernels using TMA/mbarrier (none at present) cannot be checked.
-#   * CUDA-graph replays run under memcheck (the tests capture graphs); compute-sanitizer slows kernels
-#     10-100x, so the timing/benchmark tests are deselected (-k "not bench").
+# compute-sanitizer over the CUDA kernel tests (issue 12). Run on the GPU machine from the repository root:
+#   bash benchmarks/sanitize.sh [OUT_DIR]      (default: $OUT, else benchmarks/results/sanitize)
+#   bash benchmarks/sanitize.sh --dry-run      (CPU: only checks that every selected test id collects)
+# Budget: about 8 minutes on an H100 (memcheck ~5, racecheck ~1.5, synccheck ~1.5; each tool has a timeout).
+#
+# What runs (small-shape CUDA tests, one pytest process per tool):
+#   memcheck  : one or more CUDA tests of every kernel family: the NVFP4 GEMMs (Triton tensor-core, CUDA-core
+#               gemv, Gluon mma/wgmma, split-K), the device index guard tests (tests/ops/test_errors.py: row_index,
+#               inv_perm, topk_ids out of range on every GEMM route), sparse attention (incl. out-of-range indices),
+#               top-k, V4 elementwise, quantize, sampling, hyper-connection, hash routing, the kv-cache kernels
+#               (through the attention decode simulation) and the MoE layer (graph + eager).
+#   racecheck : the shared-memory users (Gluon wgmma / mma GEMM, sparse attention, top-k).
+#   synccheck : the same subset (barriers).
+# Allocator: the caching allocator hides out-of-bounds accesses that land inside its pooled blocks, and
+# PYTORCH_NO_CUDA_MEMORY_CACHING=1 cannot capture CUDA graphs (the tests capture graphs). So torch uses the
+# stream-ordered allocator (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync), whose allocations memcheck tracks
+# one by one; set SANITIZE_ALLOC=nocache to use PYTORCH_NO_CUDA_MEMORY_CACHING=1 instead (graph tests then fail).
+# Notes (also in $OUT/README.txt):
+#   * Triton/Gluon kernels are ordinary cubins launched with cuLaunchKernel: memcheck sees all their global
+#     accesses. The Triton interpreter (TRITON_INTERPRET) is CPU-only and is unset here.
+#   * racecheck/synccheck model shared memory and bar.sync barriers only. The Gluon wgmma kernel reads shared
+#     memory through asynchronous wgmma ordered by fence.proxy.async + bar.sync; racecheck does not model the
+#     async proxy, so a hazard it reports there is advisory (check the addresses against the x_smem buffer).
+#     No kernel uses TMA / mbarrier at present.
+#   * Timing/benchmark tests are not selected (the sanitizer slows kernels 10-100x).
+# Output: $OUT/summary.txt (per tool: pytest result, sanitizer error count), per-process sanitizer logs
+# $OUT/<tool>.<pid>.log, pytest output $OUT/<tool>.pytest.txt, README.txt. Last line printed:
+#   SANITIZER SUMMARY: memcheck=<n> racecheck=<n> synccheck=<n> errors; pytest failures: <tools>
+# Exit status: 1 if the sanitizer reported any error (or could not finish a tool), 3 if only pytest failed, else 0.
 set -u
-OUT=${OUT:-benchmarks/results/sanitize}
+cd "$(dirname "$0")/.."
+
+MEMCHECK_TESTS=(
+  "tests/ops/test_errors.py::test_cuda_guard_graph_replay_equals_eager_and_no_sync"
+  "tests/ops/test_errors.py::test_cuda_grouped_mm_all_routes_guard"
+  "tests/kernels/test_nvfp4_gemm.py::test_cuda_sync_free_and_graph_capture"
+  "tests/kernels/test_nvfp4_gemv.py::test_cuda_moe_shapes_and_graph[1]"
+  "tests/kernels/test_nvfp4_gluon.py::test_cuda_moe_shapes_sync_free_and_graph[8]"
+  "tests/kernels/test_nvfp4_gluon.py::test_cuda_wgmma_sync_free_and_graph"
+  "tests/kernels/test_nvfp4_splitk.py::test_cuda_sync_free_and_graph_replay[8-1024-4096]"
+  "tests/ops/test_gemm.py::test_cuda_ops_take_every_route"
+  "tests/kernels/test_sparse_attention.py::test_cuda_nan_and_out_of_range"
+  "tests/kernels/test_sparse_attention.py::test_cuda_out_of_range_flags_eager_and_graph"
+  "tests/kernels/test_sparse_attention.py::test_cuda_v4_flash_shapes[2]"
+  "tests/kernels/test_topk.py::test_cuda_graph_replay_and_sync_free[2048]"
+  "tests/kernels/test_v4_elementwise.py::test_cuda_exact_designed_inputs_match_cuda_formulas"
+  "tests/ops/test_quantize.py::test_cuda_sync_free_and_graph_capture"
+  "tests/ops/test_sampling.py::test_cuda_graph_replay_equals_eager_and_sync_free[False]"
+  "tests/ops/test_hyper_connection.py::test_hc_pre_fused_matches_reference_cuda"
+  "tests/ops/test_moe_hash_routing.py::test_cuda_hash_route_sync_free_and_graph"
+  "tests/layers/test_attention_simulation.py::test_attention_decode_simulation_cuda[2-0]"
+  "tests/layers/test_moe_layer.py::test_cuda_graph_and_no_host_syncs[2-w4a16]"
+)
+SUBSET_TESTS=(
+  "tests/kernels/test_nvfp4_gluon.py::test_cuda_wgmma_sync_free_and_graph"
+  "tests/kernels/test_nvfp4_gluon.py::test_cuda_moe_shapes_sync_free_and_graph[8]"
+  "tests/kernels/test_sparse_attention.py::test_cuda_nan_and_out_of_range"
+  "tests/kernels/test_topk.py::test_cuda_graph_replay_and_sync_free[2048]"
+)
+TIMEOUT_MEMCHECK=${TIMEOUT_MEMCHECK:-330}
+TIMEOUT_RACECHECK=${TIMEOUT_RACECHECK:-100}
+TIMEOUT_SYNCCHECK=${TIMEOUT_SYNCCHECK:-80}
+
+if [ "${1:-}" = "--dry-run" ]; then  # collection only (CPU is fine): every id must exist
+  ids=("${MEMCHECK_TESTS[@]}" "${SUBSET_TESTS[@]}")
+  out=$(python -m pytest --collect-only -q -p no:cacheprovider "${ids[@]}" 2>&1)
+  rc=$?
+  n=$(printf '%s\n' "$out" | grep -c '::')
+  printf '%s\n' "$out" | tail -3
+  echo "dry run: $n tests collected from ${#ids[@]} ids (rc=$rc)"
+  [ $rc -eq 0 ] && exit 0 || exit 1  # pytest exits 4 when an id does not exist
+fi
+
+OUT=${1:-${OUT:-benchmarks/results/sanitize}}
 mkdir -p "$OUT"
+rm -f "$OUT"/*.log "$OUT"/*.pytest.txt "$OUT/summary.txt"
 unset TRITON_INTERPRET
+if [ "${SANITIZE_ALLOC:-async}" = "nocache" ]; then
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+else
+  export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+fi
+export CUDA_LAUNCH_BLOCKING=0 MEGAMOE_DEVICE_GUARD=1
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
-if [ ! -x "$CS" ]; then echo "compute-sanitizer not found (set COMPUTE_SANITIZER)" | tee "$OUT/README.txt"; exit 2; fi
+if [ ! -x "$CS" ]; then
+  echo "compute-sanitizer not found (set COMPUTE_SANITIZER)" | tee "$OUT/README.txt"
+  echo "SANITIZER SUMMARY: not run"; exit 2
+fi
 {
   echo "compute-sanitizer: $CS ($($CS --version | tail -1))"
   date -u
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-  sed -n '3,16p' "$0"
+  echo "allocator: PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-} PYTORCH_NO_CUDA_MEMORY_CACHING=${PYTORCH_NO_CUDA_MEMORY_CACHING:-}"
+  sed -n '2,31p' "$0"
 } > "$OUT/README.txt"
-status=0
-run() {  # tool name pytest-args...
-  local tool=$1 name=$2; shift 2
-  echo "== $tool $name: $*" | tee -a "$OUT/summary.txt"
-  "$CS" --tool "$tool" --target-processes all --error-exitcode 99 --log-file "$OUT/${tool}_${name}.%p.log" \
-     python -m pytest -q -m cuda -k "not bench" -p no:cacheprovider "$@" > "$OUT/${tool}_${name}.pytest.txt" 2>&1
+
+declare -A ERRS
+PYFAIL=""
+SANFAIL=0
+run() {  # tool timeout test-ids...
+  local tool=$1 limit=$2; shift 2
+  local start=$SECONDS
+  echo "== $tool (${#@} test ids, timeout ${limit}s)" | tee -a "$OUT/summary.txt"
+  timeout --signal=TERM --kill-after=20 "$limit" \
+    "$CS" --tool "$tool" --target-processes all --print-limit 100 --log-file "$OUT/$tool.%p.log" \
+      python -m pytest -q -p no:cacheprovider "$@" > "$OUT/$tool.pytest.txt" 2>&1
   local rc=$?
-  echo "   rc=$rc ($(tail -1 "$OUT/${tool}_${name}.pytest.txt"))" | tee -a "$OUT/summary.txt"
-  [ $rc -ne 0 ] && status=1
+  # every process writes "ERROR SUMMARY: N errors" (racecheck: "RACECHECK SUMMARY: N hazards ...")
+  local n
+  n=$(cat "$OUT/$tool".*.log 2>/dev/null | grep -oE '(ERROR SUMMARY|RACECHECK SUMMARY): [0-9]+' \
+        | awk '{s += $NF} END {print s + 0}')
+  local seen
+  seen=$(cat "$OUT/$tool".*.log 2>/dev/null | grep -cE '(ERROR|RACECHECK) SUMMARY')
+  ERRS[$tool]=$n
+  local last
+  last=$(tail -1 "$OUT/$tool.pytest.txt")
+  echo "   rc=$rc, $((SECONDS - start))s, sanitizer errors: $n (summaries from $seen processes); pytest: $last" \
+    | tee -a "$OUT/summary.txt"
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || [ "$seen" -eq 0 ]; then
+    echo "   $tool did not finish (timeout or no sanitizer summary)" | tee -a "$OUT/summary.txt"; SANFAIL=1
+  fi
+  [ "$n" -gt 0 ] && SANFAIL=1
+  case "$last" in *failed*|*error*) PYFAIL="$PYFAIL $tool";; esac
 }
-MEMCHECK_FILES="tests/kernels tests/ops tests/kvcache tests/layers"
-for f in $MEMCHECK_FILES; do run memcheck "$(basename $f)" "$f"; done
-SUBSET="tests/ops/test_errors.py tests/kernels/test_nvfp4_gluon.py tests/kernels/test_sparse_attention.py tests/kernels/test_topk.py"
-run racecheck subset $SUBSET
-run synccheck subset $SUBSET
-echo "logs: $OUT (summary.txt)"; exit $status
+run memcheck "$TIMEOUT_MEMCHECK" "${MEMCHECK_TESTS[@]}"
+run racecheck "$TIMEOUT_RACECHECK" "${SUBSET_TESTS[@]}"
+run synccheck "$TIMEOUT_SYNCCHECK" "${SUBSET_TESTS[@]}"
+line="SANITIZER SUMMARY: memcheck=${ERRS[memcheck]} racecheck=${ERRS[racecheck]} synccheck=${ERRS[synccheck]} errors; pytest failures:${PYFAIL:- none}"
+echo "$line" | tee -a "$OUT/summary.txt"
+echo "logs: $OUT"
+if [ $SANFAIL -ne 0 ]; then exit 1; fi
+if [ -n "$PYFAIL" ]; then exit 3; fi
+exit 0

@@ -236,10 +236,13 @@ def _nvfp4_gemm_kernel(
         if HAS_ROW_INDEX:
             # an out-of-range row_index reads zero activations (the row is dropped) and is flagged
             src_rows = tl.load(row_index_ptr + rows, mask=row_mask, other=0).to(tl.int64)
-            src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
-            bad_rows += tl.sum((row_mask & ~src_ok & is_real).to(tl.int32), 0)
-            x_mask = row_mask & src_ok
-            src_rows = tl.where(src_ok, src_rows, 0)
+            if ERR_FLAG != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only)
+                src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
+                bad_rows += tl.sum((row_mask & ~src_ok & is_real).to(tl.int32), 0)
+                x_mask = row_mask & src_ok
+                src_rows = tl.where(src_ok, src_rows, 0)
+            else:
+                x_mask = row_mask
         else:
             src_rows = rows.to(tl.int64)
             x_mask = row_mask
@@ -302,15 +305,17 @@ def _nvfp4_gemm_kernel(
             )
         work += num_programs
     if HAS_ROW_INDEX:
-        tl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+        if ERR_FLAG != 0:
+            tl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
 
 
 def gemm_error_word(device, error_word=None) -> tuple[torch.Tensor, int]:
-    """(error word, row_index flag bit) shared by the GEMM launchers of this family."""
+    """(error word, row_index flag bit) shared by the GEMM launchers of this family; the bit is 0 when the device
+    guard is compiled out (``megamoe.ops.errors.DEVICE_GUARD``): the kernels then neither mask nor flag."""
     from ..ops import errors
 
     return (error_word if error_word is not None else errors.error_word(device)), \
-        errors.flag("nvfp4_grouped_mm", "row_index")
+        errors.kernel_flag("nvfp4_grouped_mm", "row_index")
 
 
 def global_scale_strides(global_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:

@@ -237,10 +237,13 @@ def _nvfp4_gemv_kernel(
         if HAS_ROW_INDEX:
             # an out-of-range row_index reads zero activations (the row is dropped) and is flagged
             src_rows = tl.load(row_index_ptr + rows, mask=row_mask, other=0).to(tl.int64)
-            src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
-            bad_rows += tl.sum((row_mask & ~src_ok).to(tl.int32), 0)
-            row_mask_x = row_mask & src_ok
-            src_rows = tl.where(src_ok, src_rows, 0)
+            if ERR_FLAG != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only)
+                src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
+                bad_rows += tl.sum((row_mask & ~src_ok).to(tl.int32), 0)
+                row_mask_x = row_mask & src_ok
+                src_rows = tl.where(src_ok, src_rows, 0)
+            else:
+                row_mask_x = row_mask
         else:
             src_rows = rows.to(tl.int64)
             row_mask_x = row_mask
@@ -290,7 +293,8 @@ def _nvfp4_gemv_kernel(
                      mask=row_mask[:, None] & col_mask[None, :])
         r0 += ROWS
     if HAS_ROW_INDEX:
-        tl.atomic_or(err_ptr, ERR_FLAG, mask=(bad_rows > 0) & (k_len > 0))
+        if ERR_FLAG != 0:
+            tl.atomic_or(err_ptr, ERR_FLAG, mask=(bad_rows > 0) & (k_len > 0))
 
 
 @triton.jit

@@ -271,10 +271,11 @@ if GLUON_AVAILABLE:
             row_mask = rows < row_end
             if HAS_ROW_INDEX:
                 src_rows = gl.load(row_index_ptr + rows, mask=row_mask, other=0).to(gl.int64)
-                src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
-                bad_rows += gl.sum((row_mask & ~src_ok & is_real).to(gl.int32), axis=0)
-                row_mask = row_mask & src_ok  # the x loads only: the epilogue stores by row_end
-                src_rows = gl.where(src_ok, src_rows, 0)
+                if ERR_FLAG != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only)
+                    src_ok = (src_rows >= 0) & (src_rows < num_src_rows)
+                    bad_rows += gl.sum((row_mask & ~src_ok & is_real).to(gl.int32), axis=0)
+                    row_mask = row_mask & src_ok  # the x loads only: the epilogue stores by row_end
+                    src_rows = gl.where(src_ok, src_rows, 0)
             else:
                 src_rows = rows.to(gl.int64)
             x_ptrs = x_ptr + src_rows[:, None] * stride_xm + x_cols[None, :]
@@ -296,7 +297,8 @@ if GLUON_AVAILABLE:
                            SWIGLU, HAS_LIMIT, num_warps)
             chunk += num_programs
         if HAS_ROW_INDEX:
-            gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+            if ERR_FLAG != 0:
+                gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,

@@ -26,13 +26,19 @@ Structure
 Every device-valued index is masked before it addresses memory: window ids outside ``[0, R)``; entry ids
 ``< 0``; logical pages ``>= L``; physical pages outside ``[0, P)``; slots outside ``[0, S)``. Masked rows are
 loaded as zeros and get score ``-inf`` (p = 0), so a NaN in an unselected entry never reaches a query.
+-1 is the legitimate "none" marker of window ids, entry ids, slots and pages; any other out-of-range value is
+also flagged in the device error word (``megamoe/ops/errors.py``: window id ``< -1`` or ``>= R``; entry id
+``< -1`` or past the table (only for a valid slot); slot ``< -1`` or ``>= S`` (when K > 0); looked-up page ``< -1`` or
+``>= P``): each program ORs the codes of its rows per lane in registers and issues one predicated atomic at the
+end (no atomic or reduction in the loop).
 
 Register budget (offline sm_90 compile of ``ATTENTION_CONFIG``, ``compile_sm90``; checked in
 tests/kernels/test_sparse_attention.py): the ``64 x 512`` fp32 accumulator alone is 128 KB, i.e. 128 registers
 per thread at 8 warps (2 warpgroups, each owning 256 of the 512 columns: ``HGMMA.64x256x16`` for P.V), half the
 SM's 256 KB register file. A 128-head tile would need the whole register file for the accumulator alone, so
 H = 128 (V4-Pro) runs two 64-head tiles (two programs per token reading the same rows, the second mostly from
-L2). Measured: 255 registers, 264 B of stack (14 reloads per iteration, no spill stores in the loop), Q and the
+L2). Measured: 255 registers, 264 B of stack (14 reloads per iteration, no spill stores in the loop; with the
+device guard's error code: 280 B, 16 reloads, one store, +40 of ~1430 SASS instructions per iteration), Q and the
 K tile in shared memory (128 KB). Triton assigns all 8 warps along M for a dot that feeds another dot, so
 both warpgroups compute the whole 64 x BLOCK_N score tile (``HGMMA.64x16x16``, duplicated): the tensor cores do
 1.5x the useful MMA work. Two loops (window, entries) instead of one spilled 880 B; BLOCK_N = 16 / 64 measured
@@ -133,23 +139,29 @@ def _attend_block(q, kv, valid, m_i, l_i, acc, qk_scale, INTERPRET: tl.constexpr
 
 
 @triton.jit
-def _window_tile(win_kv_ptr, win_idx_ptr, n, b, W, R, D: tl.constexpr, D_P2: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Window block b of query n: ((BLOCK_N, D_P2) bf16 rows, (BLOCK_N,) valid); invalid rows are zeros."""
+def _window_tile(win_kv_ptr, win_idx_ptr, n, b, W, R, D: tl.constexpr, D_P2: tl.constexpr, BLOCK_N: tl.constexpr,
+                 FLAG_WINDOW: tl.constexpr):
+    """Window block b of query n: ((BLOCK_N, D_P2) bf16 rows, (BLOCK_N,) valid, (BLOCK_N,) int32 error code);
+    invalid rows are zeros; an id < -1 or >= R gets FLAG_WINDOW in its code."""
     jj = b * BLOCK_N + tl.arange(0, BLOCK_N)
     rid = tl.load(win_idx_ptr + n * W + jj, mask=jj < W, other=-1)
     valid = (rid >= 0) & (rid < R)
     row = tl.where(valid, rid, 0).to(tl.int64)
     d = tl.arange(0, D_P2)
     kv = tl.load(win_kv_ptr + row[:, None] * D + d[None, :], mask=valid[:, None] & (d < D)[None, :], other=0.0)
-    return kv, valid
+    code = 0
+    if FLAG_WINDOW != 0:
+        code = ((rid < -1) | (rid >= R)).to(tl.int32) * FLAG_WINDOW  # -1 (none) is not an error
+    return kv, valid, code
 
 
 @triton.jit
 def _entry_tile(fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, n, b, K, P, L, slot64, slot_ok,
                 NOPE: tl.constexpr, ROPE: tl.constexpr, EPB: tl.constexpr, NSC: tl.constexpr, SB: tl.constexpr,
                 C: tl.constexpr, NC_P2: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                INTERPRET: tl.constexpr):
-    """Entry block b of query n, dequantized: ((BLOCK_N, NC_P2 * C) bf16 rows, (BLOCK_N,) valid).
+                INTERPRET: tl.constexpr, FLAG_ENTRY: tl.constexpr, FLAG_TABLE: tl.constexpr):
+    """Entry block b of query n, dequantized: ((BLOCK_N, NC_P2 * C) bf16 rows, (BLOCK_N,) valid, (BLOCK_N,) int32
+    error code).
 
     Built as (BLOCK_N, NC_P2, C) chunks: chunk c < NOPE / C is FP8 * its row's scale of block c * C // SB,
     rounded to bf16; the next ROPE / C chunks are the bf16 rope dims; padding chunks and invalid rows are zeros.
@@ -161,6 +173,12 @@ def _entry_tile(fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, n, b, K, P
     logical = tl.where(e >= 0, e // EPB, 0)
     page = tl.load(table_ptr + slot64 * L + logical, mask=(e >= 0) & (logical < L) & slot_ok, other=-1)
     valid = (e >= 0) & (page >= 0) & (page < P)
+    # errors (-1 = none is not one): an id < -1 or past the table (entries of a bad slot: only the slot's flag);
+    # a looked-up page id < -1 or >= P
+    err_code = 0
+    if FLAG_ENTRY != 0:
+        err_code = (slot_ok & ((e < -1) | ((e >= 0) & (logical >= L)))).to(tl.int32) * FLAG_ENTRY | \
+            ((page < -1) | (page >= P)).to(tl.int32) * FLAG_TABLE
     row = tl.where(valid, page.to(tl.int64) * EPB + tl.where(e >= 0, e % EPB, 0), 0)
     row3 = row[:, None, None]
     v3 = valid[:, None, None]
@@ -177,7 +195,7 @@ def _entry_tile(fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, n, b, K, P
     rmask = v3 & (c3 >= NCN) & (c3 < NCD)
     rope = tl.load(rope_ptr + row3 * ROPE + (c3 - NCN) * C + x3, mask=rmask, other=0.0)
     kv = tl.reshape(tl.where(c3 < NCN, nope, rope), (BLOCK_N, NC_P2 * C))
-    return kv, valid
+    return kv, valid, err_code
 
 
 @triton.jit
@@ -195,11 +213,13 @@ def _sparse_mqa_kernel(
     out_ptr,          # (N, H, D) bf16 (SPLIT == False)
     ws_acc_ptr,       # (N, NUM_SPLITS, H, D) float32 (SPLIT)
     ws_ml_ptr,        # (N, NUM_SPLITS, 2, H) float32 (SPLIT): m, l in the log2 domain
+    err_ptr,          # (1,) int32 error word (megamoe/ops/errors.py)
     H, R, W, K, P, S, L, blocks_per_split, num_splits,
     qk_scale,         # softmax_scale * log2(e)
     D: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, EPB: tl.constexpr, NSC: tl.constexpr,
     SB: tl.constexpr, C: tl.constexpr, NC_P2: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+    FLAG_WINDOW: tl.constexpr, FLAG_ENTRY: tl.constexpr, FLAG_SLOTS: tl.constexpr, FLAG_TABLE: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     head0 = tl.program_id(1) * BLOCK_H
@@ -224,6 +244,12 @@ def _sparse_mqa_kernel(
     slot = tl.load(slots_ptr + n)
     slot_ok = (slot >= 0) & (slot < S)
     slot64 = tl.where(slot_ok, slot, 0).to(tl.int64)
+    # error bits of the indices this program read, OR-ed per lane (no reduction, no atomic in the loop); one
+    # predicated atomic after it. A slot < -1 or >= S is flagged when the query has entry ids to look up (K > 0;
+    # window-only layers pass a dummy table); -1 = none is not an error.
+    # (all FLAG_* are 0 when the device guard is compiled out, MEGAMOE_DEVICE_GUARD=0: no flag code at all)
+    GUARD: tl.constexpr = FLAG_SLOTS != 0
+    err = tl.zeros((BLOCK_N,), tl.int32) + ((K > 0) & ((slot < -1) | (slot >= S))).to(tl.int32) * FLAG_SLOTS
     # One loop over blocks [lo, hi) of the row list [window blocks | entry blocks], the tile source chosen per
     # block (two loops, one per source, kept both sets of hoisted addresses live and spilled ~880 B/thread).
     if INTERPRET:
@@ -231,20 +257,29 @@ def _sparse_mqa_kernel(
         b = lo
         while b < hi:
             if b < num_wb:
-                kv, valid = _window_tile(win_kv_ptr, win_idx_ptr, n, b, W, R, D, D_P2, BLOCK_N)
+                kv, valid, code = _window_tile(win_kv_ptr, win_idx_ptr, n, b, W, R, D, D_P2, BLOCK_N, FLAG_WINDOW)
             else:
-                kv, valid = _entry_tile(fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, n, b - num_wb, K, P,
-                                        L, slot64, slot_ok, NOPE, ROPE, EPB, NSC, SB, C, NC_P2, D, BLOCK_N, INTERPRET)
+                kv, valid, code = _entry_tile(fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, n, b - num_wb,
+                                              K, P, L, slot64, slot_ok, NOPE, ROPE, EPB, NSC, SB, C, NC_P2, D,
+                                              BLOCK_N, INTERPRET, FLAG_ENTRY, FLAG_TABLE)
+            if GUARD:
+                err = err | code
             m_i, l_i, acc = _attend_block(q, kv, valid, m_i, l_i, acc, qk_scale, INTERPRET)
             b += 1
     else:
         for b in range(lo, hi):
             if b < num_wb:
-                kv, valid = _window_tile(win_kv_ptr, win_idx_ptr, n, b, W, R, D, D_P2, BLOCK_N)
+                kv, valid, code = _window_tile(win_kv_ptr, win_idx_ptr, n, b, W, R, D, D_P2, BLOCK_N, FLAG_WINDOW)
             else:
-                kv, valid = _entry_tile(fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, n, b - num_wb, K, P,
-                                        L, slot64, slot_ok, NOPE, ROPE, EPB, NSC, SB, C, NC_P2, D, BLOCK_N, INTERPRET)
+                kv, valid, code = _entry_tile(fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, n, b - num_wb,
+                                              K, P, L, slot64, slot_ok, NOPE, ROPE, EPB, NSC, SB, C, NC_P2, D,
+                                              BLOCK_N, INTERPRET, FLAG_ENTRY, FLAG_TABLE)
+            if GUARD:
+                err = err | code
             m_i, l_i, acc = _attend_block(q, kv, valid, m_i, l_i, acc, qk_scale, INTERPRET)
+
+    if GUARD:
+        tl.atomic_or(err_ptr + tl.zeros((BLOCK_N,), tl.int32), err, mask=err != 0)
 
     if SPLIT:
         base = n * num_splits + split
@@ -293,6 +328,16 @@ def _combine_kernel(
     tl.store(out_ptr + (n * H + h[:, None]) * D + d[None, :], _round_bf16(o, INTERPRET), mask=mask2)
 
 
+def error_flags() -> dict:
+    """The kernel's constexpr flag bits (``megamoe/ops/errors.py``; all 0 when the guard is compiled out)."""
+    from ..ops import errors
+
+    return dict(FLAG_WINDOW=errors.kernel_flag("sparse_attention", "window_idx"),
+                FLAG_ENTRY=errors.kernel_flag("sparse_attention", "entry_idx"),
+                FLAG_SLOTS=errors.kernel_flag("sparse_attention", "slots"),
+                FLAG_TABLE=errors.kernel_flag("sparse_attention", "block_table"))
+
+
 def workspace_shapes(num_tokens: int, num_heads: int, head_dim: int, num_splits: int):
     """Shapes of the split-KV workspace: acc (N, splits, H, D) float32 and (m, l) (N, splits, 2, H) float32."""
     return (num_tokens, num_splits, num_heads, head_dim), (num_tokens, num_splits, 2, num_heads)
@@ -300,7 +345,7 @@ def workspace_shapes(num_tokens: int, num_heads: int, head_dim: int, num_splits:
 
 def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, window_idx, entries_fp8, entries_scale,
                                 entries_rope, block_table, slots, entry_idx, out, *, num_splits: int | None = None,
-                                workspace=None, interpreter: bool = False):
+                                workspace=None, interpreter: bool = False, error_word=None):
     """Launch the attention (no validation: ``megamoe.ops.attention`` does it). Returns ``out``.
 
     q (N, H, D) bf16; attn_sink (H,) float32; window_kv (R, D) bf16; window_idx (N, W) int32;
@@ -308,8 +353,11 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
     (P, EPB, rope) bf16; block_table (S, L) int32; slots (N,) int32; entry_idx (N, K) int32; out (N, H, D)
     bf16; all contiguous on one device. ``num_splits``: None = :func:`choose_num_splits`; ``workspace``:
     optional ``(acc, ml)`` float32 tensors with at least :func:`workspace_shapes` elements (reused across
-    calls / graph replays; allocated here when missing and a split is used).
+    calls / graph replays; allocated here when missing and a split is used). ``error_word``: the (1,) int32 word
+    the out-of-range indices flag (default: the device's, ``megamoe.ops.errors``).
     """
+    from ..ops import errors
+
     N, H, D = q.shape
     if N == 0 or H == 0:
         return out
@@ -341,11 +389,12 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
     _sparse_mqa_kernel[grid](
         q, attn_sink, window_kv, window_idx, entries_fp8.view(torch.uint8), entries_scale, entries_rope,
         block_table, slots, entry_idx, out, ws_acc, ws_ml,
+        error_word if error_word is not None else errors.error_word(q.device),
         H, window_kv.shape[0], W, K, P, block_table.shape[0], block_table.shape[1], per, splits,
         float(softmax_scale) * LOG2E,
         D=D, NOPE=nope, ROPE=rope, EPB=EPB, NSC=nsc, SB=sb, C=c, NC_P2=nc_p2,
         BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], SPLIT=split, INTERPRET=interpreter,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **error_flags(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split:
         bd = min(combine_cfg["BLOCK_D"], triton.next_power_of_2(D))
@@ -359,7 +408,7 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
 
 _MAIN_POINTERS = dict(q_ptr="*bf16", sink_ptr="*fp32", win_kv_ptr="*bf16", win_idx_ptr="*i32", fp8_ptr="*u8",
                       scale_ptr="*fp32", rope_ptr="*bf16", table_ptr="*i32", slots_ptr="*i32", ent_idx_ptr="*i32",
-                      out_ptr="*bf16", ws_acc_ptr="*fp32", ws_ml_ptr="*fp32")
+                      out_ptr="*bf16", ws_acc_ptr="*fp32", ws_ml_ptr="*fp32", err_ptr="*i32")
 _MAIN_SCALARS = ("H", "R", "W", "K", "P", "S", "L", "blocks_per_split", "num_splits")
 
 
@@ -378,11 +427,12 @@ def compile_sm90(*, head_dim: int = 512, rope_dim: int = 64, scale_block: int = 
     c = chunk_width(nope, rope_dim, scale_block)
     constants = dict(D=head_dim, NOPE=nope, ROPE=rope_dim, EPB=entries_per_block, NSC=nope // scale_block,
                      SB=scale_block, C=c, NC_P2=triton.next_power_of_2(head_dim // c), BLOCK_H=cfg["BLOCK_H"],
-                     BLOCK_N=cfg["BLOCK_N"], SPLIT=split, INTERPRET=False)
+                     BLOCK_N=cfg["BLOCK_N"], SPLIT=split, INTERPRET=False, **error_flags())
     signature = dict(_MAIN_POINTERS, **{name: "i32" for name in _MAIN_SCALARS}, qk_scale="fp32",
                      **{name: "constexpr" for name in constants})
     kernel = _sparse_mqa_kernel
-    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in _MAIN_POINTERS}
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in _MAIN_POINTERS
+             if name != "err_ptr"}
     source = ASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})

@@ -196,6 +196,12 @@ def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
 
     CUDA: the one-program-per-row bucket-select kernel (``megamoe.ops.topk``, bit-identical to the reference);
     CPU: the reference (``torch.topk`` on unique int64 keys)."""
+    if not isinstance(scores, torch.Tensor) or scores.dtype != torch.float32 or scores.dim() != 2:
+        got = f"{scores.dtype} tensor of shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) \
+            else type(scores).__name__
+        raise TypeError(f"scores: expected a 2-D float32 tensor (B, T), got a {got}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k: expected a non-negative int, got {k!r}")
     if scores.is_cuda:
         from ..ops.topk import topk_indices
 

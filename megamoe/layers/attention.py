@@ -21,6 +21,13 @@ holds NVFP4 (an :class:`NVFP4Tensor`), bf16/fp32 tensors otherwise (``megamoe/mo
 Host side (outside graphs): :meth:`join` / :meth:`leave` a request slot, :meth:`prepare` pages before a step,
 :meth:`forward_prefill` for a new request. Device side (capturable, sync-free, preallocated):
 :meth:`forward_decode` for a fixed-size :class:`~megamoe.kvcache.DecodeBatch`.
+
+Device index errors (``megamoe/ops/errors.py``): the kernels mask out-of-range slots, window ids, entry ids and
+page ids and flag them in the device error word. An eager :meth:`forward_decode` / :meth:`forward_prefill` ends
+with ``errors.check_errors_eager`` (one host read; raises :class:`~megamoe.ops.errors.DeviceIndexError` naming
+the op and argument); it is skipped while a CUDA graph is captured, under ``torch.cuda.set_sync_debug_mode``
+(non-zero), and after ``errors.set_eager_checks(False)``. Graph users call ``megamoe.check_errors()`` between
+replays.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from ..format.tensor import NVFP4Tensor
 from ..kvcache import CompressedCacheConfig, CompressedKVCache, DecodeBatch
 from ..kvcache import ops as kv_ops
 from ..models.config import V4Config
+from ..ops import errors
 from ..ops import gemm as gemm_ops
 from ..ops._dispatch import resolve_device
 from ..ops import v4_elementwise as ew
@@ -107,6 +115,7 @@ class Nvfp4Attention:
             self._entry_arange = torch.arange(max(kcfg.max_entries, 1), dtype=torch.int32, device=dev)
         self._group_offsets = torch.arange(1, cfg.o_groups + 1, dtype=torch.int32, device=dev)
         self._group_offsets_by_rows = {}  # T -> group offsets * T (host cache on a shape, made outside graphs)
+        errors.error_word(dev)  # the device's error word exists before any graph capture
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, w) -> None:
@@ -260,7 +269,7 @@ class Nvfp4Attention:
     # ------------------------------------------------------------------ decode (device, capturable)
     def forward_decode(self, batch: DecodeBatch, x: torch.Tensor) -> torch.Tensor:
         """x (B, dim) bf16, one new token per row of ``batch`` -> (B, dim) bf16. Inactive rows are no-ops for the
-        caches; their outputs are unspecified."""
+        caches; their outputs are unspecified. Eager calls end with the error-word check (module docstring)."""
         if not self._weights_loaded:
             raise RuntimeError("Nvfp4Attention: call load_weights() first")
         pos, slots = batch.positions, batch.slots
@@ -281,7 +290,9 @@ class Nvfp4Attention:
             else:
                 n = torch.div(pos + 1, self.ratio, rounding_mode="floor").to(torch.int32) * batch.active
                 entry_idx = self._hca_entries(n)
-        return self._attend(q, slots, pos, self.swa_rows, self._window_rows(slots, pos), entry_idx)
+        out = self._attend(q, slots, pos, self.swa_rows, self._window_rows(slots, pos), entry_idx)
+        errors.check_errors_eager(self.device)  # eager only (no-op while capturing / sync-debugging)
+        return out
 
     # ------------------------------------------------------------------ prefill (host-driven)
     def forward_prefill(self, slot: int, x: torch.Tensor) -> torch.Tensor:
@@ -315,7 +326,9 @@ class Nvfp4Attention:
                 entry_idx = kv_ops.select_topk(scores, c.index_topk)
             else:
                 entry_idx = self._hca_entries(n)
-        return self._attend(q, slots, pos, kv, window_idx.to(torch.int32), entry_idx)
+        out = self._attend(q, slots, pos, kv, window_idx.to(torch.int32), entry_idx)
+        errors.check_errors_eager(self.device)
+        return out
 
     def weight_bytes(self) -> int:
         parts = [self.wq_a, self.wq_b, self.wkv, self.wo_b]

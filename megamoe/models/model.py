@@ -7,6 +7,13 @@ Serving model: requests live in cache slots ``0..max_slots-1``. Host side (outsi
 and :meth:`prefill` its prompt (one request at a time), :meth:`prepare_decode` the pages a step writes.
 Device side: :meth:`decode` computes one token per row of a fixed-size :class:`DecodeBatch` (sync-free and
 capturable); :meth:`capture_decode` records decode + sampling into one CUDA graph per batch size.
+
+Device index errors (``megamoe/ops/errors.py``): an eager :meth:`decode` / :meth:`prefill` checks the device error
+word once, at its end (the layers' own per-layer checks are switched off meanwhile: one host read per step
+instead of two per layer) and raises :class:`~megamoe.ops.errors.DeviceIndexError` naming the op and argument
+whose out-of-range indices were masked. Skipped while capturing, under ``torch.cuda.set_sync_debug_mode``
+(non-zero) and after ``errors.set_eager_checks(False)``. The graphs of :meth:`capture_decode` do not check:
+call ``megamoe.check_errors()`` between steps (e.g. every step, or every N steps to amortise the sync).
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ import time
 import torch
 
 from ..kvcache import DecodeBatch
+from ..ops import errors
 from ..ops._dispatch import resolve_device
 from ..ops.sampling import SamplingParams, sample
 from ..reference import v4_numerics as nx
@@ -117,11 +125,12 @@ class V4Model:
         self.join(slot)
         for layer in self.layers:
             layer.attn.prepare([slot], [0], [T])
-        h = self._embed(token_ids)
-        for layer in self.layers:
-            h = layer.forward(h, lambda x, a=layer.attn: a.forward_prefill(slot, x), token_ids, timer)
-        self.positions[slot] = T
-        return self._logits(h[-1:])[0]
+        with _one_eager_check(self.device):
+            h = self._embed(token_ids)
+            for layer in self.layers:
+                h = layer.forward(h, lambda x, a=layer.attn: a.forward_prefill(slot, x), token_ids, timer)
+            self.positions[slot] = T
+            return self._logits(h[-1:])[0]
 
     def prepare_decode(self, batch: DecodeBatch, slots, active=None) -> None:
         """Host step before a decode replay: rows ``i`` decode slot ``slots[i]`` at its next position; allocate
@@ -145,17 +154,20 @@ class V4Model:
 
     # ------------------------------------------------------------------ device side
     def decode(self, batch: DecodeBatch, token_ids: torch.Tensor, timer=None) -> torch.Tensor:
-        """token_ids (B,) int64 (the last token of each row) -> logits (B, vocab) float32. Sync-free."""
-        h = self._embed(token_ids)
-        for layer in self.layers:
-            h = layer.forward(h, lambda x, a=layer.attn: a.forward_decode(batch, x), token_ids, timer)
-        return self._logits(h)
+        """token_ids (B,) int64 (the last token of each row) -> logits (B, vocab) float32. Sync-free but for the
+        one eager error-word check at the end (module docstring; skipped while capturing)."""
+        with _one_eager_check(self.device):
+            h = self._embed(token_ids)
+            for layer in self.layers:
+                h = layer.forward(h, lambda x, a=layer.attn: a.forward_decode(batch, x), token_ids, timer)
+            return self._logits(h)
 
     def capture_decode(self, batch_size: int, *, warmup: int = 1, filtering: bool = False):
         """One CUDA graph of decode + sampling for ``batch_size`` rows.
 
         Returns ``step(slots, active=None) -> next tokens (B,) int64 on the device``: runs the host step
-        (:meth:`prepare_decode`), copies nothing but the batch description, replays. Inputs live in
+        (:meth:`prepare_decode`), copies nothing but the batch description, replays. Replays do not check the
+        device error word: call ``megamoe.check_errors()`` between steps. Inputs live in
         ``step.tokens`` (B,) int64 (the previous tokens; the graph writes the sampled ones back into it) and
         ``step.params`` (:class:`SamplingParams`, greedy until set otherwise). ``filtering``: capture the sampler's
         top-k / top-p path (a sort of the vocabulary per step); without it the graph ignores top-k / top-p.
@@ -207,6 +219,23 @@ class V4Model:
                 caches += nbytes(*a.cache.pool.tensors())
         return {"experts": moe, "attention_weights": attn, "kv_caches": caches,
                 "embed_head": nbytes(self.embed, self.head)}
+
+
+class _one_eager_check:
+    """Within: the layers' eager error checks are off; on a clean exit: one ``check_errors_eager`` (if checks were
+    on before). An exception inside propagates unchanged (the word is left for the caller's check)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        self.previous = errors.set_eager_checks(False)
+
+    def __exit__(self, exc_type, exc, tb):
+        errors.set_eager_checks(self.previous)
+        if exc_type is None:
+            errors.check_errors_eager(self.device)
+        return False
 
 
 def _expect(tensors, name: str, shape: tuple) -> torch.Tensor:

@@ -12,6 +12,7 @@ import math
 import torch
 
 from ..reference import attention as _reference
+from . import errors
 from ._dispatch import interpreter_enabled, use_triton
 from ._validate import check_tensor
 
@@ -64,6 +65,13 @@ def sparse_mqa_attention(q, attn_sink, softmax_scale, *, window_kv, window_idx, 
     workspace: optional split-KV buffers from :func:`attention_workspace` (graph-stable pointers).
     Returns (N, H, D) bf16. Invalid / out-of-range indices are skipped (see ``megamoe/reference/attention.py``);
     a query without valid rows outputs zeros. All tensors contiguous on q's device.
+
+    Errors (no host sync; ``megamoe/ops/errors.py``, read by ``megamoe.check_errors()``): -1 is the legitimate
+    "none" marker of window ids, entry ids, slots and pages. Otherwise a window id ``< -1`` or ``>= R`` sets
+    ``("sparse_attention", "window_idx")``; an entry id ``< -1`` or whose logical page is ``>= L`` (of a query
+    with a valid slot) ``("sparse_attention", "entry_idx")``; a slot ``< -1`` or ``>= S`` when K > 0 (without
+    entry ids the slot is not used: window-only layers pass a dummy table) ``("sparse_attention", "slots")``; a page id ``< -1`` or ``>= P`` looked up for a listed entry
+    ``("sparse_attention", "block_table")``. The flagged indices are skipped, as above; both backends agree.
     """
     _check(q, "q", torch.bfloat16, 3)
     dev = q.device
@@ -118,6 +126,7 @@ def sparse_mqa_attention(q, attn_sink, softmax_scale, *, window_kv, window_idx, 
             _check(t.view(-1), f"workspace[{i}]", torch.float32, 1, dev)
 
     if not use_triton(q):
+        _record_errors(window_kv.shape[0], window_idx, entries_fp8.shape[0], epb, block_table, slots, entry_idx)
         return _reference.sparse_mqa_attention(
             q, attn_sink, softmax_scale, window_kv=window_kv, window_idx=window_idx, entries_fp8=entries_fp8,
             entries_scale=entries_scale, entries_rope=entries_rope, block_table=block_table, slots=slots,
@@ -129,4 +138,24 @@ def sparse_mqa_attention(q, attn_sink, softmax_scale, *, window_kv, window_idx, 
     return launch_sparse_mqa_attention(
         q, attn_sink, float(softmax_scale), window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
         block_table, slots, entry_idx, out, num_splits=num_splits, workspace=workspace,
-        interpreter=interpreter_enabled() and not q.is_cuda)
+        interpreter=interpreter_enabled() and not q.is_cuda, error_word=errors.error_word(dev))
+
+
+def _record_errors(num_rows: int, window_idx, num_pages: int, epb: int, block_table, slots, entry_idx) -> None:
+    """Torch path: the kernel's error flags (see :func:`sparse_mqa_attention`), by the same rules, as device ops."""
+    word = errors.error_word(window_idx.device)
+    w = window_idx.long()
+    errors.record(word, errors.flag("sparse_attention", "window_idx"), (w < -1) | (w >= num_rows))
+    S, L = block_table.shape
+    slot = slots.long()
+    slot_ok = (slot >= 0) & (slot < S)
+    if entry_idx.shape[1]:  # the slot only addresses the block table: no entries, nothing to flag
+        errors.record(word, errors.flag("sparse_attention", "slots"), (slot < -1) | (slot >= S))
+    e = torch.where(slot_ok[:, None], entry_idx.long(), -1)
+    logical = torch.where(e >= 0, torch.div(e, epb, rounding_mode="floor"), 0)
+    errors.record(word, errors.flag("sparse_attention", "entry_idx"), (e < -1) | ((e >= 0) & (logical >= L)))
+    if S and L:
+        looked_up = (e >= 0) & (logical < L)
+        page = block_table.long()[torch.where(slot_ok, slot, 0)[:, None], torch.where(looked_up, logical, 0)]
+        page = torch.where(looked_up, page, -1)
+        errors.record(word, errors.flag("sparse_attention", "block_table"), (page < -1) | (page >= num_pages))

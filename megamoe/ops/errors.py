@@ -21,9 +21,31 @@ Drop rules (identical on every backend, see each op's docstring): grouped GEMM `
 ``[0, S)`` -> that row's activations read as zeros; combine ``inv_perm`` outside ``[0, R)`` -> the pair adds
 nothing; dispatch ``topk_ids`` outside ``[0, E)`` -> the pair goes to the padding rows after
 ``expert_offsets[E-1]`` (computed as zeros); kvcache gather / sparse attention: ``-1`` is the legitimate "no
-entry" marker and is not an error, any other out-of-range index / slot / page id is skipped and flagged.
+entry" marker and is not an error, any other out-of-range index / slot / page id is skipped and flagged
+(sparse attention flags a slot only when the query has entry ids, K > 0).
+
+Kernels that take device-valued indices (audit for issue 12):
+
+* mask AND flag: grouped GEMMs ``row_index`` (nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_wgmma);
+  moe_combine ``inv_perm``; moe_dispatch ``topk_ids``; kvcache_gather ``indices`` / ``slots`` /
+  ``block_table``; sparse_attention ``window_idx`` / ``entry_idx`` / ``slots`` / ``block_table``.
+* mask, no flag yet (never out of bounds; a bad value changes nothing): kvcache_flush (slots, positions,
+  block-table pages: the write is dropped), kvcache_compress (slots, positions: the row is inactive),
+  indexer (slots, block-table pages, n_entries: the entry scores -inf, so top-k never selects it and the
+  later gather / attention sees -1), moe_router hash routing (``token_ids`` outside ``[0, vocab)``:
+  the row reads no table entry), v4_elementwise RoPE (positions outside the table read no row), the torch
+  op swa_append (slots / positions: scratch row). Adding flags there is follow-up work (their files belong
+  to other work streams).
+* cannot go out of bounds by construction: topk (reads scores; its candidate / selection indices are its own
+  workspace, produced in-kernel), sampling (its token ids come from the sort it runs itself), quantize,
+  hyper_connection, nvfp4_splitk (dense, no index input).
+
+The guard can be compiled out for benchmarking only (:data:`DEVICE_GUARD`, ``MEGAMOE_DEVICE_GUARD=0``; the
+MoE-path kernels and sparse attention honour it, see benchmarks/bench_guard.py).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -39,6 +61,12 @@ FLAGS: dict[tuple[str, str], int] = {
     ("sparse_attention", "slots"): 1 << 8,
     ("sparse_attention", "block_table"): 1 << 9,
 }
+
+# Benchmarking switch only (never for serving): MEGAMOE_DEVICE_GUARD=0 in the environment, read once at import,
+# compiles the kernels' masking of out-of-range device indices and their flag code out (kernel_flag() returns 0
+# and the kernels drop both under that constexpr), to measure what the guard costs (benchmarks/bench_guard.py).
+# An out-of-range index then reads / writes out of bounds. The torch paths are unaffected.
+DEVICE_GUARD: bool = os.environ.get("MEGAMOE_DEVICE_GUARD", "1").strip() != "0"
 
 _WORDS: dict[torch.device, torch.Tensor] = {}
 _EAGER_CHECKS = True
@@ -56,6 +84,12 @@ class DeviceIndexError(ValueError):
 def flag(op: str, argument: str) -> int:
     """The bit of ``(op, argument)`` in the error word."""
     return FLAGS[(op, argument)]
+
+
+def kernel_flag(op: str, argument: str) -> int:
+    """The constexpr flag a kernel launcher passes: :func:`flag`, or 0 when the device guard is compiled out
+    (:data:`DEVICE_GUARD` False); a kernel given 0 neither masks nor flags that argument."""
+    return FLAGS[(op, argument)] if DEVICE_GUARD else 0
 
 
 def _resolve(device) -> torch.device:

@@ -307,7 +307,7 @@ def test_sm90_compile_registers_and_loop(split):
     regs = int(re.search(r"REG:(\d+)", usage).group(1))
     stack = int(re.search(r"STACK:(\d+)", usage).group(1))
     assert regs <= 255
-    assert stack <= 512, f"stack {stack} B: spills grew (264 B at the time of writing)"
+    assert stack <= 512, f"stack {stack} B: spills grew (280 B at the time of writing)"
     code = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = [(int(t.group(1), 16), a) for a, s in code for t in [re.search(r"BRA (0x[0-9a-f]+)", s)]
              if t and int(t.group(1), 16) < a]
@@ -315,7 +315,10 @@ def test_sm90_compile_registers_and_loop(split):
     lo, hi = max(loops, key=lambda span: span[1] - span[0])
     body = [s for a, s in code if lo <= a <= hi]
     assert sum("HGMMA" in s for s in body) >= 2
-    assert not any(s.split()[0].startswith("STL") or " STL" in s for s in body), "stores to the stack in the loop"
+    # the device guard's per-lane error code (megamoe/ops/errors.py) costs one stack store in the loop (280 B of
+    # stack, 40 more SASS instructions per iteration); MEGAMOE_DEVICE_GUARD=0 compiles it out: 0 stores, 264 B
+    stores = sum(s.split()[0].startswith("STL") or " STL" in s for s in body)
+    assert stores <= 1, f"{stores} stores to the stack in the loop"
     assert sum("LDL" in s for s in body) <= 32
 
 
@@ -404,3 +407,146 @@ def test_cuda_nan_and_out_of_range():
     inputs["entry_idx"][:, 1] = 10 ** 6
     inputs["slots"][5] = 99
     check(inputs)
+
+
+# ----------------------------------------------------------------------------------------------- error word
+def _flag(arg):
+    from megamoe.ops import errors as err
+    return err.flag("sparse_attention", arg)
+
+
+def _bad_case(kind, inputs):
+    """A copy of ``inputs`` with one out-of-range index of ``kind``; returns (inputs, expected flags)."""
+    bad = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    R, P = inputs["window_kv"].shape[0], inputs["entries_fp8"].shape[0]
+    S, L = inputs["block_table"].shape
+    epb = inputs["entries_fp8"].shape[1]
+    if kind == "none_markers":  # -1 everywhere it is legitimate: no flag
+        bad["window_idx"][0, :3] = -1
+        bad["entry_idx"][1, :3] = -1
+        bad["slots"][2] = -1
+        bad["block_table"][int(bad["slots"][0]), 0] = -1
+        return bad, 0
+    if kind == "window_high":
+        bad["window_idx"][1, 2] = R
+        return bad, _flag("window_idx")
+    if kind == "window_negative":
+        bad["window_idx"][0, -1] = -2
+        return bad, _flag("window_idx")
+    if kind == "entry_past_table":
+        bad["entry_idx"][0, 0] = L * epb
+        bad["slots"][0] = 0
+        return bad, _flag("entry_idx")
+    if kind == "entry_negative":
+        bad["entry_idx"][3, -1] = -5
+        bad["slots"][3] = 1
+        return bad, _flag("entry_idx")
+    if kind == "slot_high":  # its entries are skipped, not flagged as entries
+        bad["slots"][2] = S
+        bad["entry_idx"][2, 0] = 10 ** 6
+        return bad, _flag("slots")
+    if kind == "slot_negative":
+        bad["slots"][4] = -3
+        return bad, _flag("slots")
+    if kind in ("page_high", "page_negative"):
+        bad["slots"][1] = 0
+        bad["entry_idx"][1, 0] = 0  # logical page 0 of slot 0 is looked up
+        bad["block_table"][0, 0] = P if kind == "page_high" else -4
+        return bad, _flag("block_table")
+    raise AssertionError(kind)
+
+
+KINDS = ["none_markers", "window_high", "window_negative", "entry_past_table", "entry_negative", "slot_high",
+         "slot_negative", "page_high", "page_negative"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_out_of_range_flags_both_backends(kind, monkeypatch):
+    """Each out-of-range kind sets exactly its bit on the kernel path (interpreter, split and unsplit) and on the
+    torch path; -1 markers set none; the skipped indices change nothing else (kernel == reference)."""
+    from megamoe.ops import errors as err
+
+    inputs = make_inputs(N=6, p_invalid=0.1, num_slots=3, pages_per_slot=3)
+    bad, expected = _bad_case(kind, inputs)
+    words = []
+    for interp, splits in (("1", 1), ("1", 3), ("0", None)):
+        monkeypatch.setenv("TRITON_INTERPRET", interp)
+        err.clear_errors("cpu")
+        got = run_op(bad, num_splits=splits) if splits else run_op(bad)
+        words.append(err.peek_errors("cpu"))
+        assert_close_to_reference(got, run_ref(bad))
+    err.clear_errors("cpu")
+    assert words == [expected] * 3, (kind, words)
+    if expected:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        run_op(bad)
+        with pytest.raises(err.DeviceIndexError, match=r"sparse_attention: argument"):
+            err.check_errors("cpu")
+
+
+def test_flag_set_by_the_kernel_not_only_the_op():
+    """The launcher itself flags (a given word), so the Triton path does not rely on the op's torch checks."""
+    inputs = make_inputs(N=3)
+    inputs["window_idx"][0, 0] = 10 ** 6
+    inputs["block_table"][0, 0] = 2 ** 31 - 1
+    inputs["slots"][0] = 0
+    inputs["entry_idx"][0, 0] = 0
+    word = torch.zeros(1, dtype=torch.int32)
+    out = torch.empty_like(inputs["q"])
+    kernels.launch_sparse_mqa_attention(
+        inputs["q"], inputs["attn_sink"], inputs["softmax_scale"], inputs["window_kv"], inputs["window_idx"],
+        inputs["entries_fp8"], inputs["entries_scale"], inputs["entries_rope"], inputs["block_table"],
+        inputs["slots"], inputs["entry_idx"], out, interpreter=True, error_word=word)
+    assert int(word) == _flag("window_idx") | _flag("block_table")
+
+
+@pytest.mark.cuda
+def test_cuda_out_of_range_flags_eager_and_graph():
+    """V4 shapes on the GPU: every kind sets its bit without a host sync, inside a graph replay too; the output
+    equals the output with the bad indices replaced by -1."""
+    from megamoe.ops import errors as err
+
+    dev = torch.device("cuda")
+    err.error_word(dev)
+    for kind in KINDS:
+        inputs = make_inputs(N=8, H=64, D=512, rope=64, epb=8, num_pages=20, num_slots=4, pages_per_slot=4, R=50,
+                             W=64, K=96, device="cuda")
+        bad, expected = _bad_case(kind, inputs)
+        err.clear_errors(dev)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            eager = run_op(bad)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert err.peek_errors(dev) == expected, kind
+        assert_close_to_reference(eager, run_ref(bad))
+        err.clear_errors(dev)
+        out = torch.empty_like(eager)
+        ws = ops.attention_workspace(8, 64, 512, 64, 96, dev)
+        run_op(bad, out=out, workspace=ws)
+        err.clear_errors(dev)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run_op(bad, out=out, workspace=ws)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), kind
+        if expected:
+            with pytest.raises(err.DeviceIndexError, match="sparse_attention"):
+                err.check_errors(dev)
+        else:
+            err.check_errors(dev)
+
+
+@pytest.mark.parametrize("interp", ["1", "0"])
+def test_slot_not_flagged_without_entries(interp, monkeypatch):
+    """K = 0 (window-only layers pass a (1, 1) dummy table): the slot addresses nothing and is not flagged."""
+    from megamoe.ops import errors as err
+
+    monkeypatch.setenv("TRITON_INTERPRET", interp)
+    inputs = make_inputs(N=3, K=0, num_slots=1, pages_per_slot=1)
+    inputs["slots"] = torch.tensor([0, 5, 7], dtype=torch.int32)
+    err.clear_errors("cpu")
+    run_op(inputs)
+    assert err.peek_errors("cpu") == 0

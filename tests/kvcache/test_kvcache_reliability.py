@@ -303,3 +303,16 @@ def test_prefill_validation_and_chunking():
     assert int(cache.state.tail_len[0]) == T % 4
     assert torch.equal(cache.state.tail_kb[0], kv[16:20, :144])
     assert torch.equal(cache.swa[0, torch.arange(T - 8, T) % 8], swa[T - 8:])
+
+
+def test_select_topk_rejects_other_dtypes_clearly():
+    """Issue 12 group 6: float64 scores used to fail with a broadcast message."""
+    from megamoe.kvcache import ops as kv_ops
+
+    with pytest.raises(TypeError, match=r"scores: expected a 2-D float32 tensor \(B, T\), got a torch.float64"):
+        kv_ops.select_topk(torch.randn(2, 8, dtype=torch.float64), 3)
+    with pytest.raises(TypeError, match="scores: expected a 2-D float32"):
+        kv_ops.select_topk(torch.randn(8), 3)
+    with pytest.raises(ValueError, match="k: expected a non-negative int"):
+        kv_ops.select_topk(torch.randn(2, 8), -1)
+    assert kv_ops.select_topk(torch.randn(2, 8), 3).shape == (2, 3)

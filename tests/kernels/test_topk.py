@@ -187,9 +187,12 @@ def test_split_programs_choice():
     assert kt.split_programs(1, 32768, 512) == 64
     assert kt.split_programs(8, 32768, 512) == 16
     assert kt.split_programs(128, 32768, 512) == 1
-    assert kt.split_programs(1, 1024, 512) == 2
+    assert kt.split_programs(1, 1024, 512) == 1 and kt.plan_for(1, 1024, 512).path == "sort"  # v3: T <= 2048
+    assert kt.plan_for(128, 1024, 512).path == "sort" and kt.plan_for(128, 8192, 512).path == "row"
     assert kt.split_programs(1, 512, 512) == 1
     assert kt.workspace_entries(32768, 512) >= kt.workspace_entries(32768, 512, programs=1)
+    assert kt.workspace_entries(32768, 512) >= kt.workspace_entries(32768, 512, batch=1)
+    assert kt.workspace_entries(1024, 512, batch=1) == 0  # the sort path needs no scratch
 
 
 # ---------------------------------------------------------------- sm_90 offline compile
@@ -199,15 +202,18 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from megamoe.kernels import topk as kt
-K, all_entries = int(sys.argv[1]), sys.argv[2] == "1"
+K, sort_n, fin = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 cfg = kt.CONFIG["gpu"]
 k_p2 = max(16, triton.next_power_of_2(K))
 sig = dict(scores_ptr="*fp32", out_ptr="*i32", scratch_ptr="*i32", T="i32", scratch_stride="i32",
-           K="constexpr", K_P2="constexpr", CAP="constexpr", CHUNK="constexpr", ALL="constexpr")
-consts = dict(K=K, K_P2=k_p2, CAP=max(cfg["cap"], k_p2), CHUNK=cfg["chunk"], ALL=all_entries)
+           K="constexpr", K_P2="constexpr", CAP="constexpr", CHUNK="constexpr", SORT_N="constexpr",
+           NB="constexpr", FIN="constexpr")
+consts = dict(K=K, K_P2=k_p2, CAP=max(cfg["cap"], k_p2), CHUNK=cfg["chunk"], SORT_N=sort_n, NB=256,
+              FIN=fin * k_p2)
+nw = int(sys.argv[4])
 src = ASTSource(kt._topk_kernel, signature=sig, constexprs=consts,
                 attrs={(i,): [["tt.divisibility", 16]] for i in range(5)})
-c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
+c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
 ptx = c.asm["ptx"]
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 with tempfile.TemporaryDirectory() as d:
@@ -221,16 +227,19 @@ print(json.dumps(dict(regs=int(re.search(r"Used (\\d+) registers", info).group(1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("K,all_entries", [(1024, False), (1000, True)])
-def test_sm90_compile_no_spills(K, all_entries):
-    """The default GPU configuration compiles for sm_90 (Triton's bundled ptxas, no GPU; a subprocess
-    without the interpreter) without register spills, and the scratch re-reads go through L2."""
+@pytest.mark.parametrize("K,sort_n,fin,warps", [(1024, 0, 0, 16), (1024, 0, 2, 16), (512, 1024, 0, 8),
+                                                (1000, 1024, 0, 16), (512, 2048, 0, 8)])
+def test_sm90_compile_no_spills(K, sort_n, fin, warps):
+    """The GPU configurations (the "row" kernel with / without the one-sort finish, the "sort" path of
+    short rows) compile for sm_90 (Triton's bundled ptxas, no GPU; a subprocess without the interpreter)
+    without register spills, and the scratch re-reads go through L2."""
+    all_entries = sort_n > 0
     import json
     import sys
 
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", _COMPILE, str(K), "1" if all_entries else "0"], cwd=root,
+    res = subprocess.run([sys.executable, "-c", _COMPILE, str(K), str(sort_n), str(fin), str(warps)], cwd=root,
                          env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     info = json.loads(res.stdout.strip().splitlines()[-1])
@@ -247,38 +256,45 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from megamoe.kernels import topk as kt
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-types = dict(scores_ptr="*fp32", out_ptr="*i32", ws_ptr="*i32", T="i32", ws_stride="i32", SPAN="i32")
+types = dict(scores_ptr="*fp32", out_ptr="*i32", ws_ptr="*i32", T="i32", ws_stride="i32", SPAN="i32", P="i32",
+             NMAX="i32", MREG="i32")
 cfg = kt.SPLIT["gpu"]
+K, nw = int(sys.argv[1]), int(sys.argv[2])
 res = {}
-for kern, consts in ((kt._split_max_kernel, dict(P=64, CHUNK=cfg["chunk"])),
-                     (kt._split_hist_kernel, dict(K=512, K_P2=512, CAP=2048, CHUNK=cfg["chunk"], P=64, P_P2=64,
-                                                  ROW_CHUNK=kt.CONFIG["gpu"]["chunk"])),
-                     (kt._split_select_kernel, dict(K=512, K_P2=512, CAP=2048, CHUNK=cfg["chunk"], P=64, P_P2=64))):
+for kern, consts in ((kt._split_max_kernel, dict(CHUNK=cfg["chunk"])),
+                     (kt._split_hist_kernel, dict(K=K, K_P2=K, CAP=2048, CHUNK=cfg["chunk"], P_P2=64,
+                                                  ROW_CHUNK=kt.CONFIG["gpu"]["chunk"], NB=256, FIN=2 * K, MCH=256)),
+                     (kt._split_select_kernel, dict(K=K, K_P2=K, CAP=2048, CHUNK=cfg["chunk"], P_P2=64, NB=256,
+                                                    FIN=2 * K))):
     sig = {n: ("constexpr" if n in consts else types[n]) for n in kern.arg_names}
     c = {(kern.arg_names.index(n),): v for n, v in consts.items()}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names) if n.endswith("_ptr")}
     k = triton.compile(ASTSource(kern, sig, constexprs=c, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": cfg["num_warps"]})
+                       options={"num_warps": nw})
     with tempfile.TemporaryDirectory() as d:
         open(os.path.join(d, "k.ptx"), "w").write(k.asm["ptx"])
         info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"), "-o",
                                os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True).stderr
     res[kern.fn.__name__] = dict(regs=int(re.search(r"Used (\\d+) registers", info).group(1)),
                                  spills=int(re.search(r"(\\d+) bytes spill stores", info).group(1)),
-                                 atom=k.asm["ptx"].count("atom."))
+                                 atom=k.asm["ptx"].count("atom."), sass_lines=len(k.asm.get("sass", "") or ""))
 print(json.dumps(res))
 """
 
 
 @pytest.mark.slow
-def test_sm90_compile_split_kernels():
-    """The split-path kernels compile for sm_90 without spills (k = 512) and merge through atomics."""
+@pytest.mark.parametrize("K", [512, 1024])
+def test_sm90_compile_split_kernels(K):
+    nw = kt.split_warps(K)
+    """The split-path kernels (256 bins, one-sort finish) compile for sm_90 without spills and merge
+    through atomics."""
     import json
     import sys
 
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", _COMPILE_SPLIT], cwd=root, env=env, capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", _COMPILE_SPLIT, str(K), str(nw)], cwd=root, env=env, capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     info = json.loads(res.stdout.strip().splitlines()[-1])
     assert all(v["spills"] == 0 for v in info.values()), info

@@ -368,3 +368,92 @@ def test_cuda_graph_replay_and_sync_free(T):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, select_topk(scores, k))
+
+
+# ---------------------------------------------------------------- v3: sort path, one-sort finish, bins, tile maxima
+def _edge_rows(B, T, device):
+    """Random rows with heavy ties, -inf (fewer than k finite), NaN and signed zeros mixed in."""
+    scores = torch.randn((B, T), device=device) * 10
+    scores[0] = torch.randint(0, 3, (T,), device=device).float()
+    if B > 1:
+        scores[1, T // 3:] = float("-inf")
+        scores[1, ::5] = float("nan")
+    if B > 2:
+        scores[2, ::2] = -0.0
+        scores[2, 1::2] = 0.0
+        scores[2, 7 % T] = float("inf")
+    return scores
+
+
+@pytest.mark.parametrize("T,k", [(17, 16), (100, 1), (129, 64), (130, 130), (64, 100)])
+def test_sort_path_exact(device, T, k):
+    """Whole row sorted by one program (T < k, T == k, T just above k, T not a power of two)."""
+    scores = _edge_rows(3, T, device)
+    out = torch.full((3, min(k, T)), 77, dtype=torch.int32, device=device)
+    kt.launch_topk(scores, out, interpreter=INTERP, path="sort")
+    assert torch.equal(out, select_topk(scores, k))
+
+
+@pytest.mark.parametrize("fin,bins", [(0, 128), (2, 256), (1, 128)])
+def test_row_path_finish_and_bins(device, fin, bins):
+    """v1 row path with the D steps (fin 0), the one-sort finish (fin 2), 4 or 8 buckets per octave."""
+    T, k = 600, 40
+    scores = _edge_rows(3, T, device)
+    _check(scores, k, programs=1, fin=fin, bins=bins)
+    _check(torch.sort(torch.randn((2, T), device=device), dim=1).values, k, programs=1, fin=fin, bins=bins)
+
+
+@pytest.mark.parametrize("fin", [0, 2])
+@pytest.mark.parametrize("bins", [128, 256])
+def test_split_finish_paths_taken(device, fin, bins):
+    """Split rows: the diagnostics header says which finish ran; both give the reference's answer."""
+    T, k = 700, 40
+    scores = torch.randn((2, T), device=device) * 10
+    scores[1, 300:] = float("-inf")
+    ws = _check_split(scores, k, programs=3, fin=fin, bins=bins)
+    assert ws[:, 6].tolist() == [1 if fin else 0] * 2
+    assert (ws[:, 5] >= 1).all()  # entries in bucket b*
+    # many ties in b*: more than fin * K_P2 sure + candidates -> the D steps even with fin > 0
+    ties = torch.full((2, T), 3.0, device=device)
+    ties[:, ::9] = 5.0
+    ws = _check_split(ties, k, programs=3, fin=1, bins=bins)
+    assert ws[:, 6].tolist() == [0, 0]
+
+
+def test_split_tile_maxima(device):
+    """S1 skipped: the row maximum from tile maxima already in the workspace (as the indexer writes them)."""
+    B, T, k = 2, 500, 30
+    blk = kt._tile_block(INTERP)
+    scores = _edge_rows(B, T, device)
+    scores[0] = torch.sort(torch.randn((T,), device=device)).values  # maximum in the last tile
+    ws = torch.zeros((B, kt.workspace_entries(T, k, interpreter=INTERP, programs=4)), dtype=torch.int32,
+                     device=device)
+    bits = (scores + 0.0).view(torch.int32)
+    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    nt = triton_cdiv(T, blk)
+    padded = torch.full((B, nt * blk), -2**31, dtype=torch.int32, device=device)
+    padded[:, :T] = keys
+    off = kt.tile_maxima_offset()
+    ws[:, off:off + nt] = padded.view(B, nt, blk).amax(-1)
+    out = torch.empty((B, k), dtype=torch.int32, device=device)
+    kt.launch_topk(scores, out, ws, interpreter=INTERP, programs=4, tile_maxima=True)
+    assert torch.equal(out, select_topk(scores, k))
+    assert torch.equal(ws[:, 4], keys.amax(1))  # the reference key the split path used: the row maximum
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+def test_plan_table_and_overrides():
+    """The plan is a shape-only host choice; an explicit table replaces the default one."""
+    table = ((1, 4096, (512,), kt.Plan("split", programs=8, warps=8, fin=0, bins=128)),
+             (None, None, None, kt.Plan("row")))
+    assert kt.plan_for(1, 4096, 512, table=table) == kt.Plan("split", 8, 8, 0, 128)
+    assert kt.plan_for(2, 4096, 512, table=table).path == "row"
+    assert kt.plan_for(1, 4096, 1024, table=table).path == "row"
+    assert kt.plan_for(1, 4096, 4096, table=table).path == "sort"  # K == T: always the sort path
+    p = kt.resolve_plan(1, 32768, 512, None, programs=1, fin=0, bins=128)
+    assert p.path == "row" and p.fin == 0 and p.bins == 128
+    with pytest.raises(ValueError, match="bins"):
+        kt.resolve_plan(1, 32768, 512, None, bins=64)

@@ -1,17 +1,23 @@
-"""Benchmark: exact top-k of the V4 indexer scores on one GPU (see benchmarks/NOTES_topk.md).
+"""Benchmark: V4 indexer scores + exact top-k on one GPU (see benchmarks/NOTES_topk.md, v3).
 
-For batch 1, 8, 32, 128 x context 4k, 32k, 128k (CSA, m = 4: T = context / 4 entries) x k 512, 1024:
-* ``topk``: megamoe.ops.topk.topk_indices (bucket-select kernels, v2: rows split over several programs at
-  small batch) on float32 scores; ``topk_v1``: the v1 one-program-per-row kernel (``programs=1``);
-* ``torch_topk_f32``: ``torch.topk(scores, k).indices`` (no tie / -inf guarantees; a speed reference);
-* ``select_topk``: the current reference path (int64 keys + torch.topk);
-* ``scores+topk``: megamoe.kvcache.ops.indexer_scores on a pool of random NVFP4 keys + our top-k;
-* ``torch_bf16_scores+topk``: the bf16 PyTorch path of bench_kvcache (dense bf16 keys, einsum + relu +
-  weighted head sum + torch topk).
-Every timing is the median of CUDA-graph replays (``triton.testing.do_bench_cudagraph``); the scoring
-rotates between two request sets so L2 does not hold the keys across replays.
+Default: batch 1, 8, 32, 128 x context 4k, 32k, 128k (CSA, m = 4: T = context / 4 entries) x k 512, 1024;
+per shape
+* ``ours``: megamoe.kvcache.ops.indexer_topk (FP4 indexer scores + our top-k, the plan of
+  megamoe/kernels/topk.py ``PLAN``; at small batch the scoring kernel also writes the tile maxima);
+* ``topk``: megamoe.ops.topk.topk_indices alone on the same float32 scores;
+* ``bf16``: the bf16 PyTorch path (dense bf16 keys, einsum + relu + weighted head sum + torch.topk);
+and the table: speedup = bf16 / ours, "meets" = speedup >= 2 and (batch 1) ours <= 20 us.
+The indices of ``ours`` are checked against the reference (select_topk of the same scores) once per shape.
 
-Usage: python benchmarks/bench_topk.py [--quick] [--out benchmarks/results/topk_v1]
+``--sweep``: top-k alone at batch 1 and 8 for each path / knob of the plan (sort path and its warps, row
+path, split programs per row, one-sort finish ``fin``, first-histogram ``bins``, warps), coordinate by
+coordinate from the current plan; prints every timing, the best per shape (with the split diagnostics:
+entries in the threshold bucket, which finish ran) and a ``PLAN["gpu"]`` replacement to paste.
+
+Timing: CUDA graphs of n back-to-back calls (n so that a replay is >= ~2 ms, at most 200), median over 5
+replays / n. The scoring rotates between two request sets so L2 does not hold the keys across calls.
+
+Usage: python benchmarks/bench_topk.py [--quick] [--sweep] [--out benchmarks/results/topk_v3]
 """
 from __future__ import annotations
 
@@ -19,14 +25,16 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import sys
+import time
 
 import torch
 import triton
-import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from megamoe.kernels import topk as kt  # noqa: E402
 from megamoe.kvcache import CompressedCacheConfig, CompressedKVCache, ops  # noqa: E402
 from megamoe.ops.topk import topk_indices  # noqa: E402
 from megamoe.reference.kvcache import select_topk  # noqa: E402
@@ -34,102 +42,220 @@ from megamoe.reference.kvcache import select_topk  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kvcache import fill_pool  # noqa: E402  (random keys with valid scales for either numerics)
 
+H, DI = 64, 128
 
-def graph_median_us(fn, reps=100):
-    """Median of CUDA-graph replays of ``fn`` in microseconds (one call per graph)."""
-    fn()  # compile / warm outside the capture
+
+def graph_us(fn, min_ms: float = 2.0, replays: int = 5) -> float:
+    """Median time of one call of ``fn`` in microseconds, from CUDA-graph replays of n calls."""
+    fn()
     torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(fn, rep=reps, return_mode="median") * 1e3
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay()
+    e0.record()
+    g.replay()
+    e1.record()
+    torch.cuda.synchronize()
+    one = max(e0.elapsed_time(e1) * 1e3, 1.0)
+    n = max(1, min(200, int(min_ms * 1e3 / one)))
+    del g
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(replays):
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / n)
+    del g
+    return statistics.median(times)
+
+
+class Setup:
+    """One pool for two request sets of max_b slots at the longest context, reused by every shape."""
+
+    def __init__(self, max_b: int, max_ctx: int, dev):
+        self.dev, self.max_b = dev, max_b
+        cfg = CompressedCacheConfig(kind="csa", max_slots=2 * max_b, max_context=max_ctx, entries_per_block=64)
+        self.cache = CompressedKVCache(cfg, dev)
+        fill_pool(self.cache, 2 * max_b, cfg.max_entries)
+        torch.cuda.synchronize()
+
+    def shape(self, B: int, T: int):
+        dev = self.dev
+        n_entries = torch.full((B,), T, dtype=torch.int32, device=dev)
+        q = torch.randn((B, H, DI), device=dev).to(torch.bfloat16)
+        w = torch.randn((B, H), device=dev)
+        scores = torch.empty((B, T), device=dev)
+        slot_sets = [torch.arange(B, dtype=torch.int32, device=dev),
+                     torch.arange(self.max_b, self.max_b + B, dtype=torch.int32, device=dev)]
+        ops.indexer_scores(self.cache.pool, self.cache.block_table, q, w, slot_sets[0], n_entries, scores)
+        return n_entries, q, w, scores, slot_sets
+
+
+def run_grid(args, dev):
+    batches = [1, 8, 32, 128] if not args.quick else [1, 32]
+    contexts = [4096, 32768, 131072] if not args.quick else [4096, 131072]
+    ks = [512, 1024]
+    st = Setup(max(batches), max(contexts), dev)
+    pool, table = st.cache.pool, st.cache.block_table
+    rows = []
+    for B in batches:
+        for ctx in contexts:
+            T = ctx // 4
+            n_entries, q, w, scores, slot_sets = st.shape(B, T)
+            dense = torch.randn((B, T, DI), device=dev).to(torch.bfloat16)
+            for k in ks:
+                K = min(k, T)
+                out = torch.empty((B, K), dtype=torch.int32, device=dev)
+                ws = torch.zeros((B, max(1, kt.workspace_entries(T, k, batch=B))), dtype=torch.int32, device=dev)
+                ops.indexer_topk(pool, table, q, w, slot_sets[0], n_entries, scores, k, out=out, workspace=ws)
+                assert torch.equal(out, select_topk(scores, k)), (B, T, k)
+
+                def ours():  # two request sets (L2 rotation), scores + top-k each
+                    for sl in slot_sets:
+                        ops.indexer_topk(pool, table, q, w, sl, n_entries, scores, k, out=out, workspace=ws)
+
+                def bf16():
+                    logits = torch.einsum("bhd,btd->bth", q, dense)
+                    s = (torch.relu(logits.float()) * w[:, None, :]).sum(-1)
+                    return s.topk(K, dim=-1).indices
+
+                t_ours = graph_us(ours) / 2
+                t_topk = graph_us(lambda: topk_indices(scores, k, out=out, workspace=ws))
+                t_bf16 = graph_us(bf16)
+                plan = kt.plan_for(B, T, k, num_sms=kt._num_sms(dev))
+                sp = t_bf16 / t_ours
+                meets = sp >= 2.0 and (B != 1 or t_ours <= 20.0)
+                rows.append(dict(batch=B, context=ctx, entries=T, k=k, ours_us=t_ours, topk_us=t_topk,
+                                 bf16_us=t_bf16, speedup=sp, meets=meets, plan=plan._asdict()))
+                print(rows[-1], flush=True)
+            del dense
+    return rows
+
+
+def sweep(args, dev):
+    """Top-k alone per knob, coordinate by coordinate from the current plan (batch 1 and 8)."""
+    t0 = time.time()
+    batches, contexts, ks = [1, 8], [4096, 32768, 131072], [512, 1024]
+    st = Setup(max(batches), max(contexts), dev)
+    nsm = kt._num_sms(dev)
+    best_rows, lines = [], []
+    for B in batches:
+        for ctx in contexts:
+            T = ctx // 4
+            _, _, _, scores, _ = st.shape(B, T)
+            for k in ks:
+                K = min(k, T)
+                out = torch.empty((B, K), dtype=torch.int32, device=dev)
+                want = select_topk(scores, k)
+                ws = torch.zeros((B, kt.workspace_entries(T, k)), dtype=torch.int32, device=dev)
+                results = {}
+
+                def time_plan(plan: kt.Plan):
+                    key = tuple(plan)
+                    if key in results or time.time() - t0 > args.budget:
+                        return results.get(key, (float("inf"), None))
+                    kw = dict(path=plan.path, fin=plan.fin, bins=plan.bins, num_warps=plan.warps or None)
+                    if plan.path == "split":
+                        kw["programs"] = plan.programs
+                    ws[:, 6] = -1
+                    kt.launch_topk(scores, out, ws, **kw)
+                    ok = torch.equal(out, want)
+                    diag = ws[0, :7].tolist() if plan.path == "split" else None
+                    us = graph_us(lambda: kt.launch_topk(scores, out, ws, **kw)) if ok else float("inf")
+                    results[key] = (us, diag)
+                    lines.append(f"B={B} T={T} k={k} {plan} -> {us:.1f} us"
+                                 + ("" if ok else " WRONG") + (f" diag[b*,need,fallback,ref,count,by_sort]="
+                                                               f"{diag[1:7]}" if diag else ""))
+                    print(lines[-1], flush=True)
+                    return results[key]
+
+                base = kt.plan_for(B, T, k, num_sms=nsm)
+                cands = [base, kt.Plan("row", fin=2), kt.Plan("row", fin=0)]
+                if T <= 8192:
+                    cands += [kt.Plan("sort", warps=wp) for wp in ((4, 8, 16) if T <= 2048 else (16,))]
+                for P in (8, 16, 32, 64, 128):
+                    if 2 <= P <= min(T // 256, 2 * nsm // B):
+                        cands.append(kt.Plan("split", programs=P))
+                for c in cands:
+                    time_plan(c)
+                if not results:  # out of budget
+                    continue
+                best = min(results, key=lambda x: results[x][0])
+                bp = kt.Plan(*best)
+                if bp.path in ("split", "row"):  # refine the one-sort finish, the bins, the warps
+                    for fin in (0, 1, 2):
+                        time_plan(bp._replace(fin=fin))
+                    bp = kt.Plan(*min(results, key=lambda x: results[x][0]))
+                    time_plan(bp._replace(bins=128 if bp.bins == 256 else 256))
+                    bp = kt.Plan(*min(results, key=lambda x: results[x][0]))
+                    for wp in (8, 16):
+                        time_plan(bp._replace(warps=wp))
+                    bp = kt.Plan(*min(results, key=lambda x: results[x][0]))
+                best_rows.append(dict(batch=B, entries=T, k=k, best=bp._asdict(), us=results[tuple(bp)][0],
+                                      plan_now=base._asdict(),
+                                      plan_now_us=results.get(tuple(base), (float("inf"),))[0]))
+                print("BEST", best_rows[-1], flush=True)
+    print(f"\nsweep: {time.time() - t0:.0f} s\n")
+    print("| batch | entries | k | plan now | us | best | us |\n|---|---|---|---|---|---|---|")
+    for r in best_rows:
+        print(f"| {r['batch']} | {r['entries']} | {r['k']} | {r['plan_now']} | {r['plan_now_us']:.1f} | "
+              f"{r['best']} | {r['us']:.1f} |")
+    print("\n# paste into megamoe/kernels/topk.py PLAN['gpu'] (rows for batch <= 8; keep the catch-all rows):")
+    for r in best_rows:
+        b = r["best"]
+        print(f"        ({r['batch']}, {r['entries']}, ({r['k']},), Plan({b['path']!r}, programs={b['programs']}, "
+              f"warps={b['warps']}, fin={b['fin']}, bins={b['bins']})),")
+    return dict(best=best_rows, lines=lines)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="benchmarks/results/topk_v2")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--budget", type=float, default=170.0, help="sweep: seconds before it stops timing")
+    ap.add_argument("--out", default="benchmarks/results/topk_v3")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    batches = [1, 8, 32, 128] if not args.quick else [1, 32]
-    contexts = [4096, 32768, 131072] if not args.quick else [4096, 131072]
-    ks = [512, 1024]
-    H, Di = 64, 128
-    max_b, max_ctx = max(batches), max(contexts)
-    cfg = CompressedCacheConfig(kind="csa", max_slots=2 * max_b, max_context=max_ctx, entries_per_block=64)
-    cache = CompressedKVCache(cfg, dev)
-    fill_pool(cache, 2 * max_b, cfg.max_entries)
-    torch.cuda.synchronize()
-    rows = []
-    for B in batches:
-        for ctx in contexts:
-            T = ctx // 4
-            n_entries = torch.full((B,), T, dtype=torch.int32, device=dev)
-            q = torch.randn((B, H, Di), device=dev).to(torch.bfloat16)
-            w = torch.randn((B, H), device=dev)
-            scores = torch.empty((B, T), device=dev)
-            slot_sets = [torch.arange(B, dtype=torch.int32, device=dev),
-                         torch.arange(max_b, max_b + B, dtype=torch.int32, device=dev)]
-            ops.indexer_scores(cache.pool, cache.block_table, q, w, slot_sets[0], n_entries, scores)
-            dense = torch.randn((B, T, Di), device=dev).to(torch.bfloat16)
-            for k in ks:
-                K = min(k, T)
-                out = torch.empty((B, K), dtype=torch.int32, device=dev)
-                assert torch.equal(topk_indices(scores, k, out=out), select_topk(scores, k)), (B, T, k)
-                t_ours = graph_median_us(lambda: topk_indices(scores, k, out=out))
-                from megamoe.kernels.topk import launch_topk, workspace_entries
-                ws1 = torch.zeros((B, max(1, workspace_entries(T, k, programs=1))), dtype=torch.int32, device=dev)
-                out1 = torch.empty_like(out)
-                launch_topk(scores, out1, ws1, programs=1)
-                assert torch.equal(out1, out), (B, T, k)
-                t_v1 = graph_median_us(lambda: launch_topk(scores, out1, ws1, programs=1))
-                t_torch = graph_median_us(lambda: torch.topk(scores, K, dim=1).indices)
-                t_ref = graph_median_us(lambda: select_topk(scores, k))
-
-                def both():  # scores of two request sets (L2 rotation) + top-k each
-                    for sl in slot_sets:
-                        ops.indexer_scores(cache.pool, cache.block_table, q, w, sl, n_entries, scores)
-                        topk_indices(scores, k, out=out)
-
-                def score_only():
-                    for sl in slot_sets:
-                        ops.indexer_scores(cache.pool, cache.block_table, q, w, sl, n_entries, scores)
-
-                def torch_path():
-                    logits = torch.einsum("bhd,btd->bth", q, dense)
-                    s = (torch.relu(logits.float()) * w[:, None, :]).sum(-1)
-                    return s.topk(K, dim=-1).indices
-
-                t_both = graph_median_us(both) / 2
-                t_score = graph_median_us(score_only) / 2
-                t_bf16 = graph_median_us(torch_path)
-                base = dict(batch=B, context=ctx, entries=T, k=k)
-                rows += [dict(op="topk", us=t_ours, **base),
-                         dict(op="topk_v1", us=t_v1, **base),
-                         dict(op="torch_topk_f32", us=t_torch, **base),
-                         dict(op="select_topk", us=t_ref, **base),
-                         dict(op="indexer_scores", us=t_score, **base),
-                         dict(op="scores+topk", us=t_both, **base),
-                         dict(op="torch_bf16_scores+topk", us=t_bf16, speedup_of_ours=t_bf16 / t_both, **base)]
-                for r in rows[-6:]:
-                    print(r, flush=True)
-            del dense
-
+    t0 = time.time()
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                command="python benchmarks/bench_topk.py" + (" --quick" if args.quick else ""),
-                timing="median of CUDA-graph replays (triton.testing.do_bench_cudagraph)")
+                command=" ".join(["python benchmarks/bench_topk.py"] + sys.argv[1:]),
+                timing="CUDA graph of n calls, median of 5 replays / n")
     out_dir = os.environ.get("OUT")
-    paths = [args.out] + ([os.path.join(out_dir, os.path.basename(args.out))] if out_dir else [])
-    for base in paths:
-        os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
-        with open(base + ".json", "w") as f:
+    base = args.out + ("_sweep" if args.sweep else "")
+    paths = [base] + ([os.path.join(out_dir, os.path.basename(base))] if out_dir else [])
+    if args.sweep:
+        res = sweep(args, dev)
+        for p in paths:
+            os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
+            with open(p + ".json", "w") as f:
+                json.dump(dict(meta=meta, **res), f, indent=1)
+        return
+    rows = run_grid(args, dev)
+    meta["seconds"] = round(time.time() - t0)
+    for p in paths:
+        os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
+        with open(p + ".json", "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        with open(base + ".md", "w") as f:
-            f.write(f"# top-k benchmark\n\n{json.dumps(meta)}\n\n")
-            f.write("| op | batch | context | entries/req | k | us | bf16 path / ours |\n"
-                    "|---|---|---|---|---|---|---|\n")
+        with open(p + ".md", "w") as f:
+            f.write(f"# indexer scores + top-k (v3)\n\n{json.dumps(meta)}\n\n")
+            f.write("| batch | context | entries | k | ours us | top-k alone us | bf16 path us | speedup | meets | "
+                    "plan |\n|---|---|---|---|---|---|---|---|---|---|\n")
             for r in rows:
-                sp = f"{r['speedup_of_ours']:.2f}" if "speedup_of_ours" in r else ""
-                f.write(f"| {r['op']} | {r['batch']} | {r['context']} | {r['entries']} | {r['k']} | "
-                        f"{r['us']:.1f} | {sp} |\n")
+                pl = r["plan"]
+                f.write(f"| {r['batch']} | {r['context']} | {r['entries']} | {r['k']} | {r['ours_us']:.1f} | "
+                        f"{r['topk_us']:.1f} | {r['bf16_us']:.1f} | {r['speedup']:.2f}x | "
+                        f"{'yes' if r['meets'] else 'NO'} | {pl['path']} P={pl['programs']} fin={pl['fin']} "
+                        f"bins={pl['bins']} w={pl['warps']} |\n")
+    print(open(paths[0] + ".md").read())
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .nvfp4_jit import decode_e2m1_pairs_portable, decode_e2m1_pairs_sm90, e4m3_scale_factor_2p118
+from .topk import _ordered
 
 #: Entries per tile (GPU, interpreter).
 BLOCK_T = {"gpu": 128, "interpreter": 16}
@@ -94,6 +95,7 @@ def _indexer_scores_kernel(
     max_entries, num_slots, max_lb, num_pages,
     H: tl.constexpr, KEY_DIM: tl.constexpr, EPB: tl.constexpr, BLOCK: tl.constexpr,
     INTERPRET: tl.constexpr, OFFICIAL: tl.constexpr, TILES: tl.constexpr = 1,
+    tile_max_ptr=None, tile_max_stride=0, EMIT_MAX: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     HALF: tl.constexpr = KEY_DIM // 2
@@ -144,6 +146,10 @@ def _indexer_scores_kernel(
         score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
         score = tl.where(live, score, float("-inf"))
         tl.store(out_row + t, score, mask=t < max_entries)
+        if EMIT_MAX:  # v3: the tile's maximum order-preserving key (the top-k's row maximum without a pass)
+            tile = tl.program_id(1) * TILES + j
+            tmax = tl.max(tl.where(t < max_entries, _ordered(score), -2147483648), 0)
+            tl.store(tile_max_ptr + row.to(tl.int64) * tile_max_stride + tile, tmax, mask=tile * BLOCK < max_entries)
 
 
 def _num_sms(device) -> int:
@@ -167,11 +173,13 @@ def tiles_per_program(B: int, max_entries: int, *, interpreter: bool = False, nu
 
 def launch_indexer_scores(q, weights, slots, n_entries, block_table, index_keys, index_key_scale_u8, scores,
                           *, entries_per_block: int, official: bool, interpreter: bool = False,
-                          tiles: int | None = None):
+                          tiles: int | None = None, tile_max=None):
     """q: (B, H, Di) bf16 contiguous; weights: (B, H) float32; slots, n_entries: (B,) int32;
     block_table: (S, L) int32; index_keys: (P*EPB, Di // 2) uint8; index_key_scale_u8: (P*EPB, Di // 32)
     E8M0 (official) or (P*EPB, Di // 16) E4M3 bytes; scores: (B, max_entries) float32 output.
-    ``tiles``: override of :func:`tiles_per_program` (tests)."""
+    ``tiles``: override of :func:`tiles_per_program` (tests). ``tile_max``: optional (B, >= cdiv(max_entries,
+    BLOCK)) int32 view with unit column stride: per BLOCK-entry tile the maximum order-preserving key of its
+    scores (``megamoe.kernels.topk`` key map), for the split top-k (v3, replaces its S1 pass)."""
     B, H, key_dim = q.shape
     max_entries = scores.shape[1]
     if B == 0 or max_entries == 0:
@@ -185,5 +193,7 @@ def launch_indexer_scores(q, weights, slots, n_entries, block_table, index_keys,
         q, weights, slots, n_entries, block_table, index_keys, index_key_scale_u8, scores,
         max_entries, block_table.shape[0], block_table.shape[1], index_keys.shape[0] // entries_per_block,
         H=H, KEY_DIM=key_dim, EPB=entries_per_block, BLOCK=block, INTERPRET=interpreter, OFFICIAL=official,
-        TILES=tiles, num_warps=4 if interpreter else 8,
+        TILES=tiles, tile_max_ptr=scores if tile_max is None else tile_max,
+        tile_max_stride=0 if tile_max is None else tile_max.stride(0), EMIT_MAX=tile_max is not None,
+        num_warps=4 if interpreter else 8,
     )

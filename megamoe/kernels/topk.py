@@ -1,4 +1,4 @@
-"""Exact top-k indices of float32 score rows (the V4 indexer's selection): a bucket select, one program per row.
+"""Exact top-k indices of float32 score rows (the V4 indexer's selection): sort or bucket select.
 
 Output (bit for bit ``megamoe.reference.kvcache.select_topk``): the ``K = min(k, T)`` entries with the largest
 scores, best first, ties to the lower index, ``-0.0 == +0.0``, NaN above ``+inf`` (after ``x + 0.0``, as the
@@ -6,9 +6,13 @@ reference), ``-1`` where the selected score is ``-inf``.
 
 Each score becomes the reference's order-preserving int32 key ``o`` (``bits ^ 0x7FFFFFFF`` for negative bits)
 and each entry the unique int64 ``(o << 32) | (T - 1 - index)``: larger is better, so the answer is the K
-largest of these, sorted descending. Per row (one program; the row streams through L1 in CHUNKs):
+largest of these, sorted descending. Three paths, chosen per shape by the table ``PLAN`` (host, shapes only):
 
-A+B. one pass: the row maximum key and a 128-bin histogram of ``_bucket(o, ref)`` (log-linear below
+"sort" (v3; short rows, and always when K == T): one program packs the whole row (padded to a power of
+two) and sorts it in registers (bitonic ``tl.sort``); the first K are stored. One launch, no scratch.
+
+"row" (v1; large batches): one program per row, the row streaming through L1 in CHUNKs:
+A+B. one pass: the row maximum key and an NB-bin histogram of ``_bucket(o, ref)`` (log-linear below
    ``ref`` = the first chunk's maximum; -inf has its own bucket). Buckets are monotone in ``o``: the cumulative
    sum finds the bucket b* holding the K-th best; everything in a better bucket is selected ("sure") and
    the ``need`` best of bucket b* complete the answer. If b* is bucket 0 (more than K entries near or above
@@ -19,21 +23,24 @@ B'. only while b* holds more than CAP entries and more than one distinct key (ou
 C. one pass: indices of sure entries are appended (block cumsum, index order) to scratch ``sel`` (K_P2
    int32), of candidates (bucket b*, key in [lo, hi]; the first CAP, which are all needed when they are
    all equal) to scratch ``cand`` (CAP int32).
-D. registers: the candidates' keys are re-gathered; 64-bin linear histograms find the exact threshold key;
-   candidates above it and the ``need`` lowest-index ones equal to it are appended to ``sel``.
-E. the K selected entries are gathered, packed to int64, sorted descending (bitonic ``tl.sort``), decoded.
+D+E (``_finish``). v3: when sure + candidates are at most FIN (= ``fin`` x K_P2), one sort of all of them
+   and the first K stored (they hold the K best: all better buckets and the whole threshold range). Else
+   v1: the candidates' keys are re-gathered; 64-bin linear histograms find the exact threshold key;
+   candidates above it and the ``need`` lowest-index ones equal to it are appended to ``sel``; the K
+   selected entries are gathered, packed, sorted descending, decoded.
+
+"split" (v2/v3; small batches): the row is cut into P spans, one program each, three launches (S1 span
+maxima, skipped when the indexer kernel wrote its tile maxima into the workspace; S2 span histograms merged
+by the last-arriving program; S3 span compaction, the last-arriving program runs D+E). See the kernels.
 
 Row loops are while loops (the interpreter cannot range() over a runtime int). Everything after the launch
-is data-dependent control flow inside the program (no host sync); host choices depend on shapes only.
-``K == T`` skips A-D (all entries, sorted). Scratch is global memory written and re-read by the same program
-after a CTA barrier (the re-reads use ``.cg``: L2, never a stale L1 line).
+is data-dependent control flow inside the program (no host sync). Scratch is global memory written and
+re-read by the same program after a CTA barrier (the re-reads use ``.cg``: L2, never a stale L1 line).
 """
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
-
-#: Tile configuration (GPU, interpreter): CHUNK entries per streamed tile, CAP candidate slots (>= K_P2),
-#: warps per program.
-CONFIG = {"gpu": dict(chunk=4096, cap=2048, num_warps=16), "interpreter": dict(chunk=256, cap=512, num_warps=4)}
 
 #: The order-preserving int32 key of -inf (``0xFF800000 ^ 0x7FFFFFFF`` as int32; literal in the kernels).
 NEG_INF_KEY = -2139095041
@@ -47,16 +54,18 @@ def _ordered(x):
 
 
 @triton.jit
-def _bucket(o, ref):
-    """Bucket in [0, 127] of key ``o`` (int32), non-increasing in ``o``: 0 for ``o > ref - 256``,
-    1..125 log-linear in ``d = (ref - o) >> 8`` (4 buckets per octave; d < 2**24 converts to float32
-    exactly), 126 for -inf, 127 below -inf (negative-signed NaN, CPU only)."""
+def _bucket(o, ref, NB: tl.constexpr):
+    """Bucket in [0, NB - 1] of key ``o`` (int32), non-increasing in ``o``: 0 for ``o > ref - 256``,
+    1..NB-3 log-linear in ``d = (ref - o) >> 8`` (NB = 128: 4 buckets per octave, NB = 256: 8; d < 2**24
+    converts to float32 exactly), NB - 2 for -inf, NB - 1 below -inf (negative-signed NaN, CPU only)."""
+    SUB: tl.constexpr = 2 if NB == 128 else 3
     d = ((ref - o).to(tl.uint32, bitcast=True) >> 8).to(tl.int32)  # ref >= o: the wrapped difference
-    b = (d.to(tl.float32).to(tl.int32, bitcast=True) >> 21) - 507  # d = 1 -> 508 - 507 = bucket 1
-    b = tl.minimum(tl.maximum(b, 0), 125)
+    # d = 1 -> float32 bits 127 << 23 -> bucket 1
+    b = (d.to(tl.float32).to(tl.int32, bitcast=True) >> (23 - SUB)) - ((127 << SUB) - 1)
+    b = tl.minimum(tl.maximum(b, 0), NB - 3)
     b = tl.where(o > ref, 0, b)
-    b = tl.where(o == -2139095041, 126, b)
-    return tl.where(o < -2139095041, 127, b)
+    b = tl.where(o == -2139095041, NB - 2, b)
+    return tl.where(o < -2139095041, NB - 1, b)
 
 
 @triton.jit
@@ -108,10 +117,10 @@ def _pack(o, idx, T):
 
 
 @triton.jit
-def _row_histogram(src, T, ref, CHUNK: tl.constexpr):
-    """Bucket histogram of a row (padding counted in bucket 127 and removed) and its maximum key."""
+def _row_histogram(src, T, ref, CHUNK: tl.constexpr, NB: tl.constexpr):
+    """Bucket histogram of a row (padding counted in bucket NB - 1 and removed) and its maximum key."""
     lane = tl.arange(0, CHUNK)
-    h = tl.zeros([128], tl.int32)
+    h = tl.zeros([NB], tl.int32)
     mx = tl.full([CHUNK], -2147483648, tl.int32)
     start = 0
     while start < T:
@@ -119,16 +128,16 @@ def _row_histogram(src, T, ref, CHUNK: tl.constexpr):
         live = idx < T
         o = _load_keys(src, idx, T)
         mx = tl.maximum(mx, tl.where(live, o, -2147483648))
-        h += tl.histogram(tl.where(live, _bucket(o, ref), 127), 128)
+        h += tl.histogram(tl.where(live, _bucket(o, ref, NB), NB - 1), NB)
         start += CHUNK
     pad = tl.cdiv(T, CHUNK) * CHUNK - T
-    h -= tl.where(tl.arange(0, 128) == 127, pad, 0)
+    h -= tl.where(tl.arange(0, NB) == NB - 1, pad, 0)
     return h, tl.max(mx, 0)
 
 
 @triton.jit
 def _compact(src, sel_ptr, cand_ptr, T, begin, end, ref, bstar, lo, hi, n_sel, n_cand,
-             CAP: tl.constexpr, CHUNK: tl.constexpr):
+             CAP: tl.constexpr, CHUNK: tl.constexpr, NB: tl.constexpr):
     """C over entries [begin, end): indices of sure entries appended to sel from position n_sel, of
     candidates (bucket b*, key in [lo, hi]; positions < CAP) to cand from n_cand, in index order."""
     lane = tl.arange(0, CHUNK)
@@ -139,7 +148,7 @@ def _compact(src, sel_ptr, cand_ptr, T, begin, end, ref, bstar, lo, hi, n_sel, n
         idx = start + lane
         live = idx < end
         o = _load_keys(src, idx, T)
-        bkt = _bucket(o, ref)
+        bkt = _bucket(o, ref, NB)
         inb = live & (bkt == bstar)
         sure = (live & (bkt < bstar)) | (inb & (o > hi32))
         cand = inb & (o >= lo32) & (o <= hi32)
@@ -158,38 +167,59 @@ def _compact(src, sel_ptr, cand_ptr, T, begin, end, ref, bstar, lo, hi, n_sel, n
 
 @triton.jit
 def _finish(src, dst, sel_ptr, cand_ptr, T, n_sel, n_cand, need,
-            K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr):
-    """D + E: exact threshold among the (<= CAP, index-ordered) candidates, the ``need`` best appended to
-    the ``n_sel`` sure entries; the K selected sorted and stored (-1 for -inf)."""
-    coffs = tl.arange(0, CAP)
-    valid = coffs < tl.minimum(n_cand, CAP)
-    cidx = tl.load(cand_ptr + coffs, mask=valid, other=0, cache_modifier=".cg")
-    co = _load_keys(src, cidx, T)
-    lo = tl.min(tl.where(valid, co, 2147483647), 0).to(tl.int64)
-    hi = tl.max(tl.where(valid, co, -2147483648), 0).to(tl.int64)
-    while lo < hi:
-        s = _shift(lo, hi)
-        member = valid & (co >= lo.to(tl.int32)) & (co <= hi.to(tl.int32))
-        hd = tl.histogram(tl.where(member, _distance(co, hi, s), 0), 64, mask=member)
-        lo, hi, need, cnt = _narrow(hd, lo, hi, s, need)
-    thr = hi.to(tl.int32)
-    eq = valid & (co == thr)
-    rank_eq = tl.cumsum(eq.to(tl.int32), 0) - eq.to(tl.int32)
-    take = (valid & (co > thr)) | (eq & (rank_eq < need))
-    pos = n_sel + tl.cumsum(take.to(tl.int32), 0) - take.to(tl.int32)
-    tl.store(sel_ptr + pos, cidx, mask=take)
-    tl.debug_barrier()
+            K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, FIN: tl.constexpr):
+    """D + E: the K best among the ``n_sel`` sure entries (``sel``) and the first ``min(n_cand, CAP)``
+    (index-ordered) candidates (``cand``), sorted and stored (-1 for -inf). Returns 1 when they were found
+    by one sort of sure + candidates (v3: ``FIN > 0`` and at most FIN of them), 0 for the D steps (exact
+    threshold by 64-bin linear histograms, the ``need`` lowest-index ties) + a sort of the K winners."""
+    nc = tl.minimum(n_cand, CAP)
+    by_sort = 0
+    if FIN > 0:  # (constexpr: no FIN-sized code when disabled)
+        if n_sel + nc <= FIN:
+            by_sort = 1
+            # sure + candidates hold the K best (every entry of a better bucket, the whole threshold range):
+            # their unique packed keys sorted descending put exactly the K best first
+            offs = tl.arange(0, FIN)
+            in_sel = offs < n_sel
+            in_cand = (offs >= n_sel) & (offs < n_sel + nc)
+            a = tl.load(sel_ptr + offs, mask=in_sel, other=0, cache_modifier=".cg")
+            b = tl.load(cand_ptr + (offs - n_sel), mask=in_cand, other=0, cache_modifier=".cg")
+            idx = tl.where(in_sel, a, b)
+            p = _pack(_load_keys(src, idx, T), idx, T)
+            p = tl.sort(tl.where(in_sel | in_cand, p, -9223372036854775807 - 1), descending=True)
+            _store_sorted(dst, p, T, K, FIN)
+    if by_sort == 0:
+        coffs = tl.arange(0, CAP)
+        valid = coffs < nc
+        cidx = tl.load(cand_ptr + coffs, mask=valid, other=0, cache_modifier=".cg")
+        co = _load_keys(src, cidx, T)
+        lo = tl.min(tl.where(valid, co, 2147483647), 0).to(tl.int64)
+        hi = tl.max(tl.where(valid, co, -2147483648), 0).to(tl.int64)
+        while lo < hi:
+            s = _shift(lo, hi)
+            member = valid & (co >= lo.to(tl.int32)) & (co <= hi.to(tl.int32))
+            hd = tl.histogram(tl.where(member, _distance(co, hi, s), 0), 64, mask=member)
+            lo, hi, need, cnt = _narrow(hd, lo, hi, s, need)
+        thr = hi.to(tl.int32)
+        eq = valid & (co == thr)
+        rank_eq = tl.cumsum(eq.to(tl.int32), 0) - eq.to(tl.int32)
+        take = (valid & (co > thr)) | (eq & (rank_eq < need))
+        pos = n_sel + tl.cumsum(take.to(tl.int32), 0) - take.to(tl.int32)
+        tl.store(sel_ptr + pos, cidx, mask=take)
+        tl.debug_barrier()
 
-    offs = tl.arange(0, K_P2)
-    sidx = tl.load(sel_ptr + offs, mask=offs < K, other=0, cache_modifier=".cg")
-    p = _pack(_load_keys(src, sidx, T), sidx, T)
-    p = tl.sort(tl.where(offs < K, p, -9223372036854775807 - 1), descending=True)
-    _store_sorted(dst, p, T, K, K_P2)
+        offs = tl.arange(0, K_P2)
+        sidx = tl.load(sel_ptr + offs, mask=offs < K, other=0, cache_modifier=".cg")
+        p = _pack(_load_keys(src, sidx, T), sidx, T)
+        p = tl.sort(tl.where(offs < K, p, -9223372036854775807 - 1), descending=True)
+        _store_sorted(dst, p, T, K, K_P2)
+    return by_sort
 
 
 @triton.jit
-def _store_sorted(dst, p, T, K: tl.constexpr, K_P2: tl.constexpr):
-    offs = tl.arange(0, K_P2)
+def _store_sorted(dst, p, T, K: tl.constexpr, N: tl.constexpr):
+    """The first K of N sorted packed keys -> indices (-1 for -inf)."""
+    offs = tl.arange(0, N)
     key = (p >> 32).to(tl.int32)
     index = T - 1 - p.to(tl.int32)
     tl.store(dst + offs, tl.where(key == -2139095041, -1, index), mask=offs < K)
@@ -197,24 +227,25 @@ def _store_sorted(dst, p, T, K: tl.constexpr, K_P2: tl.constexpr):
 
 @triton.jit
 def _row_topk(src, dst, sel_ptr, cand_ptr, T,
-              K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr):
+              K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
+              NB: tl.constexpr, FIN: tl.constexpr):
     """The whole v1 selection of one row by one program (K < T)."""
     lane = tl.arange(0, CHUNK)
     # ---- A+B: histogram of buckets below the first chunk's maximum (and the row maximum)
     o0 = _load_keys(src, lane, T)
     ref = tl.max(tl.where(lane < T, o0, -2147483648), 0)
-    h, m = _row_histogram(src, T, ref, CHUNK)
-    bstar, before, count = _find_bucket(h, K, 128)
+    h, m = _row_histogram(src, T, ref, CHUNK, NB)
+    bstar, before, count = _find_bucket(h, K, NB)
     if bstar == 0:
         # more than K entries near or above the first chunk's maximum: rebuild below the row maximum
         ref = m
-        h, m = _row_histogram(src, T, ref, CHUNK)
-        bstar, before, count = _find_bucket(h, K, 128)
+        h, m = _row_histogram(src, T, ref, CHUNK, NB)
+        bstar, before, count = _find_bucket(h, K, NB)
     need = K - before
     # candidates: bucket b* and key in [lo, hi]; everything better is selected
     lo = tl.full([], -2147483648, tl.int64)
     hi = tl.full([], 2147483647, tl.int64)
-    if bstar == 126:
+    if bstar == NB - 2:
         lo = tl.full([], -2139095041, tl.int64)  # the K-th best is -inf
         hi = lo
     elif count > CAP:
@@ -225,7 +256,7 @@ def _row_topk(src, dst, sel_ptr, cand_ptr, T,
         while start < T:
             idx = start + lane
             o = _load_keys(src, idx, T)
-            member = (idx < T) & (_bucket(o, ref) == bstar)
+            member = (idx < T) & (_bucket(o, ref, NB) == bstar)
             kmin = tl.minimum(kmin, tl.where(member, o, 2147483647))
             kmax = tl.maximum(kmax, tl.where(member, o, -2147483648))
             start += CHUNK
@@ -238,42 +269,46 @@ def _row_topk(src, dst, sel_ptr, cand_ptr, T,
             while start < T:
                 idx = start + lane
                 o = _load_keys(src, idx, T)
-                member = (idx < T) & (_bucket(o, ref) == bstar) & (o >= lo.to(tl.int32)) & (o <= hi.to(tl.int32))
+                member = ((idx < T) & (_bucket(o, ref, NB) == bstar) & (o >= lo.to(tl.int32))
+                          & (o <= hi.to(tl.int32)))
                 hl += tl.histogram(tl.where(member, _distance(o, hi, s), 0), 64, mask=member)
                 start += CHUNK
             lo, hi, need, count = _narrow(hl, lo, hi, s, need)
 
     # ---- C: append the indices of sure entries to sel, of candidates (first CAP) to cand, in order
     zero = tl.zeros([], tl.int32)
-    n_sel, n_cand = _compact(src, sel_ptr, cand_ptr, T, 0, T, ref, bstar, lo, hi, zero, zero, CAP, CHUNK)
+    n_sel, n_cand = _compact(src, sel_ptr, cand_ptr, T, 0, T, ref, bstar, lo, hi, zero, zero, CAP, CHUNK, NB)
     tl.debug_barrier()
     # ---- D + E
-    _finish(src, dst, sel_ptr, cand_ptr, T, n_sel, n_cand, need, K, K_P2, CAP)
+    return _finish(src, dst, sel_ptr, cand_ptr, T, n_sel, n_cand, need, K, K_P2, CAP, FIN)
 
 
 @triton.jit
 def _topk_kernel(scores_ptr, out_ptr, scratch_ptr, T, scratch_stride,
                  K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
-                 ALL: tl.constexpr):
+                 SORT_N: tl.constexpr, NB: tl.constexpr = 128, FIN: tl.constexpr = 0):
+    """One program per row. ``SORT_N > 0`` (v3 "sort" path, T <= SORT_N): the whole row packed and sorted
+    in registers, the first K stored (no scratch). Else the v1 bucket select (K < T)."""
     row = tl.program_id(0).to(tl.int64)
     src = scores_ptr + row * T
     dst = out_ptr + row * K
-    if ALL:  # K == T: every entry, sorted
-        offs = tl.arange(0, K_P2)
+    if SORT_N > 0:
+        offs = tl.arange(0, SORT_N)
         p = _pack(_load_keys(src, offs, T), offs, T)
         p = tl.sort(tl.where(offs < T, p, -9223372036854775807 - 1), descending=True)
-        _store_sorted(dst, p, T, K, K_P2)
+        _store_sorted(dst, p, T, K, SORT_N)
     else:
         sel_ptr = scratch_ptr + row * scratch_stride  # K_P2 int32 indices of the selected entries
         cand_ptr = sel_ptr + K_P2                     # CAP int32 indices of the candidates
-        _row_topk(src, dst, sel_ptr, cand_ptr, T, K, K_P2, CAP, CHUNK)
+        _row_topk(src, dst, sel_ptr, cand_ptr, T, K, K_P2, CAP, CHUNK, NB, FIN)
 
 
-# ---------------------------------------------------------------- v2: rows split over P programs
+# ---------------------------------------------------------------- v2/v3: rows split over P programs
 # Per-row int32 workspace of the split path (offsets from the row's base):
-#   [0] arrival counter (0 between calls), [1] b*, [2] need, [3] fallback flag,
-#   [16 + p] span maxima (P_P2), then P_P2 x 128 span histograms, then P_P2 sure offsets, P_P2 candidate
-#   offsets, then sel (K_P2) and cand (CAP) as in v1.
+#   [0] arrival counter (0 between calls), [1] b*, [2] need, [3] fallback flag, [4] reference (row maximum
+#   key), [5] entries in bucket b*, [6] 1 when the finish was one sort of sure + candidates (diagnostics);
+#   [16, 16 + MREG) row maxima: P span maxima (S1) or the indexer's tile maxima (v3, S1 skipped);
+#   then P_P2 x NB span histograms, P_P2 sure offsets, P_P2 candidate offsets, sel (K_P2), cand (CAP).
 _HDR = 16
 
 
@@ -284,7 +319,7 @@ def _span_bounds(p, T, SPAN):
 
 
 @triton.jit
-def _split_max_kernel(scores_ptr, ws_ptr, T, ws_stride, SPAN, P: tl.constexpr, CHUNK: tl.constexpr):
+def _split_max_kernel(scores_ptr, ws_ptr, T, ws_stride, SPAN, CHUNK: tl.constexpr):
     """S1, grid (B, P): the maximum key of each program's span of the row."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
@@ -302,119 +337,225 @@ def _split_max_kernel(scores_ptr, ws_ptr, T, ws_stride, SPAN, P: tl.constexpr, C
 
 
 @triton.jit
-def _split_hist_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN,
+def _max_of(ptr, n, MCH: tl.constexpr):
+    """Maximum of ``n`` int32 at ``ptr`` (INT_MIN when n == 0)."""
+    lane = tl.arange(0, MCH)
+    acc = tl.full([MCH], -2147483648, tl.int32)
+    i = 0
+    while i < n:
+        acc = tl.maximum(acc, tl.load(ptr + i + lane, mask=i + lane < n, other=-2147483648))
+        i += MCH
+    return tl.max(acc, 0)
+
+
+@triton.jit
+def _split_hist_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, NMAX, MREG,
                        K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
-                       P: tl.constexpr, P_P2: tl.constexpr, ROW_CHUNK: tl.constexpr):
-    """S2, grid (B, P): 128-bin histogram of each span below the exact row maximum; the last program of
-    the row to arrive merges them in program order: b*, need, and per-program output offsets (sure entries
-    and candidates, so S3 writes them in index order). More than CAP candidates in b* (dense ties, not
-    the -inf bucket): that program runs the whole v1 selection of the row and flags it done."""
+                       P_P2: tl.constexpr, ROW_CHUNK: tl.constexpr, NB: tl.constexpr, FIN: tl.constexpr,
+                       MCH: tl.constexpr):
+    """S2, grid (B, P): NB-bin histogram of each span below the exact row maximum (the maximum of the NMAX
+    maxima at ws[16:]: S1's span maxima or the indexer's tile maxima); the last program of the row to
+    arrive merges them in program order: b*, need, and per-program output offsets (sure entries and
+    candidates, so S3 writes them in index order). More than CAP candidates in b* (dense ties, not the
+    -inf bucket): that program runs the whole v1 selection of the row and flags it done."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     src = scores_ptr + row * T
     ws = ws_ptr + row * ws_stride
-    pp = tl.arange(0, P_P2)
-    ref = tl.max(tl.load(ws + 16 + pp, mask=pp < P, other=-2147483648), 0)
+    ref = _max_of(ws + 16, NMAX, MCH)
     begin, end = _span_bounds(p, T, SPAN)
     lane = tl.arange(0, CHUNK)
-    h = tl.zeros([128], tl.int32)
+    h = tl.zeros([NB], tl.int32)
     start = begin
     while start < end:
         idx = start + lane
         live = idx < end
         o = _load_keys(src, idx, T)
-        h += tl.histogram(tl.where(live, _bucket(o, ref), 0), 128, mask=live)
+        h += tl.histogram(tl.where(live, _bucket(o, ref, NB), 0), NB, mask=live)
         start += CHUNK
-    hist = ws + 16 + P_P2  # (P, 128)
-    bins = tl.arange(0, 128)
-    tl.store(hist + p * 128 + bins, h)
+    hist = ws + 16 + MREG  # (P, NB)
+    bins = tl.arange(0, NB)
+    tl.store(hist + p * NB + bins, h)
     tl.debug_barrier()
     arrived = tl.atomic_add(ws, 1, sem="acq_rel", scope="gpu")
     if arrived == P - 1:
         tl.debug_barrier()
-        hp = tl.load(hist + pp[:, None] * 128 + bins[None, :], mask=(pp < P)[:, None], other=0,
+        pp = tl.arange(0, P_P2)
+        hp = tl.load(hist + pp[:, None] * NB + bins[None, :], mask=(pp < P)[:, None], other=0,
                      cache_modifier=".cg")
-        bstar, before, count = _find_bucket(tl.sum(hp, 0), K, 128)
+        bstar, before, count = _find_bucket(tl.sum(hp, 0), K, NB)
         need = K - before
         sure_p = tl.sum(tl.where(bins[None, :] < bstar, hp, 0), 1)
         cand_p = tl.sum(tl.where(bins[None, :] == bstar, hp, 0), 1)
-        offs_ptr = hist + P_P2 * 128
+        offs_ptr = hist + P_P2 * NB
         tl.store(offs_ptr + pp, tl.cumsum(sure_p, 0) - sure_p)
         tl.store(offs_ptr + P_P2 + pp, tl.cumsum(cand_p, 0) - cand_p)
-        fallback = (count > CAP) & (bstar != 126)
+        fallback = (count > CAP) & (bstar != NB - 2)
         tl.store(ws + 1, bstar)
         tl.store(ws + 2, need)
         tl.store(ws + 3, fallback.to(tl.int32))
+        tl.store(ws + 4, ref)
+        tl.store(ws + 5, count)
         tl.store(ws, 0)  # counter back to 0 for S3 and the next call
         if fallback:
             sel_ptr = offs_ptr + 2 * P_P2
-            _row_topk(src, out_ptr + row * K, sel_ptr, sel_ptr + K_P2, T, K, K_P2, CAP, ROW_CHUNK)
+            by_sort = _row_topk(src, out_ptr + row * K, sel_ptr, sel_ptr + K_P2, T, K, K_P2, CAP, ROW_CHUNK,
+                                NB, FIN)
+            tl.store(ws + 6, by_sort)
 
 
 @triton.jit
-def _split_select_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN,
+def _split_select_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, MREG,
                          K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
-                         P: tl.constexpr, P_P2: tl.constexpr):
+                         P_P2: tl.constexpr, NB: tl.constexpr, FIN: tl.constexpr):
     """S3, grid (B, P): each span appends its sure entries and candidates at the offsets of S2 (index
-    order, as v1); the last program of the row to arrive finds the exact threshold and sorts (v1 D + E)."""
+    order, as v1); the last program of the row to arrive finishes (one sort of sure + candidates when at
+    most FIN, else v1's D + E)."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     src = scores_ptr + row * T
     ws = ws_ptr + row * ws_stride
     if tl.load(ws + 3) == 0:
-        pp = tl.arange(0, P_P2)
-        ref = tl.max(tl.load(ws + 16 + pp, mask=pp < P, other=-2147483648), 0)
+        ref = tl.load(ws + 4)
         bstar = tl.load(ws + 1)
         need = tl.load(ws + 2)
-        offs_ptr = ws + 16 + P_P2 + P_P2 * 128
+        offs_ptr = ws + 16 + MREG + P_P2 * NB
         sel_ptr = offs_ptr + 2 * P_P2
         cand_ptr = sel_ptr + K_P2
         begin, end = _span_bounds(p, T, SPAN)
         lo = tl.full([], -2147483648, tl.int64)
         hi = tl.full([], 2147483647, tl.int64)
         _compact(src, sel_ptr, cand_ptr, T, begin, end, ref, bstar, lo, hi,
-                 tl.load(offs_ptr + p), tl.load(offs_ptr + P_P2 + p), CAP, CHUNK)
+                 tl.load(offs_ptr + p), tl.load(offs_ptr + P_P2 + p), CAP, CHUNK, NB)
         tl.debug_barrier()
         arrived = tl.atomic_add(ws, 1, sem="acq_rel", scope="gpu")
         if arrived == P - 1:
             tl.debug_barrier()
             tl.store(ws, 0)
-            # candidates in b* = exclusive offset of the last span + its own count (from its histogram)
-            n_cand = tl.load(offs_ptr + P_P2 + P - 1, cache_modifier=".cg")
-            last_h = tl.load(ws + 16 + P_P2 + (P - 1) * 128 + bstar, cache_modifier=".cg")
-            _finish(src, out_ptr + row * K, sel_ptr, cand_ptr, T, K - need, n_cand + last_h, need, K, K_P2, CAP)
+            n_cand = tl.load(ws + 5)  # every entry of bucket b* (S2's merged count)
+            by_sort = _finish(src, out_ptr + row * K, sel_ptr, cand_ptr, T, K - need, n_cand, need,
+                              K, K_P2, CAP, FIN)
+            tl.store(ws + 6, by_sort)
 
 
-#: Split path (v2): at most MAX_SPLIT programs per row, each span >= MIN_SPAN entries; rows are split when
-#: the batch leaves SMs idle (DEFAULT_SMS when no CUDA device is visible).
-SPLIT = {"gpu": dict(min_span=512, max_split=64, chunk=1024, num_warps=16),
-         "interpreter": dict(min_span=64, max_split=8, chunk=64, num_warps=4)}
+# ---------------------------------------------------------------- host side: plan, workspace, launch
+#: Tile configuration of the one-program-per-row paths (GPU, interpreter): CHUNK entries per streamed
+#: tile, CAP candidate slots (>= K_P2), warps per program.
+CONFIG = {"gpu": dict(chunk=4096, cap=2048, num_warps=16), "interpreter": dict(chunk=256, cap=512, num_warps=4)}
+#: Split path: at most MAX_SPLIT programs per row, each span >= MIN_SPAN entries (the "auto" programs
+#: rule), CHUNK entries per streamed tile; DEFAULT_SMS when no CUDA device is visible.
+SPLIT = {"gpu": dict(min_span=512, max_split=128, chunk=1024),
+         "interpreter": dict(min_span=64, max_split=8, chunk=64, num_warps=4)}  # GPU warps: split_warps
 DEFAULT_SMS = 132
 
 
+class Plan(NamedTuple):
+    """How one shape is selected. path: "sort" (the whole row sorted in registers by one program; T <= the
+    row's power of two), "row" (v1: bucket select, one program per row) or "split" (P programs per row,
+    three launches, two with S1 skipped when the indexer wrote tile maxima). programs: split programs per
+    row, 0 = auto (min(MAX_SPLIT, SMs // B, T // MIN_SPAN); below 2 -> "row"). warps: 0 = the path's
+    default. fin: finish by one sort of sure + candidates when there are at most fin * K_P2 of them (0: the
+    D steps always). bins: first-histogram buckets, 128 (4 per octave) or 256 (8 per octave)."""
+    path: str
+    programs: int = 0
+    warps: int = 0
+    fin: int = 2
+    bins: int = 256
+
+
+#: Per-shape plan, the first row with B <= b_max, T <= t_max and K in ks (None: any) wins. The GPU rows
+#: are the ones to edit from ``python benchmarks/bench_topk.py --sweep`` (it prints a replacement).
+PLAN = {
+    "gpu": (
+        # b_max, t_max, ks,  plan
+        (None, 2048, None, Plan("sort", warps=8)),
+        (None, None, None, Plan("split")),  # auto programs; "row" once the batch fills the SMs
+    ),
+    "interpreter": (
+        (None, 128, None, Plan("sort", warps=4)),
+        (None, None, None, Plan("split")),
+    ),
+}
+
+
+def plan_for(B: int, T: int, k: int, *, interpreter: bool = False, num_sms: int = DEFAULT_SMS,
+             table=None) -> Plan:
+    """The plan of a (B, T, K = min(k, T)) top-k (host, shapes only): the first matching row of ``table``
+    (default ``PLAN``), with "split" programs resolved (auto rule; fewer than 2 -> "row") and the sort path
+    kept only while T <= its power of two. K == T is always "sort"."""
+    mode = "interpreter" if interpreter else "gpu"
+    K = min(k, T)
+    if K >= T:  # every entry: the sort path (its warps from the table's first "sort" row)
+        return next((r[3] for r in (table or PLAN[mode]) if r[3].path == "sort"), Plan("sort"))
+    for b_max, t_max, ks, plan in (table or PLAN[mode]):
+        if (b_max is None or B <= b_max) and (t_max is None or T <= t_max) and (ks is None or K in ks):
+            break
+    else:
+        plan = Plan("split")
+    if plan.path == "split":
+        cfg = SPLIT[mode]
+        p = plan.programs or min(cfg["max_split"], num_sms // max(B, 1), T // cfg["min_span"])
+        p = min(p, T // 16)  # spans of >= 16 entries
+        plan = plan._replace(programs=p) if p >= 2 else plan._replace(path="row", programs=1)
+    return plan
+
+
 def split_programs(B: int, T: int, k: int, *, interpreter: bool = False, num_sms: int = DEFAULT_SMS) -> int:
-    """Programs per row (host choice from shapes only): 1 (the v1 kernel) unless K < T and the batch leaves
-    SMs idle; then min(MAX_SPLIT, num_sms // B, T // MIN_SPAN) programs."""
-    cfg = SPLIT["interpreter" if interpreter else "gpu"]
-    if min(k, T) >= T or B <= 0:
-        return 1
-    p = min(cfg["max_split"], num_sms // B, T // cfg["min_span"])
-    return p if p >= 2 else 1
+    """Programs per row that the plan gives (1 unless the path is "split")."""
+    plan = plan_for(B, T, k, interpreter=interpreter, num_sms=num_sms)
+    return plan.programs if plan.path == "split" else 1
 
 
-def workspace_entries(T: int, k: int, *, interpreter: bool = False, programs: int | None = None) -> int:
-    """int32 scratch entries per row that :func:`launch_topk` needs (0 when ``k >= T``). ``programs``:
-    the split factor that will be used (default: the largest possible one, so any batch size fits)."""
+def split_warps(K: int, *, interpreter: bool = False) -> int:
+    """Default warps of the split kernels: 16, or 8 from K_P2 = 1024 (sm_90: S3's finish spills at 16 warps,
+    where ptxas caps a 512-thread program at 64 registers)."""
+    if interpreter:
+        return SPLIT["interpreter"]["num_warps"]
+    return 16 if max(16, triton.next_power_of_2(K)) <= 512 else 8
+
+
+def _tile_block(interpreter: bool) -> int:
+    from .indexer import BLOCK_T
+
+    return BLOCK_T["interpreter" if interpreter else "gpu"]
+
+
+def _k_cap(K: int, interpreter: bool, cap: int | None = None):
+    k_p2 = max(16, triton.next_power_of_2(K))
+    cap = max(triton.next_power_of_2(cap or CONFIG["interpreter" if interpreter else "gpu"]["cap"]), k_p2)
+    return k_p2, cap
+
+
+def _split_layout(T: int, K: int, programs: int, interpreter: bool, cap: int | None = None):
+    """(MREG, P_P2, int32 entries per row) of the split workspace (histograms sized for 256 bins)."""
+    k_p2, cap = _k_cap(K, interpreter, cap)
+    p_p2 = triton.next_power_of_2(programs)
+    mreg = triton.cdiv(max(p_p2, triton.cdiv(T, _tile_block(interpreter))), 16) * 16
+    return mreg, p_p2, _HDR + mreg + p_p2 * 256 + 2 * p_p2 + k_p2 + cap
+
+
+def workspace_entries(T: int, k: int, *, interpreter: bool = False, programs: int | None = None,
+                      batch: int | None = None, cap: int | None = None) -> int:
+    """int32 scratch entries per row that :func:`launch_topk` needs. ``programs``: the split factor that
+    will be used (1: the "row" path); else the plan of ``batch`` rows; neither: enough for any batch."""
     K = min(k, T)
     if K == T:
         return 0
-    k_p2 = max(16, triton.next_power_of_2(K))
-    cap = max(CONFIG["interpreter" if interpreter else "gpu"]["cap"], k_p2)
+    if programs is None and batch is not None:
+        plan = plan_for(batch, T, K, interpreter=interpreter)
+        programs = {"sort": 0, "row": 1}.get(plan.path, plan.programs)
+        if programs == 0:
+            return 0
     if programs is None:
         programs = SPLIT["interpreter" if interpreter else "gpu"]["max_split"]
     if programs <= 1:
-        return k_p2 + cap
-    return _HDR + triton.next_power_of_2(programs) * 131 + k_p2 + cap
+        return sum(_k_cap(K, interpreter, cap))
+    return _split_layout(T, K, programs, interpreter, cap)[2]
+
+
+def tile_maxima_offset() -> int:
+    """Column of the split workspace where the indexer writes its per-tile maxima (``tile_maxima=True``)."""
+    return _HDR
 
 
 def _num_sms(device) -> int:
@@ -425,15 +566,45 @@ def _num_sms(device) -> int:
     return DEFAULT_SMS
 
 
+def resolve_plan(B: int, T: int, K: int, device=None, *, interpreter: bool = False, programs: int | None = None,
+                 path: str | None = None, fin: int | None = None, bins: int | None = None,
+                 num_warps: int | None = None) -> Plan:
+    """:func:`plan_for` with explicit overrides (``programs=1``: "row"; ``programs >= 2``: "split")."""
+    plan = plan_for(B, T, K, interpreter=interpreter, num_sms=DEFAULT_SMS if interpreter else _num_sms(device))
+    if K >= T:
+        return plan._replace(warps=num_warps or plan.warps)
+    if programs is not None:
+        plan = plan._replace(path="row" if programs <= 1 else "split", programs=programs)
+    if path is not None:
+        plan = plan._replace(path=path)
+        if path == "split" and plan.programs < 2:
+            plan = plan._replace(programs=max(2, min(SPLIT["interpreter" if interpreter else "gpu"]["max_split"],
+                                                     T // 16)))
+    if fin is not None:
+        plan = plan._replace(fin=fin)
+    if bins is not None:
+        plan = plan._replace(bins=bins)
+    if num_warps is not None:
+        plan = plan._replace(warps=num_warps)
+    if plan.bins not in (128, 256):
+        raise ValueError(f"bins: expected 128 or 256, got {plan.bins}")
+    return plan
+
+
 def launch_topk(scores, out, scratch=None, *, interpreter: bool = False, cap: int | None = None,
-                chunk: int | None = None, num_warps: int | None = None, programs: int | None = None):
+                chunk: int | None = None, num_warps: int | None = None, programs: int | None = None,
+                path: str | None = None, fin: int | None = None, bins: int | None = None,
+                tile_maxima: bool = False):
     """scores: (B, T) float32 contiguous; out: (B, K) int32 contiguous, K = min(k, T) <= T.
 
     scratch: (B, >= workspace_entries(T, K, programs=P)) int32, ZERO-initialised before its first use (the
     split path's arrival counters; every call leaves them at zero again). Allocated here (zeros) when None.
-    ``programs``: programs per row (default :func:`split_programs` from B, T and the SM count; 1 = the v1
-    one-program-per-row kernel). ``cap`` / ``chunk`` / ``num_warps`` override the tile configuration (tests
-    force the fallback paths with a small ``cap``; it is raised to K_P2 = next power of two of K, >= 16).
+    The path and its knobs come from :func:`plan_for` (table ``PLAN``); ``programs`` / ``path`` / ``fin`` /
+    ``bins`` / ``num_warps`` override them (``programs=1``: the v1 "row" kernel). ``cap`` / ``chunk``
+    override the tile configuration (tests force the fallback paths with a small ``cap``; it is raised to
+    K_P2 = next power of two of K, >= 16). ``tile_maxima``: the indexer kernel of this call wrote its
+    per-tile maxima at ``scratch[:, tile_maxima_offset():]`` (the split path then skips S1; other paths
+    ignore them). Returns ``out``.
     """
     import torch
 
@@ -443,40 +614,46 @@ def launch_topk(scores, out, scratch=None, *, interpreter: bool = False, cap: in
         return out
     mode = "interpreter" if interpreter else "gpu"
     cfg = CONFIG[mode]
-    k_p2 = max(16, triton.next_power_of_2(K))
-    all_entries = K == T
-    cap = max(triton.next_power_of_2(cap or cfg["cap"]), k_p2)
-    if programs is None:
-        programs = split_programs(B, T, K, interpreter=interpreter,
-                                  num_sms=DEFAULT_SMS if interpreter else _num_sms(scores.device))
-    span = triton.cdiv(triton.cdiv(T, max(1, programs)), 16) * 16
-    programs = 1 if all_entries else triton.cdiv(T, span)  # no empty spans
-    if all_entries:
-        scratch = out  # unused
+    k_p2, cap = _k_cap(K, interpreter, cap)
+    plan = resolve_plan(B, T, K, scores.device, interpreter=interpreter, programs=programs, path=path, fin=fin,
+                        bins=bins, num_warps=num_warps)
+    if plan.path == "sort":
+        sort_n = max(16, triton.next_power_of_2(T))
+        _topk_kernel[(B,)](scores, out, out, T, 0, K=K, K_P2=k_p2, CAP=cap, CHUNK=16, SORT_N=sort_n,
+                           num_warps=plan.warps or cfg["num_warps"])
+        return out
+    fin_n = plan.fin * k_p2
+    if plan.path == "row":
+        need = k_p2 + cap
     else:
-        need = k_p2 + cap if programs == 1 else _HDR + triton.next_power_of_2(programs) * 131 + k_p2 + cap
-        if scratch is None:
-            scratch = torch.zeros((B, need), dtype=torch.int32, device=scores.device)
-        elif (scratch.dtype != torch.int32 or scratch.dim() != 2 or scratch.shape[0] < B
-              or not scratch.is_contiguous() or scratch.shape[1] < need):
-            raise ValueError(f"scratch: expected a contiguous int32 (B={B}, >= {need}) tensor, "
-                             f"got {scratch.dtype} {tuple(scratch.shape)}")
-    if programs == 1:
+        span = triton.cdiv(triton.cdiv(T, plan.programs), 16) * 16
+        P = triton.cdiv(T, span)  # no empty spans
+        mreg, p_p2, need = _split_layout(T, K, P, interpreter, cap)
+    if scratch is None:
+        scratch = torch.zeros((B, need), dtype=torch.int32, device=scores.device)
+    elif (scratch.dtype != torch.int32 or scratch.dim() != 2 or scratch.shape[0] < B
+          or not scratch.is_contiguous() or scratch.shape[1] < need):
+        raise ValueError(f"scratch: expected a contiguous int32 (B={B}, >= {need}) tensor, "
+                         f"got {scratch.dtype} {tuple(scratch.shape)}")
+    if plan.path == "row":
         chunk = min(chunk or cfg["chunk"], max(16, triton.next_power_of_2(T)))
-        _topk_kernel[(B,)](scores, out, scratch, T, 0 if all_entries else scratch.shape[1],
-                           K=K, K_P2=k_p2, CAP=cap, CHUNK=chunk, ALL=all_entries,
-                           num_warps=num_warps or cfg["num_warps"])
+        _topk_kernel[(B,)](scores, out, scratch, T, scratch.shape[1], K=K, K_P2=k_p2, CAP=cap, CHUNK=chunk,
+                           SORT_N=0, NB=plan.bins, FIN=fin_n, num_warps=plan.warps or cfg["num_warps"])
         return out
     scfg = SPLIT[mode]
-    p_p2 = triton.next_power_of_2(programs)
     schunk = min(chunk or scfg["chunk"], triton.next_power_of_2(span))
     row_chunk = min(cfg["chunk"], max(16, triton.next_power_of_2(T)))
-    nw = num_warps or scfg["num_warps"]
-    grid = (B, programs)
+    nw = plan.warps or split_warps(K, interpreter=interpreter)
+    grid = (B, P)
     stride = scratch.shape[1]
-    _split_max_kernel[grid](scores, scratch, T, stride, span, P=programs, CHUNK=schunk, num_warps=nw)
-    _split_hist_kernel[grid](scores, out, scratch, T, stride, span, K=K, K_P2=k_p2, CAP=cap, CHUNK=schunk,
-                             P=programs, P_P2=p_p2, ROW_CHUNK=row_chunk, num_warps=nw)
-    _split_select_kernel[grid](scores, out, scratch, T, stride, span, K=K, K_P2=k_p2, CAP=cap, CHUNK=schunk,
-                               P=programs, P_P2=p_p2, num_warps=nw)
+    if tile_maxima:
+        nmax = triton.cdiv(T, _tile_block(interpreter))
+    else:
+        nmax = P
+        _split_max_kernel[grid](scores, scratch, T, stride, span, CHUNK=schunk, num_warps=nw)
+    _split_hist_kernel[grid](scores, out, scratch, T, stride, span, P, nmax, mreg, K=K, K_P2=k_p2, CAP=cap,
+                             CHUNK=schunk, P_P2=p_p2, ROW_CHUNK=row_chunk, NB=plan.bins, FIN=fin_n,
+                             MCH=min(256, triton.next_power_of_2(max(nmax, 16))), num_warps=nw)
+    _split_select_kernel[grid](scores, out, scratch, T, stride, span, P, mreg, K=K, K_P2=k_p2, CAP=cap,
+                               CHUNK=schunk, P_P2=p_p2, NB=plan.bins, FIN=fin_n, num_warps=nw)
     return out

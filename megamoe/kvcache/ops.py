@@ -169,6 +169,12 @@ def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, 
     ``sum_h w_h relu(q_h . k_t)`` for ``t < n_entries[b]``, -inf after (and for entries without storage).
     ``q`` is the model's indexer query as the official code feeds the einsum: RoPE'd, Hadamard-rotated and
     FP4-simulated."""
+    return _indexer_scores(pool, block_table, q, weights, slots, n_entries, scores)
+
+
+def _indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, weights: torch.Tensor,
+                    slots: torch.Tensor, n_entries: torch.Tensor, scores: torch.Tensor, tile_max=None) -> torch.Tensor:
+    """:func:`indexer_scores`; ``tile_max``: see ``megamoe.kernels.indexer.launch_indexer_scores``."""
     if pool.index_keys is None:
         raise ValueError("pool: has no indexer keys (HCA caches have no indexer)")
     B, H, di = q.shape
@@ -185,10 +191,42 @@ def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, 
         launch_indexer_scores(q, weights, slots, n_entries, block_table, _flat(pool.index_keys),
                               _flat(pool.index_key_scale).view(torch.uint8), scores,
                               entries_per_block=pool.entries_per_block, official=pool.index_numerics == "official",
-                              interpreter=interpreter_enabled())
+                              interpreter=interpreter_enabled(), tile_max=tile_max)
         return scores
     scores.copy_(_ref().indexer_scores(pool, block_table, q, weights, slots, n_entries, scores.shape[1]))
     return scores
+
+
+def indexer_topk(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, weights: torch.Tensor,
+                 slots: torch.Tensor, n_entries: torch.Tensor, scores: torch.Tensor, k: int, *,
+                 out: torch.Tensor | None = None, workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`indexer_scores` (into ``scores``, (B, T) float32) then :func:`select_topk` -> (B, min(k, T))
+    int32 indices, best first (the same answer, bit for bit). On the Triton path, when the top-k plan splits
+    rows over several programs (small batch), the scoring kernel also writes per-tile maxima into the top-k
+    workspace so the top-k skips its row-maximum pass (one launch fewer). ``out``, ``workspace``: as
+    ``megamoe.ops.topk.topk_indices`` (workspace zeroed once before first use; allocated when None)."""
+    from ..ops.topk import check_k, check_workspace, topk_indices
+
+    check_k(k)
+    if not use_triton(q) or scores.dim() != 2:
+        indexer_scores(pool, block_table, q, weights, slots, n_entries, scores)
+        return topk_indices(scores, k, out=out, workspace=workspace)
+    from ..kernels import topk as kt
+
+    B, T = scores.shape
+    interp = interpreter_enabled() and not q.is_cuda
+    plan = kt.plan_for(B, T, k, interpreter=interp, num_sms=kt.DEFAULT_SMS if interp else kt._num_sms(q.device))
+    if plan.path != "split":
+        indexer_scores(pool, block_table, q, weights, slots, n_entries, scores)
+        return topk_indices(scores, k, out=out, workspace=workspace)
+    if workspace is None:
+        workspace = torch.zeros((B, kt.workspace_entries(T, k, interpreter=interp, batch=B)), dtype=torch.int32,
+                                device=q.device)
+    else:
+        check_workspace(workspace, B, T, k, q.device, interp)
+    _indexer_scores(pool, block_table, q, weights, slots, n_entries, scores,
+                    tile_max=workspace[:, kt.tile_maxima_offset():])
+    return topk_indices(scores, k, out=out, workspace=workspace, tile_maxima=True)
 
 
 def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -5,11 +5,12 @@ indices, best first (semantics bit for bit ``megamoe.reference.topk.topk_indices
 ``-0.0 == +0.0``, NaN above ``+inf``, ``-1`` for ``-inf`` scores).
 
 Dispatch (``megamoe.ops._dispatch.use_triton``): CUDA tensors -> the bucket-select kernels of
-``megamoe/kernels/topk.py`` (one program per row at large batch; at small batch each row is split over
-several programs, three launches with in-kernel last-arriving merges); CPU tensors -> the reference, or the kernel through the
+``megamoe/kernels/topk.py`` (per-shape plan ``PLAN`` there: short rows sorted whole by one program;
+one program per row at large batch; at small batch each row split over several programs, two or three
+launches with in-kernel last-arriving merges); CPU tensors -> the reference, or the kernel through the
 interpreter when ``TRITON_INTERPRET=1``. The Triton path is sync-free and CUDA-graph capturable: host
 decisions use shapes only; it allocates the output (unless ``out`` is given) and a zeroed scratch buffer of
-``workspace_entries(T, k)`` int32 per row (pass ``workspace=`` to reuse one: zero it once before its first
+``workspace_entries(T, k, batch=B)`` int32 per row (pass ``workspace=`` to reuse one: zero it once before its first
 use; every call leaves its arrival counters at zero).
 """
 from __future__ import annotations
@@ -20,12 +21,32 @@ from ..reference import topk as _ref
 from ._dispatch import interpreter_enabled, use_triton
 
 
+def check_workspace(workspace, B: int, T: int, k: int, device, interpreter: bool) -> None:
+    """Raise unless ``workspace`` is a contiguous (B, >= workspace_entries(T, k, batch=B)) int32 tensor on
+    ``device``."""
+    from ..kernels.topk import workspace_entries
+
+    need = workspace_entries(T, k, interpreter=interpreter, batch=B)
+    if not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.int32:
+        raise TypeError("workspace: expected an int32 torch.Tensor")
+    if workspace.dim() != 2 or workspace.shape[0] != B or workspace.shape[1] < need \
+            or not workspace.is_contiguous() or workspace.device != device:
+        raise ValueError(f"workspace: expected a contiguous (B={B}, >= {need}) int32 tensor on "
+                         f"{device}, got {tuple(workspace.shape)} on {workspace.device}")
+
+
+def check_k(k) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k: expected an int >= 1, got {k!r}")
+
+
 def topk_indices(scores: torch.Tensor, k: int, *, out: torch.Tensor | None = None,
-                 workspace: torch.Tensor | None = None) -> torch.Tensor:
+                 workspace: torch.Tensor | None = None, tile_maxima: bool = False) -> torch.Tensor:
     """scores: (B, T) float32, contiguous; k >= 1 -> (B, min(k, T)) int32 (written into ``out`` if given:
     an int32 contiguous tensor of that shape on the scores' device). ``workspace``: optional
     (B, >= workspace_entries(T, k)) int32 contiguous scratch, zeroed once before first use (Triton path
-    only)."""
+    only). ``tile_maxima``: the indexer kernel wrote this call's per-tile maxima into ``workspace``
+    (``megamoe.kvcache.ops.indexer_topk``; Triton path only)."""
     if not isinstance(scores, torch.Tensor):
         raise TypeError(f"scores: expected a torch.Tensor, got {type(scores).__name__}")
     if scores.dtype != torch.float32:
@@ -34,8 +55,7 @@ def topk_indices(scores: torch.Tensor, k: int, *, out: torch.Tensor | None = Non
         raise ValueError(f"scores: expected a 2-D (B, T) tensor, got shape {tuple(scores.shape)}")
     if not scores.is_contiguous():
         raise ValueError("scores: expected a contiguous tensor")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k: expected an int >= 1, got {k!r}")
+    check_k(k)
     B, T = scores.shape
     K = min(k, T)
     if out is None:
@@ -54,18 +74,14 @@ def topk_indices(scores: torch.Tensor, k: int, *, out: torch.Tensor | None = Non
     if B == 0 or K == 0:
         return out
     if use_triton(scores):
-        from ..kernels.topk import launch_topk, workspace_entries
+        from ..kernels.topk import launch_topk
 
         interp = interpreter_enabled() and not scores.is_cuda
         if workspace is not None:
-            need = workspace_entries(T, k, interpreter=interp)
-            if not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.int32:
-                raise TypeError("workspace: expected an int32 torch.Tensor")
-            if workspace.dim() != 2 or workspace.shape[0] != B or workspace.shape[1] < need \
-                    or not workspace.is_contiguous() or workspace.device != scores.device:
-                raise ValueError(f"workspace: expected a contiguous (B={B}, >= {need}) int32 tensor on "
-                                 f"{scores.device}, got {tuple(workspace.shape)} on {workspace.device}")
-        launch_topk(scores, out, workspace, interpreter=interp)
+            check_workspace(workspace, B, T, k, scores.device, interp)
+        elif tile_maxima:
+            raise ValueError("tile_maxima: needs the workspace the indexer kernel wrote them into")
+        launch_topk(scores, out, workspace, interpreter=interp, tile_maxima=tile_maxima)
         return out
     out.copy_(_ref.topk_indices(scores, k))
     return out

@@ -187,9 +187,12 @@ def test_split_programs_choice():
     assert kt.split_programs(1, 32768, 512) == 64
     assert kt.split_programs(8, 32768, 512) == 16
     assert kt.split_programs(128, 32768, 512) == 1
-    assert kt.split_programs(1, 1024, 512) == 2
+    assert kt.split_programs(1, 1024, 512) == 1 and kt.plan_for(1, 1024, 512).path == "sort"  # v3: T <= 2048
+    assert kt.plan_for(128, 1024, 512).path == "sort" and kt.plan_for(128, 8192, 512).path == "row"
     assert kt.split_programs(1, 512, 512) == 1
     assert kt.workspace_entries(32768, 512) >= kt.workspace_entries(32768, 512, programs=1)
+    assert kt.workspace_entries(32768, 512) >= kt.workspace_entries(32768, 512, batch=1)
+    assert kt.workspace_entries(1024, 512, batch=1) == 0  # the sort path needs no scratch
 
 
 # ---------------------------------------------------------------- sm_90 offline compile
@@ -199,15 +202,18 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from megamoe.kernels import topk as kt
-K, all_entries = int(sys.argv[1]), sys.argv[2] == "1"
+K, sort_n, fin = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 cfg = kt.CONFIG["gpu"]
 k_p2 = max(16, triton.next_power_of_2(K))
 sig = dict(scores_ptr="*fp32", out_ptr="*i32", scratch_ptr="*i32", T="i32", scratch_stride="i32",
-           K="constexpr", K_P2="constexpr", CAP="constexpr", CHUNK="constexpr", ALL="constexpr")
-consts = dict(K=K, K_P2=k_p2, CAP=max(cfg["cap"], k_p2), CHUNK=cfg["chunk"], ALL=all_entries)
+           K="constexpr", K_P2="constexpr", CAP="constexpr", CHUNK="constexpr", SORT_N="constexpr",
+           NB="constexpr", FIN="constexpr")
+consts = dict(K=K, K_P2=k_p2, CAP=max(cfg["cap"], k_p2), CHUNK=cfg["chunk"], SORT_N=sort_n, NB=256,
+              FIN=fin * k_p2)
+nw = int(sys.argv[4])
 src = ASTSource(kt._topk_kernel, signature=sig, constexprs=consts,
                 attrs={(i,): [["tt.divisibility", 16]] for i in range(5)})
-c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
+c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
 ptx = c.asm["ptx"]
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 with tempfile.TemporaryDirectory() as d:
@@ -221,16 +227,19 @@ print(json.dumps(dict(regs=int(re.search(r"Used (\\d+) registers", info).group(1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("K,all_entries", [(1024, False), (1000, True)])
-def test_sm90_compile_no_spills(K, all_entries):
-    """The default GPU configuration compiles for sm_90 (Triton's bundled ptxas, no GPU; a subprocess
-    without the interpreter) without register spills, and the scratch re-reads go through L2."""
+@pytest.mark.parametrize("K,sort_n,fin,warps", [(1024, 0, 0, 16), (1024, 0, 2, 16), (512, 1024, 0, 8),
+                                                (1000, 1024, 0, 16), (512, 2048, 0, 8)])
+def test_sm90_compile_no_spills(K, sort_n, fin, warps):
+    """The GPU configurations (the "row" kernel with / without the one-sort finish, the "sort" path of
+    short rows) compile for sm_90 (Triton's bundled ptxas, no GPU; a subprocess without the interpreter)
+    without register spills, and the scratch re-reads go through L2."""
+    all_entries = sort_n > 0
     import json
     import sys
 
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", _COMPILE, str(K), "1" if all_entries else "0"], cwd=root,
+    res = subprocess.run([sys.executable, "-c", _COMPILE, str(K), str(sort_n), str(fin), str(warps)], cwd=root,
                          env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     info = json.loads(res.stdout.strip().splitlines()[-1])
@@ -247,38 +256,45 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from megamoe.kernels import topk as kt
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-types = dict(scores_ptr="*fp32", out_ptr="*i32", ws_ptr="*i32", T="i32", ws_stride="i32", SPAN="i32")
+types = dict(scores_ptr="*fp32", out_ptr="*i32", ws_ptr="*i32", T="i32", ws_stride="i32", SPAN="i32", P="i32",
+             NMAX="i32", MREG="i32")
 cfg = kt.SPLIT["gpu"]
+K, nw = int(sys.argv[1]), int(sys.argv[2])
 res = {}
-for kern, consts in ((kt._split_max_kernel, dict(P=64, CHUNK=cfg["chunk"])),
-                     (kt._split_hist_kernel, dict(K=512, K_P2=512, CAP=2048, CHUNK=cfg["chunk"], P=64, P_P2=64,
-                                                  ROW_CHUNK=kt.CONFIG["gpu"]["chunk"])),
-                     (kt._split_select_kernel, dict(K=512, K_P2=512, CAP=2048, CHUNK=cfg["chunk"], P=64, P_P2=64))):
+for kern, consts in ((kt._split_max_kernel, dict(CHUNK=cfg["chunk"])),
+                     (kt._split_hist_kernel, dict(K=K, K_P2=K, CAP=2048, CHUNK=cfg["chunk"], P_P2=64,
+                                                  ROW_CHUNK=kt.CONFIG["gpu"]["chunk"], NB=256, FIN=2 * K, MCH=256)),
+                     (kt._split_select_kernel, dict(K=K, K_P2=K, CAP=2048, CHUNK=cfg["chunk"], P_P2=64, NB=256,
+                                                    FIN=2 * K))):
     sig = {n: ("constexpr" if n in consts else types[n]) for n in kern.arg_names}
     c = {(kern.arg_names.index(n),): v for n, v in consts.items()}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names) if n.endswith("_ptr")}
     k = triton.compile(ASTSource(kern, sig, constexprs=c, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": cfg["num_warps"]})
+                       options={"num_warps": nw})
     with tempfile.TemporaryDirectory() as d:
         open(os.path.join(d, "k.ptx"), "w").write(k.asm["ptx"])
         info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"), "-o",
                                os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True).stderr
     res[kern.fn.__name__] = dict(regs=int(re.search(r"Used (\\d+) registers", info).group(1)),
                                  spills=int(re.search(r"(\\d+) bytes spill stores", info).group(1)),
-                                 atom=k.asm["ptx"].count("atom."))
+                                 atom=k.asm["ptx"].count("atom."), sass_lines=len(k.asm.get("sass", "") or ""))
 print(json.dumps(res))
 """
 
 
 @pytest.mark.slow
-def test_sm90_compile_split_kernels():
-    """The split-path kernels compile for sm_90 without spills (k = 512) and merge through atomics."""
+@pytest.mark.parametrize("K", [512, 1024])
+def test_sm90_compile_split_kernels(K):
+    nw = kt.split_warps(K)
+    """The split-path kernels (256 bins, one-sort finish) compile for sm_90 without spills and merge
+    through atomics."""
     import json
     import sys
 
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", _COMPILE_SPLIT], cwd=root, env=env, capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", _COMPILE_SPLIT, str(K), str(nw)], cwd=root, env=env, capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     info = json.loads(res.stdout.strip().splitlines()[-1])
     assert all(v["spills"] == 0 for v in info.values()), info
@@ -352,3 +368,92 @@ def test_cuda_graph_replay_and_sync_free(T):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, select_topk(scores, k))
+
+
+# ---------------------------------------------------------------- v3: sort path, one-sort finish, bins, tile maxima
+def _edge_rows(B, T, device):
+    """Random rows with heavy ties, -inf (fewer than k finite), NaN and signed zeros mixed in."""
+    scores = torch.randn((B, T), device=device) * 10
+    scores[0] = torch.randint(0, 3, (T,), device=device).float()
+    if B > 1:
+        scores[1, T // 3:] = float("-inf")
+        scores[1, ::5] = float("nan")
+    if B > 2:
+        scores[2, ::2] = -0.0
+        scores[2, 1::2] = 0.0
+        scores[2, 7 % T] = float("inf")
+    return scores
+
+
+@pytest.mark.parametrize("T,k", [(17, 16), (100, 1), (129, 64), (130, 130), (64, 100)])
+def test_sort_path_exact(device, T, k):
+    """Whole row sorted by one program (T < k, T == k, T just above k, T not a power of two)."""
+    scores = _edge_rows(3, T, device)
+    out = torch.full((3, min(k, T)), 77, dtype=torch.int32, device=device)
+    kt.launch_topk(scores, out, interpreter=INTERP, path="sort")
+    assert torch.equal(out, select_topk(scores, k))
+
+
+@pytest.mark.parametrize("fin,bins", [(0, 128), (2, 256), (1, 128)])
+def test_row_path_finish_and_bins(device, fin, bins):
+    """v1 row path with the D steps (fin 0), the one-sort finish (fin 2), 4 or 8 buckets per octave."""
+    T, k = 600, 40
+    scores = _edge_rows(3, T, device)
+    _check(scores, k, programs=1, fin=fin, bins=bins)
+    _check(torch.sort(torch.randn((2, T), device=device), dim=1).values, k, programs=1, fin=fin, bins=bins)
+
+
+@pytest.mark.parametrize("fin", [0, 2])
+@pytest.mark.parametrize("bins", [128, 256])
+def test_split_finish_paths_taken(device, fin, bins):
+    """Split rows: the diagnostics header says which finish ran; both give the reference's answer."""
+    T, k = 700, 40
+    scores = torch.randn((2, T), device=device) * 10
+    scores[1, 300:] = float("-inf")
+    ws = _check_split(scores, k, programs=3, fin=fin, bins=bins)
+    assert ws[:, 6].tolist() == [1 if fin else 0] * 2
+    assert (ws[:, 5] >= 1).all()  # entries in bucket b*
+    # many ties in b*: more than fin * K_P2 sure + candidates -> the D steps even with fin > 0
+    ties = torch.full((2, T), 3.0, device=device)
+    ties[:, ::9] = 5.0
+    ws = _check_split(ties, k, programs=3, fin=1, bins=bins)
+    assert ws[:, 6].tolist() == [0, 0]
+
+
+def test_split_tile_maxima(device):
+    """S1 skipped: the row maximum from tile maxima already in the workspace (as the indexer writes them)."""
+    B, T, k = 2, 500, 30
+    blk = kt._tile_block(INTERP)
+    scores = _edge_rows(B, T, device)
+    scores[0] = torch.sort(torch.randn((T,), device=device)).values  # maximum in the last tile
+    ws = torch.zeros((B, kt.workspace_entries(T, k, interpreter=INTERP, programs=4)), dtype=torch.int32,
+                     device=device)
+    bits = (scores + 0.0).view(torch.int32)
+    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    nt = triton_cdiv(T, blk)
+    padded = torch.full((B, nt * blk), -2**31, dtype=torch.int32, device=device)
+    padded[:, :T] = keys
+    off = kt.tile_maxima_offset()
+    ws[:, off:off + nt] = padded.view(B, nt, blk).amax(-1)
+    out = torch.empty((B, k), dtype=torch.int32, device=device)
+    kt.launch_topk(scores, out, ws, interpreter=INTERP, programs=4, tile_maxima=True)
+    assert torch.equal(out, select_topk(scores, k))
+    assert torch.equal(ws[:, 4], keys.amax(1))  # the reference key the split path used: the row maximum
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+def test_plan_table_and_overrides():
+    """The plan is a shape-only host choice; an explicit table replaces the default one."""
+    table = ((1, 4096, (512,), kt.Plan("split", programs=8, warps=8, fin=0, bins=128)),
+             (None, None, None, kt.Plan("row")))
+    assert kt.plan_for(1, 4096, 512, table=table) == kt.Plan("split", 8, 8, 0, 128)
+    assert kt.plan_for(2, 4096, 512, table=table).path == "row"
+    assert kt.plan_for(1, 4096, 1024, table=table).path == "row"
+    assert kt.plan_for(1, 4096, 4096, table=table).path == "sort"  # K == T: always the sort path
+    p = kt.resolve_plan(1, 32768, 512, None, programs=1, fin=0, bins=128)
+    assert p.path == "row" and p.fin == 0 and p.bins == 128
+    with pytest.raises(ValueError, match="bins"):
+        kt.resolve_plan(1, 32768, 512, None, bins=64)

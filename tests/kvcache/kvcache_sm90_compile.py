@@ -64,13 +64,14 @@ def main():
         report[f"gather_cols{cols}"] = ptxas_usage(k)
     index_types = dict(q_ptr="*bf16", weights_ptr="*fp32", slots_ptr="*i32", n_entries_ptr="*i32",
                        block_table_ptr="*i32", key_data_ptr="*u8", key_scale_ptr="*u8", scores_ptr="*fp32",
-                       max_entries="i32", num_slots="i32", max_lb="i32", num_pages="i32")
-    for official in (True, False):
+                       max_entries="i32", num_slots="i32", max_lb="i32", num_pages="i32", tile_max_ptr="*i32",
+                       tile_max_stride="i32")
+    for official, emit_max in ((True, False), (False, False), (True, True)):
         k = compile_sm90(indexer._indexer_scores_kernel, index_types, dict(
             H=64, KEY_DIM=128, EPB=64, BLOCK=indexer.BLOCK_T["gpu"], INTERPRET=False, OFFICIAL=official,
-            TILES=indexer.MAX_TILES),
+            TILES=indexer.MAX_TILES, EMIT_MAX=emit_max),
             num_warps=8)
-        report[f"indexer_{'official' if official else 'nvfp4'}"] = ptxas_usage(k)
+        report[f"indexer_{'official' if official else 'nvfp4'}{'_tile_max' if emit_max else ''}"] = ptxas_usage(k)
     compress_types = dict(kv_ptr="*fp32", score_ptr="*fp32", slots_ptr="*i32", positions_ptr="*i32",
                           active_ptr="*i8", tail_k_ptr="*fp32", tail_z_ptr="*fp32", tail_kb_ptr="*fp32",
                           tail_zb_ptr="*fp32", tail_len_ptr="*i32", pooled_ptr="*fp32", flush_ptr="*i8",

@@ -8,8 +8,9 @@
 #   memcheck  : one or more CUDA tests of every kernel family: the NVFP4 GEMMs (Triton tensor-core, CUDA-core
 #               gemv, Gluon mma/wgmma, split-K), the device index guard tests (tests/ops/test_errors.py: row_index,
 #               inv_perm, topk_ids out of range on every GEMM route), sparse attention (incl. out-of-range indices),
-#               top-k, V4 elementwise, quantize, sampling, hyper-connection, hash routing, the kv-cache kernels
-#               (through the attention decode simulation) and the MoE layer (graph + eager).
+#               top-k (split path, fused with the indexer scores), V4 elementwise, quantize, sampling,
+#               hyper-connection, hash routing, the kv-cache kernels (through one V4-Flash CSA attention layer:
+#               compressor, flush, indexer, top-k, sparse attention) and the MoE layer (graph + eager).
 #   racecheck : the shared-memory users (Gluon wgmma / mma GEMM, sparse attention, top-k).
 #   synccheck : the same subset (barriers).
 # Allocator: the caching allocator hides out-of-bounds accesses that land inside its pooled blocks, and
@@ -49,7 +50,8 @@ MEMCHECK_TESTS=(
   "tests/ops/test_sampling.py::test_cuda_graph_replay_equals_eager_and_sync_free[False]"
   "tests/ops/test_hyper_connection.py::test_hc_pre_fused_matches_reference_cuda"
   "tests/ops/test_moe_hash_routing.py::test_cuda_hash_route_sync_free_and_graph"
-  "tests/layers/test_attention_simulation.py::test_attention_decode_simulation_cuda[2-0]"
+  "tests/layers/test_attention_layer.py::test_fused_layer_equals_formulas_cuda_v4_flash[2]"
+  "tests/kvcache/test_indexer_topk.py::test_cuda_indexer_topk_graph_and_sync_free[1-32768-1024]"
   "tests/layers/test_moe_layer.py::test_cuda_graph_and_no_host_syncs[2-w4a16]"
 )
 SUBSET_TESTS=(

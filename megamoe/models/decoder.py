@@ -14,7 +14,6 @@ from ..layers.attention import Nvfp4Attention
 from ..layers.moe import Nvfp4MoE
 from ..ops import hyper_connection as hc_ops
 from ..ops._dispatch import resolve_device
-from ..reference import v4_numerics as nx
 from .config import V4Config
 
 #: Hyper-connection parameters of a layer (official ``Block.__init__``), fp32.
@@ -113,28 +112,26 @@ class V4DecoderLayer:
         self._loaded = True
 
     def _hc(self, kind: str, h: torch.Tensor):
+        """hc_pre of ``kind`` fused with its RMSNorm (``attn_norm`` / ``ffn_norm``): -> (normed x, post, comb)."""
         cfg = self.cfg
         return hc_ops.hc_pre(h, getattr(self, f"hc_{kind}_fn"), getattr(self, f"hc_{kind}_scale"),
-                         getattr(self, f"hc_{kind}_base"), hc=cfg.hc_mult, iters=cfg.hc_sinkhorn_iters,
-                         hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps)
+                             getattr(self, f"hc_{kind}_base"), hc=cfg.hc_mult, iters=cfg.hc_sinkhorn_iters,
+                             hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps, norm_weight=getattr(self, f"{kind}_norm"))
 
     def forward(self, h: torch.Tensor, attend, token_ids: torch.Tensor, timer=None) -> torch.Tensor:
         """h (T, hc, dim) bf16; attend(x (T, dim)) -> (T, dim) runs the attention block (decode or prefill);
         token_ids (T,) int64 (hash routing). ``timer`` (optional) marks "attention" / "moe" phases."""
-        eps = self.cfg.norm_eps
         x, post, comb = self._hc("attn", h)
-        x = nx.rms_norm(x, self.attn_norm, eps)
         if timer is not None:
             timer("other")
         x = attend(x)
         if timer is not None:
             timer("attention")
-        h = nx.hc_post(x, h, post, comb)
+        h = hc_ops.hc_post(x, h, post, comb)
         x, post, comb = self._hc("ffn", h)
-        x = nx.rms_norm(x, self.ffn_norm, eps)
         if timer is not None:
             timer("other")
         y = self.moe.forward(x, token_ids=token_ids) if self.hashed else self.moe.forward(x)
         if timer is not None:
             timer("moe")
-        return nx.hc_post(y, h, post, comb)
+        return hc_ops.hc_post(y, h, post, comb)

@@ -23,9 +23,9 @@ import torch
 
 from ..kvcache import DecodeBatch
 from ..ops import errors
+from ..ops import hyper_connection as hc_ops
 from ..ops._dispatch import resolve_device
 from ..ops.sampling import SamplingParams, sample
-from ..reference import v4_numerics as nx
 from .config import V4Config
 from .decoder import V4DecoderLayer
 
@@ -93,9 +93,8 @@ class V4Model:
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        x = nx.hc_head(h, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, hc_eps=cfg.hc_eps,
-                       norm_eps=cfg.norm_eps)
-        x = nx.rms_norm(x, self.norm, cfg.norm_eps)
+        x = hc_ops.hc_head(h, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, hc_eps=cfg.hc_eps,
+                           norm_eps=cfg.norm_eps, norm_weight=self.norm)  # hc_head + final norm, fused
         return (x.to(self.head_dtype) @ self.head.t()).float()
 
     # ------------------------------------------------------------------ host side

@@ -1,6 +1,12 @@
-"""Hyper-connections of DeepSeek-V4 (validation and dispatch): the Sinkhorn mixing weights run as one Triton
-kernel on CUDA (``megamoe.kernels.hyper_connection``), the PyTorch formula of
-``megamoe.reference.v4_numerics`` elsewhere."""
+"""Hyper-connections of DeepSeek-V4 (validation and dispatch).
+
+On CUDA (or the Triton interpreter) the kernels of ``megamoe.kernels.hyper_connection`` run: ``hc_pre`` fused
+with the following RMSNorm (2 launches), ``hc_post`` (1 launch), ``hc_head`` fused with the final norm (2
+launches). Elsewhere the PyTorch formulas of ``megamoe.reference.v4_numerics`` run, unchanged. The kernels'
+outputs equal the formulas' except where a float32 summation order flips a rounding (the module docstring of
+``megamoe.kernels.hyper_connection`` states the bound). All ops are sync-free and CUDA-graph capturable; they
+allocate their outputs (and a small float32 workspace) per call.
+"""
 from __future__ import annotations
 
 import torch
@@ -15,17 +21,11 @@ def hc_split_sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torc
     :func:`megamoe.reference.v4_numerics.hc_split_sinkhorn`)."""
     if not isinstance(mixes, torch.Tensor) or mixes.dtype != torch.float32 or mixes.dim() != 2:
         raise TypeError(f"mixes: expected a 2-D float32 tensor, got {getattr(mixes, 'dtype', type(mixes))}")
-    if not isinstance(hc, int) or hc < 1 or hc & (hc - 1):
-        raise ValueError(f"hc: expected a power of two, got {hc!r}")
+    _check_hc(hc)
     if mixes.shape[1] != (2 + hc) * hc:
         raise ValueError(f"mixes: expected {(2 + hc) * hc} columns for hc={hc}, got {mixes.shape[1]}")
-    for name, t, n in (("hc_scale", hc_scale, 3), ("hc_base", hc_base, (2 + hc) * hc)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != (n,):
-            raise ValueError(f"{name}: expected a ({n},) float32 tensor")
-        if t.device != mixes.device:
-            raise ValueError(f"{name}: expected device {mixes.device}, got {t.device}")
-    if not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters: expected a positive int, got {iters!r}")
+    _check_params(mixes.device, ("hc_scale", hc_scale, (3,)), ("hc_base", hc_base, ((2 + hc) * hc,)))
+    _check_iters(iters)
     if use_triton(mixes):
         from ..kernels.hyper_connection import launch_hc_split_sinkhorn
 
@@ -35,9 +35,117 @@ def hc_split_sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torc
 
 
 def hc_pre(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, *, hc: int,
-           iters: int, hc_eps: float, norm_eps: float):
-    """``Block.hc_pre`` with the fused Sinkhorn: x (T, hc, D) -> (y (T, D) x.dtype, post (T, hc), comb (T, hc, hc))."""
-    mixes = nx.hc_mixes(x, hc_fn, norm_eps)
-    pre, post, comb = hc_split_sinkhorn(mixes, hc_scale, hc_base, hc=hc, iters=iters, eps=hc_eps)
-    y = (pre.unsqueeze(-1) * x.float()).sum(-2)
-    return y.to(x.dtype), post, comb
+           iters: int, hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None,
+           rms_eps: float | None = None):
+    """``Block.hc_pre``, optionally fused with the RMSNorm that follows it (``attn_norm`` / ``ffn_norm``).
+
+    x (T, hc, D) bf16; hc_fn ((2+hc)*hc, hc*D), hc_scale (3,), hc_base ((2+hc)*hc,) float32; norm_weight (D,)
+    float32 or None; rms_eps: the norm's eps (default ``norm_eps``, as in the official model).
+    -> (y (T, D) bf16, post (T, hc) float32, comb (T, hc, hc) float32): ``y = bf16(sum_k pre_k x_k)``, then, with
+    a weight, ``rms_norm(y, norm_weight, rms_eps)`` (the official rounding points: the bf16 ``y`` is normed).
+    """
+    T, D = _check_x(x, hc)
+    _check_iters(iters)
+    _check_params(x.device, ("hc_fn", hc_fn, ((2 + hc) * hc, hc * D)), ("hc_scale", hc_scale, (3,)),
+                  ("hc_base", hc_base, ((2 + hc) * hc,)))
+    _check_weight(norm_weight, x.device, D)
+    rms_eps = norm_eps if rms_eps is None else rms_eps
+    if use_triton(x):
+        from ..kernels.hyper_connection import launch_hc_pre
+
+        y, _, post, comb = launch_hc_pre(x.contiguous(), hc_fn.contiguous(), hc_scale.contiguous(),
+                                         hc_base.contiguous(), _contig(norm_weight), iters=iters,
+                                         hc_eps=float(hc_eps), norm_eps=float(norm_eps), rms_eps=float(rms_eps))
+        return y, post, comb
+    y, post, comb = nx.hc_pre(x, hc_fn, hc_scale, hc_base, hc=hc, iters=iters, hc_eps=hc_eps, norm_eps=norm_eps)
+    if norm_weight is not None:
+        y = nx.rms_norm(y, norm_weight, rms_eps)
+    return y, post, comb
+
+
+def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """``Block.hc_post``: y (T, D) bf16, residual (T, hc, D) bf16, post (T, hc), comb (T, hc, hc) float32 ->
+    (T, hc, D) bf16, ``post[k] * y + sum_j comb[j, k] * residual[j]`` in float32, rounded once."""
+    if not isinstance(residual, torch.Tensor) or residual.dim() != 3:
+        raise TypeError(f"residual: expected a (T, hc, D) tensor, got {getattr(residual, 'shape', type(residual))}")
+    T, hc, D = residual.shape
+    _check_hc(hc, "residual")
+    if residual.dtype != torch.bfloat16:
+        raise TypeError(f"residual: expected bfloat16, got {residual.dtype}")
+    if not isinstance(y, torch.Tensor) or y.dtype != torch.bfloat16:
+        raise TypeError(f"y: expected a bfloat16 tensor, got {getattr(y, 'dtype', type(y))}")
+    if tuple(y.shape) != (T, D):
+        raise ValueError(f"y: expected shape {(T, D)} (residual is {tuple(residual.shape)}), got {tuple(y.shape)}")
+    _check_params(residual.device, ("y", y, (T, D)), ("post", post, (T, hc)), ("comb", comb, (T, hc, hc)),
+                  dtypes={"y": torch.bfloat16})
+    if use_triton(residual):
+        from ..kernels.hyper_connection import launch_hc_post
+
+        return launch_hc_post(y.contiguous(), residual.contiguous(), post.contiguous(), comb.contiguous())
+    return nx.hc_post(y, residual, post, comb)
+
+
+def hc_head(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, *, hc_eps: float,
+            norm_eps: float, norm_weight: torch.Tensor | None = None, rms_eps: float | None = None) -> torch.Tensor:
+    """``ParallelHead.hc_head``, optionally fused with the final ``norm``: x (T, hc, D) bf16, hc_fn (hc, hc*D),
+    hc_scale (1,), hc_base (hc,) float32, norm_weight (D,) float32 or None -> (T, D) bf16
+    (``bf16(sum_k pre_k x_k)`` with ``pre = sigmoid(mix * scale + base) + hc_eps``, then the RMSNorm)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise TypeError(f"x: expected a (T, hc, D) tensor, got {getattr(x, 'shape', type(x))}")
+    hc = x.shape[1]
+    T, D = _check_x(x, hc)
+    _check_params(x.device, ("hc_fn", hc_fn, (hc, hc * D)), ("hc_scale", hc_scale, (1,)), ("hc_base", hc_base, (hc,)))
+    _check_weight(norm_weight, x.device, D)
+    rms_eps = norm_eps if rms_eps is None else rms_eps
+    if use_triton(x):
+        from ..kernels.hyper_connection import launch_hc_pre
+
+        return launch_hc_pre(x.contiguous(), hc_fn.contiguous(), hc_scale.contiguous(), hc_base.contiguous(),
+                             _contig(norm_weight), iters=1, hc_eps=float(hc_eps), norm_eps=float(norm_eps),
+                             rms_eps=float(rms_eps), head=True)[0]
+    y = nx.hc_head(x, hc_fn, hc_scale, hc_base, hc_eps=hc_eps, norm_eps=norm_eps)
+    return y if norm_weight is None else nx.rms_norm(y, norm_weight, rms_eps)
+
+
+# ------------------------------------------------------------------------------------------------ validation
+def _contig(t):
+    return None if t is None else t.contiguous()
+
+
+def _check_hc(hc, name="hc"):
+    if not isinstance(hc, int) or hc < 1 or hc & (hc - 1):
+        raise ValueError(f"{name}: expected hc a power of two, got {hc!r}")
+
+
+def _check_iters(iters):
+    if not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters: expected a positive int, got {iters!r}")
+
+
+def _check_x(x, hc):
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise TypeError(f"x: expected a (T, hc, D) tensor, got {getattr(x, 'shape', type(x))}")
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"x: expected bfloat16, got {x.dtype}")
+    _check_hc(hc)
+    if x.shape[1] != hc:
+        raise ValueError(f"x: expected {hc} hyper-connection copies (dim 1) for hc={hc}, got {tuple(x.shape)}")
+    if x.shape[2] < 1:
+        raise ValueError(f"x: expected a non-empty hidden dim, got {tuple(x.shape)}")
+    return x.shape[0], x.shape[2]
+
+
+def _check_params(device, *specs, dtypes=None):
+    for name, t, shape in specs:
+        want = (dtypes or {}).get(name, torch.float32)
+        if not isinstance(t, torch.Tensor) or t.dtype != want:
+            raise TypeError(f"{name}: expected a {want} tensor, got {getattr(t, 'dtype', type(t))}")
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{name}: expected device {device}, got {t.device}")
+
+
+def _check_weight(w, device, D):
+    if w is not None:
+        _check_params(device, ("norm_weight", w, (D,)))

@@ -1,0 +1,277 @@
+"""Fused hyper-connection kernels (hc_pre + RMSNorm, hc_post, hc_head + norm) against the PyTorch formulas.
+
+Exactness statement (``megamoe.kernels.hyper_connection``): the mixes GEMV and the sums of squares are float32 sums
+in another order, so
+
+* pre / post / comb are within 2e-6 (absolute; they are O(1)) of the reference;
+* ``y = bf16(sum_k pre_k x_k)`` (no norm) is within 1 bf16 ulp of the reference, on <= 1e-3 of the elements
+  (measured ~1e-4 at V4-Flash dims), and bit-exact given the kernel's own pre (same float32 operation order, no
+  FMA contraction);
+* the fused RMSNorm is within 1 bf16 ulp of ``rms_norm`` of the kernel's own bf16 ``y``, on <= 1e-3 of the elements
+  (only its sum of squares has another order); against the whole reference chain an output is within 2 ulps (an
+  element whose ``y`` flipped moves by one ulp before the norm's rounding), and a flipped ``y`` element shifts the
+  norm factor by ~2**-8 / D relative, which flips ~1 % of a small-D row (~1e-4 at D = 4096): <= 2e-2 tested;
+* ``hc_post`` is bit-exact.
+Fractions allow at least 3 differing elements (the tests' rows are small).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megamoe.kernels.hyper_connection import launch_hc_post, launch_hc_pre
+from megamoe.ops import hyper_connection as hc_ops
+from megamoe.reference import v4_numerics as nx
+
+HC, ITERS, EPS = 4, 20, 1e-6
+FLIP_FRACTION = 1e-3
+MIX_ATOL = 2e-6
+
+
+def _ordinal(t):
+    b = t.contiguous().view(torch.int16).to(torch.int32)
+    return torch.where(b < 0, -(b & 0x7FFF), b)
+
+
+def assert_bf16_close(got, want, fraction=FLIP_FRACTION, max_ulps=1):
+    """Equal except <= ``max_ulps`` bf16 ulps on <= ``fraction`` of the elements (at least 3 allowed); NaN where the
+    reference is NaN."""
+    got, want = got.cpu(), want.cpu()
+    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    ulps = (_ordinal(got[~nan]) - _ordinal(want[~nan])).abs()
+    if ulps.numel():
+        assert int(ulps.max()) <= max_ulps, f"max {int(ulps.max())} ulps"
+        assert int((ulps > 0).sum()) <= max(3, fraction * ulps.numel()), f"{int((ulps > 0).sum())} of {ulps.numel()}"
+
+
+CHAIN = dict(fraction=2e-2, max_ulps=2)
+
+
+def make(T, D, device, *, head=False):
+    M = HC if head else (2 + HC) * HC
+    K = HC * D
+    x = torch.randn(T, HC, D, device=device).to(torch.bfloat16)
+    fn = torch.randn(M, K, device=device) * K ** -0.5 * 2
+    scale = torch.rand(1 if head else 3, device=device) + 0.5
+    base = torch.randn(M, device=device)
+    w = torch.rand(D, device=device) + 0.5
+    return x, fn, scale, base, w
+
+
+def reference_pre(x, fn, scale, base, w):
+    y, post, comb = nx.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS)
+    return y, nx.rms_norm(y, w, EPS), post, comb
+
+
+@pytest.mark.parametrize("T,D", [(0, 128), (1, 128), (3, 256), (17, 128), (5, 200)])
+def test_hc_pre_fused_norm_matches_reference(device, T, D):
+    x, fn, scale, base, w = make(T, D, device)
+    y, post, comb = hc_ops.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
+    ry, rn, rpost, rcomb = reference_pre(x.cpu(), fn.cpu(), scale.cpu(), base.cpu(), w.cpu())
+    assert y.shape == (T, D) and post.shape == (T, HC) and comb.shape == (T, HC, HC)
+    torch.testing.assert_close(post.cpu(), rpost, rtol=0, atol=MIX_ATOL)
+    torch.testing.assert_close(comb.cpu(), rcomb, rtol=0, atol=MIX_ATOL)
+    assert_bf16_close(y, rn, **CHAIN)
+    plain = hc_ops.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS)[0]
+    assert_bf16_close(plain, ry)
+    assert_bf16_close(y, nx.rms_norm(plain.cpu(), w.cpu(), EPS))
+    if T:  # a wrong rounding point (norm of the float32 y, or no norm) fails against these
+        assert not torch.equal(y.cpu(), ry)
+
+
+@pytest.mark.parametrize("T,D", [(1, 256), (17, 128), (4, 200)])
+def test_hc_pre_exact_given_kernel_weights(device, T, D):
+    """y is the reference's bf16(sum_k pre_k x_k) bit for bit given the kernel's pre; the norm is <= 1 ulp."""
+    x, fn, scale, base, w = make(T, D, device)
+    y, pre, post, comb = launch_hc_pre(x, fn, scale, base, None, iters=ITERS, hc_eps=EPS, norm_eps=EPS, rms_eps=EPS)
+    want = (pre.unsqueeze(-1) * x.float()).sum(-2).to(torch.bfloat16)
+    assert torch.equal(y, want)
+    yn = launch_hc_pre(x, fn, scale, base, w, iters=ITERS, hc_eps=EPS, norm_eps=EPS, rms_eps=EPS)[0]
+    assert_bf16_close(yn, nx.rms_norm(y, w, EPS))
+    # comb is doubly stochastic (the last normalisation makes columns sum to 1): a wrong axis fails this
+    assert torch.allclose(comb.sum(-2).cpu(), torch.ones(T, HC), atol=1e-4)
+
+
+@pytest.mark.parametrize("T,D", [(0, 128), (1, 128), (3, 256), (17, 128), (2, 200)])
+def test_hc_post_exact(device, T, D):
+    y = torch.randn(T, D, device=device).to(torch.bfloat16)
+    res = torch.randn(T, HC, D, device=device).to(torch.bfloat16)
+    post = torch.rand(T, HC, device=device) * 2
+    comb = torch.rand(T, HC, HC, device=device)
+    got = hc_ops.hc_post(y, res, post, comb)
+    assert got.shape == (T, HC, D) and got.dtype == torch.bfloat16
+    assert torch.equal(got.cpu(), nx.hc_post(y.cpu(), res.cpu(), post.cpu(), comb.cpu()))
+    if T:  # comb transposed (sum over k instead of j) must not pass
+        assert not torch.equal(got.cpu(), nx.hc_post(y.cpu(), res.cpu(), post.cpu(), comb.transpose(1, 2).cpu()))
+
+
+@pytest.mark.parametrize("T,D", [(0, 128), (1, 128), (3, 256), (17, 200)])
+def test_hc_head_fused_norm_matches_reference(device, T, D):
+    x, fn, scale, base, w = make(T, D, device, head=True)
+    got = hc_ops.hc_head(x, fn, scale, base, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
+    ref = nx.hc_head(x.cpu(), fn.cpu(), scale.cpu(), base.cpu(), hc_eps=EPS, norm_eps=EPS)
+    assert got.shape == (T, D)
+    assert_bf16_close(got, nx.rms_norm(ref, w.cpu(), EPS), **CHAIN)
+    plain = hc_ops.hc_head(x, fn, scale, base, hc_eps=EPS, norm_eps=EPS)
+    assert_bf16_close(plain, ref)
+    assert_bf16_close(got, nx.rms_norm(plain.cpu(), w.cpu(), EPS))
+
+
+def test_non_finite_confined_to_token(device):
+    T, D = 6, 128
+    x, fn, scale, base, w = make(T, D, device)
+    clean = hc_ops.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
+    bad = x.clone()
+    bad[1, 2, 5] = float("nan")
+    bad[3, 0, 7] = float("inf")
+    got = hc_ops.hc_pre(bad, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
+    ref = reference_pre(bad.cpu(), fn.cpu(), scale.cpu(), base.cpu(), w.cpu())
+    ok = [0, 2, 4, 5]
+    for g, c, r in zip(got, clean, (ref[1], ref[2], ref[3])):
+        assert torch.equal(g[ok].cpu(), c[ok].cpu())  # other tokens untouched, bit for bit
+        assert torch.equal(torch.isnan(g.cpu()), torch.isnan(r))  # the bad tokens: NaN as in the reference
+    assert torch.isnan(got[0][1]).all() and torch.isnan(got[0][3]).all()
+    post_in = hc_ops.hc_post(got[0].nan_to_num(), bad, clean[1], clean[2])
+    want = nx.hc_post(got[0].nan_to_num().cpu(), bad.cpu(), clean[1].cpu(), clean[2].cpu())
+    assert torch.equal(post_in.cpu().nan_to_num(), want.nan_to_num()) and torch.equal(post_in.isnan().cpu(), want.isnan())
+    assert torch.equal((~torch.isfinite(post_in.cpu())).flatten(1).any(-1),
+                       torch.tensor([0, 1, 0, 1, 0, 0], dtype=torch.bool))  # Inf / NaN stay in tokens 1 and 3
+
+
+def test_validation_errors():
+    x, fn, scale, base, w = make(2, 64, "cpu")
+    kw = dict(hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS)
+    with pytest.raises(TypeError, match="x"):
+        hc_ops.hc_pre(x.float(), fn, scale, base, **kw)
+    with pytest.raises(ValueError, match="hc_fn"):
+        hc_ops.hc_pre(x, fn[:, :-1], scale, base, **kw)
+    with pytest.raises(TypeError, match="hc_fn"):
+        hc_ops.hc_pre(x, fn.double(), scale, base, **kw)
+    with pytest.raises(ValueError, match="norm_weight"):
+        hc_ops.hc_pre(x, fn, scale, base, norm_weight=w[:-1], **kw)
+    with pytest.raises(ValueError, match="device"):
+        hc_ops.hc_pre(x, fn, scale, base.to("meta"), **kw)
+    with pytest.raises(ValueError, match="copies"):
+        hc_ops.hc_pre(x, fn, scale, base, **{**kw, "hc": 2})
+    with pytest.raises(ValueError, match="hc_scale"):
+        hc_ops.hc_head(x, fn[:HC], scale, base[:HC], hc_eps=EPS, norm_eps=EPS)
+    y = torch.zeros(2, 64, dtype=torch.bfloat16)
+    post, comb = torch.zeros(2, HC), torch.zeros(2, HC, HC)
+    with pytest.raises(ValueError, match="y"):
+        hc_ops.hc_post(y[:1], x, post, comb)
+    with pytest.raises(TypeError, match="residual"):
+        hc_ops.hc_post(y, x.float(), post, comb)
+    with pytest.raises(ValueError, match="comb"):
+        hc_ops.hc_post(y, x, post, comb[:, :2])
+
+
+_COMPILE = r"""
+import json, os, re, subprocess, sys, tempfile, triton
+from megamoe.kernels.hyper_connection import compile_sm90
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+out = {}
+for T, head in ((1, False), (64, False), (512, False), (1, True)):
+    for name, c in compile_sm90(T=T, head=head).items():
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(c.asm["cubin"]); f.flush()
+            u = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        r = {k: int(re.search(rf"{k}:(\d+)", u).group(1)) for k in ("REG", "LOCAL", "STACK")}
+        r["bar"] = c.asm["ptx"].count("bar.sync")
+        r["fma"] = c.asm["ptx"].count("fma.rn")
+        out[f"{T},{head},{name}"] = r
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_sm90_compile_no_spills():
+    import triton
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
+        pytest.skip("cuobjdump not available")
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    res = json.loads(subprocess.run([sys.executable, "-c", _COMPILE], env=env, cwd=root, capture_output=True,
+                                    text=True, check=True, timeout=600).stdout)
+    for key, r in res.items():
+        assert r["LOCAL"] == 0 and r["STACK"] == 0, (key, r)  # no spills
+        assert r["REG"] <= 255, (key, r)
+        if "finish" in key or "post" in key:
+            assert r["fma"] == 0, (key, r)  # enable_fp_fusion=False: products rounded as in the reference
+        if "finish" in key:  # the Sinkhorn's normalisations stay in warp shuffles, not shared-memory round trips
+            assert r["bar"] <= 16, (key, r)
+
+
+# ------------------------------------------------------------------------------------------------ CUDA (H100)
+def _v4(T, head=False):
+    torch.manual_seed(1234 + T)
+    return make(T, 4096, "cuda", head=head)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [1, 8, 64, 512])
+def test_cuda_v4_flash_dims_match_reference(T):
+    x, fn, scale, base, w = _v4(T)
+    y, post, comb = hc_ops.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
+    ry, rn, rpost, rcomb = reference_pre(x, fn, scale, base, w)
+    torch.testing.assert_close(post, rpost, rtol=0, atol=MIX_ATOL)
+    torch.testing.assert_close(comb, rcomb, rtol=0, atol=MIX_ATOL)
+    assert_bf16_close(y, rn, **CHAIN)
+    yk, pre, _, _ = launch_hc_pre(x, fn, scale, base, None, iters=ITERS, hc_eps=EPS, norm_eps=EPS, rms_eps=EPS)
+    seq = pre[:, 0, None] * x[:, 0].float()  # the reference's order, one rounded op at a time
+    for k in range(1, HC):
+        seq = seq + pre[:, k, None] * x[:, k].float()
+    assert torch.equal(yk, seq.to(torch.bfloat16))
+    assert_bf16_close(yk, ry)
+    assert_bf16_close(y, nx.rms_norm(yk, w, EPS))
+    out = hc_ops.hc_post(y, x, post, comb)
+    mixed = comb[:, 0, :, None] * x[:, 0, None, :].float()
+    for j in range(1, HC):
+        mixed = mixed + comb[:, j, :, None] * x[:, j, None, :].float()
+    assert torch.equal(out, (post[..., None] * y.float()[:, None, :] + mixed).to(torch.bfloat16))
+    assert_bf16_close(out, nx.hc_post(y, x, post, comb))
+    xh, fh, sh, bh, _ = _v4(T, head=True)
+    assert_bf16_close(hc_ops.hc_head(xh, fh, sh, bh, hc_eps=EPS, norm_eps=EPS, norm_weight=w),
+                      nx.rms_norm(nx.hc_head(xh, fh, sh, bh, hc_eps=EPS, norm_eps=EPS), w, EPS), **CHAIN)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [1, 64])
+def test_cuda_graph_replay_equals_eager_sync_free_deterministic(T):
+    x, fn, scale, base, w = _v4(T)
+    xh, fh, sh, bh, _ = _v4(T, head=True)
+
+    def step():
+        y, post, comb = hc_ops.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS,
+                                      norm_weight=w)
+        h = hc_ops.hc_post(y, x, post, comb)
+        return y, post, comb, h, hc_ops.hc_head(h, fh, sh, bh, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    again = step()
+    for a, b in zip(eager, again):
+        assert torch.equal(a, b)  # fixed-order partial sums: deterministic
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = step()
+    g.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured):
+        assert torch.equal(a, b)

@@ -117,7 +117,13 @@ def test_hc_head_fused_norm_matches_reference(device, T, D):
     assert got.shape == (T, D)
     assert_bf16_close(got, nx.rms_norm(ref, w.cpu(), EPS), **CHAIN)
     plain = hc_ops.hc_head(x, fn, scale, base, hc_eps=EPS, norm_eps=EPS)
-    assert_bf16_close(plain, ref)
+    # y = sum_k pre_k x_k with pre from float32 mixes summed in another order (~1e-6 relative): one bf16 rounding
+    # of y plus 1e-5 of sum_k |x_k| (a cancelling sum can then move by 2 ulps of its small result)
+    got_f, ref_f = plain.cpu().float(), ref.float()
+    ulp = torch.exp2(torch.floor(torch.log2(ref_f.abs().clamp_min(2.0 ** -126))) - 7)
+    bound = ulp + 1e-5 * x.cpu().float().abs().sum(1)
+    assert ((got_f - ref_f).abs() <= bound).all(), float(((got_f - ref_f).abs() / bound).max())
+    assert int((got_f != ref_f).sum()) <= max(3, 1e-2 * ref_f.numel())
     assert_bf16_close(got, nx.rms_norm(plain.cpu(), w.cpu(), EPS))
 
 

@@ -43,6 +43,12 @@ NO_KERNEL = {
 
 _PKG = os.sep + "megamoe" + os.sep
 
+#: Sites whose ops are CPU-only (left out of the CUDA estimate): a kernel or no op there on CUDA.
+CPU_ONLY = {
+    "reference/kvcache.py:select_topk": "CUDA: the top-k kernel (megamoe.ops.topk)",
+    "ops/errors.py:check_errors": "the eager error-word read (host), not part of a captured step",
+}
+
 
 def _site() -> str | None:
     """Innermost megamoe frame of the current stack (``path/file.py:function``); None inside Triton launches."""
@@ -114,15 +120,18 @@ def main():
     args = ap.parse_args()
     by_site, by_op, cfg = count(args.batch, args.steps)
     total = sum(by_site.values())
+    cuda = sum(v for k, v in by_site.items() if k not in CPU_ONLY)
     kinds = [cfg.layer_kind(i) for i in range(cfg.num_layers)]
     print(f"tiny model ({cfg.num_layers} layers: {', '.join(kinds)}), batch {args.batch}: "
-          f"{total:.0f} kernel-launching PyTorch ops per decode step (Triton launches not counted)\n")
+          f"{total:g} kernel-launching PyTorch ops per decode step on the CPU, {cuda:g} of them also on CUDA "
+          f"(Triton launches not counted; * = CPU only)\n")
     print("| ops/step | site |")
     print("|---|---|")
     for site, n in sorted(by_site.items(), key=lambda kv: (-kv[1], kv[0]))[:args.top]:
         if args.filter not in site:
             continue
-        print(f"| {n:g} | `{site}` |")
+        note = f" * {CPU_ONLY[site]}" if site in CPU_ONLY else ""
+        print(f"| {n:g} | `{site}`{note} |")
         if args.ops:
             ops = sorted(((op, c) for (s, op), c in by_op.items() if s == site), key=lambda kv: -kv[1])
             print("|  | " + ", ".join(f"{op} x{c:g}" for op, c in ops) + " |")

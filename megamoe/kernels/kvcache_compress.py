@@ -16,6 +16,7 @@ _BLOCK_D = {"small_m": 128, "large_m": 32}
 @triton.jit
 def _compress_step_kernel(
     kv_ptr, score_ptr,            # (B, C*D) float32
+    ape_ptr,                      # (M, C*D) float32 added to score at row pos % M (dummy without HAS_APE)
     slots_ptr, positions_ptr,     # (B,) int32
     active_ptr,                   # (B,) int8
     tail_k_ptr, tail_z_ptr,       # (S, M, C*D) float32
@@ -25,7 +26,7 @@ def _compress_step_kernel(
     flush_ptr,                    # (B,) int8
     num_slots,                    # S (rows of the state)
     M: tl.constexpr, D: tl.constexpr, OVERLAP: tl.constexpr,
-    M_P2: tl.constexpr, BLOCK_D: tl.constexpr,
+    M_P2: tl.constexpr, BLOCK_D: tl.constexpr, HAS_APE: tl.constexpr,
 ):
     row = tl.program_id(0)
     col_block = tl.program_id(1)
@@ -48,11 +49,16 @@ def _compress_step_kernel(
     # (the a-stream is cleared below, so it never needs to reach memory).
     new_k_a = tl.load(kv_ptr + row * CD + A_OFF + cols, mask=cmask, other=0.0)
     new_z_a = tl.load(score_ptr + row * CD + A_OFF + cols, mask=cmask, other=float("-inf"))
+    if HAS_APE:  # the official ``score + ape[pos % m]`` (one float32 add); cur is in [0, M) for active rows
+        ape_row = tl.where(active, cur, 0) * CD
+        new_z_a = new_z_a + tl.load(ape_ptr + ape_row + A_OFF + cols, mask=cmask, other=0.0)
     tl.store(tail_k_ptr + state_row + cur * CD + A_OFF + cols, new_k_a, mask=cmask & keep)
     tl.store(tail_z_ptr + state_row + cur * CD + A_OFF + cols, new_z_a, mask=cmask & keep)
     if OVERLAP:
         new_k_b = tl.load(kv_ptr + row * CD + cols, mask=cmask, other=0.0)
         new_z_b = tl.load(score_ptr + row * CD + cols, mask=cmask, other=float("-inf"))
+        if HAS_APE:
+            new_z_b = new_z_b + tl.load(ape_ptr + ape_row + cols, mask=cmask, other=0.0)
         tl.store(tail_k_ptr + state_row + cur * CD + cols, new_k_b, mask=cmask & keep)
         tl.store(tail_z_ptr + state_row + cur * CD + cols, new_z_b, mask=cmask & keep)
 
@@ -105,12 +111,12 @@ def _compress_step_kernel(
 
 
 def launch_compress_step(kv, score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb, tail_len,
-                         pooled, flush_i8, *, ratio: int, width: int, overlap: bool):
+                         pooled, flush_i8, *, ratio: int, width: int, overlap: bool, ape=None):
     """Launch the compressor step for B = kv.shape[0] rows (all tensors on one device, contiguous).
 
     kv, score: (B, C*width) float32; slots, positions: (B,) int32; active_i8: (B,) int8;
     tail_*: the :class:`~megamoe.kvcache.state.CompressorState` tensors; pooled: (B, width) float32;
-    flush_i8: (B,) int8 output.
+    flush_i8: (B,) int8 output; ape: (ratio, C*width) float32 or None, added to score at row ``pos % ratio``.
     """
     B = kv.shape[0]
     if B == 0:
@@ -121,6 +127,7 @@ def launch_compress_step(kv, score, slots, positions, active_i8, tail_k, tail_z,
         tail_kb, tail_zb = tail_k, tail_z  # never read
     grid = (B, triton.cdiv(width, block_d))
     _compress_step_kernel[grid](
-        kv, score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb, tail_len, pooled, flush_i8,
+        kv, score, ape if ape is not None else score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb, tail_len, pooled, flush_i8,
         tail_len.shape[0], M=ratio, D=width, OVERLAP=overlap, M_P2=triton.next_power_of_2(ratio), BLOCK_D=block_d,
+        HAS_APE=ape is not None,
     )

@@ -8,7 +8,9 @@ as dozens of tiny kernels per layer and token; each family below is one launch:
   (RMSNorm(weight), RoPE, FP8 64-block simulation of the non-RoPE dims) in one grid (T, H + 1);
 * :func:`launch_index_q`: the indexer query (RoPE, Hadamard, FP4 32-block simulation) and its head weights;
 * :func:`launch_output`: inverse RoPE of the attention output, stored in the grouped (G, T, H * D / G) layout
-  of the grouped ``wo_a`` GEMM.
+  of the grouped ``wo_a`` GEMM;
+* :func:`launch_post_pool`: the compressed cache's post-pool steps of a decode step's pooled rows (bf16, RMSNorm,
+  RoPE at the window start, Hadamard for the indexer keys).
 
 Numerics. Every elementwise step is the reference's float32 operation with its rounding, in its order: bf16
 inputs are widened from their bits, bf16 outputs are rounded to nearest even from the float32 bits, RoPE's
@@ -63,6 +65,7 @@ Q_KV_WARPS = 4
 INDEX_BLOCK_H = 8
 INDEX_WARPS = 4
 OUTPUT_WARPS = 4
+POST_POOL_WARPS = 4
 
 #: Compile options of every launch: no FMA contraction (the reference rounds each product).
 _EXACT = dict(enable_fp_fusion=False)
@@ -354,6 +357,49 @@ def launch_output(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor,
     return out
 
 
+# ------------------------------------------------------------------------------------------------ post-pool
+@triton.jit
+def _post_pool_kernel(x_ptr, w_ptr, freqs_ptr, pos_ptr, out_ptr, n_pos, eps, shift,
+                      D: tl.constexpr, D_P2: tl.constexpr, RD: tl.constexpr, LOG2_D: tl.constexpr,
+                      H_SCALE: tl.constexpr, ROTATE: tl.constexpr):
+    """One pooled row: bf16 -> RMSNorm(weight) -> RoPE (row ``clamp(pos + shift, 0, n_pos - 1)``) -> Hadamard."""
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64) + shift
+    pos = tl.minimum(tl.maximum(pos, 0), n_pos - 1)
+    offs = tl.arange(0, D_P2)[None, :]
+    m = offs < D
+    src = x_ptr + t * D
+    x = _bf16_round(tl.load(src + offs, mask=m, other=0.0))
+    r = tl.math.rsqrt(tl.div_rn(tl.sum(tl.sum(x * x, axis=1), axis=0), D * 1.0) + eps)
+    y = _bf16_round(tl.load(w_ptr + offs, mask=m, other=0.0) * (x * r))
+    NOPE: tl.constexpr = D - RD
+    rope = m & (offs >= NOPE)
+    partner = offs ^ 1
+    xp = _bf16_round(tl.load(src + partner, mask=rope, other=0.0))
+    yp = _bf16_round(tl.load(w_ptr + partner, mask=rope, other=0.0) * (xp * r))
+    c, s = _rope_cos_sin(freqs_ptr, pos, pos >= 0, offs - NOPE, rope, RD)
+    y = tl.where(rope, _bf16_round(_rotate(y, yp, c, s, (offs & 1) == 0, False)), y)
+    if ROTATE:
+        for stage in tl.static_range(LOG2_D):
+            y = _butterfly(y, 1, D, 1 << stage)
+        y = y * H_SCALE
+    tl.store(out_ptr + t * D + offs, _bf16_bits(y).to(tl.int16), mask=m)
+
+
+def launch_post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor,
+                     out: torch.Tensor, *, shift: int, eps: float, rotate: bool) -> torch.Tensor:
+    """pooled (N, D) float32 contiguous, weight (D,) float32, freqs (n_positions, RD // 2, 2) float32, positions
+    (N,) int32/int64, out (N, D) bf16 contiguous (written): the compressed cache's post-pool steps with the RoPE
+    row ``clamp(positions + shift, 0, n_positions - 1)``; ``rotate``: Hadamard (D a power of two)."""
+    N, D = pooled.shape
+    if N:
+        _post_pool_kernel[(N,)](pooled, weight, freqs, positions, out.view(torch.int16), freqs.shape[0], float(eps),
+                                int(shift), D=D, D_P2=triton.next_power_of_2(D), RD=2 * freqs.shape[1],
+                                LOG2_D=D.bit_length() - 1, H_SCALE=D ** -0.5, ROTATE=bool(rotate),
+                                num_warps=POST_POOL_WARPS, **_EXACT)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ offline build
 #: Kernel signatures for :func:`compile_sm90` (pointer and scalar types; the constexprs come from the family).
 _SIGNATURES = {
@@ -364,6 +410,10 @@ _SIGNATURES = {
                                         q_out_ptr="*i16", w_out_ptr="*fp32", n_pos="i32", w_scale="fp32")),
     "output": ("_output_kernel", dict(o_ptr="*i16", freqs_ptr="*fp32", pos_ptr="*i32", out_ptr="*i16", T="i32",
                                       n_pos="i32")),
+    "post_pool": ("_post_pool_kernel", dict(x_ptr="*fp32", w_ptr="*fp32", freqs_ptr="*fp32", pos_ptr="*i32",
+                                            out_ptr="*i16", n_pos="i32", eps="fp32", shift="i32")),
+    "post_pool_index": ("_post_pool_kernel", dict(x_ptr="*fp32", w_ptr="*fp32", freqs_ptr="*fp32", pos_ptr="*i32",
+                                                  out_ptr="*i16", n_pos="i32", eps="fp32", shift="i32")),
 }
 
 
@@ -383,6 +433,11 @@ def compile_sm90(family: str, *, num_heads: int = 64, head_dim: int = 512, rope_
                          BLOCK_H=INDEX_BLOCK_H), INDEX_WARPS),
         "output": (dict(H=num_heads, D=head_dim, RD=rope_dim, G=groups, D_P2=triton.next_power_of_2(head_dim)),
                    OUTPUT_WARPS),
+        "post_pool": (dict(D=head_dim, D_P2=triton.next_power_of_2(head_dim), RD=rope_dim,
+                           LOG2_D=head_dim.bit_length() - 1, H_SCALE=head_dim ** -0.5, ROTATE=False), POST_POOL_WARPS),
+        "post_pool_index": (dict(D=index_dim, D_P2=triton.next_power_of_2(index_dim), RD=rope_dim,
+                                 LOG2_D=index_dim.bit_length() - 1, H_SCALE=index_dim ** -0.5, ROTATE=True),
+                            POST_POOL_WARPS),
     }[family]
     kernel = globals()[name]
     sig = dict(signature, **{k: "constexpr" for k in constexprs})

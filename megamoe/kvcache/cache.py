@@ -24,7 +24,8 @@ import torch
 
 from ..reference.kvcache import prefill_pool
 from ..reference.v4_numerics import apply_rope, hadamard_matrix, rms_norm
-from ..ops._dispatch import resolve_device
+from ..ops import v4_elementwise as ew
+from ..ops._dispatch import resolve_device, use_triton
 from . import ops
 from .config import CompressedCacheConfig
 from .state import CompressorState, PagedPool
@@ -136,12 +137,16 @@ class CompressedKVCache:
             "pooled": torch.zeros((batch, c.head_dim), dtype=torch.float32, device=dev),
             "entry": torch.zeros((batch, c.head_dim), dtype=torch.bfloat16, device=dev),
             "flush": torch.zeros((batch,), dtype=torch.bool, device=dev),
+            # window_step outputs: the attention's window ring rows and entry counts (HCA: the entry list)
+            "window_rows": torch.full((batch, c.window_size), -1, dtype=torch.int32, device=dev),
+            "n_entries": torch.zeros((batch,), dtype=torch.int32, device=dev),
         }
+        if not c.has_indexer:
+            ws["entry_idx"] = torch.full((batch, max(c.max_entries, 1)), -1, dtype=torch.int32, device=dev)
         if c.has_indexer:
             ws["pooled_key"] = torch.zeros((batch, c.index_head_dim), dtype=torch.float32, device=dev)
             ws["key"] = torch.zeros((batch, c.index_head_dim), dtype=torch.bfloat16, device=dev)
             ws["key_flush"] = torch.zeros((batch,), dtype=torch.bool, device=dev)
-            ws["n_entries"] = torch.zeros((batch,), dtype=torch.int32, device=dev)
             ws["scores"] = torch.full((batch, max(c.max_entries, 1)), float("-inf"), dtype=torch.float32, device=dev)
         self.workspaces[batch] = self.workspace = ws
 
@@ -200,6 +205,19 @@ class CompressedKVCache:
             d = x.shape[-1]
             x = ((x.float() @ pp["hadamard"]) * d ** -0.5).to(x.dtype)
         return x
+
+    def _post_pool_decode(self, pooled: torch.Tensor, positions: torch.Tensor, out: torch.Tensor, index: bool) -> None:
+        """Post-pool steps of a decode step's pooled rows (B, D) float32 -> ``out`` (B, D) bf16, RoPE row of the
+        window start ``pos + 1 - ratio`` (clamped into the table, so non-flushing rows at any position index in
+        range). Triton path: one launch (``megamoe.ops.v4_elementwise.post_pool``); CPU: the PyTorch formulas."""
+        c, pp = self.config, self.post_pool
+        freqs = pp["freqs"]
+        if use_triton(pooled):
+            ew.post_pool(pooled, pp["index_norm" if index else "norm"], freqs, positions, out, shift=1 - c.ratio,
+                         eps=c.norm_eps, rotate=index)
+            return
+        start = (positions.to(torch.int64) + (1 - c.ratio)).clamp_(0, freqs.shape[0] - 1)
+        out.copy_(self._post_pool_rows(pooled, freqs.index_select(0, start), index=index))
 
     def _require_post_pool(self, where: str) -> None:
         if self.post_pool is None:
@@ -325,7 +343,8 @@ class CompressedKVCache:
     # ---------------------------------------------------------------- device side (capturable)
     def decode_step(self, batch: DecodeBatch, kv: torch.Tensor, score: torch.Tensor, swa_kv: torch.Tensor,
                     index_kv: torch.Tensor | None = None, index_score: torch.Tensor | None = None,
-                    q: torch.Tensor | None = None, weights: torch.Tensor | None = None):
+                    q: torch.Tensor | None = None, weights: torch.Tensor | None = None, *,
+                    ape: torch.Tensor | None = None, index_ape: torch.Tensor | None = None):
         """One decode step of the cache for ``batch`` (B rows, inactive rows are no-ops).
 
         kv, score: (B, C * head_dim) float32 compressor projections of the new token (score includes ape);
@@ -337,6 +356,13 @@ class CompressedKVCache:
         A flushing row's pooled entry goes through the official post-pool steps (bf16 -> RMSNorm -> RoPE at
         the window start ``pos + 1 - ratio`` -> indexer: Hadamard) and is quantized by the flush-write.
         Rows whose slot is outside ``[0, max_slots)`` or whose position is negative are no-ops.
+        ape / index_ape: (ratio, C * head_dim) / (ratio, C * index_head_dim) float32 or None: when given, ``score``
+        / ``index_score`` exclude the official ``ape`` term and the step adds ``ape[pos mod ratio]`` (inside the
+        compressor kernel on the Triton path).
+        Also fills, in ``self.workspace``: ``window_rows`` (B, window_size) int32, the sliding-window ring rows
+        of positions ``pos - j`` (-1 where negative), ``n_entries`` (B,) int32 ``floor((pos + 1) / ratio) *
+        active`` and, HCA, ``entry_idx`` (B, max(max_entries, 1)) int32 (``e`` for ``e < n_entries``, else -1):
+        the attention's indices, one launch together with the SWA append (``ops.window_step``).
         Every input is validated before any state changes.
         Returns the top-k entry indices (B, min(index_topk, max_entries)) int32 for CSA, else None.
         """
@@ -360,26 +386,23 @@ class CompressedKVCache:
             ops._check(weights, "weights", torch.float32, (B, c.index_n_heads), dev)
         elif any(t is not None for t in (index_kv, index_score, q, weights)):
             raise ValueError("index_kv, index_score, q, weights: expected None for an HCA cache (no indexer)")
+        if index_ape is not None and not c.has_indexer:
+            raise ValueError("index_ape: expected None for an HCA cache (no indexer)")
 
-        ops.swa_append(self.swa_rows, c.window_size, swa_kv, batch.slots, batch.positions, batch.active)
+        ops.window_step(self.swa_rows, c.window_size, swa_kv, batch.slots, batch.positions, batch.active,
+                        ws["window_rows"], ratio=c.ratio, n_entries=ws["n_entries"], entry_idx=ws.get("entry_idx"))
         ops.compressor_step(self.state, kv, score, batch.slots, batch.positions, batch.active, ws["pooled"],
-                            ws["flush"])
-        # RoPE row of the window start; clamped so non-flushing rows (any position) index in range
-        freqs = self.post_pool["freqs"]
-        start = (batch.positions.to(torch.int64) + (1 - c.ratio)).clamp_(0, freqs.shape[0] - 1)
-        row_freqs = freqs.index_select(0, start)
-        ws["entry"].copy_(self._post_pool_rows(ws["pooled"], row_freqs, index=False))
+                            ws["flush"], ape=ape)
+        self._post_pool_decode(ws["pooled"], batch.positions, ws["entry"], index=False)
         key = None
         if c.has_indexer:
             ops.compressor_step(self.index_state, index_kv, index_score, batch.slots, batch.positions,
-                                batch.active, ws["pooled_key"], ws["key_flush"])
-            ws["key"].copy_(self._post_pool_rows(ws["pooled_key"], row_freqs, index=True))
+                                batch.active, ws["pooled_key"], ws["key_flush"], ape=index_ape)
+            self._post_pool_decode(ws["pooled_key"], batch.positions, ws["key"], index=True)
             key = ws["key"]
         ops.flush_write(self.pool, self.block_table, ws["entry"], key, ws["flush"], batch.slots, batch.positions,
                         ratio=c.ratio)
         if not c.has_indexer:
             return None
-        torch.floor_divide(batch.positions + 1, c.ratio, out=ws["n_entries"])
-        ws["n_entries"].mul_(batch.active)
         ops.indexer_scores(self.pool, self.block_table, q, weights, batch.slots, ws["n_entries"], ws["scores"])
         return ops.select_topk(ws["scores"], c.index_topk)

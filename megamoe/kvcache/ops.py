@@ -53,7 +53,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tensor, slots: torch.Tensor,
                     positions: torch.Tensor, active: torch.Tensor, pooled: torch.Tensor,
-                    flush: torch.Tensor) -> None:
+                    flush: torch.Tensor, ape: torch.Tensor | None = None) -> None:
     """Append one token per active row to its slot's tail; rows reaching a multiple of m pool and rotate.
 
     kv, score: (B, C * D) float32, C = 2 for CSA (``[:D]`` overlap half, ``[D:]`` main half), 1 for HCA.
@@ -61,6 +61,8 @@ def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
     pooled: (B, D) float32 output (rows that flush are written, others untouched).
     flush: (B,) bool output (active and ``(pos + 1) % m == 0``). ``state`` is mutated in place.
     A row whose slot is outside ``[0, S)`` or whose position is negative counts as inactive.
+    ape: (m, C * D) float32 or None: the gate scores used are ``score + ape[pos mod m]`` (the official absolute
+    position embedding, one float32 add; inside the kernel on the Triton path, so ``score`` itself is unchanged).
     """
     B, dev = kv.shape[0], kv.device
     _check(kv, "kv", torch.float32, (B, state.cols), dev)
@@ -68,12 +70,16 @@ def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
     _check_batch(slots, positions, active, B, dev)
     _check(pooled, "pooled", torch.float32, (B, state.width), dev)
     _check(flush, "flush", torch.bool, (B,), dev)
+    if ape is not None:
+        _check(ape, "ape", torch.float32, (state.ratio, state.cols), dev)
     if use_triton(kv):
         from ..kernels.kvcache_compress import launch_compress_step
         launch_compress_step(kv, score, slots, positions, active.view(torch.int8), state.tail_k, state.tail_z,
                              state.tail_kb, state.tail_zb, state.tail_len, pooled, flush.view(torch.int8),
-                             ratio=state.ratio, width=state.width, overlap=state.overlap)
+                             ratio=state.ratio, width=state.width, overlap=state.overlap, ape=ape)
         return
+    if ape is not None:
+        score = score + ape[torch.remainder(positions.long(), state.ratio)]
     out, fl = _ref().compressor_step(state, kv, score, slots, positions, active, pooled_out=pooled)
     pooled.copy_(out)
     flush.copy_(fl)
@@ -253,14 +259,75 @@ def swa_append(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, slots: tor
 
     swa_rows: (S * window + 1, D) storage whose last row is a scratch row; row ``slot * window + pos % window``
     receives ``kv[b]`` for active rows, inactive rows (and rows whose slot is outside ``[0, S)`` or whose
-    position is negative) write the scratch row (no host branching).
+    position is negative) write the scratch row (no host branching). CUDA: one launch of the window-step kernel.
     """
-    B = kv.shape[0]
-    _check(kv, "kv", swa_rows.dtype, (B, swa_rows.shape[1]), swa_rows.device)
-    _check_batch(slots, positions, active, B, swa_rows.device)
+    window_step(swa_rows, window, kv, slots, positions, active)
+
+
+def _window_check(swa_rows, window, kv, slots, positions, active, window_rows, ratio, n_entries, entry_idx) -> int:
+    B, dev = kv.shape[0], swa_rows.device
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"window: expected a positive int, got {window!r}")
+    if not isinstance(swa_rows, torch.Tensor) or swa_rows.dim() != 2 or (swa_rows.shape[0] - 1) % window:
+        raise ValueError("swa_rows: expected a (S * window + 1, D) tensor")
+    _check(kv, "kv", swa_rows.dtype, (B, swa_rows.shape[1]), dev)
+    _check_batch(slots, positions, active, B, dev)
+    if window_rows is not None:
+        _check(window_rows, "window_rows", torch.int32, (B, window), dev)
+    if not isinstance(ratio, int) or isinstance(ratio, bool) or ratio < 0:
+        raise ValueError(f"ratio: expected an int >= 0, got {ratio!r}")
+    if (ratio > 0) != (n_entries is not None):
+        raise ValueError("n_entries: expected a (B,) int32 tensor exactly when ratio > 0")
+    if n_entries is not None:
+        _check(n_entries, "n_entries", torch.int32, (B,), dev)
+    if entry_idx is not None:
+        if n_entries is None:
+            raise ValueError("entry_idx: needs ratio > 0 and n_entries")
+        if entry_idx.dim() != 2:
+            raise ValueError(f"entry_idx: expected a (B, E) int32 tensor, got shape {tuple(entry_idx.shape)}")
+        _check(entry_idx, "entry_idx", torch.int32, (B, entry_idx.shape[1]), dev)
+    return B
+
+
+def window_step(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                active: torch.Tensor, window_rows: torch.Tensor | None = None, *, ratio: int = 0,
+                n_entries: torch.Tensor | None = None, entry_idx: torch.Tensor | None = None) -> None:
+    """The index glue of one layer's decode step (CUDA: one launch, ``megamoe/kernels/attention_glue.py``).
+
+    :func:`swa_append` of ``kv`` (B, D) into ``swa_rows`` (S * window + 1, D), and, written in place:
+    window_rows (B, window) int32: ring rows ``slot * window + (pos - j) mod window`` of the window positions
+    ``pos - j`` (j = 0..window-1; -1 where ``pos - j < 0``; the slot is not range-checked, as in the attention
+    layer's formula); ratio > 0 (compressed layers): n_entries (B,) int32 ``floor((pos + 1) / ratio) * active``
+    and, optionally, entry_idx (B, E) int32 ``e if e < n_entries[b] else -1`` (HCA: every stored entry).
+    Same values as :func:`window_step_reference` (integer math, bit-identical). Sync-free, capturable.
+    """
+    _window_check(swa_rows, window, kv, slots, positions, active, window_rows, ratio, n_entries, entry_idx)
+    if use_triton(kv):
+        from ..kernels.attention_glue import launch_window_step
+        launch_window_step(swa_rows, window, kv, slots, positions, active.view(torch.int8), window_rows, n_entries,
+                           entry_idx, ratio=ratio)
+        return
+    window_step_reference(swa_rows, window, kv, slots, positions, active, window_rows, ratio=ratio,
+                          n_entries=n_entries, entry_idx=entry_idx)
+
+
+def window_step_reference(swa_rows, window, kv, slots, positions, active, window_rows=None, *, ratio=0,
+                          n_entries=None, entry_idx=None) -> None:
+    """The PyTorch formulas of :func:`window_step` (the CPU path, and the kernel's test reference)."""
     scratch = swa_rows.shape[0] - 1
     num_slots = scratch // window
     ok = active & (slots >= 0) & (slots < num_slots) & (positions >= 0)
     rows = slots.to(torch.int64) * window + torch.remainder(positions, window)
     rows = torch.where(ok, rows, torch.full_like(rows, scratch))
     swa_rows.index_copy_(0, rows, kv)
+    if window_rows is not None:
+        offsets = torch.arange(window, dtype=torch.int32, device=kv.device)
+        p = positions.to(torch.int32)[:, None] - offsets[None, :]
+        r = slots.to(torch.int32)[:, None] * window + torch.remainder(p, window)
+        window_rows.copy_(torch.where(p >= 0, r, torch.full_like(r, -1)))
+    if ratio > 0:
+        n_entries.copy_(torch.div(positions + 1, ratio, rounding_mode="floor").to(torch.int32) * active)
+        if entry_idx is not None:
+            idx = torch.arange(entry_idx.shape[1], dtype=torch.int32, device=kv.device)[None, :].expand(
+                kv.shape[0], -1)
+            entry_idx.copy_(torch.where(idx < n_entries[:, None], idx, torch.full_like(idx, -1)))

@@ -116,6 +116,7 @@ class Nvfp4Attention:
         self._group_offsets = torch.arange(1, cfg.o_groups + 1, dtype=torch.int32, device=dev)
         self._group_offsets_by_rows = {}  # T -> group offsets * T (host cache on a shape, made outside graphs)
         errors.error_word(dev)  # the device's error word exists before any graph capture
+        self._window_rows_ws = {}  # window-only layers: B -> (B, window) int32 ring rows of a decode step
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, w) -> None:
@@ -207,14 +208,20 @@ class Nvfp4Attention:
                              eps=cfg.norm_eps)
         return qr, q, kv
 
-    def _compressor_inputs(self, x: torch.Tensor, pos: torch.Tensor):
-        """Float32 compressor projections with ``ape`` added to the gate scores."""
+    def _compressor_inputs(self, x: torch.Tensor, pos: torch.Tensor, add_ape: bool = True):
+        """Float32 compressor projections with ``ape`` added to the gate scores (``add_ape=False``: without it; the
+        decode step adds it inside the compressor kernel)."""
         xf = x.float()
-        phase = torch.remainder(pos.long(), self.ratio)
-        kv, score = self.c_wkv(xf), self.c_wgate(xf) + self.c_ape[phase]
-        if self.kind != "csa":
-            return kv, score, None, None
-        return kv, score, self.i_wkv(xf), self.i_wgate(xf) + self.i_ape[phase]
+        kv, score = self.c_wkv(xf), self.c_wgate(xf)
+        ikv = iscore = None
+        if self.kind == "csa":
+            ikv, iscore = self.i_wkv(xf), self.i_wgate(xf)
+        if add_ape:
+            phase = torch.remainder(pos.long(), self.ratio)
+            score = score + self.c_ape[phase]
+            if iscore is not None:
+                iscore = iscore + self.i_ape[phase]
+        return kv, score, ikv, iscore
 
     def _index_query(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor):
         """Indexer query (T, n_heads, Di) bf16 (RoPE, Hadamard, FP4 simulated) and weights (T, n_heads) float32."""
@@ -243,13 +250,6 @@ class Nvfp4Attention:
                 self._group_offsets_by_rows[T] = offs
         return offs
 
-    def _window_rows(self, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """(T, window) int32 ring rows of the window positions pos-window+1..pos of each row's slot (-1 = none)."""
-        win = self.cfg.window_size
-        p = pos.to(torch.int32)[:, None] - self._window_offsets[None, :]
-        rows = slots.to(torch.int32)[:, None] * win + torch.remainder(p, win)
-        return torch.where(p >= 0, rows, torch.full_like(rows, -1))
-
     def _hca_entries(self, n_entries: torch.Tensor) -> torch.Tensor:
         idx = self._entry_arange[None, :].expand(n_entries.shape[0], -1)
         return torch.where(idx < n_entries[:, None], idx, torch.full_like(idx, -1))
@@ -275,22 +275,26 @@ class Nvfp4Attention:
         pos, slots = batch.positions, batch.slots
         qr, q, kv = self._q_and_kv(x, pos)
         entry_idx = None
+        # SWA append, window ring rows (and entry counts / the HCA entry list): one window_step launch per layer
         if self.cache is None:
-            kv_ops.swa_append(self.swa_rows, self.cfg.window_size, kv, slots, pos, batch.active)
+            window_rows = self._window_rows_ws.get(x.shape[0])
+            if window_rows is None:  # host decision on a shape (first call of a batch size, outside graphs)
+                window_rows = self._window_rows_ws[x.shape[0]] = torch.full(
+                    (x.shape[0], self.cfg.window_size), -1, dtype=torch.int32, device=self.device)
+            kv_ops.window_step(self.swa_rows, self.cfg.window_size, kv, slots, pos, batch.active, window_rows)
         else:
-            ckv, cscore, ikv, iscore = self._compressor_inputs(x, pos)
+            ckv, cscore, ikv, iscore = self._compressor_inputs(x, pos, add_ape=False)
             iq = iw = None
             if self.kind == "csa":
                 iq, iw = self._index_query(x, qr, pos)
             if x.shape[0] not in self.cache.workspaces:  # host decision on a shape (first call of a batch size)
                 self.cache.allocate_workspace(x.shape[0])
-            topk = self.cache.decode_step(batch, ckv, cscore, kv, ikv, iscore, iq, iw)
-            if self.kind == "csa":
-                entry_idx = topk
-            else:
-                n = torch.div(pos + 1, self.ratio, rounding_mode="floor").to(torch.int32) * batch.active
-                entry_idx = self._hca_entries(n)
-        out = self._attend(q, slots, pos, self.swa_rows, self._window_rows(slots, pos), entry_idx)
+            topk = self.cache.decode_step(batch, ckv, cscore, kv, ikv, iscore, iq, iw, ape=self.c_ape,
+                                          index_ape=self.i_ape if self.kind == "csa" else None)
+            ws = self.cache.workspace
+            window_rows = ws["window_rows"]
+            entry_idx = topk if self.kind == "csa" else ws["entry_idx"]
+        out = self._attend(q, slots, pos, self.swa_rows, window_rows, entry_idx)
         errors.check_errors_eager(self.device)  # eager only (no-op while capturing / sync-debugging)
         return out
 

@@ -175,3 +175,46 @@ def output_path(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *
 
         return launch_output(o.contiguous(), _table(freqs), positions, groups=groups)
     return output_reference(o, freqs, positions, groups=groups)
+
+
+def post_pool_reference(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
+                        shift: int, eps: float, rotate: bool) -> torch.Tensor:
+    """(N, D) float32 -> bf16 -> RMSNorm(weight) -> RoPE with table row ``clamp(positions + shift, 0, n - 1)`` ->
+    Hadamard when ``rotate`` -> (N, D) bf16 (the compressed cache's post-pool formula)."""
+    start = (positions.to(torch.int64) + shift).clamp_(0, freqs.shape[0] - 1)
+    x = nx.apply_rope(nx.rms_norm(pooled.to(torch.bfloat16), weight, eps), freqs.index_select(0, start))
+    return nx.hadamard_rotate(x) if rotate else x
+
+
+def post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor,
+              out: torch.Tensor, *, shift: int, eps: float, rotate: bool) -> torch.Tensor:
+    """The compressed cache's post-pool steps of a decode step in one launch (:func:`post_pool_reference`).
+
+    pooled: (N, D) float32 pooled rows; weight: (D,) float32 (the compressor's norm); freqs: (n, rope_dim // 2)
+    complex64; positions: (N,) int32/int64, RoPE row ``clamp(positions + shift, 0, n - 1)`` (decode: shift
+    ``1 - ratio``, the window start); out: (N, D) bf16 contiguous, written and returned; rotate: Hadamard of the
+    indexer keys (D a power of two). Kernel vs formula: the norm's sum of squares and the Hadamard sums in
+    another float32 order (module docstring of ``megamoe/kernels/v4_elementwise.py``); all else bit for bit.
+    """
+    _tensor(pooled, "pooled", torch.float32, 2)
+    N, D = pooled.shape
+    _tensor(weight, "weight", torch.float32, 1, pooled.device)
+    if tuple(weight.shape) != (D,):
+        raise ValueError(f"weight: expected ({D},), got {tuple(weight.shape)}")
+    _tensor(out, "out", torch.bfloat16, 2, pooled.device)
+    if tuple(out.shape) != (N, D) or not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous ({N}, {D}) tensor, got {tuple(out.shape)}")
+    _rope_inputs(freqs, positions, N, pooled.device, D, "a pooled row")
+    if not isinstance(shift, int) or isinstance(shift, bool):
+        raise TypeError(f"shift: expected an int, got {type(shift).__name__}")
+    if rotate and D & (D - 1):
+        raise ValueError(f"pooled: the Hadamard rotation needs a power-of-two width, got {D}")
+    if freqs.shape[0] < 1:
+        raise ValueError("freqs: expected at least one table row")
+    if use_triton(pooled):
+        from ..kernels.v4_elementwise import launch_post_pool
+
+        return launch_post_pool(pooled.contiguous(), weight.contiguous(), _table(freqs), positions, out, shift=shift,
+                                eps=eps, rotate=rotate)
+    out.copy_(post_pool_reference(pooled, weight, freqs, positions, shift=shift, eps=eps, rotate=rotate))
+    return out

@@ -72,14 +72,14 @@ def main():
             TILES=indexer.MAX_TILES, EMIT_MAX=emit_max),
             num_warps=8)
         report[f"indexer_{'official' if official else 'nvfp4'}{'_tile_max' if emit_max else ''}"] = ptxas_usage(k)
-    compress_types = dict(kv_ptr="*fp32", score_ptr="*fp32", slots_ptr="*i32", positions_ptr="*i32",
+    compress_types = dict(kv_ptr="*fp32", score_ptr="*fp32", ape_ptr="*fp32", slots_ptr="*i32", positions_ptr="*i32",
                           active_ptr="*i8", tail_k_ptr="*fp32", tail_z_ptr="*fp32", tail_kb_ptr="*fp32",
                           tail_zb_ptr="*fp32", tail_len_ptr="*i32", pooled_ptr="*fp32", flush_ptr="*i8",
                           num_slots="i32")
     for m, overlap, width in ((4, True, 512), (4, True, 128), (128, False, 512)):
         bd = kvcache_compress._BLOCK_D["small_m" if m <= 16 else "large_m"]
         k = compile_sm90(kvcache_compress._compress_step_kernel, compress_types,
-                         dict(M=m, D=width, OVERLAP=overlap, M_P2=m, BLOCK_D=min(bd, width)))
+                         dict(M=m, D=width, OVERLAP=overlap, M_P2=m, BLOCK_D=min(bd, width), HAS_APE=True))
         report[f"compress_m{m}_d{width}"] = ptxas_usage(k)
     print(json.dumps(report))
 

@@ -148,6 +148,13 @@ class CompressedKVCache:
             ws["key"] = torch.zeros((batch, c.index_head_dim), dtype=torch.bfloat16, device=dev)
             ws["key_flush"] = torch.zeros((batch,), dtype=torch.bool, device=dev)
             ws["scores"] = torch.full((batch, max(c.max_entries, 1)), float("-inf"), dtype=torch.float32, device=dev)
+            if dev.type == "cuda":  # the fused indexer top-k's output and scratch (zeroed once, reset by the kernels)
+                from ..kernels.topk import workspace_entries
+
+                T = max(c.max_entries, 1)
+                ws["topk"] = torch.empty((batch, min(c.index_topk, T)), dtype=torch.int32, device=dev)
+                ws["topk_workspace"] = torch.zeros((batch, max(1, workspace_entries(T, c.index_topk, batch=batch))),
+                                                   dtype=torch.int32, device=dev)
         self.workspaces[batch] = self.workspace = ws
 
     def set_post_pool(self, norm_weight: torch.Tensor, rope_freqs: torch.Tensor,
@@ -404,5 +411,8 @@ class CompressedKVCache:
                         ratio=c.ratio)
         if not c.has_indexer:
             return None
+        if q.is_cuda:  # scores + top-k with the top-k's preallocated workspace (one launch fewer on the split path)
+            return ops.indexer_topk(self.pool, self.block_table, q, weights, batch.slots, ws["n_entries"],
+                                    ws["scores"], c.index_topk, out=ws["topk"], workspace=ws["topk_workspace"])
         ops.indexer_scores(self.pool, self.block_table, q, weights, batch.slots, ws["n_entries"], ws["scores"])
         return ops.select_topk(ws["scores"], c.index_topk)

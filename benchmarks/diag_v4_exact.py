@@ -1,11 +1,12 @@
 """Fast V4 model (CPU, op references) vs the "blocks" reference model: teacher-forced logits per step.
 
-python benchmarks/diag_v4_exact.py [dense|sparse] [numerics]
+[EXACT=0] [SEEDS=1,2] python benchmarks/diag_v4_exact.py [dense|sparse] [numerics] [steps]
 """
 import os, sys
 os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch
+from megamoe.reference.v4_model import exact_cpu_products
 from megamoe.kvcache import DecodeBatch
 from megamoe.models.config import V4_TINY_MODEL
 from megamoe.models.model import V4Model
@@ -15,6 +16,8 @@ from megamoe.reference import v4_model as R
 sel = sys.argv[1] if len(sys.argv) > 1 else "dense"
 numerics = sys.argv[2] if len(sys.argv) > 2 else "blocks"
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+if os.environ.get("EXACT", "1") == "1":  # EXACT=0: the BLAS float32 products as they are
+    exact_cpu_products().__enter__()
 cfg = V4_TINY_MODEL.replace(index_topk=64) if sel == "dense" else V4_TINY_MODEL
 prompts = [[5, 17, 300, 2, 9, 44, 101, 7, 7, 250, 3, 18, 64, 99, 12, 1, 4],
            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18], [400, 401, 402]]

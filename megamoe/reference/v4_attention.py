@@ -33,6 +33,13 @@ of its projections) and is rotated at position ``j * ratio``.
 the official power-of-two scale per 64 elements. The window kv keeps the official simulation (the window cache
 holds bf16) and the indexer keys stay official.
 
+``numerics="blocks"``: the fast path's numerics from the megamoe block references: official FP8 entries and FP4
+keys, float32 indexer scores (as ``official_fp32_index``), pooling by :func:`megamoe.reference.kvcache.prefill_pool`,
+and the sparse attention of :func:`megamoe.reference.attention.sparse_mqa_attention` (float32 ``p`` without the
+bf16 rounding, the attention kernel's oracle) over the rows in the layer's order (window descending from ``t``,
+then the selected entries read back from the stored FP8 pool). ``indices`` / ``topk`` are reported as for the
+other modes.
+
 ``numerics="official_fp32_index"``: official storage, but the indexer scores are summed in float32 without the bf16
 roundings (what megamoe's indexer kernel computes). The bf16 scores of the official model tie often, and the
 official ``torch.topk`` orders ties arbitrarily; with float32 scores the top-k is fully defined, so a fast path

@@ -22,12 +22,19 @@ MoE (official ``Gate`` / ``Expert`` / ``MoE``), and how it differs from :mod:`me
   the float32 w2 output instead;
 * the per-expert bf16 outputs are summed in float32 in expert order, the shared expert's bf16 output added last,
   the sum cast to bf16.
+
+``numerics="blocks"`` composes instead the block references the fast path's ops are tested against
+(:func:`blocks_moe_forward`; attention: :mod:`.v4_attention`) at the fast path's rounding points: on the CPU, under
+:class:`exact_cpu_products`, ``megamoe.models.model.V4Model`` (prefill + batched decode) reproduces its logits bit
+for bit (tests/models/test_v4_model.py). It stays an independent implementation: float ops on the decoded weights,
+no layer or model class.
 """
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..layers.moe import FUSE_SHARED_MAX_TOKENS
 from ..models.config import V4Config
@@ -38,6 +45,47 @@ from .v4_attention import attention_forward, linear_bf16
 from .v4_numerics import hc_head, hc_post, hc_pre, rms_norm
 
 _BF16 = torch.bfloat16
+
+
+class exact_cpu_products(TorchFunctionMode):
+    """Context manager: every matrix product of CPU float32 / bf16 tensors (``@``, ``matmul``, ``mm``, ``bmm``,
+    ``einsum``, ``linear``, ``addmm``) is computed in float64 and rounded once to the dtype the op returns.
+
+    A float32 BLAS product's bits depend on the kernel the library picks for the shape (on x86 MKL a 1-3 row
+    product sums in another order than a 4+ row one), so a decode step (1 row per request) and a stateless
+    recomputation of the whole sequence differ by an ulp now and then, which a bf16 rounding can turn into a
+    4e-3 step (and the bf16 per-head q norm into a whole head's scale). In float64 the sum of these products is
+    exact to far below a float32 ulp, so the rounded result no longer depends on the row count or summation
+    order. Used by the CPU tests to compare the fast model with the reference model bit for bit: with it the only
+    difference left between the two would be a rounding point, not BLAS blocking (the kernels' own tests cover
+    accumulation order).
+    """
+
+    _OPS = frozenset({torch.matmul, torch.Tensor.__matmul__, torch.Tensor.matmul, torch.mm, torch.Tensor.mm,
+                      torch.bmm, torch.Tensor.bmm, torch.einsum, torch.addmm, torch.nn.functional.linear})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in self._OPS:
+            return func(*args, **kwargs)
+        operands = args[1:] if func is torch.einsum else args
+        if func is torch.einsum and len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = tuple(operands[0])
+        tensors = [a for a in operands if isinstance(a, torch.Tensor)]
+        if not tensors or any(t.device.type != "cpu" or t.dtype not in (torch.float32, _BF16) for t in tensors):
+            return func(*args, **kwargs)
+        dtype = tensors[0].dtype
+        for t in tensors[1:]:
+            dtype = torch.promote_types(dtype, t.dtype)
+
+        def up(a):
+            return a.double() if isinstance(a, torch.Tensor) else a
+
+        if func is torch.einsum:
+            out = func(args[0], *[up(a) for a in operands])
+        else:
+            out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+        return out.to(dtype)
 
 
 def as_decoded(w: Mapping) -> Mapping:

@@ -33,6 +33,13 @@ of its projections) and is rotated at position ``j * ratio``.
 the official power-of-two scale per 64 elements. The window kv keeps the official simulation (the window cache
 holds bf16) and the indexer keys stay official.
 
+``numerics="blocks"``: the fast path's numerics from the megamoe block references: official FP8 entries and FP4
+keys, float32 indexer scores (as ``official_fp32_index``), pooling by :func:`megamoe.reference.kvcache.prefill_pool`,
+and the sparse attention of :func:`megamoe.reference.attention.sparse_mqa_attention` (float32 ``p`` without the
+bf16 rounding, the attention kernel's oracle) over the rows in the layer's order (window descending from ``t``,
+then the selected entries read back from the stored FP8 pool). ``indices`` / ``topk`` are reported as for the
+other modes.
+
 ``numerics="official_fp32_index"``: official storage, but the indexer scores are summed in float32 without the bf16
 roundings (what megamoe's indexer kernel computes). The bf16 scores of the official model tie often, and the
 official ``torch.topk`` orders ties arbitrarily; with float32 scores the top-k is fully defined, so a fast path
@@ -45,7 +52,8 @@ from typing import Mapping
 import torch
 
 from ..models.config import CSA_RATIO, V4Config
-from .kvcache import dequantize_entries, quantize_entries
+from .attention import sparse_mqa_attention
+from .kvcache import dequantize_entries, prefill_pool, quantize_entries
 from .v4_numerics import (
     apply_rope,
     fp4_block_simulate,
@@ -55,7 +63,7 @@ from .v4_numerics import (
     rope_frequencies,
 )
 
-NUMERICS = ("official", "per_entry", "official_fp32_index")
+NUMERICS = ("official", "per_entry", "official_fp32_index", "blocks")
 #: Queries per chunk of the dense attention (bounds the (chunk, heads, keys) logits tensor).
 QUERY_CHUNK = 256
 
@@ -268,16 +276,25 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
     indices = window_indices(T, cfg.window_size, dev)
     keys_all = window_kv
     topk = torch.empty((T, 0), dtype=torch.int32, device=dev)
+    blocks = numerics == "blocks"
+    stored = None  # "blocks": the entries as the paged pool stores them (fp8, scale, rope)
     if ratio:
         ck, cs = compressor_projections(x, get("compressor.wkv.weight"), get("compressor.wgate.weight"),
                                         get("compressor.ape"))
-        pooled = compressor_pool(ck, cs, ratio, d)
-        entries = _simulate_kv(_entries(pooled, get("compressor.norm.weight"), freqs, ratio, eps), rd,
-                               per_entry=numerics == "per_entry")
+        if blocks:
+            pooled = prefill_pool(ck, cs, ratio, d, ratio == CSA_RATIO)[0]
+            raw = _entries(pooled, get("compressor.norm.weight"), freqs, ratio, eps)
+            stored = quantize_entries(raw, rd, numerics="official")
+            entries = dequantize_entries(*stored)
+        else:
+            pooled = compressor_pool(ck, cs, ratio, d)
+            entries = _simulate_kv(_entries(pooled, get("compressor.norm.weight"), freqs, ratio, eps), rd,
+                                   per_entry=numerics == "per_entry")
         n = entries.shape[0]
         visible = visible_entries(T, ratio, dev)
         if ratio == CSA_RATIO:
-            idx = _indexer(cfg, get, x, qr, freqs, eps, exact=numerics == "official_fp32_index")
+            idx = _indexer(cfg, get, x, qr, freqs, eps, exact=numerics in ("official_fp32_index", "blocks"),
+                           blocks=blocks)
             res.update(idx)
             topk = select_topk(idx["index_scores"], visible, cfg.index_topk)
             res["index_scores"] = idx["index_scores"].masked_fill(~visible, float("-inf"))
@@ -289,7 +306,10 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
         keys_all = torch.cat([window_kv, entries])
         res.update(entries=entries, comp_kv=ck, comp_score=cs)
     res.update(topk=topk, indices=indices)
-    o = sparse_attention(q, keys_all, get("attn_sink"), indices, d ** -0.5)
+    if blocks:
+        o = _blocks_attention(q, window_kv, stored, topk, get("attn_sink"), cfg)
+    else:
+        o = sparse_attention(q, keys_all, get("attn_sink"), indices, d ** -0.5)
     o = apply_rope(o, freqs, inverse=True)
     g = cfg.o_groups
     wo_a = get("wo_a.weight").float().view(g, cfg.o_lora_rank, -1)
@@ -298,9 +318,37 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
     return res
 
 
+def _blocks_attention(q: torch.Tensor, window_kv: torch.Tensor, stored, topk: torch.Tensor, sink: torch.Tensor,
+                      cfg: V4Config) -> torch.Tensor:
+    """``numerics="blocks"``: the sparse attention as :func:`megamoe.reference.attention.sparse_mqa_attention`
+    (the attention kernel's oracle: float32 logits and probabilities, ``P`` not rounded to bf16) over the rows in
+    the fast path's order: window positions ``t, t-1, ..., t-window+1`` (descending, as the layer's ring lookup
+    lists them), then the selected entries read from a one-page pool holding the stored FP8 entries."""
+    T, dev = q.shape[0], q.device
+    win = min(cfg.window_size, T)
+    window_idx = torch.arange(T, device=dev, dtype=torch.int32)[:, None] - torch.arange(win, device=dev,
+                                                                                        dtype=torch.int32)
+    window_idx = torch.where(window_idx >= 0, window_idx, -1)
+    if stored is None:  # window-only layer: an empty pool, no entries selected
+        nope, rd = cfg.head_dim - cfg.rope_dim, cfg.rope_dim
+        stored = (torch.zeros((0, nope), dtype=torch.float8_e4m3fn, device=dev),
+                  torch.zeros((0, nope // 64), dtype=torch.float32, device=dev),
+                  torch.zeros((0, rd), dtype=_BF16, device=dev))
+    fp8, scale, rope = stored
+    n = fp8.shape[0]
+    pages = (fp8[None], scale[None], rope[None]) if n else (
+        fp8.new_zeros((1, 1) + fp8.shape[1:]), scale.new_zeros((1, 1) + scale.shape[1:]),
+        rope.new_zeros((1, 1) + rope.shape[1:]))
+    return sparse_mqa_attention(
+        q, sink.float(), cfg.head_dim ** -0.5, window_kv=window_kv, window_idx=window_idx, entries_fp8=pages[0],
+        entries_scale=pages[1], entries_rope=pages[2], block_table=torch.zeros((1, 1), dtype=torch.int32, device=dev),
+        slots=torch.zeros((T,), dtype=torch.int32, device=dev), entry_idx=topk.to(torch.int32))
+
+
 def _indexer(cfg: V4Config, get, x: torch.Tensor, qr: torch.Tensor, freqs: torch.Tensor, eps: float, *,
-             exact: bool = False) -> dict:
-    """The CSA indexer over the whole sequence: queries, scaled head weights, keys, scores (unmasked)."""
+             exact: bool = False, blocks: bool = False) -> dict:
+    """The CSA indexer over the whole sequence: queries, scaled head weights, keys, scores (unmasked).
+    ``blocks``: keys pooled by :func:`megamoe.reference.kvcache.prefill_pool` (the cache's prefill pooling)."""
     T = x.shape[0]
     nh, dh = cfg.index_n_heads, cfg.index_head_dim
     q = linear_bf16(qr, get("indexer.wq_b.weight")).view(T, nh, dh)
@@ -309,7 +357,7 @@ def _indexer(cfg: V4Config, get, x: torch.Tensor, qr: torch.Tensor, freqs: torch
     weights = _bf16(linear_bf16(x, get("indexer.weights_proj.weight")).float() * scale)
     ck, cs = compressor_projections(x, get("indexer.compressor.wkv.weight"), get("indexer.compressor.wgate.weight"),
                                     get("indexer.compressor.ape"))
-    pooled = compressor_pool(ck, cs, CSA_RATIO, dh)
+    pooled = prefill_pool(ck, cs, CSA_RATIO, dh, True)[0] if blocks else compressor_pool(ck, cs, CSA_RATIO, dh)
     keys = _entries(pooled, get("indexer.compressor.norm.weight"), freqs, CSA_RATIO, eps)
     keys = fp4_block_simulate(hadamard_rotate(keys), 32)
     return {"index_q": q, "index_weights": weights, "index_keys": keys,

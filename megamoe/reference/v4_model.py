@@ -22,20 +22,70 @@ MoE (official ``Gate`` / ``Expert`` / ``MoE``), and how it differs from :mod:`me
   the float32 w2 output instead;
 * the per-expert bf16 outputs are summed in float32 in expert order, the shared expert's bf16 output added last,
   the sum cast to bf16.
+
+``numerics="blocks"`` composes instead the block references the fast path's ops are tested against
+(:func:`blocks_moe_forward`; attention: :mod:`.v4_attention`) at the fast path's rounding points: on the CPU, under
+:class:`exact_cpu_products`, ``megamoe.models.model.V4Model`` (prefill + batched decode) reproduces its logits bit
+for bit (tests/models/test_v4_model.py). It stays an independent implementation: float ops on the decoded weights,
+no layer or model class.
 """
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
+from ..layers.moe import FUSE_SHARED_MAX_TOKENS
 from ..models.config import V4Config
 from ..models.v4_weights import DecodedView
-from .moe import route, router_scores, swiglu
+from .gemm import swiglu_reference
+from .moe import hash_route, route, router_scores, swiglu
 from .v4_attention import attention_forward, linear_bf16
 from .v4_numerics import hc_head, hc_post, hc_pre, rms_norm
 
 _BF16 = torch.bfloat16
+
+
+class exact_cpu_products(TorchFunctionMode):
+    """Context manager: every matrix product of CPU float32 / bf16 tensors (``@``, ``matmul``, ``mm``, ``bmm``,
+    ``einsum``, ``linear``, ``addmm``) is computed in float64 and rounded once to the dtype the op returns.
+
+    A float32 BLAS product's bits depend on the kernel the library picks for the shape (on x86 MKL a 1-3 row
+    product sums in another order than a 4+ row one), so a decode step (1 row per request) and a stateless
+    recomputation of the whole sequence differ by an ulp now and then, which a bf16 rounding can turn into a
+    4e-3 step (and the bf16 per-head q norm into a whole head's scale). In float64 the sum of these products is
+    exact to far below a float32 ulp, so the rounded result no longer depends on the row count or summation
+    order. Used by the CPU tests to compare the fast model with the reference model bit for bit: with it the only
+    difference left between the two would be a rounding point, not BLAS blocking (the kernels' own tests cover
+    accumulation order).
+    """
+
+    _OPS = frozenset({torch.matmul, torch.Tensor.__matmul__, torch.Tensor.matmul, torch.mm, torch.Tensor.mm,
+                      torch.bmm, torch.Tensor.bmm, torch.einsum, torch.addmm, torch.nn.functional.linear})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in self._OPS:
+            return func(*args, **kwargs)
+        operands = args[1:] if func is torch.einsum else args
+        if func is torch.einsum and len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = tuple(operands[0])
+        tensors = [a for a in operands if isinstance(a, torch.Tensor)]
+        if not tensors or any(t.device.type != "cpu" or t.dtype not in (torch.float32, _BF16) for t in tensors):
+            return func(*args, **kwargs)
+        dtype = tensors[0].dtype
+        for t in tensors[1:]:
+            dtype = torch.promote_types(dtype, t.dtype)
+
+        def up(a):
+            return a.double() if isinstance(a, torch.Tensor) else a
+
+        if func is torch.einsum:
+            out = func(args[0], *[up(a) for a in operands])
+        else:
+            out = func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+        return out.to(dtype)
 
 
 def as_decoded(w: Mapping) -> Mapping:
@@ -93,41 +143,111 @@ def moe_block_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, to
     return y.to(_BF16)
 
 
+def blocks_expert_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
+                          swiglu_limit: float | None) -> torch.Tensor:
+    """One expert as the grouped NVFP4 GEMMs compute it (:func:`megamoe.reference.gemm.nvfp4_grouped_mm`):
+    x (M, hidden) bf16 -> float32 ``x @ W13.T`` over the interleaved gate/up rows, the fused SwiGLU epilogue in
+    float32 (:func:`~megamoe.reference.gemm.swiglu_reference`), one bf16 rounding; ``bf16(act @ w2.T)``.
+    Returns (M, hidden) bf16 (the routing weight is applied later, by the combine)."""
+    w13 = torch.stack((w1.float(), w3.float()), dim=1).reshape(-1, w1.shape[1])  # row 2j gate j, 2j+1 up j
+    act = swiglu_reference(x.float() @ w13.t(), swiglu_limit).to(_BF16)
+    return linear_bf16(act, w2)
+
+
+def blocks_moe_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, tokens: torch.Tensor,
+                       shared_first: torch.Tensor | None = None) -> torch.Tensor:
+    """``numerics="blocks"`` MoE: the references the fast MoE layer's ops are tested against, composed with its
+    rounding points. x (T, hidden) bf16 (after ffn_norm), tokens (T,) -> (T, hidden) bf16.
+
+    * routing: :func:`megamoe.reference.moe.route` / :func:`~megamoe.reference.moe.hash_route` (``norm_topk_prob``
+      with the 1e-20 epsilon; the official renormalisation has none);
+    * each expert: :func:`blocks_expert_forward` (bf16 SwiGLU output, bf16 expert output, unweighted);
+    * combine (``megamoe.ops.moe.combine``): float32 ``sum_j w_j * y_j`` in slot order and the shared expert's
+      bf16 output, rounded once. The shared expert is added first where the fast layer runs it apart
+      (``shared_first[t]``: tokens of a call with more than ``FUSE_SHARED_MAX_TOKENS`` rows) and last, as slot k
+      with weight 1.0, where it runs fused into the grouped GEMMs (decode batches, short prompts).
+    """
+    m = cfg.moe
+    p = f"layers.{layer}.ffn."
+    if layer < cfg.num_hash_layers:
+        weights, ids = hash_route(x, w[p + "gate.weight"], w[p + "gate.tid2eid"], tokens,
+                                  scoring_func=m.scoring_func, norm_topk_prob=m.norm_topk_prob,
+                                  routed_scaling_factor=m.routed_scaling_factor)
+    else:
+        weights, ids = route(x, w[p + "gate.weight"], w[p + "gate.bias"], top_k=m.top_k, scoring_func=m.scoring_func,
+                             norm_topk_prob=m.norm_topk_prob, routed_scaling_factor=m.routed_scaling_factor)
+    ids = ids.long()
+    T, k = ids.shape
+    y = torch.zeros((T, k, x.shape[1]), dtype=_BF16, device=x.device)
+    for e in torch.unique(ids).tolist():
+        rows, slot = torch.nonzero(ids == e, as_tuple=True)
+        q = f"{p}experts.{e}."
+        y[rows, slot] = blocks_expert_forward(x[rows], w[q + "w1.weight"], w[q + "w2.weight"], w[q + "w3.weight"],
+                                              m.swiglu_limit)
+    shared = None
+    if m.shared_intermediate_size:
+        q = p + "shared_experts."
+        shared = blocks_expert_forward(x, w[q + "w1.weight"], w[q + "w2.weight"], w[q + "w3.weight"],
+                                       m.swiglu_limit).float()
+    first = torch.zeros(T, dtype=torch.bool, device=x.device) if shared_first is None else shared_first
+    acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    if shared is not None:
+        acc = torch.where(first[:, None], shared, acc)
+    for j in range(k):
+        acc = acc + weights[:, j: j + 1] * y[:, j].float()
+    if shared is not None:
+        acc = torch.where(first[:, None], acc, acc + 1.0 * shared)
+    return acc.to(_BF16)
+
+
 def _hc_pre(cfg: V4Config, w: Mapping, prefix: str, h: torch.Tensor):
     return hc_pre(h, w[prefix + "_fn"], w[prefix + "_scale"], w[prefix + "_base"], hc=cfg.hc_mult,
                   iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps)
 
 
 def block_forward(cfg: V4Config, layer: int, w: Mapping, h: torch.Tensor, tokens: torch.Tensor, *,
-                  numerics: str = "official", trace: dict | None = None) -> torch.Tensor:
+                  numerics: str = "official", trace: dict | None = None,
+                  shared_first: torch.Tensor | None = None) -> torch.Tensor:
     """Official ``Block.forward``: h (T, hc_mult, hidden) bf16 -> same. ``trace`` (a dict) receives the
-    attention result dict under ``"attn"`` and the MoE input / output under ``"ffn_in"`` / ``"ffn_out"``."""
+    attention result dict under ``"attn"`` and the MoE input / output under ``"ffn_in"`` / ``"ffn_out"``.
+    ``numerics="blocks"``: the MoE is :func:`blocks_moe_forward` (``shared_first`` (T,) bool, see there)."""
     p = f"layers.{layer}."
     x, post, comb = _hc_pre(cfg, w, p + "hc_attn", h)
     a = attention_forward(cfg, layer, w, rms_norm(x, w[p + "attn_norm.weight"], cfg.norm_eps), numerics=numerics)
     h = hc_post(a["out"].to(_BF16), h, post, comb)
     x, post, comb = _hc_pre(cfg, w, p + "hc_ffn", h)
     x = rms_norm(x, w[p + "ffn_norm.weight"], cfg.norm_eps)
-    y = moe_block_forward(cfg, layer, w, x, tokens)
+    if numerics == "blocks":
+        y = blocks_moe_forward(cfg, layer, w, x, tokens, shared_first)
+    else:
+        y = moe_block_forward(cfg, layer, w, x, tokens)
     if trace is not None:
         trace.update(attn=a, ffn_in=x, ffn_out=y)
     return hc_post(y, h, post, comb)
 
 
 def model_forward(cfg: V4Config, w: Mapping, tokens: torch.Tensor, *, numerics: str = "official",
-                  layers: Sequence[int] | None = None) -> torch.Tensor:
+                  layers: Sequence[int] | None = None, prefill_tokens: int | None = None) -> torch.Tensor:
     """Logits (T, vocab) float32 of one sequence ``tokens`` (T,) int.
 
     w: decoded weights by official name (:func:`megamoe.models.v4_weights.decoded_state_dict`) or the checkpoint
     tensors themselves (decoded as they are read, every call). layers: run only these layers, in order (default:
-    all; a debugging aid).
+    all; a debugging aid). numerics: "official" (the official bf16 model), "per_entry" / "official_fp32_index"
+    (attention variants, :mod:`.v4_attention`), or "blocks": the fast path's block references and rounding points
+    (attention: :mod:`.v4_attention`; MoE: :func:`blocks_moe_forward`). prefill_tokens ("blocks" only): the
+    first ``prefill_tokens`` tokens were one prefill call of the fast model, the rest decode steps (default: all
+    of them one call); it decides where the combine adds the shared expert.
     """
     w = as_decoded(w)
     tokens = tokens.reshape(-1)
     h = w["embed.weight"][tokens.long()].to(_BF16)
     h = h.unsqueeze(1).repeat(1, cfg.hc_mult, 1)
+    P = tokens.shape[0] if prefill_tokens is None else prefill_tokens
+    fused = cfg.moe.shared_intermediate_size == cfg.moe.intermediate_size  # the layer's fused shared expert
+    first = P if P > FUSE_SHARED_MAX_TOKENS or not fused else 0
+    shared_first = torch.arange(tokens.shape[0], device=tokens.device) < (tokens.shape[0] if not fused else first)
     for layer in (range(cfg.num_layers) if layers is None else layers):
-        h = block_forward(cfg, layer, w, h, tokens, numerics=numerics)
+        h = block_forward(cfg, layer, w, h, tokens, numerics=numerics, shared_first=shared_first)
     x = hc_head(h, w["hc_head_fn"], w["hc_head_scale"], w["hc_head_base"], hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps)
     x = rms_norm(x, w["norm.weight"], cfg.norm_eps)
     return x.float() @ w["head.weight"].float().t()
@@ -143,7 +263,8 @@ def greedy_generate(cfg: V4Config, w: Mapping, prompt: Sequence[int], steps: int
     seq = [int(t) for t in prompt]
     out = []
     for _ in range(steps):
-        logits = model_forward(cfg, w, torch.tensor(seq, device=device), numerics=numerics)
+        logits = model_forward(cfg, w, torch.tensor(seq, device=device), numerics=numerics,
+                               prefill_tokens=len(prompt))
         nxt = int(logits[-1].argmax())
         seq.append(nxt)
         out.append(nxt)

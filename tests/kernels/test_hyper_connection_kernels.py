@@ -48,6 +48,25 @@ def assert_bf16_close(got, want, fraction=FLIP_FRACTION, max_ulps=1):
         assert int((ulps > 0).sum()) <= max(3, fraction * ulps.numel()), f"{int((ulps > 0).sum())} of {ulps.numel()}"
 
 
+def assert_mix_close(got, want, x, factor=None):
+    """``sum_k pre_k x_k`` (optionally times a per-element ``factor``, e.g. the RMSNorm scale) with ``pre`` from
+    float32 mixes summed in another order (~1e-6 relative): within one bf16 rounding (two with the norm's) plus
+    1e-5 * sum_k |x_k| * factor. A cancelling sum (|y| << sum |x_k|) may then move many ulps of its own tiny
+    value, even change sign (seen on the GPU at T = 64 / 512: 3 ulps, and a +-1e-6 pair 26759 "ulps" apart)."""
+    got_f, want_f = got.cpu().float(), want.cpu().float()
+    nan = torch.isnan(want_f)
+    assert torch.equal(torch.isnan(got_f), nan)
+    ulp = torch.exp2(torch.floor(torch.log2(want_f.abs().clamp_min(2.0 ** -126))) - 7)
+    mag = x.cpu().float().abs().sum(1)
+    if factor is not None:
+        mag = mag * factor
+    bound = 2 * ulp + 1e-5 * mag
+    err = (got_f - want_f).abs()
+    ok = (err <= bound) | nan
+    assert bool(ok.all()), f"{int((~ok).sum())} elements, worst {float((err / bound)[~ok].max()):.2f}x the bound"
+    assert int((err > 0).sum()) <= max(3, 2e-2 * err.numel())
+
+
 CHAIN = dict(fraction=2e-2, max_ulps=2)
 
 
@@ -229,13 +248,14 @@ def test_cuda_v4_flash_dims_match_reference(T):
     ry, rn, rpost, rcomb = reference_pre(x, fn, scale, base, w)
     torch.testing.assert_close(post, rpost, rtol=0, atol=MIX_ATOL)
     torch.testing.assert_close(comb, rcomb, rtol=0, atol=MIX_ATOL)
-    assert_bf16_close(y, rn, **CHAIN)
+    norm_factor = torch.rsqrt(ry.float().square().mean(-1, keepdim=True) + EPS) * w.float().abs()
+    assert_mix_close(y, rn, x, norm_factor)
     yk, pre, _, _ = launch_hc_pre(x, fn, scale, base, None, iters=ITERS, hc_eps=EPS, norm_eps=EPS, rms_eps=EPS)
     seq = pre[:, 0, None] * x[:, 0].float()  # the reference's order, one rounded op at a time
     for k in range(1, HC):
         seq = seq + pre[:, k, None] * x[:, k].float()
     assert torch.equal(yk, seq.to(torch.bfloat16))
-    assert_bf16_close(yk, ry)
+    assert_mix_close(yk, ry, x)
     assert_bf16_close(y, nx.rms_norm(yk, w, EPS))
     out = hc_ops.hc_post(y, x, post, comb)
     mixed = comb[:, 0, :, None] * x[:, 0, None, :].float()

@@ -27,15 +27,16 @@ HBM_BYTES_PER_S = 3.0e12
 BF16_FLOPS = 749e12
 
 
-def _bf16_layer(layer):
-    """The bf16 PyTorch layer on dequantized weights; returns forward(x)."""
+def _bf16_layer(layer, w13=None, w2=None):
+    """The bf16 PyTorch layer on dequantized weights; returns forward(x). ``w13`` (E, 2I, H) / ``w2`` (E, H, I)
+    bf16: weights dequantized by the caller (e.g. in expert chunks, bench_moe_skew.py), else dequantized here."""
     from megamoe.ops import moe as moe_ops
     from megamoe.ops.quantize import dequantize
     from megamoe.reference.moe import swiglu
 
     c = layer.config
-    w13 = dequantize(layer.w13, torch.bfloat16).transpose(1, 2)  # (E, H, 2I) view, K-major as _grouped_mm wants
-    w2 = dequantize(layer.w2, torch.bfloat16).transpose(1, 2)  # (E, I, H)
+    w13 = (dequantize(layer.w13, torch.bfloat16) if w13 is None else w13).transpose(1, 2)  # (E, H, 2I), K-major
+    w2 = (dequantize(layer.w2, torch.bfloat16) if w2 is None else w2).transpose(1, 2)  # (E, I, H)
     sw13 = dequantize(layer.shared.w13, torch.bfloat16) if layer.shared is not None else None
     sw2 = dequantize(layer.shared.w2, torch.bfloat16) if layer.shared is not None else None
     i = c.intermediate_size

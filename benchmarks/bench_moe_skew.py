@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_moe import BF16_FLOPS, HBM_BYTES_PER_S, _graph  # noqa: E402
+from bench_moe import BF16_FLOPS, HBM_BYTES_PER_S, _bf16_layer, _graph  # noqa: E402
 
 ROUTINGS = ("uniform", "zipf", "all-on-k")
 
@@ -68,33 +68,6 @@ def _dequantize_chunked(t, chunk: int = 16):
     return out
 
 
-def _bf16_forward(layer, w13, w2):
-    """The bf16 layer (bench_moe._bf16_layer's math) on given dequantized (E, 2I, H) / (E, H, I) weights."""
-    from megamoe.ops import moe as moe_ops
-    from megamoe.ops.quantize import dequantize
-    from megamoe.reference.moe import swiglu
-
-    c = layer.config
-    w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
-    sw13 = dequantize(layer.shared.w13, torch.bfloat16) if layer.shared is not None else None
-    sw2 = dequantize(layer.shared.w2, torch.bfloat16) if layer.shared is not None else None
-    i = c.intermediate_size
-
-    def forward(x):
-        topk_weights, topk_ids = layer.route(x)
-        d = moe_ops.dispatch(topk_ids, c.num_experts)
-        xs = x.index_select(0, d["row_index"])
-        h = torch._grouped_mm(xs, w13t, offs=d["expert_offsets"])
-        y = torch._grouped_mm(swiglu(h[:, :i], h[:, i:], c.swiglu_limit), w2t, offs=d["expert_offsets"])
-        shared = None
-        if sw13 is not None:
-            hs = x @ sw13.t()
-            shared = swiglu(hs[:, : sw13.shape[0] // 2], hs[:, sw13.shape[0] // 2:], c.swiglu_limit) @ sw2.t()
-        return moe_ops.combine(y, d["inv_perm"], topk_weights, shared)
-
-    return forward
-
-
 def _force_routing(layer, weights, ids):
     """Replace layer.route by a device copy of fixed (weights, ids) (graph-capturable)."""
     def route(hidden_states, out=None, token_ids=None):
@@ -127,7 +100,7 @@ def bench_config(config, token_counts, routings, rep_ms, seed=0):
     w2 = _dequantize_chunked(layer.w2)
     layer.w2 = None
     torch.cuda.empty_cache()
-    bf16 = _bf16_forward(layer, w13, w2)
+    bf16 = _bf16_layer(layer, w13, w2)
     print(f"{c.name}: built in {time.time() - t0:.0f} s", flush=True)
     gen = torch.Generator().manual_seed(seed)
     rows = []

@@ -1,0 +1,55 @@
+"""Issue 9: per call of the attention in one tiny-model prefill (prompt 1 of the token test, 18 tokens), the kernel
+(interpreter) vs the float32-P reference vs a blockwise bf16-P mirror of the kernel (BLOCK_N = 16, the interpreter
+config; no split-KV combine). python benchmarks/diag_v4_attn_bf16p.py [dense|sparse]"""
+import os, sys, math
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch
+from megamoe.reference import attention as RA
+from megamoe.kernels import sparse_attention as KA
+import megamoe.layers.attention as LA
+from megamoe.models.config import V4_TINY_MODEL
+from megamoe.models.model import V4Model
+from megamoe.models.v4_weights import random_state_dict
+
+def mirror(q, attn_sink, softmax_scale, *, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
+           block_table, slots, entry_idx, out=None, block_n=16, **_):
+    kv, valid = RA.gather_rows(window_kv, window_idx, entries_fp8, entries_scale, entries_rope, block_table, slots, entry_idx)
+    W, K = window_idx.shape[1], entry_idx.shape[1]
+    c = float(softmax_scale) * math.log2(math.e)
+    s = torch.einsum("nhd,njd->nhj", q.float(), kv) * c
+    s = torch.where(valid[:, None, :], s, torch.full((), float("-inf")))
+    N, H, _ = s.shape
+    m = torch.full((N, H), float("-inf")); l = torch.zeros(N, H); acc = torch.zeros(N, H, kv.shape[-1])
+    bounds = [(a, min(a + block_n, W)) for a in range(0, W, block_n)] + [(W + a, W + min(a + block_n, K)) for a in range(0, K, block_n)]
+    for a, b in bounds:
+        sb = s[:, :, a:b]
+        m_new = torch.maximum(m, sb.amax(-1))
+        mu = torch.where(m_new == float("-inf"), torch.zeros(()), m_new)
+        alpha = torch.exp2(m - mu); p = torch.exp2(sb - mu[..., None])
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + torch.einsum("nhj,njd->nhd", p.to(torch.bfloat16).float(), kv[:, a:b])
+        m = m_new
+    mu = torch.where(m == float("-inf"), torch.zeros(()), m)
+    den = l + torch.exp2(attn_sink.float()[None] * math.log2(math.e) - mu)
+    o = acc / den[..., None]
+    return torch.where(valid.any(-1)[:, None, None], o, torch.zeros(())).to(torch.bfloat16)
+
+f = LA.sparse_mqa_attention
+def w(*a, **k):
+    o = f(*a, **k).clone()
+    os.environ["TRITON_INTERPRET"] = "0"
+    r = f(*a, **{kk: v for kk, v in k.items() if kk != "out"}); os.environ["TRITON_INTERPRET"] = "1"
+    mi = mirror(*a, **k)
+    rel = lambda x, y: float((x.float() - y.float()).norm() / y.float().norm())
+    sp = KA.choose_num_splits(a[0].shape[0], a[0].shape[1], k["window_idx"].shape[1], k["entry_idx"].shape[1], interpreter=True)
+    print("attn call N=%d W=%d K=%d splits=%s: kernel vs f32-P ref %.2e, kernel vs bf16-P mirror %.2e, mirror vs ref %.2e" % (
+        a[0].shape[0], k["window_idx"].shape[1], k["entry_idx"].shape[1], sp, rel(o, r), rel(o, mi), rel(mi, r)))
+    return o
+LA.sparse_mqa_attention = w
+sel = sys.argv[1] if len(sys.argv) > 1 else "dense"
+cfg = V4_TINY_MODEL.replace(index_topk=64) if sel == "dense" else V4_TINY_MODEL
+sd = random_state_dict(cfg, seed=1234)
+m = V4Model(cfg, max_batch=1, max_prefill_tokens=18, max_context=40, head_dtype=torch.float32)
+m.load_weights(sd)
+m.prefill(0, torch.tensor(list(range(1, 19))))

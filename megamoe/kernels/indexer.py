@@ -22,6 +22,10 @@ never need interleaving) give the (BLOCK, H) logits.
 
 The FP4 -> bf16 decode is the GEMM kernels' (``nvfp4_gemm``: keys come out as ``k * 2**-8``, undone on the
 scores).
+
+Errors (``megamoe/ops/errors.py``; -1 is the legitimate "none" marker for slots and pages and is never an
+error): a slot < -1 or >= num_slots, an entry ``t < n_entries`` (of a valid slot) past the block table, and a
+block-table page id < -1 or >= num_pages set their bit in the error word with one predicated atomic per program.
 """
 import triton
 import triton.language as tl
@@ -96,6 +100,8 @@ def _indexer_scores_kernel(
     H: tl.constexpr, KEY_DIM: tl.constexpr, EPB: tl.constexpr, BLOCK: tl.constexpr,
     INTERPRET: tl.constexpr, OFFICIAL: tl.constexpr, TILES: tl.constexpr = 1,
     tile_max_ptr=None, tile_max_stride=0, EMIT_MAX: tl.constexpr = False,
+    err_ptr=None,                 # (1,) int32 error word (megamoe/ops/errors.py)
+    FLAG_SLOTS: tl.constexpr = 0, FLAG_ENTRIES: tl.constexpr = 0, FLAG_TABLE: tl.constexpr = 0,
 ):
     row = tl.program_id(0)
     HALF: tl.constexpr = KEY_DIM // 2
@@ -111,11 +117,16 @@ def _indexer_scores_kernel(
     q_odd_t = tl.trans(q_odd)
     w = tl.load(weights_ptr + row * H + hh)
     out_row = scores_ptr + row.to(tl.int64) * max_entries
+    GUARD: tl.constexpr = FLAG_SLOTS | FLAG_ENTRIES | FLAG_TABLE != 0  # False: compiled out (MEGAMOE_DEVICE_GUARD=0)
+    err = ((slot < -1) | (slot >= num_slots)).to(tl.int32) * FLAG_SLOTS * (tl.program_id(1) == 0).to(tl.int32)
     for j in range(TILES):
         t = (tl.program_id(1) * TILES + j) * BLOCK + tl.arange(0, BLOCK)
         live = (t < n) & slot_ok
         page = tl.load(block_table_ptr + tl.where(slot_ok, slot, 0) * max_lb + t // EPB,
                        mask=live & (t // EPB < max_lb), other=-1)
+        if GUARD:
+            err = err | tl.max((live & (t // EPB >= max_lb)).to(tl.int32), 0) * FLAG_ENTRIES \
+                | tl.max(((page < -1) | (page >= num_pages)).to(tl.int32), 0) * FLAG_TABLE
         live = live & (page >= 0) & (page < num_pages)
         src = tl.where(live, page, 0).to(tl.int64) * EPB + t % EPB
         packed = tl.load(key_data_ptr + src[:, None] * HALF + i[None, :], mask=live[:, None], other=0)
@@ -150,6 +161,8 @@ def _indexer_scores_kernel(
             tile = tl.program_id(1) * TILES + j
             tmax = tl.max(tl.where(t < max_entries, _ordered(score), -2147483648), 0)
             tl.store(tile_max_ptr + row.to(tl.int64) * tile_max_stride + tile, tmax, mask=tile * BLOCK < max_entries)
+    if GUARD:
+        tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
 def _num_sms(device) -> int:
@@ -173,13 +186,17 @@ def tiles_per_program(B: int, max_entries: int, *, interpreter: bool = False, nu
 
 def launch_indexer_scores(q, weights, slots, n_entries, block_table, index_keys, index_key_scale_u8, scores,
                           *, entries_per_block: int, official: bool, interpreter: bool = False,
-                          tiles: int | None = None, tile_max=None):
+                          tiles: int | None = None, tile_max=None, error_word=None):
     """q: (B, H, Di) bf16 contiguous; weights: (B, H) float32; slots, n_entries: (B,) int32;
     block_table: (S, L) int32; index_keys: (P*EPB, Di // 2) uint8; index_key_scale_u8: (P*EPB, Di // 32)
     E8M0 (official) or (P*EPB, Di // 16) E4M3 bytes; scores: (B, max_entries) float32 output.
     ``tiles``: override of :func:`tiles_per_program` (tests). ``tile_max``: optional (B, >= cdiv(max_entries,
     BLOCK)) int32 view with unit column stride: per BLOCK-entry tile the maximum order-preserving key of its
-    scores (``megamoe.kernels.topk`` key map), for the split top-k (v3, replaces its S1 pass)."""
+    scores (``megamoe.kernels.topk`` key map), for the split top-k (v3, replaces its S1 pass).
+    ``error_word``: the (1,) int32 word the out-of-range arguments flag (default: the device's,
+    ``megamoe.ops.errors``)."""
+    from ..ops import errors
+
     B, H, key_dim = q.shape
     max_entries = scores.shape[1]
     if B == 0 or max_entries == 0:
@@ -195,5 +212,9 @@ def launch_indexer_scores(q, weights, slots, n_entries, block_table, index_keys,
         H=H, KEY_DIM=key_dim, EPB=entries_per_block, BLOCK=block, INTERPRET=interpreter, OFFICIAL=official,
         TILES=tiles, tile_max_ptr=scores if tile_max is None else tile_max,
         tile_max_stride=0 if tile_max is None else tile_max.stride(0), EMIT_MAX=tile_max is not None,
+        err_ptr=error_word if error_word is not None else errors.error_word(q.device),
+        FLAG_SLOTS=errors.kernel_flag("indexer_scores", "slots"),
+        FLAG_ENTRIES=errors.kernel_flag("indexer_scores", "n_entries"),
+        FLAG_TABLE=errors.kernel_flag("indexer_scores", "block_table"),
         num_warps=4 if interpreter else 8,
     )

@@ -4,6 +4,9 @@ One program per (batch row, BLOCK_D feature columns); a program owns its columns
 the step needs no cross-program synchronisation. Rows that are inactive or do not flush are masked
 inside the kernel (no host branching): one launch serves every decode step and is CUDA-graph safe. A row
 whose slot is outside ``[0, num_slots)`` or whose position is negative is inactive (touches no state).
+Errors (``megamoe/ops/errors.py``; only rows whose ``active`` flag is set are checked; -1 is the legitimate
+"none" marker for slots and positions): a slot < -1 or >= num_slots and a position < -1 set their bit in the
+error word (one predicated atomic, by the row's first column block).
 Semantics: ``megamoe.reference.kvcache.compressor_step``.
 """
 import triton
@@ -24,9 +27,11 @@ def _compress_step_kernel(
     tail_len_ptr,                 # (S,) int32
     pooled_ptr,                   # (B, D) float32
     flush_ptr,                    # (B,) int8
+    err_ptr,                      # (1,) int32 error word (megamoe/ops/errors.py)
     num_slots,                    # S (rows of the state)
     M: tl.constexpr, D: tl.constexpr, OVERLAP: tl.constexpr,
     M_P2: tl.constexpr, BLOCK_D: tl.constexpr, HAS_APE: tl.constexpr,
+    FLAG_SLOTS: tl.constexpr = 0, FLAG_POSITIONS: tl.constexpr = 0,
 ):
     row = tl.program_id(0)
     col_block = tl.program_id(1)
@@ -35,7 +40,12 @@ def _compress_step_kernel(
 
     slot = tl.load(slots_ptr + row).to(tl.int64)
     pos = tl.load(positions_ptr + row)
-    active = (tl.load(active_ptr + row) != 0) & (slot >= 0) & (slot < num_slots) & (pos >= 0)
+    wants = tl.load(active_ptr + row) != 0
+    active = wants & (slot >= 0) & (slot < num_slots) & (pos >= 0)
+    if FLAG_SLOTS | FLAG_POSITIONS != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0)
+        code = (wants & ((slot < -1) | (slot >= num_slots))).to(tl.int32) * FLAG_SLOTS \
+            | (wants & (pos < -1)).to(tl.int32) * FLAG_POSITIONS
+        tl.atomic_or(err_ptr, code, mask=(code != 0) & (col_block == 0))
     slot = tl.where(active, slot, 0)
     cur = pos % M
     flush = active & ((pos + 1) % M == 0)
@@ -111,13 +121,17 @@ def _compress_step_kernel(
 
 
 def launch_compress_step(kv, score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb, tail_len,
-                         pooled, flush_i8, *, ratio: int, width: int, overlap: bool, ape=None):
+                         pooled, flush_i8, *, ratio: int, width: int, overlap: bool, ape=None, error_word=None):
     """Launch the compressor step for B = kv.shape[0] rows (all tensors on one device, contiguous).
 
     kv, score: (B, C*width) float32; slots, positions: (B,) int32; active_i8: (B,) int8;
     tail_*: the :class:`~megamoe.kvcache.state.CompressorState` tensors; pooled: (B, width) float32;
     flush_i8: (B,) int8 output; ape: (ratio, C*width) float32 or None, added to score at row ``pos % ratio``.
+    error_word: the (1,) int32 word the out-of-range arguments of active rows flag (default: the device's,
+    ``megamoe.ops.errors``).
     """
+    from ..ops import errors
+
     B = kv.shape[0]
     if B == 0:
         return
@@ -128,6 +142,8 @@ def launch_compress_step(kv, score, slots, positions, active_i8, tail_k, tail_z,
     grid = (B, triton.cdiv(width, block_d))
     _compress_step_kernel[grid](
         kv, score, ape if ape is not None else score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb, tail_len, pooled, flush_i8,
+        error_word if error_word is not None else errors.error_word(kv.device),
         tail_len.shape[0], M=ratio, D=width, OVERLAP=overlap, M_P2=triton.next_power_of_2(ratio), BLOCK_D=block_d,
-        HAS_APE=ape is not None,
+        HAS_APE=ape is not None, FLAG_SLOTS=errors.kernel_flag("compressor_step", "slots"),
+        FLAG_POSITIONS=errors.kernel_flag("compressor_step", "positions"),
     )

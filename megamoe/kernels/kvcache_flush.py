@@ -3,7 +3,10 @@ them into the paged pool.
 
 One program per batch row. Rows whose ``flush`` flag is 0, whose slot is outside ``[0, num_slots)``, whose
 position is negative, or whose page is unallocated (-1) or outside ``[0, num_pages)`` store nothing (masked
-stores), so the launch is the same every step. Numerics (``megamoe/kvcache/config.py``):
+stores), so the launch is the same every step. Errors (``megamoe/ops/errors.py``; only rows whose ``flush``
+flag is set are checked, and -1 is the legitimate "none" marker for slots, positions and pages): a slot < -1
+or >= num_slots, a position < -1 or whose entry lies past the block table, and a page id < -1 or >=
+num_pages set their bit in the error word (one predicated atomic per program). Numerics (``megamoe/kvcache/config.py``):
 
 * entries, ``OFFICIAL_ENTRY``: per 64-dim block the official ``act_quant`` (power-of-two float32 scale
   ``pow2ceil(max(amax, 1e-4) / 448)``); otherwise one ``amax / 448`` scale per entry (SCALE_COLS = 1);
@@ -51,23 +54,33 @@ def _flush_write_kernel(
     rope_ptr,                     # (P*EPB, ROPE) int16 view of bf16
     key_data_ptr,                 # (P*EPB, KEY_DIM // 2) uint8
     key_scale_ptr,                # (P*EPB, KEY_DIM // KEY_BLOCK) uint8 (E8M0 or E4M3 bytes)
+    err_ptr,                      # (1,) int32 error word (megamoe/ops/errors.py)
     num_slots, max_lb, num_pages,
     RATIO: tl.constexpr, EPB: tl.constexpr,
     NOPE: tl.constexpr, ROPE: tl.constexpr, ROPE_P2: tl.constexpr,
     SCALE_COLS: tl.constexpr, COLS_P2: tl.constexpr, SB_P2: tl.constexpr, OFFICIAL_ENTRY: tl.constexpr,
     HAS_KEY: tl.constexpr, KEY_DIM: tl.constexpr, OFFICIAL_KEY: tl.constexpr,
+    FLAG_SLOTS: tl.constexpr = 0, FLAG_POSITIONS: tl.constexpr = 0, FLAG_TABLE: tl.constexpr = 0,
 ):
     row = tl.program_id(0)
     HEAD_DIM: tl.constexpr = NOPE + ROPE
     SB: tl.constexpr = NOPE // SCALE_COLS
     slot = tl.load(slots_ptr + row).to(tl.int64)
     pos = tl.load(positions_ptr + row)
-    flush = (tl.load(flush_ptr + row) != 0) & (slot >= 0) & (slot < num_slots) & (pos >= 0)
+    wants = tl.load(flush_ptr + row) != 0
+    flush = wants & (slot >= 0) & (slot < num_slots) & (pos >= 0)
     entry_index = tl.where(flush, pos, 0) // RATIO
     logical = entry_index // EPB
     page = tl.load(block_table_ptr + tl.where(flush, slot, 0) * max_lb + logical,
                    mask=flush & (logical < max_lb), other=-1)
     valid = flush & (page >= 0) & (page < num_pages)
+    if FLAG_SLOTS | FLAG_POSITIONS | FLAG_TABLE != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0)
+        bad_slot = wants & ((slot < -1) | (slot >= num_slots))
+        bad_pos = (wants & (pos < -1)) | (flush & (logical >= max_lb))
+        bad_page = (page < -1) | (page >= num_pages)
+        code = bad_slot.to(tl.int32) * FLAG_SLOTS | bad_pos.to(tl.int32) * FLAG_POSITIONS \
+            | bad_page.to(tl.int32) * FLAG_TABLE
+        tl.atomic_or(err_ptr, code, mask=code != 0)
     dst = tl.where(valid, page, 0).to(tl.int64) * EPB + entry_index % EPB
 
     # FP8 half: SCALE_COLS blocks of SB dims, one float32 scale each.
@@ -137,12 +150,15 @@ def _flush_write_kernel(
 
 def launch_flush_write(entry, index_key, flush_i8, slots, positions, block_table, entries_fp8_u8,
                        entries_scale, entries_rope_i16, index_keys, index_key_scale_u8, *, ratio: int,
-                       entries_per_block: int, official_entry: bool, official_key: bool):
+                       entries_per_block: int, official_entry: bool, official_key: bool, error_word=None):
     """entry: (B, head_dim) bf16; index_key: (B, Di) bf16 or None; flush_i8: (B,) int8;
     slots, positions: (B,) int32; block_table: (S, L) int32; pool tensors flattened over (page, slot):
     entries_fp8_u8 (P, nope) uint8, entries_scale (P, cols) f32 (cols = nope // 64 official, 1 per-entry),
     entries_rope_i16 (P, rope) int16, index_keys (P, Di // 2) uint8, index_key_scale_u8 (P, Di // 32 official
-    E8M0 | Di // 16 NVFP4 E4M3) uint8 (None without indexer)."""
+    E8M0 | Di // 16 NVFP4 E4M3) uint8 (None without indexer). error_word: the (1,) int32 word the out-of-range
+    arguments of flushing rows flag (default: the device's, ``megamoe.ops.errors``)."""
+    from ..ops import errors
+
     B = entry.shape[0]
     if B == 0:
         return
@@ -156,8 +172,12 @@ def launch_flush_write(entry, index_key, flush_i8, slots, positions, block_table
     _flush_write_kernel[(B,)](
         entry, entry.view(torch.int16), index_key, flush_i8, slots, positions, block_table,
         entries_fp8_u8, entries_scale, entries_rope_i16, index_keys, index_key_scale_u8,
+        error_word if error_word is not None else errors.error_word(entry.device),
         block_table.shape[0], block_table.shape[1], entries_fp8_u8.shape[0] // entries_per_block,
         RATIO=ratio, EPB=entries_per_block, NOPE=nope, ROPE=rope, ROPE_P2=triton.next_power_of_2(rope),
         SCALE_COLS=cols, COLS_P2=triton.next_power_of_2(cols), SB_P2=triton.next_power_of_2(nope // cols),
-        OFFICIAL_ENTRY=official_entry, HAS_KEY=has_key, KEY_DIM=key_dim, OFFICIAL_KEY=official_key, num_warps=4,
+        OFFICIAL_ENTRY=official_entry, HAS_KEY=has_key, KEY_DIM=key_dim, OFFICIAL_KEY=official_key,
+        FLAG_SLOTS=errors.kernel_flag("flush_write", "slots"),
+        FLAG_POSITIONS=errors.kernel_flag("flush_write", "positions"),
+        FLAG_TABLE=errors.kernel_flag("flush_write", "block_table"), num_warps=4,
     )

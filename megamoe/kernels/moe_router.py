@@ -27,7 +27,9 @@ row of the ``tid2eid`` (V, k) int32 table instead of a selection; the weights
 are the scores gathered at those ids, then the same renormalisation and scale.
 A token id outside [0, V) or a row entry outside [0, E) gives ids 0..k-1 and
 NaN weights (the reference's invalid-input policy); every load is masked, so
-nothing is read out of bounds.
+nothing is read out of bounds. Both are flagged in the device error word
+(``megamoe/ops/errors.py``: ``route`` ``token_ids`` / ``tid2eid``), one
+predicated atomic per token.
 """
 from __future__ import annotations
 
@@ -84,6 +86,9 @@ def _moe_topk_kernel(
     N_GROUP: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
     HASH: tl.constexpr,
+    err_ptr=None,  # (1,) int32 error word (megamoe/ops/errors.py; used if HASH and a flag is non-zero)
+    FLAG_TOKENS: tl.constexpr = 0,
+    FLAG_TABLE: tl.constexpr = 0,
 ):
     token = tl.program_id(0).to(tl.int64)
     slots = tl.arange(0, K_PAD)
@@ -94,6 +99,9 @@ def _moe_topk_kernel(
         row = tl.load(tid2eid_ptr + tl.where(tok_ok, tok, 0) * stride_t + slots, mask=keep & tok_ok, other=0)
         bad_entry = tl.max(tl.where(keep & ((row < 0) | (row >= num_experts)), 1, 0), axis=0)
         ok = tok_ok & (bad_entry == 0)
+        if FLAG_TOKENS | FLAG_TABLE != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0)
+            code = (~tok_ok).to(tl.int32) * FLAG_TOKENS | (tok_ok & (bad_entry != 0)).to(tl.int32) * FLAG_TABLE
+            tl.atomic_or(err_ptr, code, mask=code != 0)
         chosen_i = tl.where(ok, row, slots).to(tl.int32)
         chosen_w = tl.load(scores_ptr + token * stride_s + chosen_i, mask=keep, other=0.0)
     else:
@@ -138,13 +146,16 @@ def supports_groups(num_experts: int, n_group: int) -> bool:
 def launch_moe_topk(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, norm_topk_prob: bool,
                     routed_scaling_factor: float, weights_out: torch.Tensor, ids_out: torch.Tensor,
                     n_group: int = 1, topk_group: int = 1, token_ids: torch.Tensor | None = None,
-                    tid2eid: torch.Tensor | None = None) -> None:
+                    tid2eid: torch.Tensor | None = None, error_word: torch.Tensor | None = None) -> None:
     """scores (T, E) fp32 unit column stride; bias (E,) fp32 or None; outputs (T, >=k) fp32 / int32, unit column stride.
 
     n_group / topk_group: group-limited selection (needs ``supports_groups(E, n_group)``).
     token_ids (T,) int32/int64 contiguous + tid2eid (V, k) int32 unit column stride: hash routing (bias and
-    groups unused).
+    groups unused). error_word: the (1,) int32 word an out-of-range token id / table entry flags (hash routing;
+    default: the device's, ``megamoe.ops.errors``).
     """
+    from ..ops import errors
+
     num_tokens, num_experts = scores.shape
     hashed = tid2eid is not None
     if hashed:
@@ -161,5 +172,8 @@ def launch_moe_topk(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int,
         tid2eid.shape[0] if hashed else 0, tid2eid.stride(0) if hashed else 0,
         TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(num_experts),
         HAS_BIAS=bias is not None and not hashed, NORMALIZE=bool(norm_topk_prob), N_GROUP=n_group,
-        TOPK_GROUP=topk_group if n_group > 1 else 1, HASH=hashed, num_warps=1 if hashed else 4,
+        TOPK_GROUP=topk_group if n_group > 1 else 1, HASH=hashed,
+        err_ptr=(error_word if error_word is not None else errors.error_word(scores.device)) if hashed else ids_out,
+        FLAG_TOKENS=errors.kernel_flag("route", "token_ids") if hashed else 0,
+        FLAG_TABLE=errors.kernel_flag("route", "tid2eid") if hashed else 0, num_warps=1 if hashed else 4,
     )

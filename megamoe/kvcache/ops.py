@@ -78,6 +78,7 @@ def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
                              state.tail_kb, state.tail_zb, state.tail_len, pooled, flush.view(torch.int8),
                              ratio=state.ratio, width=state.width, overlap=state.overlap, ape=ape)
         return
+    _record_row_errors("compressor_step", active, slots, positions, state.tail_len.shape[0])
     if ape is not None:
         score = score + ape[torch.remainder(positions.long(), state.ratio)]
     out, fl = _ref().compressor_step(state, kv, score, slots, positions, active, pooled_out=pooled)
@@ -116,7 +117,41 @@ def flush_write(pool: PagedPool, block_table: torch.Tensor, entry: torch.Tensor,
                            official_entry=pool.entry_numerics == "official",
                            official_key=pool.index_numerics == "official")
         return
+    _record_flush_errors(pool, block_table, flush, slots, positions, ratio)
     _ref().flush_write(pool, block_table, entry, index_key, flush, slots, positions, ratio)
+
+
+def _record_row_errors(op: str, wants: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                       num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch path: the ``slots`` / ``positions`` flags of ``op`` (megamoe/ops/errors.py) for the rows that
+    ``wants`` (active / flushing): slot < -1 or >= num_slots, position < -1 (-1 is the "none" marker).
+    Returns (slot_ok, the long positions)."""
+    from ..ops import errors
+
+    word = errors.error_word(slots.device)
+    slot, pos = slots.long(), positions.long()
+    errors.record(word, errors.flag(op, "slots"), wants & ((slot < -1) | (slot >= num_slots)))
+    errors.record(word, errors.flag(op, "positions"), wants & (pos < -1))
+    return (slot >= 0) & (slot < num_slots), pos
+
+
+def _record_flush_errors(pool: PagedPool, block_table: torch.Tensor, flush: torch.Tensor, slots: torch.Tensor,
+                         positions: torch.Tensor, ratio: int) -> None:
+    """Torch path: the flush kernel's error flags, by the same rules, as device ops."""
+    from ..ops import errors
+
+    num_slots, max_lb = block_table.shape
+    slot_ok, pos = _record_row_errors("flush_write", flush, slots, positions, num_slots)
+    live = flush & slot_ok & (pos >= 0)
+    logical = torch.div(torch.where(live, pos, 0), ratio * pool.entries_per_block, rounding_mode="floor")
+    word = errors.error_word(slots.device)
+    errors.record(word, errors.flag("flush_write", "positions"), live & (logical >= max_lb))
+    looked_up = live & (logical < max_lb)
+    if num_slots and max_lb:
+        page = block_table.long()[torch.where(slot_ok, slots.long(), 0), torch.where(looked_up, logical, 0)]
+        page = torch.where(looked_up, page, -1)
+        errors.record(word, errors.flag("flush_write", "block_table"),
+                      (page < -1) | (page >= pool.entries_fp8.shape[0]))
 
 
 def gather_entries(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tensor, indices: torch.Tensor,
@@ -199,8 +234,30 @@ def _indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor,
                               entries_per_block=pool.entries_per_block, official=pool.index_numerics == "official",
                               interpreter=interpreter_enabled(), tile_max=tile_max)
         return scores
+    _record_indexer_errors(pool, block_table, slots, n_entries, scores.shape[1])
     scores.copy_(_ref().indexer_scores(pool, block_table, q, weights, slots, n_entries, scores.shape[1]))
     return scores
+
+
+def _record_indexer_errors(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tensor,
+                           n_entries: torch.Tensor, max_entries: int) -> None:
+    """Torch path: the indexer kernel's error flags (megamoe/ops/errors.py), by the same rules, as device ops."""
+    from ..ops import errors
+
+    word = errors.error_word(slots.device)
+    num_slots, max_lb = block_table.shape
+    epb = pool.entries_per_block
+    slot = slots.long()
+    slot_ok = (slot >= 0) & (slot < num_slots)
+    errors.record(word, errors.flag("indexer_scores", "slots"), (slot < -1) | (slot >= num_slots))
+    n = torch.where(slot_ok, n_entries.long().clamp(max=max_entries), 0)   # live entries: t < n
+    errors.record(word, errors.flag("indexer_scores", "n_entries"), n > max_lb * epb)
+    if num_slots and max_lb:
+        lb = torch.arange(max_lb, device=slots.device)
+        looked_up = lb[None, :] * epb < n[:, None]                         # table columns holding live entries
+        page = torch.where(looked_up, block_table.long()[torch.where(slot_ok, slot, 0)], -1)
+        errors.record(word, errors.flag("indexer_scores", "block_table"),
+                      (page < -1) | (page >= pool.index_keys.shape[0]))
 
 
 def indexer_topk(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, weights: torch.Tensor,

@@ -28,20 +28,25 @@ Kernels that take device-valued indices (audit for issue 12):
 
 * mask AND flag: grouped GEMMs ``row_index`` (nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_wgmma);
   moe_combine ``inv_perm``; moe_dispatch ``topk_ids``; kvcache_gather ``indices`` / ``slots`` /
-  ``block_table``; sparse_attention ``window_idx`` / ``entry_idx`` / ``slots`` / ``block_table``.
-* mask, no flag yet (never out of bounds; a bad value changes nothing): kvcache_flush (slots, positions,
-  block-table pages: the write is dropped), kvcache_compress (slots, positions: the row is inactive),
-  indexer (slots, block-table pages, n_entries: the entry scores -inf, so top-k never selects it and the
-  later gather / attention sees -1), moe_router hash routing (``token_ids`` outside ``[0, vocab)``:
-  the row reads no table entry), v4_elementwise RoPE (positions outside the table read no row), the torch
-  op swa_append (slots / positions: scratch row). Adding flags there is follow-up work (their files belong
-  to other work streams).
+  ``block_table``; sparse_attention ``window_idx`` / ``entry_idx`` / ``slots`` / ``block_table``;
+  kvcache_flush (``flush_write``: ``slots`` / ``positions`` (< -1, or the entry past the block table) /
+  ``block_table``, flushing rows only: the write is dropped); kvcache_compress (``compressor_step``:
+  ``slots`` / ``positions`` < -1, active rows only: the row is inactive); indexer (``indexer_scores``:
+  ``slots``, ``n_entries`` (a live entry past the block table), ``block_table``: the entry scores -inf, so
+  top-k never selects it and the later gather / attention sees -1); moe_router hash routing (``route``:
+  ``token_ids`` outside ``[0, vocab)``, ``tid2eid`` entries outside ``[0, E)`` of a valid token's row: ids
+  0..k-1 and NaN weights). Slot / position / page -1 and inactive (non-active / non-flushing) rows are the
+  documented "none" markers and never flag.
+* mask, no flag yet (never out of bounds; a bad value changes nothing): v4_elementwise RoPE (positions
+  outside the table read no row), the torch op swa_append (slots / positions: scratch row). Adding flags
+  there is follow-up work.
 * cannot go out of bounds by construction: topk (reads scores; its candidate / selection indices are its own
   workspace, produced in-kernel), sampling (its token ids come from the sort it runs itself), quantize,
   hyper_connection, nvfp4_splitk (dense, no index input).
 
 The guard can be compiled out for benchmarking only (:data:`DEVICE_GUARD`, ``MEGAMOE_DEVICE_GUARD=0``; the
-MoE-path kernels and sparse attention honour it, see benchmarks/bench_guard.py).
+MoE-path kernels and sparse attention drop their masking and flag code; the router's hash path, kvcache_flush,
+kvcache_compress and the indexer drop only their flag code; see benchmarks/bench_guard.py).
 """
 from __future__ import annotations
 
@@ -60,6 +65,16 @@ FLAGS: dict[tuple[str, str], int] = {
     ("sparse_attention", "entry_idx"): 1 << 7,
     ("sparse_attention", "slots"): 1 << 8,
     ("sparse_attention", "block_table"): 1 << 9,
+    ("flush_write", "slots"): 1 << 10,
+    ("flush_write", "positions"): 1 << 11,
+    ("flush_write", "block_table"): 1 << 12,
+    ("compressor_step", "slots"): 1 << 13,
+    ("compressor_step", "positions"): 1 << 14,
+    ("indexer_scores", "slots"): 1 << 15,
+    ("indexer_scores", "n_entries"): 1 << 16,
+    ("indexer_scores", "block_table"): 1 << 17,
+    ("route", "token_ids"): 1 << 18,
+    ("route", "tid2eid"): 1 << 19,
 }
 
 # Benchmarking switch only (never for serving): MEGAMOE_DEVICE_GUARD=0 in the environment, read once at import,

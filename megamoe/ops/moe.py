@@ -112,7 +112,10 @@ def route(
     correction_bias must then be None; n_group / topk_group do not apply.
     Only shapes and dtypes are checked here (sync-free): validate the table's
     values once with :func:`check_tid2eid`; out-of-range token ids or entries
-    follow the reference's invalid-input policy (ids 0..k-1, NaN weights).
+    follow the reference's invalid-input policy (ids 0..k-1, NaN weights) and
+    are flagged in the device's error word (``megamoe/ops/errors.py``: a token
+    id outside ``[0, V)``: ``("route", "token_ids")``; an entry outside
+    ``[0, E)`` of a valid token's row: ``("route", "tid2eid")``), both backends.
     """
     floats = (torch.bfloat16, torch.float16, torch.float32)
     _check_tensor(hidden_states, "hidden_states", floats, 2)
@@ -181,6 +184,7 @@ def route(
                             n_group=n_group, topk_group=topk_group)
         return weights[:, :top_k], ids[:, :top_k]
     if hashed:
+        _record_hash_errors(tid2eid, token_ids, num_experts)
         result = _reference.hash_route(
             hidden_states, gate_weight, tid2eid, token_ids, scoring_func=scoring_func,
             norm_topk_prob=norm_topk_prob, routed_scaling_factor=routed_scaling_factor,
@@ -195,6 +199,20 @@ def route(
         out[0][:num_tokens, :top_k].copy_(result[0])
         out[1][:num_tokens, :top_k].copy_(result[1])
     return result
+
+
+def _record_hash_errors(tid2eid: torch.Tensor, token_ids: torch.Tensor, num_experts: int) -> None:
+    """Torch path: the router kernel's hash-routing flags (megamoe/ops/errors.py), same rules, device ops."""
+    from . import errors
+
+    vocab = tid2eid.shape[0]
+    tok = token_ids.long()
+    tok_ok = (tok >= 0) & (tok < vocab)
+    rows = tid2eid.index_select(0, tok.clamp(0, vocab - 1))
+    bad_row = ((rows < 0) | (rows >= num_experts)).any(dim=1)
+    word = errors.error_word(token_ids.device)
+    errors.record(word, errors.flag("route", "token_ids"), ~tok_ok)
+    errors.record(word, errors.flag("route", "tid2eid"), tok_ok & bad_row)
 
 
 def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None = None,

@@ -46,13 +46,13 @@ def main():
     flush_types = dict(entry_ptr="*bf16", entry_bits_ptr="*i16", key_ptr="*bf16", flush_ptr="*i8",
                        slots_ptr="*i32", positions_ptr="*i32", block_table_ptr="*i32", fp8_ptr="*u8",
                        scale_ptr="*fp32", rope_ptr="*i16", key_data_ptr="*u8", key_scale_ptr="*u8",
-                       num_slots="i32", max_lb="i32", num_pages="i32")
+                       err_ptr="*i32", num_slots="i32", max_lb="i32", num_pages="i32")
     for official in (True, False):
         cols = 7 if official else 1
         k = compile_sm90(kvcache_flush._flush_write_kernel, flush_types, dict(
             RATIO=4, EPB=64, NOPE=448, ROPE=64, ROPE_P2=64, SCALE_COLS=cols, COLS_P2=triton.next_power_of_2(cols),
             SB_P2=triton.next_power_of_2(448 // cols), OFFICIAL_ENTRY=official, HAS_KEY=True, KEY_DIM=128,
-            OFFICIAL_KEY=official))
+            OFFICIAL_KEY=official, FLAG_SLOTS=1 << 10, FLAG_POSITIONS=1 << 11, FLAG_TABLE=1 << 12))
         report[f"flush_{'official' if official else 'per_entry_nvfp4'}"] = ptxas_usage(k)
     gather_types = dict(indices_ptr="*i32", slots_ptr="*i32", block_table_ptr="*i32", fp8_ptr="*u8",
                         scale_ptr="*fp32", rope_ptr="*i16", out_ptr="*i16", err_ptr="*i32", K="i32", num_slots="i32",
@@ -65,21 +65,23 @@ def main():
     index_types = dict(q_ptr="*bf16", weights_ptr="*fp32", slots_ptr="*i32", n_entries_ptr="*i32",
                        block_table_ptr="*i32", key_data_ptr="*u8", key_scale_ptr="*u8", scores_ptr="*fp32",
                        max_entries="i32", num_slots="i32", max_lb="i32", num_pages="i32", tile_max_ptr="*i32",
-                       tile_max_stride="i32")
+                       tile_max_stride="i32", err_ptr="*i32")
     for official, emit_max in ((True, False), (False, False), (True, True)):
         k = compile_sm90(indexer._indexer_scores_kernel, index_types, dict(
             H=64, KEY_DIM=128, EPB=64, BLOCK=indexer.BLOCK_T["gpu"], INTERPRET=False, OFFICIAL=official,
-            TILES=indexer.MAX_TILES, EMIT_MAX=emit_max),
+            TILES=indexer.MAX_TILES, EMIT_MAX=emit_max, FLAG_SLOTS=1 << 15, FLAG_ENTRIES=1 << 16,
+            FLAG_TABLE=1 << 17),
             num_warps=8)
         report[f"indexer_{'official' if official else 'nvfp4'}{'_tile_max' if emit_max else ''}"] = ptxas_usage(k)
     compress_types = dict(kv_ptr="*fp32", score_ptr="*fp32", ape_ptr="*fp32", slots_ptr="*i32", positions_ptr="*i32",
                           active_ptr="*i8", tail_k_ptr="*fp32", tail_z_ptr="*fp32", tail_kb_ptr="*fp32",
                           tail_zb_ptr="*fp32", tail_len_ptr="*i32", pooled_ptr="*fp32", flush_ptr="*i8",
-                          num_slots="i32")
+                          err_ptr="*i32", num_slots="i32")
     for m, overlap, width in ((4, True, 512), (4, True, 128), (128, False, 512)):
         bd = kvcache_compress._BLOCK_D["small_m" if m <= 16 else "large_m"]
         k = compile_sm90(kvcache_compress._compress_step_kernel, compress_types,
-                         dict(M=m, D=width, OVERLAP=overlap, M_P2=m, BLOCK_D=min(bd, width), HAS_APE=True))
+                         dict(M=m, D=width, OVERLAP=overlap, M_P2=m, BLOCK_D=min(bd, width), HAS_APE=True,
+                              FLAG_SLOTS=1 << 13, FLAG_POSITIONS=1 << 14))
         report[f"compress_m{m}_d{width}"] = ptxas_usage(k)
     print(json.dumps(report))
 

@@ -316,3 +316,147 @@ def test_select_topk_rejects_other_dtypes_clearly():
     with pytest.raises(ValueError, match="k: expected a non-negative int"):
         kv_ops.select_topk(torch.randn(2, 8), -1)
     assert kv_ops.select_topk(torch.randn(2, 8), 3).shape == (2, 3)
+
+
+# ---------------------------------------------------------------------------------------------- error-word flags
+def _flag_words(monkeypatch, fn):
+    """fn() on the Triton path (interpreter) and on the torch path, each from a clean error word: [(result, word)]."""
+    from megamoe.ops import errors
+
+    out = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TRITON_INTERPRET", flag)
+        errors.clear_errors("cpu")
+        result = fn()
+        out.append((result, errors.peek_errors("cpu")))
+    errors.clear_errors("cpu")
+    return out
+
+
+def _raises_naming(op: str, arg: str, word: int):
+    """check_errors() on a word holding ``word`` names (op, arg) in its message."""
+    from megamoe.ops import errors
+
+    errors.error_word("cpu").fill_(word)
+    with pytest.raises(errors.DeviceIndexError, match=f"{op}: argument '{arg}'"):
+        errors.check_errors("cpu")
+
+
+def test_flush_write_flags_out_of_range_not_markers(monkeypatch):
+    """Issue 12: flush_write flags slots < -1 / >= S, positions < -1 / past the table, pages < -1 / >= P on
+    flushing rows only (-1 markers and non-flushing rows are not errors), identically on both backends."""
+    from megamoe.ops import errors
+
+    cache = _cache()
+    cache.join(0)
+    cache.join(1)
+    cache.prepare_forward([0, 1], [0, 0], [16, 16])
+    pool0 = cache.pool.map(torch.clone)
+    entry = torch.randn(2, 144).to(torch.bfloat16)
+    key = torch.randn(2, 64).to(torch.bfloat16)
+    f = lambda op_arg: errors.flag("flush_write", op_arg)  # noqa: E731
+    cases = [  # (flush, slots, positions, table edit, expected flags)
+        ([1, 1], [0, -1], [3, 3], None, 0),                          # slot -1: the "none" marker
+        ([1, 1], [0, 1], [3, -1], None, 0),                          # position -1: the "none" marker
+        ([1, 0], [0, 99], [3, -7], None, 0),                         # a row that does not flush: never checked
+        ([1, 1], [0, 3], [3, 3], None, f("slots")),
+        ([1, 1], [-2, 0], [3, 3], None, f("slots")),
+        ([1, 1], [0, 1], [3, -5], None, f("positions")),
+        ([1, 1], [0, 1], [3, 10 ** 6], None, f("positions")),       # entry past the block table
+        ([1, 1], [0, 1], [3, 3], (1, 0, cache.config.num_blocks + 5), f("block_table")),
+        ([1, 1], [0, 1], [3, 3], (1, 0, -4), f("block_table")),
+        ([1, 1], [0, 1], [3, 3], (1, 0, -1), 0),                      # unallocated page: not an error
+    ]
+    for fl, sl, po, edit, expected in cases:
+        table = cache.block_table.clone()
+        if edit is not None:
+            table[edit[0], edit[1]] = edit[2]
+        flush = torch.tensor(fl, dtype=torch.bool)
+        slots, positions = torch.tensor(sl, dtype=torch.int32), torch.tensor(po, dtype=torch.int32)
+
+        def run():
+            pool = pool0.map(torch.clone)
+            ops.flush_write(pool, table, entry, key, flush, slots, positions, ratio=4)
+            return pool
+
+        (pa, wa), (pb, wb) = _flag_words(monkeypatch, run)
+        assert wa == wb == expected, (fl, sl, po, edit, wa, wb)
+        assert all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(pa.tensors(), pb.tensors()))
+    _raises_naming("flush_write", "positions", f("positions"))
+
+
+def test_compressor_step_flags_out_of_range_not_markers(monkeypatch):
+    from megamoe.ops import errors
+
+    cache = _cache(batch=2)
+    st0 = cache.state.clone()
+    kv, score = torch.randn(2, 2 * 144), torch.randn(2, 2 * 144)
+    f = lambda op_arg: errors.flag("compressor_step", op_arg)  # noqa: E731
+    cases = [  # (active, slots, positions, expected)
+        ([1, 1], [0, -1], [3, 2], 0),
+        ([1, 1], [0, 1], [2, -1], 0),
+        ([1, 0], [0, 99], [3, -9], 0),                               # inactive rows are never checked
+        ([1, 1], [0, 3], [3, 2], f("slots")),
+        ([1, 1], [-5, 1], [3, 2], f("slots")),
+        ([1, 1], [0, 1], [3, -2], f("positions")),
+        ([1, 1], [7, 1], [3, -2], f("slots") | f("positions")),
+    ]
+    for ac, sl, po, expected in cases:
+        active = torch.tensor(ac, dtype=torch.bool)
+        slots, positions = torch.tensor(sl, dtype=torch.int32), torch.tensor(po, dtype=torch.int32)
+
+        def run():
+            st = st0.clone()
+            pooled = torch.full((2, 144), 7.0)
+            flush = torch.zeros(2, dtype=torch.bool)
+            ops.compressor_step(st, kv, score, slots, positions, active, pooled, flush)
+            return st, pooled, flush
+
+        ((sa, qa, fa), wa), ((sb, qb, fb), wb) = _flag_words(monkeypatch, run)
+        assert wa == wb == expected, (ac, sl, po, wa, wb)
+        assert torch.equal(fa, fb) and torch.equal(sa.tail_len, sb.tail_len)
+        torch.testing.assert_close(qa, qb)
+    _raises_naming("compressor_step", "slots", f("slots"))
+
+
+def test_indexer_scores_flags_out_of_range_not_markers(monkeypatch):
+    from megamoe.ops import errors
+
+    cache = _cache()
+    cache.join(0)
+    cache.join(1)
+    cache.prepare_forward([0, 1], [0, 0], [16, 8])                   # slot 1: pages past its 2nd block are -1
+    n = 4
+    ops.flush_write(cache.pool, cache.block_table, torch.randn(n, 144).to(torch.bfloat16),
+                    torch.randn(n, 64).to(torch.bfloat16), torch.ones(n, dtype=torch.bool),
+                    torch.zeros(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32) * 4 + 3, ratio=4)
+    cap = cache.block_table.shape[1] * cache.config.entries_per_block  # entries the block table can hold
+    q = torch.randn(2, 16, 64).to(torch.bfloat16)
+    w = torch.rand(2, 16)
+    f = lambda op_arg: errors.flag("indexer_scores", op_arg)  # noqa: E731
+    cases = [  # (slots, n_entries, scores width, table edit, expected)
+        ([0, -1], [n, n], 8, None, 0),
+        ([0, 1], [n, 12], 16, None, 0),                              # unallocated (-1) pages inside n: not errors
+        ([0, 3], [n, n], 8, None, f("slots")),
+        ([-2, 0], [n, n], 8, None, f("slots")),
+        ([0, 0], [n, cap + 3], cap + 4, None, f("n_entries")),
+        ([0, 0], [n, cap + 3], cap, None, 0),                       # clamped to the scores width first
+        ([0, 1], [n, n], 8, (1, 0, 10 ** 6), f("block_table")),
+        ([0, 1], [n, n], 8, (1, 0, -3), f("block_table")),
+        ([0, 1], [n, 2], 8, (1, 1, 10 ** 6), 0),                     # page of no live entry: not read
+    ]
+    for sl, ne, width, edit, expected in cases:
+        table = cache.block_table.clone()
+        if edit is not None:
+            table[edit[0], edit[1]] = edit[2]
+        slots, n_entries = torch.tensor(sl, dtype=torch.int32), torch.tensor(ne, dtype=torch.int32)
+
+        def run():
+            scores = torch.empty(2, width)
+            ops.indexer_scores(cache.pool, table, q, w, slots, n_entries, scores)
+            return scores
+
+        (sa, wa), (sb, wb) = _flag_words(monkeypatch, run)
+        assert wa == wb == expected, (sl, ne, width, edit, wa, wb)
+        torch.testing.assert_close(sa, sb)
+    _raises_naming("indexer_scores", "n_entries", f("n_entries"))

@@ -248,3 +248,90 @@ def test_cuda_grouped_mm_all_routes_guard(tokens):
     torch.testing.assert_close(out.cpu().float(), ref.float(), rtol=2e-2, atol=2e-2)
     errors.clear_errors(dev)
     errors.clear_errors("cpu")
+
+
+@pytest.mark.cuda
+def test_cuda_kvcache_kernels_flag_without_sync_and_in_graph():
+    """Issue 12 on the GPU, V4 cache shapes: the compressor-step, flush-write and indexer kernels flag
+    out-of-range slots / positions / pages / n_entries with no host sync, eagerly and in a graph replay (== eager),
+    with the same bits as the torch path on CPU; -1 markers set nothing."""
+    from megamoe.kvcache import CompressedCacheConfig, CompressedKVCache
+    from megamoe.kvcache import ops as kv_ops
+
+    dev = torch.device("cuda")
+    cfg = CompressedCacheConfig(kind="csa", max_slots=4, max_context=4096)
+    cache = CompressedKVCache(cfg, dev, batch=4)
+    for s in range(3):
+        cache.join(s)
+    cache.prepare_forward([0, 1, 2], [0, 0, 0], [1024, 1024, 512])
+    B, D, Di, H = 4, cfg.head_dim, cfg.index_head_dim, cfg.index_n_heads
+    table = cache.block_table.clone()
+    table[2, 1] = cfg.num_blocks + 3                               # a corrupt page id
+    slots = torch.tensor([0, -1, 9, 2], dtype=torch.int32, device=dev)      # -1: marker; 9 >= S: error
+    positions = torch.tensor([3, 7, 3, 64 * 4 * 1 + 3], dtype=torch.int32, device=dev)   # row 3: page (2, 1)
+    active = torch.ones(B, dtype=torch.bool, device=dev)
+    kv, score = torch.randn(B, 2 * D, device=dev), torch.randn(B, 2 * D, device=dev)
+    entry = torch.randn(B, D, device=dev).bfloat16()
+    key = torch.randn(B, Di, device=dev).bfloat16()
+    q = torch.randn(B, H, Di, device=dev).bfloat16()
+    w = torch.rand(B, H, device=dev)
+    n_entries = torch.tensor([200, 5, 5, 100], dtype=torch.int32, device=dev)
+    pooled = torch.zeros(B, D, device=dev)
+    flush = torch.ones(B, dtype=torch.bool, device=dev)
+    scores = torch.empty(B, cfg.max_context // cfg.ratio, device=dev)
+    f = errors.flag
+    expected = f("compressor_step", "slots") | f("flush_write", "slots") | f("flush_write", "block_table") \
+        | f("indexer_scores", "slots") | f("indexer_scores", "block_table")
+
+    def step(st, pool):
+        kv_ops.compressor_step(st, kv, score, slots, positions, active, pooled, torch.zeros_like(flush))
+        kv_ops.flush_write(pool, table, entry, key, flush, slots, positions, ratio=cfg.ratio)
+        kv_ops.indexer_scores(pool, table, q, w, slots, n_entries, scores)
+
+    word = errors.error_word(dev)
+    st, pool = cache.state.clone(), cache.pool.map(torch.clone)
+    errors.clear_errors(dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step(st, pool)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert errors.peek_errors(dev) == expected
+    eager = (st.tail_len.clone(), [t.clone() for t in pool.tensors()], scores.clone())
+    # torch path on CPU: the same bits
+    ccache = CompressedKVCache(cfg, "cpu", batch=4)
+    for s_ in range(3):
+        ccache.join(s_)
+    ccache.prepare_forward([0, 1, 2], [0, 0, 0], [1024, 1024, 512])
+    errors.clear_errors("cpu")
+    kv_ops.compressor_step(ccache.state, kv.cpu(), score.cpu(), slots.cpu(), positions.cpu(), active.cpu(),
+                           pooled.cpu(), torch.zeros(B, dtype=torch.bool))
+    kv_ops.flush_write(ccache.pool, table.cpu(), entry.cpu(), key.cpu(), flush.cpu(), slots.cpu(), positions.cpu(),
+                       ratio=cfg.ratio)
+    kv_ops.indexer_scores(ccache.pool, table.cpu(), q.cpu(), w.cpu(), slots.cpu(), n_entries.cpu(), scores.cpu())
+    cpu_expected = expected
+    assert errors.peek_errors("cpu") == cpu_expected
+    errors.clear_errors("cpu")
+    # graph replay == eager, the word set inside the replay
+    st, pool = cache.state.clone(), cache.pool.map(torch.clone)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(cache.state.clone(), cache.pool.map(torch.clone))
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(st, pool)
+    errors.clear_errors(dev)
+    graph.replay()
+    assert torch.equal(st.tail_len, eager[0]) and torch.equal(scores, eager[2])
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(pool.tensors(), eager[1]))
+    with pytest.raises(errors.DeviceIndexError, match="flush_write: argument 'block_table'"):
+        errors.check_errors(dev)
+    assert int(word) == 0
+    # -1 markers only: nothing flagged
+    slots.copy_(torch.tensor([0, -1, -1, 1], dtype=torch.int32))
+    table.copy_(cache.block_table)
+    graph.replay()
+    assert errors.peek_errors(dev) == 0

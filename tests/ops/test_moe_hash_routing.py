@@ -113,6 +113,35 @@ def test_triton_kernel_invalid_policy(device):
     assert torch.equal(got2[1], ref[1])
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_invalid_token_ids_and_entries_are_flagged(backend, monkeypatch):
+    """Issue 12: a token id outside [0, V) sets ("route", "token_ids"), a table entry outside [0, E) of a valid
+    token's row sets ("route", "tid2eid"), on both backends; valid inputs set nothing and give the same outputs."""
+    from megamoe.ops import errors
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    x, gate, table, tokens = _invalid_inputs("cpu")
+    k, vocab = table.shape[1], table.shape[0]
+    kw = dict(top_k=k, tid2eid=table, backend=backend)
+    errors.clear_errors("cpu")
+    good = moe_ops.route(x, gate, None, token_ids=tokens.clamp(0, vocab - 1), **{**kw, "tid2eid": table.clamp(0, 15)})
+    assert errors.peek_errors("cpu") == 0
+    ref = moe_ops.route(x, gate, None, token_ids=tokens.clamp(0, vocab - 1), top_k=k, tid2eid=table.clamp(0, 15))
+    assert torch.equal(good[1], ref[1])
+    cases = [([1], errors.flag("route", "token_ids")), ([2], errors.flag("route", "token_ids")),
+             ([4], errors.flag("route", "tid2eid")), ([5], errors.flag("route", "tid2eid")),
+             ([1, 2, 4, 5], errors.flag("route", "token_ids") | errors.flag("route", "tid2eid"))]
+    for rows, expected in cases:
+        t = tokens.clone()
+        keep = [r for r in (1, 2, 4, 5) if r not in rows]
+        t[keep] = tokens[0]                                          # only the listed rows stay invalid
+        errors.clear_errors("cpu")
+        moe_ops.route(x, gate, None, token_ids=t.int(), **kw)
+        assert errors.peek_errors("cpu") == expected, (rows, backend)
+    with pytest.raises(errors.DeviceIndexError, match="route: argument 'token_ids'.*route: argument 'tid2eid'"):
+        errors.check_errors("cpu")
+
+
 def test_reference_is_the_op_torch_path():
     x, gate, table, tokens = _invalid_inputs("cpu")
     k = table.shape[1]
@@ -155,10 +184,10 @@ def test_hash_kernel_builds_for_sm90():
 
     sig = dict(scores_ptr="*fp32", bias_ptr="*fp32", weights_ptr="*fp32", ids_ptr="*i32", num_experts="i32",
                stride_s="i32", stride_w="i32", stride_i="i32", routed_scaling_factor="fp32", token_ids_ptr="*i64",
-               tid2eid_ptr="*i32", vocab="i32", stride_t="i32")
+               tid2eid_ptr="*i32", vocab="i32", stride_t="i32", err_ptr="*i32")
     for hashed in (True, False):
         consts = dict(TOP_K=6, K_PAD=8, E_PAD=512, HAS_BIAS=not hashed, NORMALIZE=True, N_GROUP=1, TOPK_GROUP=1,
-                      HASH=hashed)
+                      HASH=hashed, FLAG_TOKENS=(1 << 18) if hashed else 0, FLAG_TABLE=(1 << 19) if hashed else 0)
         ptx, res = compile_sm90("megamoe.kernels.moe_router", "_moe_topk_kernel", sig, consts, 1 if hashed else 4)
         assert res["LOCAL"] == 0 and res["STACK"] == 0, res  # no spills
         if hashed:  # the hash path is a handful of loads: no selection loop over E
@@ -194,3 +223,40 @@ def test_cuda_hash_route_sync_free_and_graph():
     eager = moe_ops.route(x, gate, None, **{**kw, "out": None})
     assert torch.equal(replayed[1], eager[1]) and torch.equal(replayed[0], eager[0])
     assert torch.equal(replayed[1], table[tokens])
+
+
+@pytest.mark.cuda
+def test_cuda_hash_route_flags_without_sync_and_in_graph():
+    """Issue 12 on the GPU: an out-of-vocabulary token id is flagged by the router kernel with no host sync,
+    eagerly and inside a graph replay; check_errors() names ("route", "token_ids") and clears the word."""
+    from megamoe.ops import errors
+
+    t, e, k, vocab = 64, 256, 6, 129280  # V4-Flash router shapes
+    x = torch.randn(t, 4096, device="cuda").bfloat16()
+    gate = torch.randn(e, 4096, device="cuda") * 4096 ** -0.5
+    table = torch.rand(vocab, e, device="cuda").topk(k, dim=1).indices.int()
+    tokens = torch.randint(0, vocab, (t,), device="cuda")
+    out = (torch.empty(t, k, device="cuda"), torch.empty(t, k, dtype=torch.int32, device="cuda"))
+    kw = dict(top_k=k, token_ids=tokens, tid2eid=table, backend="triton", out=out)
+    word = errors.error_word("cuda")
+    moe_ops.route(x, gate, None, **kw)
+    errors.check_errors("cuda")  # valid ids: clean
+    tokens[3], tokens[9] = vocab, -1
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe_ops.route(x, gate, None, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    eager = (out[0].clone(), out[1].clone())
+    assert errors.peek_errors("cuda") == errors.flag("route", "token_ids")
+    errors.clear_errors("cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe_ops.route(x, gate, None, **kw)
+    errors.clear_errors("cuda")
+    graph.replay()
+    assert torch.equal(out[1], eager[1]) and torch.equal(out[0].nan_to_num(-1), eager[0].nan_to_num(-1))
+    with pytest.raises(errors.DeviceIndexError, match="route: argument 'token_ids'"):
+        errors.check_errors("cuda")
+    assert int(word) == 0

@@ -52,11 +52,9 @@ def every_code_weight(n: int, k: int, device) -> NVFP4Tensor:
     return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), torch.ones(1, 1, 1), (1, n, k)).to(device)
 
 
-def check_sync_free_and_graph(launch, x, offsets, num_rows: int) -> torch.Tensor:
-    """CUDA checks of a grouped-GEMM launch: ``launch()`` (returning its output buffer, computed from ``x``
-    and ``offsets``) runs without host syncs (sync debug mode "error"), is captured in a CUDA graph, ``x``
-    and the routing (``num_rows`` rows over ``len(offsets)`` experts) are rewritten in place, and the replay
-    must equal an eager launch bit for bit. Returns the new per-expert row counts."""
+def sync_free_graph(launch):
+    """``launch()`` once eagerly under sync debug mode "error" (a host sync raises), then captured in a CUDA
+    graph; returns (graph, the captured call's return value, i.e. its output buffer)."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -66,6 +64,15 @@ def check_sync_free_and_graph(launch, x, offsets, num_rows: int) -> torch.Tensor
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = launch()
+    return graph, out
+
+
+def check_sync_free_and_graph(launch, x, offsets, num_rows: int) -> torch.Tensor:
+    """CUDA checks of a grouped-GEMM launch: ``launch()`` (returning its output buffer, computed from ``x``
+    and ``offsets``) runs without host syncs (sync debug mode "error"), is captured in a CUDA graph, ``x``
+    and the routing (``num_rows`` rows over ``len(offsets)`` experts) are rewritten in place, and the replay
+    must equal an eager launch bit for bit. Returns the new per-expert row counts."""
+    graph, out = sync_free_graph(launch)
     new_counts = torch.bincount(torch.randint(0, offsets.shape[0], (num_rows,)), minlength=offsets.shape[0])
     offsets.copy_(new_counts.cumsum(0).to(torch.int32))
     x.copy_(torch.randn_like(x))

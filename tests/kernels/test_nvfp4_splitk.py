@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from gemm_helpers import every_code_weight, random_weight, rel_err
+from gemm_helpers import every_code_weight, random_weight, rel_err, sync_free_graph
 from megamoe.kernels import nvfp4_splitk as sk
 from megamoe.kernels.nvfp4_gluon_jit import GLUON_AVAILABLE
 from megamoe.reference import gemm as reference_gemm
@@ -273,15 +273,7 @@ def test_cuda_sync_free_and_graph_replay(m, n, k):
     bias = torch.randn(n, device=device).bfloat16()
     out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
     launch = lambda: _launch(x, w, out, bias=bias)  # noqa: E731
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        launch()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
+    graph, _ = sync_free_graph(launch)
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()

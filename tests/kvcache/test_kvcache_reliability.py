@@ -7,6 +7,7 @@ import torch
 import megamoe.reference.kvcache as ref
 import megamoe.reference.v4_numerics as v4
 from megamoe.kvcache import BlockAllocator, CompressedCacheConfig, CompressedKVCache, DecodeBatch, ops
+from guard_helpers import on_both_backends  # tests/guard_helpers.py (tests/ is on sys.path)
 
 SMALL = dict(head_dim=144, rope_dim=16, index_head_dim=64, index_n_heads=16, index_topk=8, window_size=8,
              entries_per_block=4, max_slots=3, max_context=64)
@@ -319,20 +320,6 @@ def test_select_topk_rejects_other_dtypes_clearly():
 
 
 # ---------------------------------------------------------------------------------------------- error-word flags
-def _flag_words(monkeypatch, fn):
-    """fn() on the Triton path (interpreter) and on the torch path, each from a clean error word: [(result, word)]."""
-    from megamoe.ops import errors
-
-    out = []
-    for flag in ("1", "0"):
-        monkeypatch.setenv("TRITON_INTERPRET", flag)
-        errors.clear_errors("cpu")
-        result = fn()
-        out.append((result, errors.peek_errors("cpu")))
-    errors.clear_errors("cpu")
-    return out
-
-
 def _raises_naming(op: str, arg: str, word: int):
     """check_errors() on a word holding ``word`` names (op, arg) in its message."""
     from megamoe.ops import errors
@@ -379,7 +366,7 @@ def test_flush_write_flags_out_of_range_not_markers(monkeypatch):
             ops.flush_write(pool, table, entry, key, flush, slots, positions, ratio=4)
             return pool
 
-        (pa, wa), (pb, wb) = _flag_words(monkeypatch, run)
+        (pa, wa), (pb, wb) = on_both_backends(monkeypatch, run)
         assert wa == wb == expected, (fl, sl, po, edit, wa, wb)
         assert all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(pa.tensors(), pb.tensors()))
     _raises_naming("flush_write", "positions", f("positions"))
@@ -412,7 +399,7 @@ def test_compressor_step_flags_out_of_range_not_markers(monkeypatch):
             ops.compressor_step(st, kv, score, slots, positions, active, pooled, flush)
             return st, pooled, flush
 
-        ((sa, qa, fa), wa), ((sb, qb, fb), wb) = _flag_words(monkeypatch, run)
+        ((sa, qa, fa), wa), ((sb, qb, fb), wb) = on_both_backends(monkeypatch, run)
         assert wa == wb == expected, (ac, sl, po, wa, wb)
         assert torch.equal(fa, fb) and torch.equal(sa.tail_len, sb.tail_len)
         torch.testing.assert_close(qa, qb)
@@ -456,7 +443,7 @@ def test_indexer_scores_flags_out_of_range_not_markers(monkeypatch):
             ops.indexer_scores(cache.pool, table, q, w, slots, n_entries, scores)
             return scores
 
-        (sa, wa), (sb, wb) = _flag_words(monkeypatch, run)
+        (sa, wa), (sb, wb) = on_both_backends(monkeypatch, run)
         assert wa == wb == expected, (sl, ne, width, edit, wa, wb)
         torch.testing.assert_close(sa, sb)
     _raises_naming("indexer_scores", "n_entries", f("n_entries"))

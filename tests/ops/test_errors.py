@@ -8,18 +8,7 @@ from megamoe.ops import errors
 from megamoe.ops import gemm as gemm_ops
 from megamoe.ops import moe as moe_ops
 from gemm_helpers import offsets_of, random_weight  # tests/gemm_helpers.py (tests/ is on sys.path)
-
-
-def _both_backends(monkeypatch, fn):
-    """fn() on the Triton path (interpreter) and on the torch path, each with a fresh word: [(result, word)]."""
-    out = []
-    for flag in ("1", "0"):
-        monkeypatch.setenv("TRITON_INTERPRET", flag)
-        errors.clear_errors("cpu")
-        result = fn()
-        out.append((result, errors.peek_errors("cpu")))
-    errors.clear_errors("cpu")
-    return out
+from guard_helpers import on_both_backends
 
 
 def test_error_word_cached_and_check_names_op_and_argument():
@@ -50,7 +39,7 @@ def test_grouped_mm_row_index_out_of_range_dropped_and_flagged(monkeypatch, bad)
     def run():
         return gemm_ops.nvfp4_grouped_mm(x, w, offsets, row_index=row_index)
 
-    (a, wa), (b, wb) = _both_backends(monkeypatch, run)
+    (a, wa), (b, wb) = on_both_backends(monkeypatch, run)
     assert torch.equal(a, b)
     assert wa == wb == errors.flag("nvfp4_grouped_mm", "row_index")
     assert bool((a[1] == 0).all()) and bool((a[5] == 0).all())  # dropped row: zero activations
@@ -64,7 +53,7 @@ def test_grouped_mm_padding_row_index_not_flagged(monkeypatch):
     w = random_weight((2, 32, 64), "cpu")
     x = torch.randn(3, 64).to(torch.bfloat16)
     row_index = torch.tensor([0, 2, -7, 99], dtype=torch.int32)  # rows 2, 3 are padding (offsets[-1] = 2)
-    for out, word in _both_backends(monkeypatch, lambda: gemm_ops.nvfp4_grouped_mm(
+    for out, word in on_both_backends(monkeypatch, lambda: gemm_ops.nvfp4_grouped_mm(
             x, w, offsets_of([1, 1], "cpu"), row_index=row_index)):
         assert word == 0 and bool((out[2:] == 0).all())
 
@@ -98,7 +87,7 @@ def test_combine_inv_perm_out_of_range_dropped_and_flagged(monkeypatch, bad):
     w[1, 0] = float("nan")  # a dropped pair's NaN weight does not leak
     inv = torch.tensor([0, 1, bad, 3, 4, 5], dtype=torch.int32)
     shared = torch.randn(t, h).to(torch.bfloat16)
-    (a, wa), (b, wb) = _both_backends(monkeypatch, lambda: moe_ops.combine(y, inv, w, shared))
+    (a, wa), (b, wb) = on_both_backends(monkeypatch, lambda: moe_ops.combine(y, inv, w, shared))
     assert torch.equal(a, b) and torch.isfinite(a[1]).all()
     assert wa == wb == errors.flag("combine", "inv_perm")
     expect = (shared[1].float() + w[1, 1] * y[3].float()).to(torch.bfloat16)
@@ -157,7 +146,7 @@ def test_gather_entries_flags(monkeypatch):
             tab[edit[0], edit[1]] = edit[2]
         s = torch.tensor(slots, dtype=torch.int32)
         i = torch.tensor(indices, dtype=torch.int32)
-        (a, wa), (b, wb) = _both_backends(monkeypatch, lambda: kv_ops.gather_entries(cache.pool, tab, s, i))
+        (a, wa), (b, wb) = on_both_backends(monkeypatch, lambda: kv_ops.gather_entries(cache.pool, tab, s, i))
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
         assert wa == wb == expected, (slots, indices, edit, wa, wb)
 

@@ -63,7 +63,7 @@ DECODE_CANDIDATES = [
     (16, 128, 64, 4, 3, 4, False),
     (32, 64, 128, 4, 3, 4, True),
 ]
-# Decode kernel (megamoe/kernels/nvfp4_gemv.py) candidates for --gemv-tune:
+# Decode kernel (megamoe/kernels/gemm/nvfp4_gemv.py) candidates for --gemv-tune:
 # (ROWS, BLOCK_N, BLOCK_K, num_warps, num_stages, maxnreg)
 GEMV_CANDIDATES = [
     (1, 64, 256, 4, 1, 128),
@@ -76,7 +76,7 @@ GEMV_CANDIDATES = [
     (2, 32, 256, 2, 1, None),
     (4, 32, 128, 2, 1, None),
 ]
-# Gluon tensor-core decode kernel (megamoe/kernels/nvfp4_mma_decode.py) candidates for --mma-tune:
+# Gluon tensor-core decode kernel (megamoe/kernels/gemm/nvfp4_mma_decode.py) candidates for --mma-tune:
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)
 MMA_CANDIDATES = [
     (8, 128, 256, 4),
@@ -203,11 +203,8 @@ def bench(fn, rep_ms: int):
 def run(args):
     import triton
 
-    from megamoe.kernels import nvfp4_gemm as kern
-    from megamoe.kernels import nvfp4_gemv as gemv
-    from megamoe.kernels import nvfp4_mma_decode as mma
-    from megamoe.kernels import nvfp4_wgmma as wgmma
-    from megamoe.kernels.nvfp4_gluon_jit import gluon_supports
+    from megamoe.kernels.gemm import nvfp4_gemm as kern, nvfp4_gemv as gemv, nvfp4_mma_decode as mma, nvfp4_wgmma as wgmma
+    from megamoe.kernels.gemm.nvfp4_gluon_jit import gluon_supports
     from megamoe.ops.gemm import decode_route, interleave_gate_up, nvfp4_grouped_mm
 
     device = torch.device("cuda")
@@ -351,9 +348,7 @@ def run(args):
 def run_dense(args):
     """Dense decode GEMMs: tensor-core kernel vs decode kernel (both direct), the op, bf16 F.linear."""
     from megamoe.format.tensor import NVFP4Tensor
-    from megamoe.kernels import nvfp4_gemm as kern
-    from megamoe.kernels import nvfp4_gemv as gemv
-    from megamoe.kernels import nvfp4_mma_decode as mma
+    from megamoe.kernels.gemm import nvfp4_gemm as kern, nvfp4_gemv as gemv, nvfp4_mma_decode as mma
     from megamoe.ops.gemm import decode_route, nvfp4_linear
     from megamoe.reference.quantize import dequantize
 
@@ -430,7 +425,7 @@ def _graph_time(make_call, copies: int, rep_ms: int) -> float:
 def run_dense_splitk(args):
     """Dense NVFP4 linear at M = 1..256: split-K kernel vs the previous route vs bf16 F.linear (graph replay)."""
     from megamoe.format.tensor import NVFP4Tensor
-    from megamoe.kernels import nvfp4_splitk as sk
+    from megamoe.kernels.gemm import nvfp4_splitk as sk
     from megamoe.ops import gemm as ops_gemm
     from megamoe.reference.quantize import dequantize
 

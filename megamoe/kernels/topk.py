@@ -515,7 +515,7 @@ def split_warps(K: int, *, interpreter: bool = False) -> int:
 
 
 def _tile_block(interpreter: bool) -> int:
-    from .indexer import BLOCK_T
+    from .kvcache.indexer import BLOCK_T
 
     return BLOCK_T["interpreter" if interpreter else "gpu"]
 

@@ -73,7 +73,7 @@ def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
     if ape is not None:
         _check(ape, "ape", torch.float32, (state.ratio, state.cols), dev)
     if use_triton(kv):
-        from ..kernels.kvcache_compress import launch_compress_step
+        from ..kernels.kvcache.compress import launch_compress_step
         launch_compress_step(kv, score, slots, positions, active.view(torch.int8), state.tail_k, state.tail_z,
                              state.tail_kb, state.tail_zb, state.tail_len, pooled, flush.view(torch.int8),
                              ratio=state.ratio, width=state.width, overlap=state.overlap, ape=ape)
@@ -107,7 +107,7 @@ def flush_write(pool: PagedPool, block_table: torch.Tensor, entry: torch.Tensor,
     _check_batch(slots, positions, None, B, dev)
     _check_table(block_table, dev)
     if use_triton(entry):
-        from ..kernels.kvcache_flush import launch_flush_write
+        from ..kernels.kvcache.flush import launch_flush_write
         keys = None if index_key is None else _flat(pool.index_keys)
         key_scale = None if index_key is None else _flat(pool.index_key_scale).view(torch.uint8)
         launch_flush_write(entry, index_key, flush.view(torch.int8), slots, positions, block_table,
@@ -171,7 +171,7 @@ def gather_entries(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tens
         out = torch.empty((B, K, d), dtype=torch.bfloat16, device=dev)
     _check(out, "out", torch.bfloat16, (B, K, d), dev)
     if use_triton(indices):
-        from ..kernels.kvcache_gather import launch_gather_entries
+        from ..kernels.kvcache.gather import launch_gather_entries
         launch_gather_entries(indices, slots, block_table, _flat(pool.entries_fp8).view(torch.uint8),
                               _flat(pool.entries_scale), _flat(pool.entries_rope).view(torch.int16),
                               out.view(torch.int16), entries_per_block=pool.entries_per_block)
@@ -215,7 +215,7 @@ def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, 
 
 def _indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, weights: torch.Tensor,
                     slots: torch.Tensor, n_entries: torch.Tensor, scores: torch.Tensor, tile_max=None) -> torch.Tensor:
-    """:func:`indexer_scores`; ``tile_max``: see ``megamoe.kernels.indexer.launch_indexer_scores``."""
+    """:func:`indexer_scores`; ``tile_max``: see ``megamoe.kernels.kvcache.indexer.launch_indexer_scores``."""
     if pool.index_keys is None:
         raise ValueError("pool: has no indexer keys (HCA caches have no indexer)")
     B, H, di = q.shape
@@ -228,7 +228,7 @@ def _indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor,
     if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[0] != B or not scores.is_contiguous():
         raise ValueError(f"scores: expected a contiguous (B={B}, T) float32 tensor")
     if use_triton(q):
-        from ..kernels.indexer import launch_indexer_scores
+        from ..kernels.kvcache.indexer import launch_indexer_scores
         launch_indexer_scores(q, weights, slots, n_entries, block_table, _flat(pool.index_keys),
                               _flat(pool.index_key_scale).view(torch.uint8), scores,
                               entries_per_block=pool.entries_per_block, official=pool.index_numerics == "official",

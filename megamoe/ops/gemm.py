@@ -5,7 +5,7 @@ values (``expert_offsets``, ``row_index``) are never read on the host, so the
 ops are sync-free and CUDA-graph capturable on the Triton path.
 
 Dispatch (``megamoe.ops._dispatch.use_triton``): CUDA tensors -> the Triton
-kernels in ``megamoe/kernels/nvfp4_gemm.py``; CPU tensors -> the PyTorch
+kernels in ``megamoe/kernels/gemm/nvfp4_gemm.py``; CPU tensors -> the PyTorch
 reference (``megamoe/reference/gemm.py``), or the Triton kernels through the
 interpreter when ``TRITON_INTERPRET=1``.
 
@@ -135,7 +135,7 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
     """
     if not x.is_cuda:
         return "tensor-core"
-    from ..kernels import nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma
+    from ..kernels.gemm import nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma
 
     if (num_experts is None and nvfp4_splitk.splitk_preferred(num_rows, n, k)
             and nvfp4_splitk.splitk_supports(x, data)):
@@ -170,7 +170,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     is unbounded above, so a wrong hint costs speed, never rows. The first
     launch writes the padding rows ``[offsets[E-1], T)``.
     """
-    from ..kernels import nvfp4_mma_decode as mma
+    from ..kernels.gemm import nvfp4_mma_decode as mma
 
     most = num_rows if max_rows_per_expert is None else max(1, min(num_rows, max_rows_per_expert))
     avg = -(-num_rows // max(1, min(num_experts, num_rows)))
@@ -203,7 +203,7 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
 
 
 def _launcher(route: str):
-    from ..kernels import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma
+    from ..kernels.gemm import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma
 
     return {"splitk": nvfp4_splitk.launch_nvfp4_splitk, "banded": _launch_banded,
             "mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "wgmma": nvfp4_wgmma.launch_nvfp4_wgmma,

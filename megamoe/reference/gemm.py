@@ -1,6 +1,6 @@
 """Pure-PyTorch references for the NVFP4 GEMMs (the test oracle and the CPU path).
 
-Semantics shared with the Triton kernels (``megamoe/kernels/nvfp4_gemm.py``):
+Semantics shared with the Triton kernels (``megamoe/kernels/gemm/nvfp4_gemm.py``):
 
 * weights are decoded exactly (``e2m1 * block_scale * global_scale`` in float32),
   the product with the bf16 activations is computed in float32 and the result is

@@ -1,11 +1,11 @@
-"""Indexer scores kernel v2 (megamoe/kernels/indexer.py) on raw paged tensors against an independent float64
+"""Indexer scores kernel v2 (megamoe/kernels/kvcache/indexer.py) on raw paged tensors against an independent float64
 decode in this file: official E8M0 scales folded into the decode (bytes 3..136) and the exact per-block
 fallback (a tile holding a byte outside that range, NaN 0xFF included), several tiles per program, -inf
 for entries past n_entries / without storage."""
 import pytest
 import torch
 
-from megamoe.kernels.indexer import launch_indexer_scores, tiles_per_program
+from megamoe.kernels.kvcache.indexer import launch_indexer_scores, tiles_per_program
 
 INTERP = not torch.cuda.is_available()
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)

@@ -51,7 +51,7 @@ def test_indexer_topk_fused_matches_unfused(device, k):
         assert bool((ws[:, 0] == 0).all())
     assert (out[2] == -1).all() and (out[1] >= 0).all()
     # tile maxima written by the scoring kernel: the maximum order-preserving key of each tile
-    from megamoe.kernels.indexer import BLOCK_T
+    from megamoe.kernels.kvcache.indexer import BLOCK_T
 
     blk = BLOCK_T["interpreter" if interp else "gpu"]
     nt = T // blk

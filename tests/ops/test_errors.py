@@ -61,7 +61,7 @@ def test_grouped_mm_padding_row_index_not_flagged(monkeypatch):
 @pytest.mark.parametrize("bad", [100, -1])
 def test_gemv_launcher_row_index_guard(bad):
     """The CUDA-core decode kernel under the interpreter: same drop rule and flag."""
-    from megamoe.kernels.nvfp4_gemv import launch_nvfp4_gemv
+    from megamoe.kernels.gemm.nvfp4_gemv import launch_nvfp4_gemv
 
     w = random_weight((2, 32, 64), "cpu")
     x = torch.randn(4, 64).to(torch.bfloat16)

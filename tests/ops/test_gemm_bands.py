@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from megamoe.kernels import nvfp4_mma_decode as mma
+from megamoe.kernels.gemm import nvfp4_mma_decode as mma
 from megamoe.ops import gemm as ops_gemm
 from gemm_helpers import sync_free_graph  # tests/gemm_helpers.py (tests/ is on sys.path)
 

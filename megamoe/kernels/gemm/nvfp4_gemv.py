@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .nvfp4_gemm import gemm_error_word, global_scale_strides
-from .nvfp4_jit import decode_e2m1_pairs_portable, e4m3_scale_factor_2p118, round_to_bf16
+from ..nvfp4_jit import decode_e2m1_pairs_portable, e4m3_scale_factor_2p118, round_to_bf16
 
 # ---------------------------------------------------------------------------
 # Tile configurations. Key: upper bound on the average rows per touched expert
@@ -374,7 +374,7 @@ def launch_nvfp4_gemv(
 ) -> torch.Tensor:
     """Launch the decode-shaped NVFP4 GEMM (inputs already validated by ``megamoe.ops.gemm``).
 
-    Same contract as :func:`megamoe.kernels.nvfp4_gemm.launch_nvfp4_gemm` (row_index drop rule and
+    Same contract as :func:`megamoe.kernels.gemm.nvfp4_gemm.launch_nvfp4_gemm` (row_index drop rule and
     error flag included).
     Dense (``expert_offsets is None``): x (M, K) bf16; data (N, K//2) uint8 (low
     nibble = even element); block_scale (N, K//16) float8_e4m3fn; global_scale

@@ -14,7 +14,7 @@ id < -1 or >= num_pages set their bit in the error word with one predicated atom
 import triton
 import triton.language as tl
 
-from .nvfp4_jit import e4m3_decode
+from ..nvfp4_jit import e4m3_decode
 
 BLOCK_K = 16
 
@@ -84,7 +84,7 @@ def launch_gather_entries(indices, slots, block_table, entries_fp8_u8, entries_s
     (page, slot): entries_fp8_u8 (P, nope) uint8, entries_scale (P, cols) float32, entries_rope_i16 (P, rope)
     int16; out_i16: (B, K, head_dim) int16 view of the bf16 output. error_word: the (1,) int32 word the
     out-of-range arguments flag (default: the device's, ``megamoe.ops.errors``)."""
-    from ..ops import errors
+    from ...ops import errors
 
     B, K = indices.shape
     if B == 0 or K == 0:

@@ -67,7 +67,7 @@ ALIGNED_ARGS = [name for name in POINTER_ARGS if name != "err_ptr"] + ["N", "K",
 
 
 def _device_guard() -> bool:
-    from ..ops import errors
+    from ...ops import errors
 
     return errors.DEVICE_GUARD
 

@@ -34,7 +34,7 @@ Epilogue (``store_epilogue``): ``global_scale`` (0-d, per expert, per row),
 bias (dense), SwiGLU with optional clamp on the interleaved gate/up rows; the
 row gather (``row_index``) is fused into the activation loads.
 
-Requirements (:func:`~megamoe.kernels.nvfp4_gluon_jit.gluon_supports`): a
+Requirements (:func:`~megamoe.kernels.gemm.nvfp4_gluon_jit.gluon_supports`): a
 compute capability 9.x device, Triton with Gluon, K % 128 == 0, 16-byte
 aligned rows; other shapes use the Triton kernels.
 """
@@ -331,7 +331,7 @@ def launch_nvfp4_mma_decode(
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
-    Same contract as :func:`megamoe.kernels.nvfp4_gemm.launch_nvfp4_gemm`;
+    Same contract as :func:`megamoe.kernels.gemm.nvfp4_gemm.launch_nvfp4_gemm`;
     additionally ``gluon_supports(x, data)`` must hold (sm_90, K % 128 == 0,
     16-byte aligned rows). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps),
     else :func:`select_mma_decode_config`. ``interpreter`` must be False.

@@ -201,7 +201,7 @@ def launch_nvfp4_wgmma(
     own_pad: bool = True,
 ) -> torch.Tensor:
     """Launch the prefill-shaped Gluon wgmma NVFP4 GEMM (same contract as
-    :func:`megamoe.kernels.nvfp4_mma_decode.launch_nvfp4_mma_decode`).
+    :func:`megamoe.kernels.gemm.nvfp4_mma_decode.launch_nvfp4_mma_decode`).
 
     Grouped only: ``row_lo``: compute only the experts with more than ``row_lo``
     rows (the upper band of :func:`megamoe.ops.gemm.plan_row_bands`; other

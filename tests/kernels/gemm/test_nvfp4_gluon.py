@@ -1,5 +1,5 @@
-"""Gluon NVFP4 GEMMs for sm_90: the mma.sync decode kernel (megamoe/kernels/nvfp4_mma_decode.py) and
-the wgmma prefill kernel (megamoe/kernels/nvfp4_wgmma.py), with their shared nvfp4_gluon_jit.py.
+"""Gluon NVFP4 GEMMs for sm_90: the mma.sync decode kernel (megamoe/kernels/gemm/nvfp4_mma_decode.py) and
+the wgmma prefill kernel (megamoe/kernels/gemm/nvfp4_wgmma.py), with their shared nvfp4_gluon_jit.py.
 
 Gluon kernels do not run in the Triton interpreter. On CPU the kernels are
 compiled for sm_90 (Triton's bundled ptxas, no GPU needed) and their K loops
@@ -28,9 +28,9 @@ from gemm_helpers import (
     random_weight,
     rel_err,
 )
-from megamoe.kernels import nvfp4_mma_decode as mma
-from megamoe.kernels import nvfp4_wgmma as wgmma
-from megamoe.kernels.nvfp4_gluon_jit import GLUON_AVAILABLE, gluon_supports
+from megamoe.kernels.gemm import nvfp4_mma_decode as mma
+from megamoe.kernels.gemm import nvfp4_wgmma as wgmma
+from megamoe.kernels.gemm.nvfp4_gluon_jit import GLUON_AVAILABLE, gluon_supports
 from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
 from megamoe.reference.quantize import dequantize, quantize
 
@@ -71,7 +71,7 @@ def _compile_in_subprocess(config, flags, tmp_path, kind="mma") -> bytes:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernel.cubin"
     module = {"mma": "nvfp4_mma_decode", "wgmma": "nvfp4_wgmma"}[kind]
-    code = (f"import sys; from megamoe.kernels.{module} import compile_for_sm90; "
+    code = (f"import sys; from megamoe.kernels.gemm.{module} import compile_for_sm90; "
             f"c = compile_for_sm90({tuple(config)!r}, **{flags!r}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
     subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)
     return out.read_bytes()

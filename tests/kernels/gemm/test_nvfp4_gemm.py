@@ -1,4 +1,4 @@
-"""NVFP4 GEMM kernels (megamoe/kernels/nvfp4_gemm.py) against float32 math on the decoded weights.
+"""NVFP4 GEMM kernels (megamoe/kernels/gemm/nvfp4_gemm.py) against float32 math on the decoded weights.
 
 On CPU these run through the Triton interpreter at small shapes with the
 interpreter's tiny tile config (BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, 3 persistent

@@ -71,7 +71,7 @@ import triton.language as tl
 from .nvfp4_gemm import _load_weight_step, _mma_step, global_scale_strides
 from .nvfp4_gemv import _fma_step, _load_step
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, gluon_supports
-from .nvfp4_jit import round_to_bf16
+from ..nvfp4_jit import round_to_bf16
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -126,7 +126,7 @@ SPLITK_CLASS_CONFIGS = {
 # one program reducing splits x BLOCK_M x BLOCK_N values serially cost more than the second launch (gemm_dense_v13
 # sweep, H100: 1024x4096 M = 16 13.9 us single vs 8.0 two-launch; M = 1 single 0.3-0.5 us faster; M = 8 even).
 FUSED_MAX_ROWS = 8
-# Offline sm_90 compile (ptxas, tests/kernels/test_nvfp4_splitk.py), registers / K-loop SASS per weight:
+# Offline sm_90 compile (ptxas, tests/kernels/gemm/test_nvfp4_splitk.py), registers / K-loop SASS per weight:
 # fma 1 row 127-128 regs, 5.3 instr/weight; fma 2 rows 164-168; fma 4 rows (2 warps) 123-127;
 # mma 8 rows 128-135 regs, 3.1 instr/weight; mma 32 rows 225-227 regs; no spills in any K loop.
 # v13 (single-launch reduction and the wgmma kind): see NOTES_gemm.md, v13 (registers / spills table).

@@ -1,4 +1,4 @@
-"""Decode-shaped NVFP4 GEMMs (megamoe/kernels/nvfp4_gemv.py) against float32 math on the decoded weights.
+"""Decode-shaped NVFP4 GEMMs (megamoe/kernels/gemm/nvfp4_gemv.py) against float32 math on the decoded weights.
 
 On CPU these run through the Triton interpreter with the tiny interpreter config
 (ROWS=2, BLOCK_N=16, BLOCK_K=64), so the shapes cross the N and K tile edges,
@@ -10,7 +10,7 @@ import torch
 
 from gemm_helpers import check_sync_free_and_graph, grouped_f32, offsets_of, random_weight, rel_err
 from megamoe.format.tensor import NVFP4Tensor
-from megamoe.kernels.nvfp4_gemv import launch_nvfp4_gemv
+from megamoe.kernels.gemm.nvfp4_gemv import launch_nvfp4_gemv
 from megamoe.ops._dispatch import use_triton
 from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
 from megamoe.reference.quantize import dequantize, quantize
@@ -128,7 +128,7 @@ def test_cuda_moe_shapes_and_graph(tokens):
 
 
 def test_routing_rule_is_a_host_shape_bucket():
-    from megamoe.kernels.nvfp4_gemv import GEMV_MAX_DENSE_ROWS, GEMV_MAX_ROWS_PER_EXPERT, gemv_preferred
+    from megamoe.kernels.gemm.nvfp4_gemv import GEMV_MAX_DENSE_ROWS, GEMV_MAX_ROWS_PER_EXPERT, gemv_preferred
 
     e = 256
     assert gemv_preferred(8, e, 4096, 7168)  # 1 token, top-8

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .nvfp4_jit import (
+from ..nvfp4_jit import (
     decode_e2m1_pairs_portable,
     decode_e2m1_pairs_sm90,
     e4m3_scale_factor_2p118,
@@ -312,7 +312,7 @@ def _nvfp4_gemm_kernel(
 def gemm_error_word(device, error_word=None) -> tuple[torch.Tensor, int]:
     """(error word, row_index flag bit) shared by the GEMM launchers of this family; the bit is 0 when the device
     guard is compiled out (``megamoe.ops.errors.DEVICE_GUARD``): the kernels then neither mask nor flag."""
-    from ..ops import errors
+    from ...ops import errors
 
     return (error_word if error_word is not None else errors.error_word(device)), \
         errors.kernel_flag("nvfp4_grouped_mm", "row_index")

@@ -30,8 +30,8 @@ block-table page id < -1 or >= num_pages set their bit in the error word with on
 import triton
 import triton.language as tl
 
-from .nvfp4_jit import decode_e2m1_pairs_portable, decode_e2m1_pairs_sm90, e4m3_scale_factor_2p118
-from .topk import _ordered
+from ..nvfp4_jit import decode_e2m1_pairs_portable, decode_e2m1_pairs_sm90, e4m3_scale_factor_2p118
+from ..topk import _ordered
 
 #: Entries per tile (GPU, interpreter).
 BLOCK_T = {"gpu": 128, "interpreter": 16}
@@ -195,7 +195,7 @@ def launch_indexer_scores(q, weights, slots, n_entries, block_table, index_keys,
     scores (``megamoe.kernels.topk`` key map), for the split top-k (v3, replaces its S1 pass).
     ``error_word``: the (1,) int32 word the out-of-range arguments flag (default: the device's,
     ``megamoe.ops.errors``)."""
-    from ..ops import errors
+    from ...ops import errors
 
     B, H, key_dim = q.shape
     max_entries = scores.shape[1]

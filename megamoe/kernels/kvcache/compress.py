@@ -130,7 +130,7 @@ def launch_compress_step(kv, score, slots, positions, active_i8, tail_k, tail_z,
     error_word: the (1,) int32 word the out-of-range arguments of active rows flag (default: the device's,
     ``megamoe.ops.errors``).
     """
-    from ..ops import errors
+    from ...ops import errors
 
     B = kv.shape[0]
     if B == 0:

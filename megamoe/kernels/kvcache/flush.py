@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .nvfp4_jit import e2m1_magnitude_code, e4m3_decode, e4m3_encode, sign_bit
+from ..nvfp4_jit import e2m1_magnitude_code, e4m3_decode, e4m3_encode, sign_bit
 
 #: Largest finite FP8 E4M3 value; official FP8 / FP4 amax floors (kernel ``act_quant`` / ``fp4_act_quant``).
 _FP8_MAX = tl.constexpr(448.0)
@@ -157,7 +157,7 @@ def launch_flush_write(entry, index_key, flush_i8, slots, positions, block_table
     entries_rope_i16 (P, rope) int16, index_keys (P, Di // 2) uint8, index_key_scale_u8 (P, Di // 32 official
     E8M0 | Di // 16 NVFP4 E4M3) uint8 (None without indexer). error_word: the (1,) int32 word the out-of-range
     arguments of flushing rows flag (default: the device's, ``megamoe.ops.errors``)."""
-    from ..ops import errors
+    from ...ops import errors
 
     B = entry.shape[0]
     if B == 0:

@@ -1,4 +1,4 @@
-"""Dense split-K NVFP4 GEMM (megamoe/kernels/nvfp4_splitk.py) against float32 math on the decoded weights.
+"""Dense split-K NVFP4 GEMM (megamoe/kernels/gemm/nvfp4_splitk.py) against float32 math on the decoded weights.
 
 On CPU the Triton kinds run through the interpreter with tiny tiles (fma: ROWS=2, BLOCK_N=16, BLOCK_K=64;
 dot: BLOCK_M=16, BLOCK_N=16, BLOCK_K=64), so the shapes cross the N tile edge, the K step edge (K a
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from gemm_helpers import every_code_weight, random_weight, rel_err, sync_free_graph
-from megamoe.kernels import nvfp4_splitk as sk
-from megamoe.kernels.nvfp4_gluon_jit import GLUON_AVAILABLE
+from megamoe.kernels.gemm import nvfp4_splitk as sk
+from megamoe.kernels.gemm.nvfp4_gluon_jit import GLUON_AVAILABLE
 from megamoe.reference import gemm as reference_gemm
 from megamoe.reference.quantize import dequantize
 

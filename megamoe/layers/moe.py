@@ -2,14 +2,18 @@
 
 Pipeline of :meth:`Nvfp4MoE.forward` (all on the device, no host syncs):
 
-1. router (``megamoe.ops.moe.route``): fp32 gate GEMM and scoring in torch,
-   then one Triton kernel (``router_backend="triton"``) for correction bias,
-   top-k with the reference's tie-break, renormalisation, routed scaling
-   (ids identical to the reference router; group-limited configs use torch);
-2. dispatch (``megamoe.ops.moe.dispatch``): stable grouping of the T*k pairs by
-   expert -> ``expert_offsets``, ``row_index`` (token of each sorted row),
-   ``inv_perm``; one Triton launch up to ``DISPATCH_KERNEL_MAX_PAIRS`` pairs,
-   torch sort + searchsorted above (identical outputs);
+1. + 2. router and dispatch (``megamoe.ops.moe.route_dispatch``): up to
+   ``FUSED_ROUTE_MAX_TOKENS`` tokens (``router_backend="triton"``, flat top-k)
+   ONE launch (``megamoe/kernels/moe_route_dispatch.py``: fp32 gate GEMV,
+   scoring, bias, top-k, renormalisation, scaling and the grouping below; ids
+   equal to the float64 routing except at float32 near-ties, see that op);
+   above, the fp32 gate GEMM and scoring in torch, one Triton kernel for bias,
+   top-k (the reference's tie-break), renormalisation and scaling (ids identical
+   to the reference router; group-limited configs use torch), then the dispatch
+   (``megamoe.ops.moe.dispatch``): stable grouping of the T*k pairs by expert ->
+   ``expert_offsets``, ``row_index`` (token of each sorted row), ``inv_perm``;
+   one Triton launch up to ``DISPATCH_KERNEL_MAX_PAIRS`` pairs, torch sort +
+   searchsorted above (identical outputs);
 3. L1: ``nvfp4_grouped_mm(x, w13, expert_offsets, row_index=row_index,
    activation="swiglu")`` -- the row gather is fused into the GEMM's A loads and
    SwiGLU + clamp into its epilogue (w13 stored gate/up *interleaved*, done once
@@ -252,6 +256,10 @@ class Nvfp4MoE:
         self._expert_out = torch.empty((pairs, c.hidden_size), dtype=torch.bfloat16, device=dev)
         self._out = torch.empty((max_num_tokens, c.hidden_size), dtype=torch.bfloat16, device=dev)
         errors.error_word(dev)  # the device's error word exists before any graph capture
+        if dev.type == "cuda":  # likewise the fused route + dispatch launch's counters (CUDA only: importing the
+            from ..kernels.moe_route_dispatch import route_dispatch_counters  # kernel fixes its interpreter mode)
+
+            route_dispatch_counters(dev)
         self._layer_id = next(_LAYER_IDS)
         _LAYERS[self._layer_id] = self
         self.last_routing = None  # (topk_weights, topk_ids) of the last forward: views of layer buffers
@@ -364,7 +372,8 @@ class Nvfp4MoE:
         return token_ids
 
     def route(self, hidden_states: torch.Tensor, out=None, token_ids: torch.Tensor | None = None):
-        """(topk_weights (T, k) fp32, topk_ids (T, k) int32) with the layer's router backend.
+        """(topk_weights (T, k) fp32, topk_ids (T, k) int32) with the layer's router backend, as forward routes
+        (``moe_ops.route_dispatch``; its grouping is computed and dropped: not for hot paths).
 
         token_ids: (T,) int32/int64, required by a hash-routed layer (ignored otherwise).
         """
@@ -372,12 +381,13 @@ class Nvfp4MoE:
         if self.hash_routed and token_ids is None:
             raise ValueError("token_ids: this layer is hash-routed (tid2eid loaded); pass the (T,) token ids")
         token_ids = token_ids if self.hash_routed else None  # shapes, dtypes, devices: checked by moe_ops.route
-        return moe_ops.route(
+        # the same op as forward (its fused decode launch for small batches), so forward's routing is reproduced
+        return moe_ops.route_dispatch(
             hidden_states, self.gate_weight, self.correction_bias, top_k=c.top_k, scoring_func=c.scoring_func,
             n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
             routed_scaling_factor=c.routed_scaling_factor, backend=self.router_backend, out=out,
             token_ids=token_ids, tid2eid=self.tid2eid,
-        )
+        )[:2]
 
     def forward(self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(T, H) bf16 -> (T, H) bf16 (a view of the layer's output buffer). Sync-free, graph-capturable.
@@ -396,19 +406,20 @@ class Nvfp4MoE:
         out = self._out[:t]
         if t == 0:
             return out
-        if fuse:  # the router writes the first k columns; column k is the shared expert (id E, weight 1)
-            topk_weights, topk_ids = self.route(hidden_states, out=(self._weights_ext, self._ids_ext),
-                                                token_ids=token_ids)
-            self.last_routing = (topk_weights, topk_ids)
-            topk_ids, topk_weights = self._ids_ext[:t], self._weights_ext[:t]
-        else:
-            topk_weights, topk_ids = self.route(hidden_states, out=(self._route_weights, self._route_ids),
-                                                token_ids=token_ids)
-            self.last_routing = (topk_weights, topk_ids)
-        backend = self.dispatch_backend
-        if backend == "auto":  # host decision on a shape: the one-launch kernel for decode-sized batches
-            backend = "triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"
-        d = moe_ops.dispatch(topk_ids, self._groups, buffers=self._dispatch_buffers, backend=backend)
+        # routing + dispatch: one launch for decode-sized batches (megamoe.ops.moe.route_dispatch picks it from
+        # the token count), the router kernel + dispatch otherwise
+        c_out = (self._weights_ext, self._ids_ext) if fuse else (self._route_weights, self._route_ids)
+        topk_weights, topk_ids, d = moe_ops.route_dispatch(
+            hidden_states, self.gate_weight, self.correction_bias, top_k=c.top_k, scoring_func=c.scoring_func,
+            n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
+            routed_scaling_factor=c.routed_scaling_factor, num_groups=self._groups,
+            slots=self._slots if fuse else c.top_k, out=c_out, buffers=self._dispatch_buffers,
+            token_ids=token_ids, tid2eid=self.tid2eid, backend=self.router_backend,
+            dispatch_backend=self.dispatch_backend if self.dispatch_backend != "auto" else
+            ("triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"))
+        self.last_routing = (topk_weights, topk_ids)
+        if fuse:  # column k is the shared expert (id E, weight 1.0, preset once)
+            topk_weights = self._weights_ext[:t]
         offsets = d["expert_offsets"]
         x, gemm_mode = hidden_states, self.mode
         static = self.mode == "w4a4" and self.input_scales is not None

@@ -73,6 +73,59 @@ def check_tid2eid(tid2eid, num_experts: int, top_k: int, vocab_size: int | None 
         raise ValueError(f"tid2eid: expected expert ids in [0, {num_experts}), got values in [{lo}, {hi}]")
 
 
+def _validate_route_args(hidden_states, gate_weight, correction_bias, top_k, scoring_func, n_group, topk_group,
+                         routed_scaling_factor, out, token_ids, tid2eid) -> None:
+    """route()'s argument checks (shapes, dtypes, devices, options; no device values read)."""
+    floats = (torch.bfloat16, torch.float16, torch.float32)
+    _check_tensor(hidden_states, "hidden_states", floats, 2)
+    _check_tensor(gate_weight, "gate_weight", floats, 2)
+    num_experts, hidden = gate_weight.shape
+    num_tokens = hidden_states.shape[0]
+    device = hidden_states.device
+    if hidden_states.shape[1] != hidden:
+        raise ValueError(f"hidden_states: expected {hidden} columns (gate_weight's H), got {hidden_states.shape[1]}")
+    if gate_weight.device != device:
+        raise ValueError(f"gate_weight: expected device {device}, got {gate_weight.device}")
+    if correction_bias is not None:
+        _check_tensor(correction_bias, "correction_bias", (torch.float32,), 1)
+        if correction_bias.shape[0] != num_experts or correction_bias.device != device:
+            raise ValueError(f"correction_bias: expected ({num_experts},) on {device}, got "
+                             f"{tuple(correction_bias.shape)} on {correction_bias.device}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k: expected an int in 1..{num_experts}, got {top_k!r}")
+    if not isinstance(n_group, int) or not isinstance(topk_group, int) or n_group < 1 or num_experts % n_group \
+            or not 1 <= topk_group <= n_group:
+        raise ValueError(f"n_group/topk_group: need n_group | E={num_experts} and 1 <= topk_group <= n_group, "
+                         f"got {n_group}/{topk_group}")
+    if n_group > 1 and topk_group * (num_experts // n_group) < top_k:
+        raise ValueError(f"topk_group: {topk_group} groups of {num_experts // n_group} experts hold fewer than "
+                         f"top_k={top_k} experts")
+    if scoring_func not in ("sigmoid", "softmax", "sqrtsoftplus"):
+        raise ValueError(f"scoring_func: expected 'sigmoid', 'softmax' or 'sqrtsoftplus', got {scoring_func!r}")
+    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) \
+            or not math.isfinite(routed_scaling_factor):
+        raise ValueError(f"routed_scaling_factor: expected a finite number, got {routed_scaling_factor!r}")
+    hashed = tid2eid is not None
+    if hashed:
+        _check_tensor(tid2eid, "tid2eid", (torch.int32,), 2)
+        if tid2eid.shape[1] != top_k or tid2eid.shape[0] < 1:
+            raise ValueError(f"tid2eid: expected shape (vocab >= 1, top_k={top_k}), got {tuple(tid2eid.shape)}")
+        if tid2eid.device != device:
+            raise ValueError(f"tid2eid: expected device {device}, got {tid2eid.device}")
+        if token_ids is None:
+            raise ValueError("token_ids: hash routing (tid2eid given) needs the (T,) token ids")
+        _check_tensor(token_ids, "token_ids", (torch.int32, torch.int64), 1)
+        if token_ids.shape[0] != num_tokens or token_ids.device != device:
+            raise ValueError(f"token_ids: expected ({num_tokens},) on {device}, got {tuple(token_ids.shape)} on "
+                             f"{token_ids.device}")
+        if correction_bias is not None:
+            raise ValueError("correction_bias: hash-routed layers use no correction bias; pass None")
+    elif token_ids is not None:
+        raise ValueError("token_ids: only used with tid2eid (hash routing); got token_ids without a table")
+    if out is not None:
+        _check_route_out(out, num_tokens, top_k, device)
+
+
 def route(
     hidden_states: torch.Tensor,
     gate_weight: torch.Tensor,
@@ -117,56 +170,12 @@ def route(
     id outside ``[0, V)``: ``("route", "token_ids")``; an entry outside
     ``[0, E)`` of a valid token's row: ``("route", "tid2eid")``), both backends.
     """
-    floats = (torch.bfloat16, torch.float16, torch.float32)
-    _check_tensor(hidden_states, "hidden_states", floats, 2)
-    _check_tensor(gate_weight, "gate_weight", floats, 2)
-    num_experts, hidden = gate_weight.shape
-    num_tokens = hidden_states.shape[0]
-    device = hidden_states.device
-    if hidden_states.shape[1] != hidden:
-        raise ValueError(f"hidden_states: expected {hidden} columns (gate_weight's H), got {hidden_states.shape[1]}")
-    if gate_weight.device != device:
-        raise ValueError(f"gate_weight: expected device {device}, got {gate_weight.device}")
-    if correction_bias is not None:
-        _check_tensor(correction_bias, "correction_bias", (torch.float32,), 1)
-        if correction_bias.shape[0] != num_experts or correction_bias.device != device:
-            raise ValueError(f"correction_bias: expected ({num_experts},) on {device}, got "
-                             f"{tuple(correction_bias.shape)} on {correction_bias.device}")
-    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
-        raise ValueError(f"top_k: expected an int in 1..{num_experts}, got {top_k!r}")
-    if not isinstance(n_group, int) or not isinstance(topk_group, int) or n_group < 1 or num_experts % n_group \
-            or not 1 <= topk_group <= n_group:
-        raise ValueError(f"n_group/topk_group: need n_group | E={num_experts} and 1 <= topk_group <= n_group, "
-                         f"got {n_group}/{topk_group}")
-    if n_group > 1 and topk_group * (num_experts // n_group) < top_k:
-        raise ValueError(f"topk_group: {topk_group} groups of {num_experts // n_group} experts hold fewer than "
-                         f"top_k={top_k} experts")
-    if scoring_func not in ("sigmoid", "softmax", "sqrtsoftplus"):
-        raise ValueError(f"scoring_func: expected 'sigmoid', 'softmax' or 'sqrtsoftplus', got {scoring_func!r}")
-    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) \
-            or not math.isfinite(routed_scaling_factor):
-        raise ValueError(f"routed_scaling_factor: expected a finite number, got {routed_scaling_factor!r}")
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
+    _validate_route_args(hidden_states, gate_weight, correction_bias, top_k, scoring_func, n_group, topk_group,
+                         routed_scaling_factor, out, token_ids, tid2eid)
+    num_experts, num_tokens, device = gate_weight.shape[0], hidden_states.shape[0], hidden_states.device
     hashed = tid2eid is not None
-    if hashed:
-        _check_tensor(tid2eid, "tid2eid", (torch.int32,), 2)
-        if tid2eid.shape[1] != top_k or tid2eid.shape[0] < 1:
-            raise ValueError(f"tid2eid: expected shape (vocab >= 1, top_k={top_k}), got {tuple(tid2eid.shape)}")
-        if tid2eid.device != device:
-            raise ValueError(f"tid2eid: expected device {device}, got {tid2eid.device}")
-        if token_ids is None:
-            raise ValueError("token_ids: hash routing (tid2eid given) needs the (T,) token ids")
-        _check_tensor(token_ids, "token_ids", (torch.int32, torch.int64), 1)
-        if token_ids.shape[0] != num_tokens or token_ids.device != device:
-            raise ValueError(f"token_ids: expected ({num_tokens},) on {device}, got {tuple(token_ids.shape)} on "
-                             f"{token_ids.device}")
-        if correction_bias is not None:
-            raise ValueError("correction_bias: hash-routed layers use no correction bias; pass None")
-    elif token_ids is not None:
-        raise ValueError("token_ids: only used with tid2eid (hash routing); got token_ids without a table")
-    if out is not None:
-        _check_route_out(out, num_tokens, top_k, device)
     if backend == "triton" and use_triton(hidden_states) and (hashed or _router_kernel_supports(num_experts, n_group)):
         from ..kernels.moe_router import launch_moe_topk
 
@@ -199,6 +208,136 @@ def route(
         out[0][:num_tokens, :top_k].copy_(result[0])
         out[1][:num_tokens, :top_k].copy_(result[1])
     return result
+
+
+#: The fused decode route + dispatch launch is used up to this many tokens (host decision on the shape); above
+#: it the gate GEMM + scoring + top-k kernel + dispatch path (see :func:`route_dispatch`).
+FUSED_ROUTE_MAX_TOKENS = 64
+
+
+def route_dispatch(
+    hidden_states: torch.Tensor,
+    gate_weight: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+    *,
+    top_k: int,
+    scoring_func: str = "sqrtsoftplus",
+    n_group: int = 1,
+    topk_group: int = 1,
+    norm_topk_prob: bool = True,
+    routed_scaling_factor: float = 1.0,
+    num_groups: int | None = None,
+    slots: int | None = None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    buffers: dict | None = None,
+    token_ids: torch.Tensor | None = None,
+    tid2eid: torch.Tensor | None = None,
+    backend: str = "triton",
+    dispatch_backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Router + dispatch: ``(topk_weights (T, k) fp32, topk_ids (T, k) int32, dispatch dict)``.
+
+    Arguments as :func:`route` (routing) and :func:`dispatch` (the dict: ``expert_offsets`` (num_groups,),
+    ``sorted_expert`` / ``row_index`` / ``inv_perm`` (T*slots,) int32, same format). num_groups: the dispatch's
+    expert groups (default E; E+1 with a fused shared expert). slots: pairs per token grouped (default k):
+    with ``slots > k`` the columns ``k..slots-1`` of ``out[1]`` (then required, with >= slots columns) hold
+    caller-preset ids (e.g. the fused shared expert's id E) that are grouped too. buffers: as
+    :func:`dispatch`'s (``expert_offsets`` exactly num_groups elements).
+
+    Paths (host decision on shapes only): with ``backend="triton"``, the tensors on the Triton path,
+    ``1 <= T <= FUSED_ROUTE_MAX_TOKENS`` and ``n_group == 1``, ONE launch of
+    ``megamoe/kernels/moe_route_dispatch.py`` (gate GEMV in fp32, scoring, bias, top-k, renormalisation,
+    scaling, grouping; hash routing with ``tid2eid``); otherwise :func:`route` then :func:`dispatch`
+    (``dispatch_backend``: "auto" = the one-launch dispatch kernel up to 512 pairs, torch above).
+
+    **Routing guarantee** of the fused path (it sums the float32 logits in its own fixed order, so its keys
+    may differ from the torch path's in the last bits): its ids equal those of the float64 evaluation of the
+    reference's routing (``megamoe/reference/moe.py``: same scoring, bias, NaN policy, stable tie-break)
+    except for a token whose k-th and (k+1)-th selection keys -- or two neighbouring keys among its first
+    k+1, for the order of its ids -- agree within the float32 bound of
+    :func:`megamoe.reference.moe.routing_key_bounds` (logit error ``<= gamma_H * sum_h |x_h| |w_eh|``,
+    mapped through the score function, plus a few ulps for scoring and the bias add); at such a near-tie
+    either choice is a correct float32 routing. Exact ties (equal float32 keys) go to the lower expert index
+    on every path. Weights: the float64 ones within the same propagated bound (plus a few ulps for the
+    renormalisation). The dispatch structures are exactly those of :func:`dispatch` on the returned ids.
+    NaN policy (both paths): a NaN logit gives a NaN score and a -inf key (never chosen while k finite keys
+    exist); a token with every logit NaN (e.g. a NaN hidden state) goes to experts 0..k-1 with NaN
+    weights; softmax: one NaN logit makes the token's every score NaN. The result is the same on both
+    paths. Results are deterministic (the same bits on every run, eager or CUDA-graph replay). Hash routing
+    flags as :func:`route`; an id outside ``[0, num_groups)`` (only possible in caller-preset columns) flags
+    as :func:`dispatch`.
+    T = 0: empty outputs, ``expert_offsets`` all zero.
+    """
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
+    _validate_route_args(hidden_states, gate_weight, correction_bias, top_k, scoring_func, n_group, topk_group,
+                         routed_scaling_factor, out, token_ids, tid2eid)
+    num_experts = gate_weight.shape[0]
+    num_groups = num_experts if num_groups is None else num_groups
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < num_experts:
+        raise ValueError(f"num_groups: expected an int >= E={num_experts}, got {num_groups!r}")
+    slots = top_k if slots is None else slots
+    if isinstance(slots, bool) or not isinstance(slots, int) or not isinstance(top_k, int) or slots < top_k:
+        raise ValueError(f"slots: expected an int >= top_k={top_k!r}, got {slots!r}")
+    if slots > top_k and out is None:
+        raise ValueError(f"out: slots={slots} > top_k={top_k} needs the (weights, ids) buffers with the preset ids")
+    if dispatch_backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"dispatch_backend: expected 'auto', 'torch' or 'triton', got {dispatch_backend!r}")
+    num_tokens = hidden_states.shape[0]
+    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2 or not isinstance(out[1], torch.Tensor)
+                            or out[1].dim() != 2 or out[1].shape[1] < slots):
+        raise ValueError(f"out: expected (weights, ids) buffers with ids of >= {slots} columns (slots)")
+    fused = (backend == "triton" and use_triton(hidden_states)
+             and 1 <= num_tokens <= FUSED_ROUTE_MAX_TOKENS and n_group == 1)
+    if not fused or num_tokens == 0:
+        weights, ids = route(hidden_states, gate_weight, correction_bias, top_k=top_k, scoring_func=scoring_func,
+                             n_group=n_group, topk_group=topk_group, norm_topk_prob=norm_topk_prob,
+                             routed_scaling_factor=routed_scaling_factor, backend=backend, out=out,
+                             token_ids=token_ids, tid2eid=tid2eid)
+        pair_ids = out[1][:num_tokens, :slots] if slots > top_k else ids
+        pairs = num_tokens * slots
+        if dispatch_backend == "auto":
+            dispatch_backend = "triton" if pairs <= 512 else "torch"
+        d = dispatch(pair_ids, num_groups, buffers=buffers, backend=dispatch_backend)
+        if num_tokens == 0:
+            d["expert_offsets"].zero_()
+        return weights, ids, d
+    from ..kernels.moe_route_dispatch import launch_route_dispatch, route_dispatch_counters
+
+    counters = route_dispatch_counters(hidden_states.device)
+    if counters is None:  # first use inside a graph capture: the unfused path (same ids up to the guarantee)
+        return route_dispatch(hidden_states, gate_weight, correction_bias, top_k=top_k, scoring_func=scoring_func,
+                              norm_topk_prob=norm_topk_prob, routed_scaling_factor=routed_scaling_factor,
+                              num_groups=num_groups, slots=slots, out=out, buffers=buffers, token_ids=token_ids,
+                              tid2eid=tid2eid, backend="torch", dispatch_backend=dispatch_backend)
+    device = hidden_states.device
+    if out is None:
+        out = (torch.empty((num_tokens, top_k), dtype=torch.float32, device=device),
+               torch.empty((num_tokens, top_k), dtype=torch.int32, device=device))
+    weights, ids = out[0][:num_tokens], out[1][:num_tokens]
+    pairs = num_tokens * slots
+    b = buffers or {}
+
+    def buf(name, n):
+        t = b[name][:n] if name in b else torch.empty(n, dtype=torch.int32, device=device)
+        if t.dtype != torch.int32 or t.device != device or t.shape[0] != n or not t.is_contiguous():
+            raise ValueError(f"buffers[{name!r}]: expected >= {n} contiguous int32 elements on {device}")
+        return t
+
+    d = {"expert_offsets": buf("expert_offsets", num_groups), "sorted_expert": buf("sorted_expert", pairs),
+         "row_index": buf("row_index", pairs), "inv_perm": buf("inv_perm", pairs)}
+    x = hidden_states if hidden_states.stride(1) == 1 else hidden_states.contiguous()
+    gate = gate_weight if gate_weight.stride(1) == 1 else gate_weight.contiguous()
+    hashed = tid2eid is not None
+    launch_route_dispatch(
+        x, gate, None if correction_bias is None else correction_bias.contiguous(), top_k, scoring_func,
+        norm_topk_prob, routed_scaling_factor, weights, ids,
+        slots, num_groups, d["expert_offsets"], d["sorted_expert"], d["row_index"], d["inv_perm"], counters,
+        token_ids=token_ids.contiguous() if hashed else None,
+        tid2eid=(tid2eid if tid2eid.stride(1) == 1 else tid2eid.contiguous()) if hashed else None,
+        interpreter=interpreter_enabled() and not x.is_cuda,
+    )
+    return weights[:, :top_k], ids[:, :top_k], d
 
 
 def _record_hash_errors(tid2eid: torch.Tensor, token_ids: torch.Tensor, num_experts: int) -> None:

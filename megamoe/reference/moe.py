@@ -66,9 +66,49 @@ def score_function(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
     raise ValueError(f"scoring_func: expected 'sigmoid', 'softmax' or 'sqrtsoftplus', got {scoring_func!r}")
 
 
-def router_scores(hidden_states: torch.Tensor, gate_weight: torch.Tensor, scoring_func: str) -> torch.Tensor:
-    """Steps 1-2 of the router: (T, H) x (E, H) -> (T, E) float32 scores (shared by every router backend)."""
-    return score_function(hidden_states.float() @ gate_weight.float().t(), scoring_func)
+def router_scores(hidden_states: torch.Tensor, gate_weight: torch.Tensor, scoring_func: str,
+                  compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Steps 1-2 of the router: (T, H) x (E, H) -> (T, E) scores in ``compute_dtype`` (float32: the routing
+    definition shared by every router backend; float64: the high-precision reference of the fused decode op's
+    routing guarantee, see :func:`routing_key_bounds`)."""
+    x, w = hidden_states.to(compute_dtype), gate_weight.to(compute_dtype)
+    return score_function(x @ w.t(), scoring_func)
+
+
+#: Unit roundoff of float32 (round to nearest).
+FP32_UNIT_ROUNDOFF = 2.0 ** -24
+#: Relative error allowed for the scoring function and the bias add evaluated in float32 (a few ulps each).
+SCORE_REL_ERROR = 64 * FP32_UNIT_ROUNDOFF
+
+
+def routing_key_bounds(hidden_states: torch.Tensor, gate_weight: torch.Tensor,
+                       correction_bias: torch.Tensor | None, scoring_func: str):
+    """Float64 selection keys and the interval any float32 evaluation of them may land in (the routing guarantee).
+
+    A float32 logit summed in *any* order over the H products differs from the exact one by at most
+    ``gamma_H * sum_h |x_h| |w_eh|`` with ``gamma_H = H u / (1 - H u)``, u = 2**-24 (the classical bound of a
+    recursive / blocked / pairwise sum; it covers product rounding too). That logit interval is mapped through
+    the (monotone) score function -- for softmax a shift of every logit by at most b_t changes each score by a
+    factor in ``[exp(-2 b_t), exp(2 b_t)]`` -- then widened by :data:`SCORE_REL_ERROR` (scoring and bias add
+    in float32). Returns float64 ``(key, lo, hi)`` (T, E): the exact keys (score + bias) and their bounds.
+    """
+    x = hidden_states.double()
+    w = gate_weight.double()
+    hidden = x.shape[1]
+    gamma = hidden * FP32_UNIT_ROUNDOFF / (1 - hidden * FP32_UNIT_ROUNDOFF)
+    logits = x @ w.t()
+    b = gamma * (x.abs() @ w.abs().t())
+    if scoring_func == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+        spread = torch.exp(2 * b.amax(dim=-1, keepdim=True))
+        lo, hi = scores / spread, scores * spread
+    else:
+        scores = score_function(logits, scoring_func)
+        lo, hi = score_function(logits - b, scoring_func), score_function(logits + b, scoring_func)
+    bias = 0.0 if correction_bias is None else correction_bias.double()
+    key, lo, hi = scores + bias, lo + bias, hi + bias
+    slack = SCORE_REL_ERROR * (lo.abs().maximum(hi.abs())) + 1e-38
+    return key, lo - slack, hi + slack
 
 
 def _stable_topk_indices(key: torch.Tensor, k: int) -> torch.Tensor:

@@ -1,0 +1,365 @@
+"""Decode MoE router + dispatch in one launch: gate GEMV, scoring, bias, top-k, renormalisation, scaling and
+the expert grouping (offsets / sorted experts / row index / inverse permutation).
+
+One kernel, one launcher (:func:`launch_route_dispatch`), meant for decode-sized batches (T <= a few tens of
+tokens; the op picks it from the token count, a host shape). It replaces the gate GEMM, the scoring ops,
+``_moe_topk_kernel`` and ``_moe_dispatch_kernel`` (5-6 launches plus copies).
+
+**Stage 1, gate GEMV** (every program): program ``(pid_e, pid_s)`` computes the float32 logits of its
+``BLOCK_E`` experts for all T tokens over its hidden-size chunk ``[pid_s * chunk, (pid_s+1) * chunk)``
+(``x`` bf16/fp32 and ``gate`` fp32/bf16 loaded, converted to fp32, multiplied and summed in fp32: FMA
+accumulation per lane, ``"ieee"`` fp32 ``tl.dot`` from 8 tokens up) and stores the partial to a workspace
+``(splits, T, E)``. Then, after a CTA barrier, it draws a ticket on its expert block's counter
+(``atomic_add``, acq_rel, gpu scope); the program drawing ticket ``splits - 1`` sums that block's partials
+in split-index order into ``logits (T, E)`` and resets the counter. The order of every sum is fixed by the
+launch shape, not by arrival order: the same bits on every run, eager or graph replay.
+
+**Stage 2, finish** (the last program of the launch: ticket ``e_blocks - 1`` on the final counter):
+
+* per block of ``BT`` tokens: scores (``sqrtsoftplus`` = ``sqrt(softplus)`` with torch's threshold 20,
+  ``sigmoid`` or ``softmax`` over E), key ``= score + bias`` (one fp32 add) with NaN keys -> -inf, then
+  ``TOP_K`` rounds of one packed int64 max (order-preserving int32 image of the key in the high word,
+  ``E_PAD - 1 - expert`` in the low word: ties -> lower expert index, as the reference's stable sort);
+  weights = the unbiased scores of the chosen experts, ``/ (sum + 1e-20)`` with ``NORMALIZE``, times the
+  routed scaling factor; stored to the strided ``(T, >=k)`` outputs. Hash routing (``HASH``): the ids are
+  the token's ``tid2eid`` row (invalid token id / entry -> ids 0..k-1, NaN weights, flagged in the error
+  word as ``route`` ``token_ids`` / ``tid2eid``, exactly as ``moe_router``).
+* dispatch of the ``T * SLOTS`` pairs (``SLOTS`` = k, or k+1 when the caller preset extra id columns, e.g.
+  the fused shared expert's id E): per bin chunk, the one-hot count matrix ``M[t, e]`` of the ids, its
+  token-axis prefix sum (earlier tokens of that expert) and its column totals (prefix sum over experts ->
+  ``expert_offsets``); then every pair's sorted row = start of its expert + earlier tokens of that expert +
+  earlier slots of its own token with that expert. This is the stable sort by expert, so the outputs equal
+  the torch / ``moe_dispatch`` paths' bit for bit. An id outside ``[0, num_groups)`` is grouped as the
+  pseudo-expert ``num_groups`` after every real one and flags ``dispatch`` ``topk_ids`` (as
+  ``moe_dispatch``).
+
+**Counters** (:func:`route_dispatch_counters`): one int32 vector of :data:`COUNTER_SLOTS` zeros per device
+(slots ``0..e_blocks-1`` per expert block, slot ``e_blocks`` the final one), allocated outside graph
+capture and cached; every launch leaves it zero. Two launches on different streams of one device must not
+run concurrently.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+COUNTER_SLOTS = 1024
+_COUNTERS: dict = {}
+SCORING_CODES = {"sigmoid": 0, "softmax": 1, "sqrtsoftplus": 2}
+INTERPRETER_PROGRAMS = 8  # "SM count" the interpreter plans for (several splits at test sizes)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def route_dispatch_counters(device) -> torch.Tensor | None:
+    """The (COUNTER_SLOTS,) int32 counters of ``device`` (zeros; every launch leaves them zero), or None while
+    the current stream captures a CUDA graph and none exist yet (the caller then takes the unfused path)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+        _COUNTERS[device] = counters
+    return counters
+
+
+def plan_route_dispatch(num_tokens: int, num_experts: int, hidden: int, programs: int) -> dict:
+    """Launch shape from host sizes only: GEMV tiles, splits of H (about ``2 * programs`` programs), finish
+    token block ``BT``, dispatch bin chunk ``EC`` and num_warps."""
+    t_pad = triton.next_power_of_2(max(num_tokens, 1))
+    use_dot = t_pad >= 8
+    if use_dot:
+        block_t, block_e, block_h = max(16, t_pad), 16, 32
+    else:
+        block_t, block_e, block_h = t_pad, 16, 128 if t_pad <= 2 else 64
+    e_blocks = triton.cdiv(num_experts, block_e)
+    h_steps = triton.cdiv(hidden, block_h)
+    splits = max(1, min(h_steps, triton.cdiv(2 * programs, e_blocks)))
+    chunk = triton.cdiv(h_steps, splits) * block_h
+    splits = triton.cdiv(hidden, chunk)
+    bins = triton.next_power_of_2(num_experts + 2)  # experts, an extra group (e.g. shared expert E), pseudo E+1
+    num_warps = 8 if t_pad >= 16 else 4
+    return dict(T_PAD=t_pad, USE_DOT=use_dot, BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
+                e_blocks=e_blocks, splits=splits, chunk=chunk, BT=min(t_pad, 16 if num_warps == 8 else 8),
+                EC=max(16, min(bins, 4096 // t_pad)), num_warps=num_warps)
+
+
+@triton.jit
+def _scores(logits, valid, SCORING: tl.constexpr):
+    """(BT, E_PAD) fp32 logits -> scores; ``valid`` masks the padded experts (softmax over the valid ones)."""
+    if SCORING == 0:
+        s = 1.0 / (1.0 + tl.exp(-logits))
+    elif SCORING == 1:
+        z = tl.where(valid, logits, float("-inf"))
+        m = tl.max(z, axis=1)
+        p = tl.where(valid, tl.exp(z - m[:, None]), 0.0)
+        s = p / tl.sum(p, axis=1)[:, None]
+    else:
+        # softplus with torch's threshold (z > 20 -> z), log1p(exp(z)) for the rest; log1p(t) = log(u) * t / (u-1)
+        # with u = 1 + t (exact when u == 1: t), accurate for tiny t
+        t = tl.exp(tl.minimum(logits, 20.0))
+        u = 1.0 + t
+        lp = tl.where(u == 1.0, t, tl.log(u) * (t / (u - 1.0)))
+        s = tl.sqrt(tl.where(logits > 20.0, logits, lp))
+    return s
+
+
+@triton.jit
+def _finish_tokens(ws_ptr, bias_ptr, weights_ptr, ids_ptr, token_ids_ptr, tid2eid_ptr, err_ptr, num_tokens,
+                   num_experts, vocab, stride_t, stride_w, stride_i, routed_scaling_factor, t0,
+                   TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, BT: tl.constexpr,
+                   SCORING: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr, HASH: tl.constexpr,
+                   FLAG_TOKENS: tl.constexpr, FLAG_TABLE: tl.constexpr):
+    """Route tokens [t0, t0 + BT): scores from the (T, E) logits in ``ws_ptr``, selection, weights, stores."""
+    rows = t0 + tl.arange(0, BT)
+    row_ok = rows < num_tokens
+    cols = tl.arange(0, E_PAD)
+    valid = cols[None, :] < num_experts
+    mask = row_ok[:, None] & valid
+    logits = tl.load(ws_ptr + rows.to(tl.int64)[:, None] * num_experts + cols[None, :], mask=mask, other=0.0,
+                     cache_modifier=".cg")
+    scores = _scores(logits, valid, SCORING)
+    slots = tl.arange(0, K_PAD)
+    keep = slots < TOP_K
+    chosen_w = tl.zeros((BT, K_PAD), dtype=tl.float32)
+    chosen_i = tl.zeros((BT, K_PAD), dtype=tl.int32)
+    if HASH:
+        tok = tl.load(token_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        tok_ok = (tok >= 0) & (tok < vocab)
+        table = tl.load(tid2eid_ptr + tl.where(tok_ok, tok, 0)[:, None] * stride_t + slots[None, :],
+                        mask=row_ok[:, None] & keep[None, :] & tok_ok[:, None], other=0)
+        bad_entry = tl.max(tl.where(keep[None, :] & ((table < 0) | (table >= num_experts)), 1, 0), axis=1)
+        ok = tok_ok & (bad_entry == 0)
+        if FLAG_TOKENS | FLAG_TABLE != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0)
+            bad_tok = tl.max((row_ok & ~tok_ok).to(tl.int32), axis=0)
+            bad_row = tl.max((row_ok & tok_ok & (bad_entry != 0)).to(tl.int32), axis=0)
+            code = bad_tok * FLAG_TOKENS | bad_row * FLAG_TABLE
+            tl.atomic_or(err_ptr, code, mask=code != 0)
+        chosen_i = tl.where(ok[:, None], table, slots[None, :]).to(tl.int32)
+        for j in tl.static_range(TOP_K):
+            idj = tl.sum(tl.where(slots[None, :] == j, chosen_i, 0), axis=1)
+            w = tl.sum(tl.where(cols[None, :] == idj[:, None], scores, 0.0), axis=1)
+            chosen_w = tl.where(slots[None, :] == j, w[:, None], chosen_w)
+    else:
+        key = scores
+        if HAS_BIAS:
+            key = key + tl.load(bias_ptr + cols, mask=cols < num_experts, other=0.0)[None, :]
+        key = tl.where(key != key, float("-inf"), key) + 0.0  # NaN -> -inf; -0.0 -> +0.0 (equal keys tie)
+        bits = key.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # int32 order == float order
+        packed = (ordered.to(tl.int64) << 32) | (E_PAD - 1 - cols[None, :]).to(tl.int64)
+        lowest = -9223372036854775807 - 1
+        packed = tl.where(valid, packed, lowest)
+        for j in tl.static_range(TOP_K):
+            best = tl.max(packed, axis=1)
+            idx = E_PAD - 1 - best.to(tl.int32)  # the low word (truncation)
+            hit = cols[None, :] == idx[:, None]
+            packed = tl.where(hit, lowest, packed)
+            w = tl.sum(tl.where(hit, scores, 0.0), axis=1)
+            chosen_w = tl.where(slots[None, :] == j, w[:, None], chosen_w)
+            chosen_i = tl.where(slots[None, :] == j, idx[:, None], chosen_i)
+    if NORMALIZE:
+        chosen_w = chosen_w / (tl.sum(chosen_w, axis=1)[:, None] + 1e-20)
+    chosen_w = chosen_w * routed_scaling_factor
+    if HASH:
+        chosen_w = tl.where(ok[:, None], chosen_w, float("nan"))
+    out_mask = row_ok[:, None] & keep[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    tl.store(weights_ptr + r64 * stride_w + slots[None, :], chosen_w, mask=out_mask)
+    tl.store(ids_ptr + r64 * stride_i + slots[None, :], chosen_i, mask=out_mask)
+
+
+@triton.jit
+def _mapped_column(ids_ptr, tok, tok_ok, stride_i, j, num_groups, FLAG: tl.constexpr):
+    """ids[:, j] of the valid tokens as bins: an id outside [0, num_groups) -> num_groups (pseudo-expert)."""
+    e = tl.load(ids_ptr + tok.to(tl.int64) * stride_i + j, mask=tok_ok, other=0, cache_modifier=".cg")
+    if FLAG != 0:
+        e = tl.where((e >= 0) & (e < num_groups), e, num_groups)
+    return tl.where(tok_ok, e, -1)
+
+
+@triton.jit
+def _dispatch_pairs(ids_ptr, stride_i, scratch_ptr, offsets_ptr, sorted_expert_ptr, row_index_ptr, inv_perm_ptr,
+                    err_ptr, num_tokens, num_groups, SLOTS: tl.constexpr, S_PAD: tl.constexpr,
+                    T_PAD: tl.constexpr, BINS: tl.constexpr, EC: tl.constexpr, ERR_FLAG: tl.constexpr):
+    """Stable grouping of the T * SLOTS pairs of ``ids`` (module docstring). scratch: (BINS + T_PAD * BINS,) int32."""
+    tok = tl.arange(0, T_PAD)
+    tok_ok = tok < num_tokens
+    carry = num_tokens * 0
+    for c0 in tl.static_range(0, BINS, EC):
+        bins = c0 + tl.arange(0, EC)
+        m = tl.zeros((T_PAD, EC), dtype=tl.int32)
+        for j in tl.static_range(SLOTS):
+            e = _mapped_column(ids_ptr, tok, tok_ok, stride_i, j, num_groups, ERR_FLAG)
+            m += (e[:, None] == bins[None, :]).to(tl.int32)
+        earlier = tl.cumsum(m, axis=0) - m  # pairs of this expert in earlier tokens
+        total = tl.sum(m, axis=0)
+        ends = carry + tl.cumsum(total, axis=0)
+        tl.store(offsets_ptr + bins, ends, mask=bins < num_groups)
+        tl.store(scratch_ptr + bins, ends - total)
+        tl.store(scratch_ptr + BINS + tok[:, None] * BINS + bins[None, :], earlier,
+                 mask=tok_ok[:, None] & (m > 0))
+        carry += tl.sum(total, axis=0)
+    tl.debug_barrier()  # the starts / ranks above are read back by other threads of this program
+    slot = tl.arange(0, S_PAD)
+    pair_ok = tok_ok[:, None] & (slot[None, :] < SLOTS)
+    e = tl.load(ids_ptr + tok.to(tl.int64)[:, None] * stride_i + slot[None, :], mask=pair_ok, other=0,
+                cache_modifier=".cg")
+    if ERR_FLAG != 0:
+        bad = pair_ok & ((e < 0) | (e >= num_groups))
+        e = tl.where(bad, num_groups, e)
+        tl.atomic_or(err_ptr, ERR_FLAG, mask=tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0)
+    dup = tl.zeros((T_PAD, S_PAD), dtype=tl.int32)
+    for j in tl.static_range(SLOTS):
+        ej = _mapped_column(ids_ptr, tok, tok_ok, stride_i, j, num_groups, ERR_FLAG)
+        dup += ((ej[:, None] == e) & (slot[None, :] > j)).to(tl.int32)
+    e_safe = tl.where(pair_ok, e, 0)
+    start = tl.load(scratch_ptr + e_safe, mask=pair_ok, other=0, cache_modifier=".cg")
+    earlier = tl.load(scratch_ptr + BINS + tok[:, None] * BINS + e_safe, mask=pair_ok, other=0, cache_modifier=".cg")
+    row = start + earlier + dup
+    row = tl.where(pair_ok, row, 0)
+    tl.store(inv_perm_ptr + tok[:, None] * SLOTS + slot[None, :], row, mask=pair_ok)
+    tl.store(sorted_expert_ptr + row, e, mask=pair_ok)
+    tl.store(row_index_ptr + row, tok[:, None] + slot[None, :] * 0, mask=pair_ok)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _route_dispatch_kernel(
+    x_ptr, stride_x,  # (T, H) bf16/fp32, unit column stride
+    w_ptr, stride_g,  # (E, H) fp32/bf16 gate, unit column stride
+    bias_ptr,  # (E,) fp32 (read if HAS_BIAS)
+    ws_ptr,  # fp32 workspace: logits (T, E), then partials (splits, T, E)
+    cnt_ptr,  # (>= e_blocks + 1,) int32 zeros
+    weights_ptr, stride_w,  # (T, >=k) fp32 out
+    ids_ptr, stride_i,  # (T, >=SLOTS) int32 out (columns k..SLOTS-1 preset by the caller)
+    token_ids_ptr, tid2eid_ptr, vocab, stride_t,  # hash routing (read if HASH)
+    offsets_ptr, sorted_expert_ptr, row_index_ptr, inv_perm_ptr, scratch_ptr,  # dispatch outputs / scratch
+    err_ptr,
+    num_tokens, num_experts, hidden, chunk, num_groups, routed_scaling_factor,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, SLOTS: tl.constexpr, S_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    T_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    USE_DOT: tl.constexpr, BT: tl.constexpr, BINS: tl.constexpr, EC: tl.constexpr,
+    SCORING: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr, HASH: tl.constexpr,
+    FLAG_TOKENS: tl.constexpr, FLAG_TABLE: tl.constexpr, FLAG_IDS: tl.constexpr,
+):
+    pid_e = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    splits = tl.num_programs(1)
+    e_blocks = tl.num_programs(0)
+    logits_size = num_tokens * num_experts
+    # ---- stage 1: partial logits of experts [pid_e * BLOCK_E, +BLOCK_E) over this program's H chunk
+    tok = tl.arange(0, BLOCK_T)
+    tok_ok = tok < num_tokens
+    ex = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    ex_ok = ex < num_experts
+    offs_h = tl.arange(0, BLOCK_H)
+    h_start = pid_s * chunk
+    h_end = tl.minimum(h_start + chunk, hidden)
+    x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x
+    w_rows = w_ptr + ex.to(tl.int64)[:, None] * stride_g
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    else:
+        acc3 = tl.zeros((BLOCK_T, BLOCK_E, BLOCK_H), dtype=tl.float32)
+    h = h_start
+    while h < h_end:
+        hh = h + offs_h
+        h_ok = hh < h_end
+        xv = tl.load(x_rows + hh[None, :], mask=tok_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
+        wv = tl.load(w_rows + hh[None, :], mask=ex_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
+        if USE_DOT:
+            acc = tl.dot(xv, tl.trans(wv), acc, input_precision="ieee")
+        else:
+            acc3 += xv[:, None, :] * wv[None, :, :]
+        h += BLOCK_H
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=2)
+    part = ws_ptr + logits_size + pid_s.to(tl.int64) * logits_size
+    out_off = tok.to(tl.int64)[:, None] * num_experts + ex[None, :]
+    out_mask = tok_ok[:, None] & ex_ok[None, :]
+    tl.store(part + out_off, acc, mask=out_mask)
+    # ---- the last split of this expert block sums the partials in split order -> logits (T, E)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr + pid_e, 1, sem="acq_rel", scope="gpu")
+    if ticket == splits - 1:
+        total = tl.load(ws_ptr + logits_size + out_off, mask=out_mask, other=0.0, cache_modifier=".cg")
+        s = pid_s * 0 + 1
+        while s < splits:
+            total += tl.load(ws_ptr + logits_size + s.to(tl.int64) * logits_size + out_off, mask=out_mask,
+                             other=0.0, cache_modifier=".cg")
+            s += 1
+        tl.store(ws_ptr + out_off, total, mask=out_mask)
+        tl.store(cnt_ptr + pid_e, 0)
+        tl.debug_barrier()
+        final = tl.atomic_add(cnt_ptr + e_blocks, 1, sem="acq_rel", scope="gpu")
+        if final == e_blocks - 1:
+            # ---- stage 2: route every token, then group the pairs by expert
+            t0 = pid_e * 0
+            while t0 < num_tokens:
+                _finish_tokens(ws_ptr, bias_ptr, weights_ptr, ids_ptr, token_ids_ptr, tid2eid_ptr, err_ptr,
+                               num_tokens, num_experts, vocab, stride_t, stride_w, stride_i,
+                               routed_scaling_factor, t0, TOP_K, K_PAD, E_PAD, BT, SCORING, HAS_BIAS,
+                               NORMALIZE, HASH, FLAG_TOKENS, FLAG_TABLE)
+                t0 += BT
+            tl.debug_barrier()  # the ids stored above are read back by other threads of this program
+            _dispatch_pairs(ids_ptr, stride_i, scratch_ptr, offsets_ptr, sorted_expert_ptr, row_index_ptr,
+                            inv_perm_ptr, err_ptr, num_tokens, num_groups, SLOTS, S_PAD, T_PAD, BINS, EC,
+                            FLAG_IDS)
+            tl.store(cnt_ptr + e_blocks, 0)
+
+
+def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor, bias: torch.Tensor | None,
+                          top_k: int, scoring_func: str, norm_topk_prob: bool, routed_scaling_factor: float,
+                          weights_out: torch.Tensor, ids_out: torch.Tensor, slots: int, num_groups: int,
+                          offsets: torch.Tensor, sorted_expert: torch.Tensor, row_index: torch.Tensor,
+                          inv_perm: torch.Tensor, counters: torch.Tensor, *, token_ids: torch.Tensor | None = None,
+                          tid2eid: torch.Tensor | None = None, error_word: torch.Tensor | None = None,
+                          interpreter: bool = False) -> None:
+    """One launch: route T tokens and group their ``T * slots`` pairs (module docstring).
+
+    hidden_states (T >= 1, H) bf16/fp32 and gate_weight (E, H) fp32/bf16, unit column stride; bias (E,) fp32
+    or None; weights_out (T, >=k) fp32 / ids_out (T, >=slots) int32, unit column stride (ids columns
+    k..slots-1 preset by the caller); offsets (num_groups,) and sorted_expert / row_index / inv_perm
+    (>= T*slots,) int32 contiguous; counters from :func:`route_dispatch_counters`; token_ids (T,) int32/int64
+    contiguous + tid2eid (V, k) int32 unit column stride: hash routing. error_word: default the device's.
+    """
+    from ..ops import errors
+
+    num_tokens, hidden = hidden_states.shape
+    num_experts = gate_weight.shape[0]
+    device = hidden_states.device
+    programs = INTERPRETER_PROGRAMS if interpreter or not hidden_states.is_cuda else _num_sms(device.index)
+    p = plan_route_dispatch(num_tokens, num_experts, hidden, programs)
+    if p["e_blocks"] + 1 > counters.shape[0]:
+        raise ValueError(f"counters: {p['e_blocks'] + 1} slots needed, got {counters.shape[0]}")
+    bins = triton.next_power_of_2(num_groups + 1)
+    ws = torch.empty((p["splits"] + 1) * num_tokens * num_experts, dtype=torch.float32, device=device)
+    scratch = torch.empty(bins * (p["T_PAD"] + 1), dtype=torch.int32, device=device)
+    word = error_word if error_word is not None else errors.error_word(device)
+    hashed = tid2eid is not None
+    _route_dispatch_kernel[(p["e_blocks"], p["splits"])](
+        hidden_states, hidden_states.stride(0), gate_weight, gate_weight.stride(0),
+        bias if bias is not None else gate_weight, ws, counters,
+        weights_out, weights_out.stride(0), ids_out, ids_out.stride(0),
+        token_ids if hashed else ids_out, tid2eid if hashed else ids_out,
+        tid2eid.shape[0] if hashed else 0, tid2eid.stride(0) if hashed else 0,
+        offsets, sorted_expert, row_index, inv_perm, scratch, word,
+        num_tokens, num_experts, hidden, p["chunk"], num_groups, float(routed_scaling_factor),
+        TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), SLOTS=slots, S_PAD=triton.next_power_of_2(slots),
+        E_PAD=triton.next_power_of_2(num_experts), T_PAD=p["T_PAD"], BLOCK_T=p["BLOCK_T"], BLOCK_E=p["BLOCK_E"],
+        BLOCK_H=p["BLOCK_H"], USE_DOT=p["USE_DOT"], BT=p["BT"], BINS=bins, EC=min(p["EC"], bins),
+        SCORING=SCORING_CODES[scoring_func], HAS_BIAS=bias is not None and not hashed,
+        NORMALIZE=bool(norm_topk_prob), HASH=hashed,
+        FLAG_TOKENS=errors.kernel_flag("route", "token_ids") if hashed else 0,
+        FLAG_TABLE=errors.kernel_flag("route", "tid2eid") if hashed else 0,
+        FLAG_IDS=errors.kernel_flag("dispatch", "topk_ids"), num_warps=p["num_warps"],
+    )

@@ -13,11 +13,15 @@ the GPU).
 Structure (one CTA = one query token x 64 heads x one split; 12 warps):
 
 * Q (64 x 512 bf16, 64 KB) is staged once into NVMMA-swizzled shared memory.
-* Producer partition (4 warps, ``PRODUCER_REGS`` registers): per block, loads the indices (window ids,
-  or entry ids -> page table), gathers the rows (window: bf16; entries: FP8 bytes -> float32 * block scale ->
-  bf16 exactly as v1, rope bf16) chunk by chunk (64 columns) and stores them into a ``NUM_KV_STAGES``-deep
-  ring of ``(BLOCK_N, 512)`` bf16 tiles (NVMMA 128-byte swizzle) plus the rows' validity; ``fence`` +
-  ``mbarrier.arrive(ready)``. It ORs the error codes per lane and issues one atomic at the end.
+* Producer partition (4 warps, ``PRODUCER_REGS`` registers), software-pipelined over the split's blocks: at
+  iteration i it loads the ids of block i + 3 and the pages of block i + 2 (register prefetch, so the
+  indices -> page -> row chain is never waited for), issues block i + 1's gathers with ``cp.async`` (masked
+  rows zero-filled): window rows (bf16) and entry rope dims straight into the kv ring slot, entry FP8 bytes
+  and scales into a 2-deep staging buffer; then waits for block i's copies (``cp.async.wait_group 1``),
+  dequantizes its FP8 bytes (float32 * block scale -> bf16, exactly v1's rounding) into the slot's first 448
+  columns, ``fence`` + ``mbarrier.arrive(ready)``. The kv ring is ``NUM_KV_STAGES`` deep (NVMMA 128-byte
+  swizzle, the wgmma B operand); the rows' validity travels in a small int32 ring next to it. Error codes are
+  ORed per lane; one atomic at the end.
 * Default (consumer) partition, 8 warps = 2 warpgroups, wgmma layout ``warps_per_cta = [4, 2]``: the score
   tile ``64 x BLOCK_N`` is split by rows (each warpgroup computes 64 x BLOCK_N/2: no duplicated MMA), the
   row max / sum cross the two warpgroups through shared memory (compiler-generated), P is converted to the
@@ -26,9 +30,9 @@ Structure (one CTA = one query token x 64 heads x one split; 12 warps):
 * ``MEGAMOE_ATTN_WS=0`` (read at launch) selects the non-warp-specialized variant of the same shared-memory
   pipeline for debugging: 8 warps, one ring slot, produce -> barrier -> consume per block.
 
-Not yet (see benchmarks/NOTES_attention.md "v2 (Gluon)"): cp.async staging of the raw rows (the producer's
-gathers are register loads, chunk by chunk: latency hidden only by the consumer working on the other slot),
-index prefetch one block ahead, H = 128 sharing of the dequantized tile.
+Shared memory (V4, BLOCK_N 32, 3 kv stages): Q 64 KB + kv ring 96 KB + staging 2 x 17 KB + ~7 KB compiler
+scratch = 203 KB. Not yet (benchmarks/NOTES_attention.md "v2 (Gluon)"): H = 128 sharing of the dequantized
+tile, fused split combine, a persistent grid.
 """
 from __future__ import annotations
 
@@ -42,7 +46,8 @@ from . import sparse_attention as v1
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
+                                                                   warpgroup_mma)
 
     GLUON_AVAILABLE = True
 except ImportError:  # pragma: no cover - older Triton
@@ -52,7 +57,7 @@ except ImportError:  # pragma: no cover - older Triton
 # warps + 4 producer warps. Shared memory: Q 64 KB + NUM_KV_STAGES x BLOCK_N x 1 KB (+ compiler scratch for
 # the P / reduction exchanges). Registers: 8 x 32 x CONSUMER + 4 x 32 x PRODUCER <= 64 K.
 WS_CONFIG = {"BLOCK_H": 64, "BLOCK_N": v1.ATTENTION_CONFIG["BLOCK_N"], "num_warps": 8, "PRODUCER_WARPS": 4,
-             "PRODUCER_REGS": 88, "NUM_KV_STAGES": 2}
+             "PRODUCER_REGS": 88, "NUM_KV_STAGES": 3}
 
 
 def warp_specialized() -> bool:
@@ -70,50 +75,90 @@ def supports(q: torch.Tensor, head_dim: int, nope: int, rope: int, scale_block: 
 if GLUON_AVAILABLE:
 
     @gluon.jit
-    def _produce_block(kv_buf, valid_buf, b, num_wb, n, win_kv_ptr, win_idx_ptr, fp8_ptr, scale_ptr, rope_ptr,
-                       table_ptr, ent_idx_ptr, W, K, R, P, L, slot64, slot_ok,
-                       D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
-                       NSC: gl.constexpr, SB: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr,
-                       FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr, FLAG_TABLE: gl.constexpr):
-        """Gather + dequantize block b into kv_buf (BLOCK_N, D) bf16 smem and valid_buf (BLOCK_N,) int32 smem.
-        Returns the (BLOCK_N,) int32 error codes of its rows (v1's rules)."""
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
-        rows_l: gl.constexpr = gl.SliceLayout(1, layout)
-        cols_l: gl.constexpr = gl.SliceLayout(0, layout)
-        x = gl.arange(0, 64, layout=cols_l)
+    def _load_ids(b, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N: gl.constexpr, rows_l: gl.constexpr):
+        """Block b's (BLOCK_N,) window ids or entry ids (-1 past the list or when b >= hi)."""
+        jj = gl.arange(0, BLOCK_N, layout=rows_l)
         if b < num_wb:
-            jj = b * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
-            rid = gl.load(win_idx_ptr + n * W + jj, mask=jj < W, other=-1)
-            valid = (rid >= 0) & (rid < R)
-            row = gl.where(valid, rid, 0).to(gl.int64)
-            code = gl.zeros([BLOCK_N], gl.int32, rows_l)
-            if FLAG_WINDOW != 0:
-                code = ((rid < -1) | (rid >= R)).to(gl.int32) * FLAG_WINDOW
-            for c in gl.static_range(D // 64):
-                v = gl.load(win_kv_ptr + row[:, None] * D + (c * 64 + x)[None, :], mask=valid[:, None], other=0.0)
-                kv_buf.slice(c * 64, 64, dim=1).store(v)
+            j = b * BLOCK_N + jj
+            ids = gl.load(win_idx_ptr + n * W + j, mask=(j < W) & (b < hi), other=-1)
         else:
-            jj = (b - num_wb) * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
-            e = gl.load(ent_idx_ptr + n * K + jj, mask=jj < K, other=-1)
-            logical = gl.where(e >= 0, e // EPB, 0)
-            page = gl.load(table_ptr + slot64 * L + logical, mask=(e >= 0) & (logical < L) & slot_ok, other=-1)
-            valid = (e >= 0) & (page >= 0) & (page < P)
-            code = gl.zeros([BLOCK_N], gl.int32, rows_l)
+            j = (b - num_wb) * BLOCK_N + jj
+            ids = gl.load(ent_idx_ptr + n * K + j, mask=(j < K) & (b < hi), other=-1)
+        return ids
+
+    @gluon.jit
+    def _load_pages(b, num_wb, ids, table_ptr, slot64, slot_ok, L, EPB: gl.constexpr):
+        """Entry blocks: the physical page of every id (-1 when not looked up); window blocks: all -1."""
+        logical = gl.where(ids >= 0, ids // EPB, 0)
+        return gl.load(table_ptr + slot64 * L + logical, mask=(b >= num_wb) & (ids >= 0) & (logical < L) & slot_ok,
+                       other=-1)
+
+    @gluon.jit
+    def _issue_block(b, num_wb, ids, page, kv_slot, valid_slot, fp8_st, sc_st, win_kv_ptr, fp8_ptr, scale_ptr,
+                     rope_ptr, R, P, L, slot_ok,
+                     D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
+                     NSC: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr,
+                     FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr, FLAG_TABLE: gl.constexpr):
+        """Issue block b's cp.async gathers (masked rows zero-filled): window rows (bf16) and entry rope dims
+        straight into the kv slot, entry FP8 bytes and scales into the staging buffers; store the rows' validity.
+        Returns the (BLOCK_N,) int32 error codes of the rows (v1's rules)."""
+        rows_l: gl.constexpr = gl.SliceLayout(1, gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0]))
+        h_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])      # 64 bf16 columns, 16 B
+        b_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])     # 64 byte columns, 16 B
+        s_l: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PW, 1], [1, 0])      # 8 scale columns
+        code = gl.zeros([BLOCK_N], gl.int32, rows_l)
+        if b < num_wb:
+            valid = (ids >= 0) & (ids < R)
+            if FLAG_WINDOW != 0:
+                code = ((ids < -1) | (ids >= R)).to(gl.int32) * FLAG_WINDOW  # -1 (none) is not an error
+            row = gl.convert_layout(gl.where(valid, ids, 0).to(gl.int64), gl.SliceLayout(1, h_l))
+            vh = gl.convert_layout(valid, gl.SliceLayout(1, h_l))[:, None]
+            xh = gl.arange(0, 64, layout=gl.SliceLayout(0, h_l))[None, :]
+            for c in gl.static_range(D // 64):
+                async_copy.async_copy_global_to_shared(kv_slot.slice(c * 64, 64, dim=1),
+                                                       win_kv_ptr + row[:, None] * D + c * 64 + xh, mask=vh)
+        else:
+            logical = gl.where(ids >= 0, ids // EPB, 0)
+            valid = (ids >= 0) & (page >= 0) & (page < P)
             if FLAG_ENTRY != 0:
-                code = (slot_ok & ((e < -1) | ((e >= 0) & (logical >= L)))).to(gl.int32) * FLAG_ENTRY | \
+                code = (slot_ok & ((ids < -1) | ((ids >= 0) & (logical >= L)))).to(gl.int32) * FLAG_ENTRY | \
                     ((page < -1) | (page >= P)).to(gl.int32) * FLAG_TABLE
-            row = gl.where(valid, page.to(gl.int64) * EPB + gl.where(e >= 0, e % EPB, 0), 0)
-            vmask = valid[:, None]
+            row = gl.where(valid, page.to(gl.int64) * EPB + gl.where(ids >= 0, ids % EPB, 0), 0)
+            rb = gl.convert_layout(row, gl.SliceLayout(1, b_l))[:, None]
+            vb = gl.convert_layout(valid, gl.SliceLayout(1, b_l))[:, None]
+            xb = gl.arange(0, 64, layout=gl.SliceLayout(0, b_l))[None, :]
             for c in gl.static_range(NOPE // 64):
-                raw = gl.load(fp8_ptr + row[:, None] * NOPE + (c * 64 + x)[None, :], mask=vmask, other=0)
-                blk = gl.load(scale_ptr + row * NSC + (c * 64) // SB, mask=valid, other=0.0)
-                value = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * blk[:, None]
-                kv_buf.slice(c * 64, 64, dim=1).store(value.to(gl.bfloat16))
+                async_copy.async_copy_global_to_shared(fp8_st.slice(c * 64, 64, dim=1),
+                                                       fp8_ptr + rb * NOPE + c * 64 + xb, mask=vb)
+            rs = gl.convert_layout(row, gl.SliceLayout(1, s_l))[:, None]
+            vs = gl.convert_layout(valid, gl.SliceLayout(1, s_l))[:, None]
+            xs = gl.arange(0, 8, layout=gl.SliceLayout(0, s_l))[None, :]
+            async_copy.async_copy_global_to_shared(sc_st, scale_ptr + rs * NSC + xs, mask=vs & (xs < NSC))
+            rh = gl.convert_layout(row, gl.SliceLayout(1, h_l))[:, None]
+            vh = gl.convert_layout(valid, gl.SliceLayout(1, h_l))[:, None]
+            xh = gl.arange(0, 64, layout=gl.SliceLayout(0, h_l))[None, :]
             for c in gl.static_range(ROPE // 64):
-                r = gl.load(rope_ptr + row[:, None] * ROPE + (c * 64 + x)[None, :], mask=vmask, other=0.0)
-                kv_buf.slice(NOPE + c * 64, 64, dim=1).store(r)
-        valid_buf.store(valid.to(gl.int32))
+                async_copy.async_copy_global_to_shared(kv_slot.slice(NOPE + c * 64, 64, dim=1),
+                                                       rope_ptr + rh * ROPE + c * 64 + xh, mask=vh)
+        valid_slot.store(valid.to(gl.int32))
         return code
+
+    @gluon.jit
+    def _dequant_block(b, num_wb, kv_slot, fp8_st, sc_st, NOPE: gl.constexpr, SB: gl.constexpr,
+                       BLOCK_N: gl.constexpr, PW: gl.constexpr):
+        """Entry blocks: staged FP8 bytes -> float32 * their block scale -> bf16 (v1's rounding) into the kv
+        slot's first NOPE columns (after the block's copies completed and the partition synchronised)."""
+        if b >= num_wb:
+            b_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])
+            s_l: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PW, 1], [1, 0])
+            sc = sc_st.load(s_l)
+            xs = gl.arange(0, 8, layout=gl.SliceLayout(0, s_l))[None, :]
+            for c in gl.static_range(NOPE // 64):
+                blk = gl.sum(gl.where(xs == (c * 64) // SB, sc, 0.0), axis=1)
+                blk = gl.convert_layout(blk, gl.SliceLayout(1, b_l))
+                raw = fp8_st.slice(c * 64, 64, dim=1).load(b_l)
+                value = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * blk[:, None]
+                kv_slot.slice(c * 64, 64, dim=1).store(value.to(gl.bfloat16))
 
     @gluon.jit
     def _consume_block(q_smem, kv_buf, valid_buf, m_i, l_i, acc, qk_scale,
@@ -136,32 +181,62 @@ if GLUON_AVAILABLE:
         return m_new, l_i, acc
 
     @gluon.jit
-    def _producer_partition(kv_ring, valid_ring, ready, empty, lo, hi, num_wb, n, win_kv_ptr, win_idx_ptr,
-                            fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, slots_ptr, err_ptr,
+    def _producer_partition(kv_ring, valid_ring, fp8_stage, sc_stage, ready, empty, lo, hi, num_wb, n, win_kv_ptr,
+                            win_idx_ptr, fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, slots_ptr, err_ptr,
                             W, K, R, P, S, L,
                             D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
                             NSC: gl.constexpr, SB: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr,
                             STAGES: gl.constexpr, FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr,
                             FLAG_SLOTS: gl.constexpr, FLAG_TABLE: gl.constexpr):
+        """Software pipeline over the split's blocks: at iteration i (block b = lo + i) the ids of block b + 3 and
+        the pages of block b + 2 are loaded into registers, block b + 1's gathers are issued (cp.async, one
+        commit group per iteration) into kv slot (i + 1) % STAGES and staging buffer (i + 1) % 2, then block b's
+        group is waited for, dequantized and handed to the consumers (mbarrier ready). So each block's index
+        loads and row gathers are in flight while the previous blocks are dequantized and multiplied."""
         rows_l: gl.constexpr = gl.SliceLayout(1, gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0]))
         slot = gl.load(slots_ptr + n)
         slot_ok = (slot >= 0) & (slot < S)
         slot64 = gl.where(slot_ok, slot, 0).to(gl.int64)
         err = gl.zeros([BLOCK_N], gl.int32, rows_l) + \
             ((K > 0) & ((slot < -1) | (slot >= S))).to(gl.int32) * FLAG_SLOTS
-        for b in range(lo, hi):
-            i = b - lo
-            stage = i % STAGES
-            mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)
-            code = _produce_block(kv_ring.index(stage), valid_ring.index(stage), b, num_wb, n, win_kv_ptr,
-                                  win_idx_ptr, fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, W, K, R, P, L,
-                                  slot64, slot_ok, D, NOPE, ROPE, EPB, NSC, SB, BLOCK_N, PW,
-                                  FLAG_WINDOW, FLAG_ENTRY, FLAG_TABLE)
+        # prologue: block lo issued; pages of lo + 1 and ids of lo + 2 in registers
+        ids0 = _load_ids(lo, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+        ids1 = _load_ids(lo + 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+        ids2 = _load_ids(lo + 2, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+        pg0 = _load_pages(lo, num_wb, ids0, table_ptr, slot64, slot_ok, L, EPB)
+        pg1 = _load_pages(lo + 1, num_wb, ids1, table_ptr, slot64, slot_ok, L, EPB)
+        if lo < hi:
+            mbarrier.wait(empty.index(0), 1)
+            code = _issue_block(lo, num_wb, ids0, pg0, kv_ring.index(0), valid_ring.index(0), fp8_stage.index(0),
+                                sc_stage.index(0), win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, L, slot_ok,
+                                D, NOPE, ROPE, EPB, NSC, BLOCK_N, PW, FLAG_WINDOW, FLAG_ENTRY, FLAG_TABLE)
             if FLAG_SLOTS != 0:
                 err = err | code
+        async_copy.commit_group()
+        for b in range(lo, hi):
+            i = b - lo
+            nxt = i + 1
+            ids3 = _load_ids(b + 3, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+            pg2 = _load_pages(b + 2, num_wb, ids2, table_ptr, slot64, slot_ok, L, EPB)
+            if b + 1 < hi:
+                mbarrier.wait(empty.index(nxt % STAGES), ((nxt // STAGES) & 1) ^ 1)
+                code = _issue_block(b + 1, num_wb, ids1, pg1, kv_ring.index(nxt % STAGES),
+                                    valid_ring.index(nxt % STAGES), fp8_stage.index(nxt % 2), sc_stage.index(nxt % 2),
+                                    win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, L, slot_ok,
+                                    D, NOPE, ROPE, EPB, NSC, BLOCK_N, PW, FLAG_WINDOW, FLAG_ENTRY, FLAG_TABLE)
+                if FLAG_SLOTS != 0:
+                    err = err | code
+            async_copy.commit_group()
+            async_copy.wait_group(1)      # block b's group (committed one iteration earlier) has landed
+            gl.thread_barrier()           # ... for every producer thread
+            _dequant_block(b, num_wb, kv_ring.index(i % STAGES), fp8_stage.index(i % 2), sc_stage.index(i % 2),
+                           NOPE, SB, BLOCK_N, PW)
             fence_async_shared()
             gl.thread_barrier()
-            mbarrier.arrive(ready.index(stage), count=1)
+            mbarrier.arrive(ready.index(i % STAGES), count=1)
+            ids1, pg1 = ids2, pg2
+            ids2 = ids3
+        async_copy.wait_group(0)
         if FLAG_SLOTS != 0:
             gl.atomic_or(err_ptr + gl.zeros([BLOCK_N], gl.int32, rows_l), err, mask=err != 0)
 
@@ -242,9 +317,13 @@ if GLUON_AVAILABLE:
             qc = gl.load(q_ptr + (n * H + h[:, None]) * D + (c * 64 + x)[None, :], mask=(h < H)[:, None], other=0.0)
             q_smem.slice(c * 64, 64, dim=1).store(qc)
 
+        # staging of the raw entry rows: FP8 bytes (BLOCK_N, 512) u8 (448 used) and scales (BLOCK_N, 8) float32
+        st_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         if WARP_SPECIALIZE:
             kv_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], kv_sl)
             valid_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], v_sl)
+            fp8_stage = gl.allocate_shared_memory(gl.uint8, [2, BLOCK_N, D], st_sl)
+            sc_stage = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, 8], st_sl)
             ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(STAGES):
@@ -255,15 +334,17 @@ if GLUON_AVAILABLE:
             m_i, l_i, acc = gl.warp_specialize([
                 (_consumer_partition, (q_smem, kv_ring, valid_ring, ready, empty, lo, hi, qk_scale, s_layout,
                                        o_layout, BLOCK_H, BLOCK_N, D, STAGES)),
-                (_producer_partition, (kv_ring, valid_ring, ready, empty, lo, hi, num_wb, n, win_kv_ptr,
-                                       win_idx_ptr, fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, slots_ptr,
-                                       err_ptr, W, K, R, P, S, L, D, NOPE, ROPE, EPB, NSC, SB, BLOCK_N, PW, STAGES,
-                                       FLAG_WINDOW, FLAG_ENTRY, FLAG_SLOTS, FLAG_TABLE)),
+                (_producer_partition, (kv_ring, valid_ring, fp8_stage, sc_stage, ready, empty, lo, hi, num_wb, n,
+                                       win_kv_ptr, win_idx_ptr, fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr,
+                                       slots_ptr, err_ptr, W, K, R, P, S, L, D, NOPE, ROPE, EPB, NSC, SB, BLOCK_N, PW,
+                                       STAGES, FLAG_WINDOW, FLAG_ENTRY, FLAG_SLOTS, FLAG_TABLE)),
             ], [PW], [PRODUCER_REGS])
         else:
-            # debugging variant: the same smem tile, produced and consumed by all 8 warps in turn
+            # debugging variant: the same gathers / staging / dequant / MMAs, one block at a time by all 8 warps
             kv_buf = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, D], kv_sl)
             valid_buf = gl.allocate_shared_memory(gl.int32, [BLOCK_N], v_sl)
+            fp8_buf = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, D], st_sl)
+            sc_buf = gl.allocate_shared_memory(gl.float32, [BLOCK_N, 8], st_sl)
             rows_l: gl.constexpr = gl.SliceLayout(1, gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0]))
             slot = gl.load(slots_ptr + n)
             slot_ok = (slot >= 0) & (slot < S)
@@ -274,12 +355,18 @@ if GLUON_AVAILABLE:
             l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
             acc = gl.zeros([BLOCK_H, D], gl.float32, o_layout)
             for b in range(lo, hi):
+                ids = _load_ids(b, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+                pg = _load_pages(b, num_wb, ids, table_ptr, slot64, slot_ok, L, EPB)
                 gl.thread_barrier()  # the previous block's wgmmas have read the tile
-                code = _produce_block(kv_buf, valid_buf, b, num_wb, n, win_kv_ptr, win_idx_ptr, fp8_ptr, scale_ptr,
-                                      rope_ptr, table_ptr, ent_idx_ptr, W, K, R, P, L, slot64, slot_ok, D, NOPE,
-                                      ROPE, EPB, NSC, SB, BLOCK_N, num_warps, FLAG_WINDOW, FLAG_ENTRY, FLAG_TABLE)
+                code = _issue_block(b, num_wb, ids, pg, kv_buf, valid_buf, fp8_buf, sc_buf, win_kv_ptr, fp8_ptr,
+                                    scale_ptr, rope_ptr, R, P, L, slot_ok, D, NOPE, ROPE, EPB, NSC, BLOCK_N, num_warps,
+                                    FLAG_WINDOW, FLAG_ENTRY, FLAG_TABLE)
                 if FLAG_SLOTS != 0:
                     err = err | code
+                async_copy.commit_group()
+                async_copy.wait_group(0)
+                gl.thread_barrier()
+                _dequant_block(b, num_wb, kv_buf, fp8_buf, sc_buf, NOPE, SB, BLOCK_N, num_warps)
                 fence_async_shared()
                 gl.thread_barrier()
                 m_i, l_i, acc = _consume_block(q_smem, kv_buf, valid_buf, m_i, l_i, acc, qk_scale, s_layout,

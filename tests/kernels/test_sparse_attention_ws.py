@@ -87,7 +87,7 @@ def compile_report(**kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("warp_spec", [True, False])
 def test_sm90_compile(warp_spec):
-    """V4 tiles compile for sm_90 without spills; wgmma for S (64 x 16 per warpgroup: the score tile split, not
+    """V4 tiles compile for sm_90 without spills; cp.async gathers; wgmma for S (64 x 16 per warpgroup: the score tile split, not
     duplicated) and P.V (64 x 256 per warpgroup); the WS variant has mbarriers, register reallocation and
     partition-local named barriers; shared memory fits one CTA per SM."""
     import triton
@@ -100,7 +100,10 @@ def test_sm90_compile(warp_spec):
     assert "HGMMA.64x16x16.F32.BF16" in sass and "HGMMA.64x256x16.F32.BF16" in sass
     assert "warpsPerCTA = [4, 2]" in ttgir
     assert smem <= 227 * 1024
+    # gathers are cp.async with a source size (masked rows zero-filled, so a NaN never enters through them)
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10, %r\d+;", ptx)
     if warp_spec:
+        assert re.search(r"cp\.async\.wait_group\s+1;", ptx), "the producer keeps one block's gathers in flight"
         assert "mbarrier.try_wait" in ptx and "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
         assert re.search(r"bar\.sync\s+\d+, 128;", ptx), "producer barrier must be partition-local"
         assert re.search(r"bar\.sync\s+\d+, 256;", ptx), "consumer barrier must be partition-local"

@@ -36,6 +36,7 @@ tile, fused split combine, a persistent grid.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -65,9 +66,14 @@ def warp_specialized() -> bool:
     return os.environ.get("MEGAMOE_ATTN_WS", "1") != "0"
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
 def supports(q: torch.Tensor, head_dim: int, nope: int, rope: int, scale_block: int) -> bool:
     """Shapes the v2 kernel handles: sm_90 CUDA, D = 512 (nope and rope multiples of 64, scale block 64k)."""
-    if not (GLUON_AVAILABLE and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
+    if not (GLUON_AVAILABLE and q.is_cuda and _capability(q.device.index or 0)[0] == 9):
         return False
     return head_dim == 512 and nope % 64 == 0 and rope % 64 == 0 and scale_block % 64 == 0 and nope + rope == head_dim
 

@@ -98,6 +98,7 @@ def test_sm90_compile(warp_spec):
     stack = int(re.search(r"STACK:(\d+)", usage).group(1))
     assert stack == 0, f"{stack} B of stack: spills"
     assert "HGMMA.64x16x16.F32.BF16" in sass and "HGMMA.64x256x16.F32.BF16" in sass
+    assert "HGMMA.64x32x16" not in sass, "a warpgroup computes the whole 64 x 32 score tile (duplicated MMA)"
     assert "warpsPerCTA = [4, 2]" in ttgir
     assert smem <= 227 * 1024
     # gathers are cp.async with a source size (masked rows zero-filled, so a NaN never enters through them)

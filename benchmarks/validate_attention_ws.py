@@ -1,8 +1,10 @@
 """One-shot GPU validation + timing of the v2 sparse attention kernel (Gluon, ``sparse_attention_ws.py``).
 
 Run once on the H100 (the lead): ``python benchmarks/validate_attention_ws.py [--quick] [--timeout 60]
-[--out benchmarks/results/attention_v2]``. Every case runs in its own subprocess with a hard timeout (a hang of
-the new kernel costs at most ``--timeout`` seconds, never the session), and prints one JSON line.
+[--out benchmarks/results/attention_v2]``. Every case runs in its own subprocess and prints one JSON line. The
+subprocess first builds its inputs, runs the reference and v1 and compiles v2 without launching it
+(``--compile-timeout``, 300 s), then launches v2 under the hard ``--timeout`` (60 s): a hang of the new kernel
+is killed and costs at most that, never the session.
 
 1. Correctness (``--case check:...``): v2 (warp-specialized, and ``MEGAMOE_ATTN_WS=0``) vs the float32 reference
    ``megamoe.reference.attention.sparse_mqa_attention`` (run on the GPU) and vs v1, with the bounds of the CUDA
@@ -21,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,6 +35,7 @@ BATCHES = (1, 32, 128)
 CONTEXTS = (4096, 32768, 131072)
 EDGE_CASES = ("partial_window", "inactive_rows", "few_entries", "nan_entry")
 MAX_TOL, FRO_TOL = 1e-2, 4e-3
+READY = "#compiled"
 
 
 def _device():
@@ -99,6 +103,34 @@ def _edge(c, which):
     return None
 
 
+def _compile_ws(c):
+    """Compile both v2 variants for this case's shapes without launching them, then tell the parent (the hard
+    timeout of the run phase starts after this line; compiling takes longer than running)."""
+    import torch
+    from megamoe.kernels import sparse_attention as kernels
+    from megamoe.kernels import sparse_attention_ws as ws_kernels
+    from megamoe.ops import errors
+
+    if c["q"].is_cuda:
+        B, H, D = c["q"].shape
+        W, K = c["window_idx"].shape[1], c["entry_idx"].shape[1]
+        splits, per = kernels.choose_num_splits(B, H, W, K)
+        acc_shape, ml_shape = kernels.workspace_shapes(B, H, D, splits)
+        ws_acc = torch.empty(acc_shape, device=c["q"].device) if splits > 1 else c["attn_sink"]
+        ws_ml = torch.empty(ml_shape, device=c["q"].device) if splits > 1 else c["attn_sink"]
+        for warp_spec in (True, False):
+            try:
+                ws_kernels.launch_ws(c["q"], c["attn_sink"], D ** -0.5, c["window_kv"], c["window_idx"],
+                                     c["entries_fp8"], c["entries_scale"], c["entries_rope"], c["block_table"],
+                                     c["slots"], c["entry_idx"], torch.empty_like(c["q"]), splits=splits, per=per,
+                                     ws_acc=ws_acc, ws_ml=ws_ml, error_word=errors.error_word(c["q"].device),
+                                     warp_spec=warp_spec, compile_only=True)
+            except Exception as exc:  # the run phase compiles then (inside the hard timeout)
+                print(f"warmup failed: {exc!r}", file=sys.stderr)
+        torch.cuda.synchronize()
+    print(READY, flush=True)
+
+
 def check_case(kind, batch, context, edge):
     import torch
     from bench_attention import make_case
@@ -113,6 +145,7 @@ def check_case(kind, batch, context, edge):
     kw = {k: v for k, v in c.items() if k not in ("q", "attn_sink")}
     want = reference(c["q"], c["attn_sink"], D ** -0.5, **kw)
     v1 = _run_impl(c, "v1", "1", torch.empty_like(c["q"]), None)
+    _compile_ws(c)
     res = dict(case=f"check:{kind}:{batch}:{context}:{edge or ''}", ok=True)
     for variant in ("1", "0"):
         errors.clear_errors(dev)
@@ -143,6 +176,7 @@ def time_case(kind, batch, context):
     K = c["entry_idx"].shape[1]
     ws = attention_workspace(B, H, D, WINDOW, K, dev)
     outs = {name: torch.empty_like(c["q"]) for name in ("v1", "ws1", "ws0", "torch")}
+    _compile_ws(c)
     t = {}
     for name, impl, variant in (("v1", "v1", "1"), ("ws1", "ws", "1"), ("ws0", "ws", "0")):
         os.environ["MEGAMOE_ATTN_WS"] = variant
@@ -169,17 +203,36 @@ def run_one(case: str) -> dict:
     return time_case(parts[1], int(parts[2]), int(parts[3]))
 
 
-def spawn(case: str, timeout: float) -> dict:
+def spawn(case: str, timeout: float, compile_timeout: float) -> dict:
+    """Run one case in a subprocess: up to ``compile_timeout`` s until it has built its inputs, the reference,
+    v1 and the v2 binaries (it prints READY), then at most ``timeout`` s for the v2 runs (a hang is killed)."""
     t0 = time.time()
-    try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--case", case], capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return dict(case=case, ok=False, error=f"TIMEOUT after {timeout:.0f} s (hang?)")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return dict(case=case, ok=False, error=f"rc {proc.returncode}: {proc.stderr.strip()[-800:]}")
-    res = json.loads(lines[-1])
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--case", case], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines, ready_at = [], []
+
+    def read():
+        for ln in proc.stdout:
+            if ln.startswith(READY):
+                ready_at.append(time.time())
+            lines.append(ln)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    while proc.poll() is None:
+        limit = (ready_at[0] + timeout) if ready_at else (t0 + compile_timeout)
+        if time.time() > limit:
+            proc.kill()
+            proc.wait()
+            phase = "run" if ready_at else "set-up / compile"
+            return dict(case=case, ok=False, error=f"TIMEOUT in the {phase} phase (hang?), killed")
+        time.sleep(0.2)
+    reader.join(timeout=5)
+    stderr = proc.stderr.read()
+    results = [ln for ln in lines if ln.startswith("{")]
+    if proc.returncode != 0 or not results:
+        return dict(case=case, ok=False, error=f"rc {proc.returncode}: {stderr.strip()[-800:]}")
+    res = json.loads(results[-1])
     res["wall_s"] = round(time.time() - t0, 1)
     return res
 
@@ -188,7 +241,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", help="internal: run one case in this process")
     ap.add_argument("--quick", action="store_true", help="batch 1 / 32, context 4k / 32k only")
-    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--timeout", type=float, default=60.0, help="hard limit of each case's v2 runs (s)")
+    ap.add_argument("--compile-timeout", type=float, default=300.0,
+                    help="limit of each case's set-up: inputs, reference, v1, compiling v2 without running it (s)")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "attention_v2"))
     args = ap.parse_args()
@@ -201,7 +256,7 @@ def main():
     cases += [f"check:csa:32:32768:{e}" for e in EDGE_CASES] + ["check:hca:32:131072:partial_window"]
     results = []
     for case in cases:
-        res = spawn(case, args.timeout)
+        res = spawn(case, args.timeout, args.compile_timeout)
         results.append(res)
         print(("PASS " if res["ok"] else "FAIL ") + json.dumps(res), flush=True)
     n_fail = sum(not r["ok"] for r in results)
@@ -211,7 +266,7 @@ def main():
         for k in KINDS:
             for ctx in contexts:
                 for b in batches:
-                    res = spawn(f"time:{k}:{b}:{ctx}", args.timeout)
+                    res = spawn(f"time:{k}:{b}:{ctx}", args.timeout, args.compile_timeout)
                     timings.append(res)
                     print(json.dumps(res), flush=True)
     lines = ["| kind | batch | context | splits | v1 us | ws us | ws0 us | torch bf16 us | floor us | v1 % floor "

@@ -393,8 +393,9 @@ def _constants(nope, rope, scale_block, entries_per_block, split, warp_spec, con
 
 def launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
               block_table, slots, entry_idx, out, *, splits: int, per: int, ws_acc, ws_ml, error_word,
-              warp_spec: bool | None = None):
-    """Launch the v2 main kernel (v1's launcher calls this with its split layout and workspace)."""
+              warp_spec: bool | None = None, compile_only: bool = False):
+    """Launch the v2 main kernel (v1's launcher calls this with its split layout and workspace).
+    ``compile_only``: compile (``warmup``) without launching (benchmarks/validate_attention_ws.py)."""
     N, H, D = q.shape
     W, K = window_idx.shape[1], entry_idx.shape[1]
     P, EPB, nope = entries_fp8.shape
@@ -403,7 +404,9 @@ def launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, e
     ws = warp_specialized() if warp_spec is None else warp_spec
     cfg, constants = _constants(nope, rope, sb, EPB, splits > 1, ws)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
-    _sparse_mqa_ws_kernel[grid](
+    launcher = functools.partial(_sparse_mqa_ws_kernel.warmup, grid=grid) if compile_only else \
+        _sparse_mqa_ws_kernel[grid]
+    launcher(
         q, attn_sink, window_kv, window_idx, entries_fp8.view(torch.uint8), entries_scale, entries_rope,
         block_table, slots, entry_idx, out, ws_acc, ws_ml, error_word,
         H, window_kv.shape[0], W, K, P, block_table.shape[0], block_table.shape[1], per, splits,

@@ -15,7 +15,6 @@ import torch
 
 from megamoe.kernels import sparse_attention as kernels
 from megamoe.kernels import sparse_attention_ws as ws_kernels
-from megamoe.ops import attention as ops
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_sparse_attention import (_graph_check, _v4_inputs, assert_close_to_reference, make_inputs,  # noqa: E402

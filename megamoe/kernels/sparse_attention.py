@@ -47,6 +47,7 @@ both warpgroups compute the whole 64 x BLOCK_N score tile (``HGMMA.64x16x16``, d
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -73,6 +74,19 @@ MIN_BLOCKS_PER_SPLIT = 1
 MAX_SPLITS = 64
 
 LOG2E = 1.4426950408889634
+
+# Main-kernel implementation: "v1" (this file, plain Triton) or "ws" (``sparse_attention_ws.py``, Gluon with a
+# warp-specialized shared-memory pipeline; OFF by default until validated on the H100 with
+# benchmarks/validate_attention_ws.py). ``MEGAMOE_ATTN_IMPL`` overrides the default, read at every launch.
+IMPLS = ("v1", "ws")
+
+
+def default_impl() -> str:
+    """The launcher's main kernel when ``impl`` is not given: ``MEGAMOE_ATTN_IMPL`` or "v1"."""
+    impl = os.environ.get("MEGAMOE_ATTN_IMPL", "v1")
+    if impl not in IMPLS:
+        raise ValueError(f"MEGAMOE_ATTN_IMPL: expected one of {IMPLS}, got {impl!r}")
+    return impl
 
 
 def chunk_width(nope: int, rope: int, scale_block: int) -> int:
@@ -345,7 +359,7 @@ def workspace_shapes(num_tokens: int, num_heads: int, head_dim: int, num_splits:
 
 def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, window_idx, entries_fp8, entries_scale,
                                 entries_rope, block_table, slots, entry_idx, out, *, num_splits: int | None = None,
-                                workspace=None, interpreter: bool = False, error_word=None):
+                                workspace=None, interpreter: bool = False, error_word=None, impl: str | None = None):
     """Launch the attention (no validation: ``megamoe.ops.attention`` does it). Returns ``out``.
 
     q (N, H, D) bf16; attn_sink (H,) float32; window_kv (R, D) bf16; window_idx (N, W) int32;
@@ -354,7 +368,9 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
     bf16; all contiguous on one device. ``num_splits``: None = :func:`choose_num_splits`; ``workspace``:
     optional ``(acc, ml)`` float32 tensors with at least :func:`workspace_shapes` elements (reused across
     calls / graph replays; allocated here when missing and a split is used). ``error_word``: the (1,) int32 word
-    the out-of-range indices flag (default: the device's, ``megamoe.ops.errors``).
+    the out-of-range indices flag (default: the device's, ``megamoe.ops.errors``). ``impl``: "v1" or "ws" (None:
+    :func:`default_impl`); "ws" runs the Gluon kernel where ``sparse_attention_ws.supports`` (sm_90, D = 512),
+    else v1. Both use the same blocks, splits, workspace and combine kernel.
     """
     from ..ops import errors
 
@@ -385,17 +401,24 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
         ws_acc, ws_ml = workspace
     else:
         ws_acc = ws_ml = attn_sink  # never touched
+    impl = default_impl() if impl is None else impl
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    use_ws = False
+    if impl == "ws" and not interpreter:
+        from . import sparse_attention_ws
+
+        use_ws = sparse_attention_ws.supports(q, D, nope, rope, sb)
+    word = error_word if error_word is not None else errors.error_word(q.device)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
-    _sparse_mqa_kernel[grid](
-        q, attn_sink, window_kv, window_idx, entries_fp8.view(torch.uint8), entries_scale, entries_rope,
-        block_table, slots, entry_idx, out, ws_acc, ws_ml,
-        error_word if error_word is not None else errors.error_word(q.device),
-        H, window_kv.shape[0], W, K, P, block_table.shape[0], block_table.shape[1], per, splits,
-        float(softmax_scale) * LOG2E,
-        D=D, NOPE=nope, ROPE=rope, EPB=EPB, NSC=nsc, SB=sb, C=c, NC_P2=nc_p2,
-        BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], SPLIT=split, INTERPRET=interpreter,
-        **error_flags(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    if use_ws:
+        sparse_attention_ws.launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,
+                                      entries_rope, block_table, slots, entry_idx, out, splits=splits, per=per,
+                                      ws_acc=ws_acc, ws_ml=ws_ml, error_word=word)
+    else:
+        _launch_v1(grid, q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,
+                   entries_rope, block_table, slots, entry_idx, out, ws_acc, ws_ml, word, splits, per, split, c,
+                   nc_p2, cfg, interpreter)
     if split:
         bd = min(combine_cfg["BLOCK_D"], triton.next_power_of_2(D))
         _combine_kernel[(N, triton.cdiv(H, combine_cfg["BLOCK_H"]), triton.cdiv(D, bd))](
@@ -404,6 +427,26 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
             num_warps=combine_cfg["num_warps"],
         )
     return out
+
+
+def _launch_v1(grid, q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
+               block_table, slots, entry_idx, out, ws_acc, ws_ml, word, splits, per, split, c, nc_p2, cfg,
+               interpreter):
+    N, H, D = q.shape
+    W, K = window_idx.shape[1], entry_idx.shape[1]
+    P, EPB, nope = entries_fp8.shape
+    rope = entries_rope.shape[-1]
+    nsc = entries_scale.shape[-1]
+    sb = nope // nsc
+    _sparse_mqa_kernel[grid](
+        q, attn_sink, window_kv, window_idx, entries_fp8.view(torch.uint8), entries_scale, entries_rope,
+        block_table, slots, entry_idx, out, ws_acc, ws_ml, word,
+        H, window_kv.shape[0], W, K, P, block_table.shape[0], block_table.shape[1], per, splits,
+        float(softmax_scale) * LOG2E,
+        D=D, NOPE=nope, ROPE=rope, EPB=EPB, NSC=nsc, SB=sb, C=c, NC_P2=nc_p2,
+        BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], SPLIT=split, INTERPRET=interpreter,
+        **error_flags(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
 
 
 _MAIN_POINTERS = dict(q_ptr="*bf16", sink_ptr="*fp32", win_kv_ptr="*bf16", win_idx_ptr="*i32", fp8_ptr="*u8",

@@ -119,8 +119,8 @@ def child_check(s, flat: bool):
     n_out = s["n"] // 2 if s["swiglu"] else s["n"]
     out = torch.full((t, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
     ws.launch_nvfp4_wgmma_ws(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
-                             row_index=row_index, swiglu=s["swiglu"], swiglu_limit=SWIGLU_LIMIT if s["swiglu"] else None,
-                             flat=flat)
+                             row_index=row_index, swiglu=s["swiglu"],
+                             swiglu_limit=SWIGLU_LIMIT if s["swiglu"] else None, flat=flat)
     torch.cuda.synchronize()
     real = int(counts.sum())
     ref = _reference(x, w, counts, row_index[:real], s["swiglu"])

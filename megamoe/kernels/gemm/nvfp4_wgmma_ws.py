@@ -388,8 +388,6 @@ def _flat_requested() -> bool:
 
 def compile_for_sm90(config=WS_CONFIG, *, flat=False, row_index=True, bias=False, swiglu=False, swiglu_limit=True):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
-    import triton.experimental.gluon._runtime  # noqa: F401  (compile_sm90 imports it too)
-
     block_m, block_n, block_k, stages, num_warps, producer_warps, producer_regs = config
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we",
                "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]

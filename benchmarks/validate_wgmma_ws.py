@@ -6,14 +6,15 @@ skewed (Zipf 1.2 over the experts) with one empty expert and 3 padding rows) a *
 hard timeout (``--timeout``, 60 s; a hung kernel is killed with its process and cannot take the GPU
 session with it):
 
-1. ``check``: runs the kernel (``row_index`` gather, random permutation) and compares with float32 math
+1. ``check``: runs the kernel with a random ``row_index`` (cp.async row gathers) and with contiguous rows
+   (TMA activation tiles), and compares each with float32 math
    on the reference-decoded weights (``megamoe.reference.quantize.dequantize`` per expert,
    ``swiglu_reference``; TF32 off): relative Frobenius error < 4e-3 (the project's bound for these
    GEMMs) and the padding rows are 0. If the WS kernel fails or hangs, the same shape is re-run with
    the non-warp-specialized variant (``flat``: same smem tiles, no mbarriers): flat right + WS wrong
    points at the mbarrier protocol, both wrong at the decode / smem layout / epilogue.
-2. ``time`` (``--time``): CUDA-graph replay medians of the WS kernel (contiguous rows, the configs of
-   ``select_ws_config`` or every ``--sweep`` config), the current route (``nvfp4_grouped_mm`` with
+2. ``time`` (``--time``): CUDA-graph replay medians of the WS kernel (contiguous rows = TMA tiles, the
+   config of ``select_ws_config`` or every ``--sweep`` config; and with a random row_index = cp.async gathers), the current route (``nvfp4_grouped_mm`` with
    ``WS_ROUTE`` off) and bf16 ``torch._grouped_mm`` (when the bf16 weights fit), as TFLOP/s = 2 T N K / t.
 
 Usage: python benchmarks/validate_wgmma_ws.py [--quick] [--only flash] [--time] [--sweep] [--timeout 60]
@@ -97,7 +98,7 @@ def _reference(x, w, counts, row_index, swiglu):
     from megamoe.reference.quantize import dequantize
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    xs = x[row_index.long()] if row_index is not None else x
+    xs = x[row_index.long()] if row_index is not None else x[:int(counts.sum())]
     outs, start = [], 0
     for j, c in enumerate(counts.tolist()):
         if c:
@@ -110,24 +111,31 @@ def _reference(x, w, counts, row_index, swiglu):
 
 
 def child_check(s, flat: bool):
+    """WS kernel with cp.async row gathers (random row_index) and with TMA activation tiles (contiguous
+    rows); ``flat``: the non-warp-specialized variant (row gathers) only."""
     import torch
 
     from megamoe.kernels.gemm import nvfp4_wgmma_ws as ws
 
     w, counts, offsets, x, t = _problem(s)
-    row_index = torch.randperm(t, device="cuda").to(torch.int32)
     n_out = s["n"] // 2 if s["swiglu"] else s["n"]
-    out = torch.full((t, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
-    ws.launch_nvfp4_wgmma_ws(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
-                             row_index=row_index, swiglu=s["swiglu"],
-                             swiglu_limit=SWIGLU_LIMIT if s["swiglu"] else None, flat=flat)
-    torch.cuda.synchronize()
     real = int(counts.sum())
-    ref = _reference(x, w, counts, row_index[:real], s["swiglu"])
-    err = float((out[:real].float() - ref).norm() / ref.norm().clamp_min(1e-30))
-    pad_ok = bool((out[real:] == 0).all())
-    return dict(rel_err=err, pad_ok=pad_ok, ok=bool(err < 4e-3 and pad_ok and torch.isfinite(out[:real]).all()),
-                config=ws.select_ws_config(t, s["e"]))
+    res = dict(config=ws.select_ws_config(t, s["e"]), ok=True)
+    for variant in ("gather",) if flat else ("gather", "tma"):
+        row_index = torch.randperm(t, device="cuda").to(torch.int32) if variant == "gather" else None
+        out = torch.full((t, n_out), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ws.launch_nvfp4_wgmma_ws(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                 row_index=row_index, swiglu=s["swiglu"],
+                                 swiglu_limit=SWIGLU_LIMIT if s["swiglu"] else None, flat=flat)
+        torch.cuda.synchronize()
+        ref = _reference(x, w, counts, row_index[:real] if row_index is not None else None, s["swiglu"])
+        got = out[:real].float()
+        err = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+        pad_ok = bool((out[real:] == 0).all())
+        ok = bool(err < 4e-3 and pad_ok and torch.isfinite(got).all())
+        res[variant] = dict(rel_err=err, pad_ok=pad_ok, ok=ok)
+        res["ok"] = res["ok"] and ok
+    return res
 
 
 def _graph_median_us(fn, reps=30):
@@ -176,6 +184,11 @@ def child_time(s, sweep: bool):
             x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets, swiglu=s["swiglu"],
             swiglu_limit=lim, config=cfg))
         res[f"ws{list(cfg)}"] = dict(us=us, tflops=flops / us / 1e6)
+    perm = torch.randperm(t, device="cuda").to(torch.int32)
+    us = _graph_median_us(lambda: ws.launch_nvfp4_wgmma_ws(
+        x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets, row_index=perm, swiglu=s["swiglu"],
+        swiglu_limit=lim))
+    res["ws gather (cp.async)"] = dict(us=us, tflops=flops / us / 1e6)
     ops_gemm.WS_ROUTE = False
     route = ops_gemm.decode_route(x, w.data.contiguous(), t, e, n, k)
     us = _graph_median_us(lambda: ops_gemm.nvfp4_grouped_mm(
@@ -198,6 +211,13 @@ def child_time(s, sweep: bool):
 
 
 # ----------------------------------------------------------------------------- parent side
+
+def _summary(r) -> str:
+    if "error" in r:
+        return r["error"][-600:]
+    return ", ".join(f"{v}: rel_err {r[v]['rel_err']:.2e}{'' if r[v]['pad_ok'] else ' PADDING NOT 0'}"
+                     for v in ("gather", "tma") if v in r)
+
 
 def run_child(kind, s, timeout, extra=()):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--shape", json.dumps(s), *extra]
@@ -236,11 +256,10 @@ def main():
         if not r.get("ok"):
             failed += 1
             row["flat_check"] = run_child("check", s, a.timeout, ["--flat"])
-            print(f"FAIL {label}: {r.get('rel_err', r.get('error'))} | flat variant: "
-                  f"{row['flat_check'].get('ok')} {row['flat_check'].get('rel_err', row['flat_check'].get('error'))}",
+            print(f"FAIL {label}: {_summary(r)} | flat variant (no warp specialization): {_summary(row['flat_check'])}",
                   flush=True)
         else:
-            print(f"ok   {label}: rel_err {r['rel_err']:.2e} config {r['config']}", flush=True)
+            print(f"ok   {label}: {_summary(r)} config {r['config']}", flush=True)
             if a.time:
                 tr = run_child("time", s, max(a.timeout, 180.0), ["--sweep"] if a.sweep else [])
                 row["time"] = tr

@@ -52,6 +52,7 @@ if GLUON_AVAILABLE:
         async_copy,
         fence_async_shared,
         mbarrier,
+        tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
@@ -77,6 +78,7 @@ WS_MIN_ROWS_PER_EXPERT = 128
 # r / (BLOCK_M * ceil(r / BLOCK_M)) of its tiles: 384 rows fill 75% of 256-row tiles, 100% of 128-row ones)
 WS_LARGE_TILE_ROWS = 512
 FLAT_ENV = "MEGAMOE_WGMMA_WS_FLAT"
+NO_TMA_ENV = "MEGAMOE_WGMMA_WS_NO_TMA"
 
 
 def select_ws_config(num_rows: int, num_experts: int) -> tuple:
@@ -195,11 +197,12 @@ if GLUON_AVAILABLE:
                  mask=(rows < row_end)[None, :] & col_mask[:, None])
 
     @gluon.jit
-    def _producer(x_ptr, row_index_ptr, w_ptr, scale_ptr, offsets_ptr, err_ptr, w_ring, x_ring, ready, empty,
+    def _producer(x_ptr, row_index_ptr, w_ptr, scale_ptr, offsets_ptr, err_ptr, x_desc, w_ring, x_ring, ready, empty,
                   num_rows, N, K, num_experts, num_src_rows, num_programs, row_lo, own_pad,
                   stride_xm, stride_we, stride_wn, stride_se, stride_sn,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
-                  STAGES: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, ERR_FLAG: gl.constexpr, NW: gl.constexpr):
+                  STAGES: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, ERR_FLAG: gl.constexpr, X_TMA: gl.constexpr,
+                  NW: gl.constexpr):
         lane, starts, ends, tiles, tile_ends, total_tiles = _tile_table(offsets_ptr, num_rows, num_experts, row_lo,
                                                                         own_pad, BLOCK_M, BLOCK_E, NW)
         n_tiles = (N + BLOCK_N - 1) // BLOCK_N
@@ -225,9 +228,15 @@ if GLUON_AVAILABLE:
             for step in range(0, k_steps):
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # the first pass finds stages free
-                async_copy.async_copy_global_to_shared(x_ring.index(s), x_ptrs + step * BLOCK_K, mask=row_mask[:, None])
-                async_copy.commit_group()
-                async_copy.mbarrier_arrive(ready.index(s), increment_count=False)  # per thread, when its copies land
+                if X_TMA:  # contiguous rows: one TMA box (rows past row_end are computed and never stored)
+                    mbarrier.expect(ready.index(s), BLOCK_M * BLOCK_K * 2)
+                    tma.async_copy_global_to_shared(x_desc, [row_start, step * BLOCK_K], ready.index(s),
+                                                    x_ring.index(s))
+                else:
+                    async_copy.async_copy_global_to_shared(x_ring.index(s), x_ptrs + step * BLOCK_K,
+                                                           mask=row_mask[:, None])
+                    async_copy.commit_group()
+                    async_copy.mbarrier_arrive(ready.index(s), increment_count=False)  # per thread, when landed
                 nxt = gl.minimum((step + 1) * BLOCK_K, last)
                 words_n = gl.load(w_ptrs + nxt // 8)
                 scale_n = gl.load(s_ptrs + nxt // 16)
@@ -291,16 +300,16 @@ if GLUON_AVAILABLE:
     def _nvfp4_wgmma_ws_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
         num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, row_lo, own_pad,
-        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
+        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om, x_desc,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr,
         STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, FLAT: gl.constexpr,
-        num_warps: gl.constexpr,
+        X_TMA: gl.constexpr, num_warps: gl.constexpr,
     ):
         """Grouped NVFP4 GEMM: decode-to-smem producer warps + async-wgmma consumer warpgroups (see module)."""
         smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * BLOCK_K), element_bitwidth=16,
-                                                         rank=2)
+                                                         rank=2)  # as _smem_layout (the TMA descriptor's)
         w_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, BLOCK_K], smem_layout)
         x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], smem_layout)
         if FLAT:
@@ -313,8 +322,10 @@ if GLUON_AVAILABLE:
             ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(STAGES):
-                # every producer thread's cp.async arrive (noinc) + the one decode arrive
-                mbarrier.init(ready.index(i), count=32 * PRODUCER_WARPS + 1)
+                if X_TMA:  # the expect-tx arrive + the decode arrive
+                    mbarrier.init(ready.index(i), count=2)
+                else:  # every producer thread's cp.async arrive (noinc) + the decode arrive
+                    mbarrier.init(ready.index(i), count=32 * PRODUCER_WARPS + 1)
                 mbarrier.init(empty.index(i), count=1)
             fence_async_shared()
             gl.warp_specialize([
@@ -322,10 +333,10 @@ if GLUON_AVAILABLE:
                              num_rows, N, K, num_experts, swiglu_limit, num_programs, row_lo, own_pad,
                              stride_ge, stride_gn, stride_om, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_E, STAGES, HAS_BIAS,
                              SWIGLU, HAS_LIMIT, num_warps)),
-                (_producer, (x_ptr, row_index_ptr, w_ptr, scale_ptr, offsets_ptr, err_ptr, w_ring, x_ring, ready, empty,
-                             num_rows, N, K, num_experts, num_src_rows, num_programs, row_lo, own_pad,
+                (_producer, (x_ptr, row_index_ptr, w_ptr, scale_ptr, offsets_ptr, err_ptr, x_desc, w_ring, x_ring,
+                             ready, empty, num_rows, N, K, num_experts, num_src_rows, num_programs, row_lo, own_pad,
                              stride_xm, stride_we, stride_wn, stride_se, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K,
-                             BLOCK_E, STAGES, HAS_ROW_INDEX, ERR_FLAG, PRODUCER_WARPS)),
+                             BLOCK_E, STAGES, HAS_ROW_INDEX, ERR_FLAG, X_TMA, PRODUCER_WARPS)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
     @gluon.jit
@@ -386,15 +397,34 @@ def _flat_requested() -> bool:
     return os.environ.get(FLAT_ENV, "0") not in ("", "0")
 
 
-def compile_for_sm90(config=WS_CONFIG, *, flat=False, row_index=True, bias=False, swiglu=False, swiglu_limit=True):
-    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
+def _smem_layout(block_k: int):
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * block_k), element_bitwidth=16, rank=2)
+
+
+def compile_for_sm90(config=WS_CONFIG, *, flat=False, row_index=True, x_tma=None, bias=False, swiglu=False,
+                     swiglu_limit=True):
+    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
+    ``x_tma`` as the launcher's (default: TMA for contiguous rows, unless ``flat``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .nvfp4_gluon_jit import ALIGNED_ARGS, POINTER_ARGS, _device_guard
+
     block_m, block_n, block_k, stages, num_warps, producer_warps, producer_regs = config
-    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we",
-               "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
-    return compile_sm90(_nvfp4_wgmma_ws_kernel, scalars, (block_m, block_n, block_k), num_warps, grouped=True,
-                        row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
-                        extra_constants=dict(STAGES=stages, PRODUCER_WARPS=producer_warps,
-                                             PRODUCER_REGS=producer_regs, FLAT=flat))
+    x_tma = (not row_index and not flat) if x_tma is None else x_tma
+    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=512, GROUPED=True,
+                     HAS_ROW_INDEX=row_index, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=swiglu_limit,
+                     ERR_FLAG=1 if _device_guard() else 0, STAGES=stages, PRODUCER_WARPS=producer_warps,
+                     PRODUCER_REGS=producer_regs, FLAT=flat, X_TMA=x_tma, num_warps=num_warps)
+    scalars = ["num_rows", "N", "K", "num_experts", "num_src_rows", "num_programs", "row_lo", "own_pad", "stride_xm",
+               "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+    desc = f"tensordesc<bf16[{block_m},{block_k}],{_smem_layout(block_k)!r}>"
+    signature = dict(POINTER_ARGS, **{name: "i32" for name in scalars}, swiglu_limit="fp32", x_desc=desc,
+                     **{name: "constexpr" for name in constants})
+    kernel = _nvfp4_wgmma_ws_kernel
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED_ARGS}
+    source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
 def launch_nvfp4_wgmma_ws(
@@ -415,6 +445,7 @@ def launch_nvfp4_wgmma_ws(
     row_lo: int = 0,
     own_pad: bool = True,
     flat: bool | None = None,
+    x_tma: bool | None = None,
 ) -> torch.Tensor:
     """Launch the warp-specialized Gluon wgmma NVFP4 grouped GEMM (same contract as
     :func:`megamoe.kernels.gemm.nvfp4_wgmma.launch_nvfp4_wgmma`, grouped only).
@@ -423,7 +454,9 @@ def launch_nvfp4_wgmma_ws(
     (E, N, K//16) e4m3; global_scale fp32 0-d / (E, 1, 1) / (E, N, 1); expert_offsets (E,) int32 on the
     device; out (T, N) bf16 or (T, N//2) with ``swiglu``. ``config``: (BLOCK_M, BLOCK_N, BLOCK_K,
     STAGES, consumer warps, producer warps, producer registers). ``flat``: the non-warp-specialized
-    debugging variant (default: the ``MEGAMOE_WGMMA_WS_FLAT`` environment flag).
+    debugging variant (default: the ``MEGAMOE_WGMMA_WS_FLAT`` environment flag). ``x_tma``: load the
+    activation tiles with TMA (only without ``row_index``; default: then, unless flat or
+    ``MEGAMOE_WGMMA_WS_NO_TMA=1``); otherwise cp.async row gathers.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -441,15 +474,25 @@ def launch_nvfp4_wgmma_ws(
     if block_n != 16 * num_warps:
         raise ValueError(f"config: BLOCK_N={block_n} must be 16 * num_warps={16 * num_warps}")
     flat = _flat_requested() if flat is None else flat
+    if x_tma is None:
+        x_tma = row_index is None and not flat and os.environ.get(NO_TMA_ENV, "0") in ("", "0")
+    if x_tma and (row_index is not None or flat):
+        raise ValueError("x_tma: TMA activation tiles need contiguous rows (no row_index) and the WS kernel")
     m_tiles_bound = triton.cdiv(num_rows, block_m) + min(num_experts, num_rows // (row_lo + 1)) + 1
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
     programs = min(work_bound, _num_sms(x.device.index or 0))
     head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # built on every launch (host metadata only; a captured graph keeps the descriptor of x's buffer)
+    x_src = x if x.shape[0] else x.new_zeros(1, k)  # (a descriptor needs rows; unused without x_tma)
+    x_desc = TensorDescriptor.from_tensor(x_src, [block_m, block_k], _smem_layout(block_k))
     _nvfp4_wgmma_ws_kernel[(programs,)](
-        *head, programs, row_lo, int(own_pad), *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        *head, programs, row_lo, int(own_pad), *strides, x_desc, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), STAGES=stages,
-        PRODUCER_WARPS=producer_warps, PRODUCER_REGS=producer_regs, FLAT=flat, num_warps=num_warps, **flags,
+        PRODUCER_WARPS=producer_warps, PRODUCER_REGS=producer_regs, FLAT=flat, X_TMA=x_tma, num_warps=num_warps,
+        **flags,
     )
     return out

@@ -91,6 +91,18 @@ def test_sm90_partitions(tmp_path, config, flags):
 @gluon_only
 @pytest.mark.slow
 @pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
+def test_sm90_tma_activations(tmp_path):
+    """Contiguous rows: the producer loads the activation tile with one TMA box per step (no cp.async)."""
+    sass = _sass(ws.WS_CONFIG_LARGE, dict(row_index=False, swiglu=True), tmp_path)
+    producer = [b for b in _loops(sass) if _ops(b, "HMUL2")]
+    assert len(producer) == 1
+    assert _ops(producer[0], "UTMALDG") and not _ops(producer[0], "LDGSTS")
+    assert not _ops(producer[0], "LDL") and not _ops(producer[0], "STL")
+
+
+@gluon_only
+@pytest.mark.slow
+@pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
 def test_sm90_flat_variant_compiles(tmp_path):
     sass = _sass(ws.WS_CONFIG_LARGE, dict(flat=True), tmp_path)
     assert "USETMAXREG" not in sass and "HGMMA" in sass and "LDGSTS" in sass
@@ -119,6 +131,10 @@ def test_interpreter_and_dense_are_refused():
         ws.launch_nvfp4_wgmma_ws(x, w.data, w.block_scale, w.global_scale, out, interpreter=True)
     with pytest.raises(ValueError, match="expert_offsets"):
         ws.launch_nvfp4_wgmma_ws(x, w.data[0], w.block_scale[0], w.global_scale, out)
+    offsets = torch.tensor([2, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="x_tma"):
+        ws.launch_nvfp4_wgmma_ws(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                 row_index=torch.arange(4, dtype=torch.int32), x_tma=True)
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -131,18 +147,21 @@ def _launch(x, w, out, offsets, **kw):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("variant", ["gather", "tma", "flat"])
 @pytest.mark.parametrize("config", CUDA_CONFIGS)
 @pytest.mark.parametrize("counts", [[300, 0, 5, 129], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 600]])
-def test_cuda_grouped_matches_float32(config, counts, flat):
+def test_cuda_grouped_matches_float32(config, counts, variant):
+    """variant: WS with cp.async row gathers (row_index), WS with TMA activation tiles (contiguous rows),
+    and the non-warp-specialized debugging variant (row_index)."""
     device = torch.device("cuda")
     e, n, k = len(counts), 200, 512  # N not a multiple of BLOCK_N, experts not multiples of BLOCK_M
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
     t = sum(counts) + 3
     x = torch.randn(t, k, device=device).bfloat16()
-    row_index = torch.randperm(t, device=device).to(torch.int32)
+    row_index = None if variant == "tma" else torch.randperm(t, device=device).to(torch.int32)
     out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device=device)
-    _launch(x, w, out, offsets_of(counts, device), row_index=row_index, config=config, flat=flat)
+    _launch(x, w, out, offsets_of(counts, device), row_index=row_index, config=config, flat=variant == "flat",
+            x_tma=variant == "tma")
     real = sum(counts)
     assert (out[real:] == 0).all(), "padding rows must be 0"
     if real:
@@ -186,7 +205,8 @@ def test_cuda_decode_is_exact(config, flat):
 
 @pytest.mark.cuda
 def test_cuda_flat_and_ws_agree_bitwise():
-    """Same tiles, same wgmma K order: the debugging variant and the WS kernel give the same bits."""
+    """Same tiles, same wgmma K order: the debugging variant and the WS kernel (TMA or cp.async
+    activations) give the same bits."""
     device = torch.device("cuda")
     e, n, k, t = 8, 256, 1024, 3000
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
@@ -195,7 +215,8 @@ def test_cuda_flat_and_ws_agree_bitwise():
     x = torch.randn(t, k, device=device).bfloat16()
     a = _launch(x, w, torch.empty(t, n, dtype=torch.bfloat16, device=device), offsets)
     b = _launch(x, w, torch.empty(t, n, dtype=torch.bfloat16, device=device), offsets, flat=True)
-    assert torch.equal(a, b)
+    c = _launch(x, w, torch.empty(t, n, dtype=torch.bfloat16, device=device), offsets, x_tma=False)
+    assert torch.equal(a, b) and torch.equal(a, c)
 
 
 @pytest.mark.cuda

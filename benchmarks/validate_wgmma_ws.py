@@ -14,8 +14,9 @@ session with it):
    the non-warp-specialized variant (``flat``: same smem tiles, no mbarriers): flat right + WS wrong
    points at the mbarrier protocol, both wrong at the decode / smem layout / epilogue.
 2. ``time`` (``--time``): CUDA-graph replay medians of the WS kernel (contiguous rows = TMA tiles, the
-   config of ``select_ws_config`` or every ``--sweep`` config; and with a random row_index = cp.async gathers), the current route (``nvfp4_grouped_mm`` with
-   ``WS_ROUTE`` off) and bf16 ``torch._grouped_mm`` (when the bf16 weights fit), as TFLOP/s = 2 T N K / t.
+   config of ``select_ws_config`` or every ``--sweep`` config; and with a random row_index = cp.async
+   gathers), the current route (``nvfp4_grouped_mm`` with ``WS_ROUTE`` off) and bf16 ``torch._grouped_mm``
+   (when the bf16 weights fit), as TFLOP/s = 2 T N K / t.
 
 Usage: python benchmarks/validate_wgmma_ws.py [--quick] [--only flash] [--time] [--sweep] [--timeout 60]
        [--out FILE]

@@ -43,7 +43,7 @@ import torch
 import triton
 
 from .nvfp4_gemm import _num_sms
-from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, kernel_arguments
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon

@@ -32,6 +32,7 @@ before the GEMM, reproducing Blackwell W4A4 numerics to validate accuracy).
 from __future__ import annotations
 
 import importlib
+import os
 
 import torch
 
@@ -42,6 +43,15 @@ from ._dispatch import use_triton
 
 MODES = _reference.MODES
 ACTIVATIONS = _reference.ACTIVATIONS
+
+# The warp-specialized wgmma kernel (megamoe/kernels/gemm/nvfp4_wgmma_ws.py, issue 10 item 1), OFF until it
+# is validated on an H100 (benchmarks/validate_wgmma_ws.py). Switch it on with the environment variable
+# MEGAMOE_WS_ROUTE=1 (read at import) or ``megamoe.ops.gemm.WS_ROUTE = True`` (read at every call; a
+# captured CUDA graph keeps the kernels it captured). When on, grouped GEMMs with K % 128 == 0 on sm_90
+# take it for more than WGMMA_MAX_ROWS_PER_EXPERT (256) rows per expert on average (instead of the Triton
+# tensor-core kernel), and the banded route's top band (experts with > 64 rows) runs it instead of the
+# synchronous wgmma kernel.
+WS_ROUTE = os.environ.get("MEGAMOE_WS_ROUTE", "0") not in ("", "0")
 
 
 def _check_x(x, k: int | None, name: str = "x") -> None:
@@ -128,14 +138,15 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
 def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts, n: int, k: int) -> str:
     """Which kernel runs this GEMM: "splitk" (dense split-K decode), "banded" (grouped: Gluon mma.sync
     and wgmma launches by row bands, :func:`plan_row_bands`), "mma" (dense Gluon mma.sync decode),
-    "wgmma" (Gluon wgmma), "gemv" (CUDA-core decode) or "tensor-core" (Triton).
+    "wgmma" (Gluon wgmma), "ws" (warp-specialized Gluon wgmma, only when :data:`WS_ROUTE`), "gemv"
+    (CUDA-core decode) or "tensor-core" (Triton).
 
     ``num_experts`` None means dense. Host metadata only (shapes, strides,
     pointers' alignment), never device values.
     """
     if not x.is_cuda:
         return "tensor-core"
-    from ..kernels.gemm import nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma
+    from ..kernels.gemm import nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_ws
 
     if (num_experts is None and nvfp4_splitk.splitk_preferred(num_rows, n, k)
             and nvfp4_splitk.splitk_supports(x, data)):
@@ -147,6 +158,8 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
         return "mma"
     if gluon_ok and nvfp4_wgmma.wgmma_preferred(num_rows, num_experts):
         return "wgmma"
+    if WS_ROUTE and gluon_ok and nvfp4_wgmma_ws.ws_preferred(num_rows, num_experts, k):
+        return "ws"
     if nvfp4_gemv.gemv_preferred(num_rows, num_experts, n, k) and nvfp4_gemv.gemv_supports(x, data):
         return "gemv"
     return "tensor-core"
@@ -162,7 +175,8 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     * "mma" with the decode config (BLOCK_M 8) for r <= ``MMA_SMALL_BAND_ROWS``,
       only when the average is <= 4 rows per touched expert (the previous decode bucket);
     * "mma" with BLOCK_M 32 chunks for r <= ``MMA_MAX_BAND_ROWS``;
-    * "wgmma" (BLOCK_M 128 tiles, persistent) above.
+    * "wgmma" (BLOCK_M 128 tiles, persistent) above ("ws", the warp-specialized kernel, when
+      :data:`WS_ROUTE` is on).
 
     A launch is planned only if some routing can reach its band: no expert has
     more than ``min(T, max_rows_per_expert)`` rows (the MoE layer passes its
@@ -185,7 +199,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))
         lo = hi
     if most > lo:
-        bands.append(("wgmma", dict(row_lo=lo)))
+        bands.append(("ws" if WS_ROUTE else "wgmma", dict(row_lo=lo)))
     for i, (route, kwargs) in enumerate(bands):
         kwargs["own_pad"] = i == 0
         if route == "mma":
@@ -203,10 +217,11 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
 
 
 def _launcher(route: str):
-    from ..kernels.gemm import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma
+    from ..kernels.gemm import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_ws
 
     return {"splitk": nvfp4_splitk.launch_nvfp4_splitk, "banded": _launch_banded,
             "mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "wgmma": nvfp4_wgmma.launch_nvfp4_wgmma,
+            "ws": nvfp4_wgmma_ws.launch_nvfp4_wgmma_ws,
             "gemv": nvfp4_gemv.launch_nvfp4_gemv, "tensor-core": nvfp4_gemm.launch_nvfp4_gemm}[route]
 
 

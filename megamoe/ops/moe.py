@@ -211,8 +211,11 @@ def route(
 
 
 #: The fused decode route + dispatch launch is used up to this many tokens (host decision on the shape); above
-#: it the gate GEMM + scoring + top-k kernel + dispatch path (see :func:`route_dispatch`).
-FUSED_ROUTE_MAX_TOKENS = 64
+#: it the gate GEMM + scoring + top-k kernel + dispatch path (see :func:`route_dispatch`). H100 graph replay
+#: (benchmarks/results/gpu_check_v7/route_v1.md): fused vs unfused 16.6 / 25.8 us at 1 token (V4-Flash),
+#: 41.3 / 42.0 at 8, 359 / 71 at 64 (V4-Pro 8 tokens: 102 / 48): the finish is one program, so the fused launch
+#: only pays at the smallest batches. 2-4 tokens run the same per-lane GEMV code path as 1.
+FUSED_ROUTE_MAX_TOKENS = 4
 
 
 def route_dispatch(

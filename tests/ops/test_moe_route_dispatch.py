@@ -235,8 +235,9 @@ V4_SHAPES = [(256, 4096, 6, "v4-flash"), (384, 7168, 6, "v4-pro")]
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("experts,hidden,k,name", V4_SHAPES)
-@pytest.mark.parametrize("tokens", [1, 8, 37, 64])
-def test_cuda_fused_route_dispatch_v4_shapes(experts, hidden, k, name, tokens):
+@pytest.mark.parametrize("tokens", [1, 4, 8, 37, 64])
+def test_cuda_fused_route_dispatch_v4_shapes(experts, hidden, k, name, tokens, monkeypatch):
+    monkeypatch.setattr(moe_ops, "FUSED_ROUTE_MAX_TOKENS", 64)  # the kernel at every size it supports
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(tokens)
     x = torch.randn(tokens, hidden, device=dev, generator=gen).bfloat16()

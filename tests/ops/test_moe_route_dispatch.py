@@ -11,6 +11,13 @@ from megamoe.ops import errors
 from megamoe.ops import moe as moe_ops
 from megamoe.reference import moe as ref
 
+
+@pytest.fixture(autouse=True)
+def _fused_at_every_size(monkeypatch):
+    """These tests are about the fused launch: use it up to 64 tokens whatever the layer's default
+    (``FUSED_ROUTE_MAX_TOKENS``, chosen from H100 timings); a test may set its own limit."""
+    monkeypatch.setattr(moe_ops, "FUSED_ROUTE_MAX_TOKENS", 64)
+
 U = 2.0 ** -24
 
 
@@ -236,8 +243,7 @@ V4_SHAPES = [(256, 4096, 6, "v4-flash"), (384, 7168, 6, "v4-pro")]
 @pytest.mark.cuda
 @pytest.mark.parametrize("experts,hidden,k,name", V4_SHAPES)
 @pytest.mark.parametrize("tokens", [1, 4, 8, 37, 64])
-def test_cuda_fused_route_dispatch_v4_shapes(experts, hidden, k, name, tokens, monkeypatch):
-    monkeypatch.setattr(moe_ops, "FUSED_ROUTE_MAX_TOKENS", 64)  # the kernel at every size it supports
+def test_cuda_fused_route_dispatch_v4_shapes(experts, hidden, k, name, tokens):
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(tokens)
     x = torch.randn(tokens, hidden, device=dev, generator=gen).bfloat16()

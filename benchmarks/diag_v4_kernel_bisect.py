@@ -1,8 +1,8 @@
 """Issue 9 bisection: fast V4 model prefill logits (tiny config, seed 1234, prompts 0/1 of the token test) vs the
 "blocks" reference, with every op on its CPU reference except the ops named in KOPS, which run their Triton kernel
 under the interpreter. KOPS=sparse_mqa_attention python benchmarks/diag_v4_kernel_bisect.py [dense|sparse]
-MIRROR=1: the reference model's attention is the bf16-P mirror of
-benchmarks/diag_v4_attn_bf16p.py (also: nvfp4_linear, nvfp4_grouped_mm, comma-separated; a name works if its dispatch lives in that op function)."""
+MIRROR=1: the reference model's attention with the kernel's bf16 P (model_forward's
+attention_p_rounding="kernel", interpreter tiles) (KOPS also: nvfp4_linear, nvfp4_grouped_mm, comma-separated; a name works if its dispatch lives in that op function)."""
 import os, sys, inspect
 os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -18,13 +18,7 @@ from megamoe.reference import attention as RA
 os.environ["TRITON_INTERPRET"] = "1"  # the kernel module must be imported for the interpreter
 from megamoe.kernels import sparse_attention as KA  # noqa: E402
 os.environ["TRITON_INTERPRET"] = "0"
-import math
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bf16p_attention import mirror  # noqa: E402  (block_n: the interpreter's 16 when called on CPU tensors)
-
-if os.environ.get("MIRROR") == "1":  # the reference model's attention with the kernel's bf16 P (interpreter blocks)
-    import megamoe.reference.v4_attention as RV
-    RV.sparse_mqa_attention = mirror
+MIRROR = dict(attention_p_rounding="kernel", max_context=40, decode_batch=2) if os.environ.get("MIRROR") == "1" else {}
 KOPS = set(os.environ.get("KOPS", "").split(",")) - {""}
 MODS = [gemm, moe, attention, hyper_connection, v4_elementwise, quantize, topk, kvops]
 patched = {}
@@ -53,6 +47,6 @@ m.load_weights(sd)
 out = []
 for s, p in enumerate(prompts):
     got = m.prefill(s, torch.tensor(p)).float()
-    ref = R.model_forward(cfg, w, torch.tensor(p), numerics="blocks", prefill_tokens=len(p))[-1].float()
+    ref = R.model_forward(cfg, w, torch.tensor(p), numerics="blocks", prefill_tokens=len(p), **MIRROR)[-1].float()
     out.append("p%d %.1e%s" % (s, float((got - ref).norm() / ref.norm()), "" if got.argmax() == ref.argmax() else " FLIP"))
 print(sel, sorted(KOPS), *out)

@@ -39,6 +39,12 @@ and the sparse attention of :func:`megamoe.reference.attention.sparse_mqa_attent
 bf16 rounding, the attention kernel's oracle) over the rows in the layer's order (window descending from ``t``,
 then the selected entries read back from the stored FP8 pool). ``indices`` / ``topk`` are reported as for the
 other modes.
+``p_rounding`` ("blocks" only): the attention kernel's blockwise bf16-P evaluation instead
+(``sparse_mqa_attention(..., p_rounding=...)``): ``(block_n, num_splits, entry_columns)`` with ``num_splits``
+one split count per query (the fast call that computed the query picked it from its token count) and
+``entry_columns`` the entry list width of the fast call (its window list is ``window_size`` wide); the query's
+rows are padded with -1 to those widths, so that they fall into the same row blocks and split ranges as in the
+fast call. :func:`megamoe.reference.v4_model.kernel_p_rounding` derives it from a fast model's shapes.
 
 ``numerics="official_fp32_index"``: official storage, but the indexer scores are summed in float32 without the bf16
 roundings (what megamoe's indexer kernel computes). The bf16 scores of the official model tie often, and the
@@ -226,13 +232,16 @@ def sparse_attention(q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, indi
     return out
 
 
-def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *, numerics: str = "official") -> dict:
+def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *, numerics: str = "official",
+                      p_rounding: tuple | None = None) -> dict:
     """One DeepSeek-V4 attention layer over a whole sequence (see the module docstring for the exact numerics).
 
     cfg, layer: the model and the layer index (its ``compress_ratios`` entry picks window / CSA / HCA).
     w: decoded weights (float32 of NVFP4 / bf16; float32 / fp32 tensors) by official name, either full
     (``layers.{layer}.attn.wq_a.weight``) or relative to the attention module (``wq_a.weight``).
     x: (T, hidden) bf16, the layer input after ``attn_norm``.
+    p_rounding: ``numerics="blocks"`` only: None (float32 P) or ``(block_n, num_splits (T,), entry_columns)``, the
+    attention kernel's bf16-P evaluation (module docstring).
     Returns a dict:
 
     * ``out`` (T, hidden) float32 (bf16 values): the attention output (``wo_b``);
@@ -252,6 +261,8 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
     """
     if numerics not in NUMERICS:
         raise ValueError(f"numerics: expected one of {NUMERICS}, got {numerics!r}")
+    if p_rounding is not None and numerics != "blocks":
+        raise ValueError(f"p_rounding: only with numerics='blocks', got numerics={numerics!r}")
     if x.dim() != 2 or x.shape[1] != cfg.hidden_size:
         raise ValueError(f"x: expected (T, {cfg.hidden_size}), got {tuple(x.shape)}")
     get = _weights_getter(w, layer)
@@ -307,7 +318,7 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
         res.update(entries=entries, comp_kv=ck, comp_score=cs)
     res.update(topk=topk, indices=indices)
     if blocks:
-        o = _blocks_attention(q, window_kv, stored, topk, get("attn_sink"), cfg)
+        o = _blocks_attention(q, window_kv, stored, topk, get("attn_sink"), cfg, p_rounding)
     else:
         o = sparse_attention(q, keys_all, get("attn_sink"), indices, d ** -0.5)
     o = apply_rope(o, freqs, inverse=True)
@@ -319,13 +330,23 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
 
 
 def _blocks_attention(q: torch.Tensor, window_kv: torch.Tensor, stored, topk: torch.Tensor, sink: torch.Tensor,
-                      cfg: V4Config) -> torch.Tensor:
+                      cfg: V4Config, p_rounding: tuple | None = None) -> torch.Tensor:
     """``numerics="blocks"``: the sparse attention as :func:`megamoe.reference.attention.sparse_mqa_attention`
-    (the attention kernel's oracle: float32 logits and probabilities, ``P`` not rounded to bf16) over the rows in
-    the fast path's order: window positions ``t, t-1, ..., t-window+1`` (descending, as the layer's ring lookup
-    lists them), then the selected entries read from a one-page pool holding the stored FP8 entries."""
+    (the attention kernel's oracle: float32 logits and probabilities, ``P`` not rounded to bf16; with
+    ``p_rounding`` the kernel's blockwise bf16 P) over the rows in the fast path's order: window positions
+    ``t, t-1, ..., t-window+1`` (descending, as the layer's ring lookup lists them), then the selected entries read
+    from a one-page pool holding the stored FP8 entries."""
     T, dev = q.shape[0], q.device
     win = min(cfg.window_size, T)
+    kernel_rounding = None
+    if p_rounding is not None:  # the fast call's list widths: window_size, entry_columns (padding -1)
+        block_n, num_splits, entry_columns = p_rounding
+        win = cfg.window_size
+        if topk.shape[1] > entry_columns:
+            raise ValueError(f"p_rounding: entry_columns={entry_columns} is narrower than the {topk.shape[1]} "
+                             "selected entries")
+        topk = torch.cat([topk, topk.new_full((T, entry_columns - topk.shape[1]), -1)], dim=1)
+        kernel_rounding = (block_n, num_splits)
     window_idx = torch.arange(T, device=dev, dtype=torch.int32)[:, None] - torch.arange(win, device=dev,
                                                                                         dtype=torch.int32)
     window_idx = torch.where(window_idx >= 0, window_idx, -1)
@@ -342,7 +363,8 @@ def _blocks_attention(q: torch.Tensor, window_kv: torch.Tensor, stored, topk: to
     return sparse_mqa_attention(
         q, sink.float(), cfg.head_dim ** -0.5, window_kv=window_kv, window_idx=window_idx, entries_fp8=pages[0],
         entries_scale=pages[1], entries_rope=pages[2], block_table=torch.zeros((1, 1), dtype=torch.int32, device=dev),
-        slots=torch.zeros((T,), dtype=torch.int32, device=dev), entry_idx=topk.to(torch.int32))
+        slots=torch.zeros((T,), dtype=torch.int32, device=dev), entry_idx=topk.to(torch.int32),
+        p_rounding=kernel_rounding)
 
 
 def _indexer(cfg: V4Config, get, x: torch.Tensor, qr: torch.Tensor, freqs: torch.Tensor, eps: float, *,

@@ -28,6 +28,11 @@ MoE (official ``Gate`` / ``Expert`` / ``MoE``), and how it differs from :mod:`me
 :class:`exact_cpu_products`, ``megamoe.models.model.V4Model`` (prefill + batched decode) reproduces its logits bit
 for bit (tests/models/test_v4_model.py). It stays an independent implementation: float ops on the decoded weights,
 no layer or model class.
+
+``attention_p_rounding="kernel"`` ("blocks" only) replaces the attention's float32 P with the attention kernel's
+blockwise bf16-P evaluation (:func:`kernel_p_rounding`): the reference for the fast model on the GPU / under the
+Triton interpreter, whose attention kernel rounds P to bf16 per row block (as the official ``sparse_attn`` does),
+issue 9. The CPU fast path runs the float32-P op reference, so it is compared with the default.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..layers.moe import FUSE_SHARED_MAX_TOKENS
-from ..models.config import V4Config
+from ..models.config import CSA_RATIO, V4Config
 from ..models.v4_weights import DecodedView
 from .gemm import swiglu_reference
 from .moe import hash_route, route, router_scores, swiglu
@@ -207,13 +212,15 @@ def _hc_pre(cfg: V4Config, w: Mapping, prefix: str, h: torch.Tensor):
 
 def block_forward(cfg: V4Config, layer: int, w: Mapping, h: torch.Tensor, tokens: torch.Tensor, *,
                   numerics: str = "official", trace: dict | None = None,
-                  shared_first: torch.Tensor | None = None) -> torch.Tensor:
+                  shared_first: torch.Tensor | None = None, p_rounding: tuple | None = None) -> torch.Tensor:
     """Official ``Block.forward``: h (T, hc_mult, hidden) bf16 -> same. ``trace`` (a dict) receives the
     attention result dict under ``"attn"`` and the MoE input / output under ``"ffn_in"`` / ``"ffn_out"``.
-    ``numerics="blocks"``: the MoE is :func:`blocks_moe_forward` (``shared_first`` (T,) bool, see there)."""
+    ``numerics="blocks"``: the MoE is :func:`blocks_moe_forward` (``shared_first`` (T,) bool, see there) and
+    ``p_rounding`` the attention's (:func:`megamoe.reference.v4_attention.attention_forward`)."""
     p = f"layers.{layer}."
     x, post, comb = _hc_pre(cfg, w, p + "hc_attn", h)
-    a = attention_forward(cfg, layer, w, rms_norm(x, w[p + "attn_norm.weight"], cfg.norm_eps), numerics=numerics)
+    a = attention_forward(cfg, layer, w, rms_norm(x, w[p + "attn_norm.weight"], cfg.norm_eps), numerics=numerics,
+                          p_rounding=p_rounding)
     h = hc_post(a["out"].to(_BF16), h, post, comb)
     x, post, comb = _hc_pre(cfg, w, p + "hc_ffn", h)
     x = rms_norm(x, w[p + "ffn_norm.weight"], cfg.norm_eps)
@@ -226,8 +233,41 @@ def block_forward(cfg: V4Config, layer: int, w: Mapping, h: torch.Tensor, tokens
     return hc_post(y, h, post, comb)
 
 
+def kernel_p_rounding(cfg: V4Config, layer: int, seq_len: int, prefill_tokens: int, *, device,
+                      max_context: int | None = None, decode_batch: int = 1) -> tuple:
+    """The attention kernel's calls for one layer of a fast ``megamoe.models.model.V4Model`` run, as the
+    ``p_rounding`` of :func:`megamoe.reference.v4_attention.attention_forward`: ``(block_n, num_splits (seq_len,)
+    list, entry_columns)``.
+
+    The first ``prefill_tokens`` positions were one prefill call (``prefill_tokens`` query rows), the rest decode
+    steps of ``decode_batch`` requests each. ``block_n`` and the split counts are the kernel's on ``device``
+    (CUDA: ``ATTENTION_CONFIG``; otherwise the interpreter's ``INTERPRETER_CONFIG``), the split counts from
+    ``choose_num_splits`` of each call's shape: window list ``window_size`` wide, entry list (the cache's) CSA
+    ``min(index_topk, max(max_entries, 1))``, HCA ``max(max_entries, 1)``, window-only layers 0, with
+    ``max_entries = max_context // ratio`` (``max_context``: the fast model's, default ``cfg.max_seq_len`` as
+    there).
+    """
+    from ..kernels import sparse_attention as kernel  # the kernel's tile config and split rule
+
+    interpreter = torch.device(device).type != "cuda"
+    block_n = (kernel.INTERPRETER_CONFIG if interpreter else kernel.ATTENTION_CONFIG)["BLOCK_N"]
+    ratio = cfg.compress_ratios[layer]
+    max_entries = max((max_context or cfg.max_seq_len) // ratio, 1) if ratio else 0
+    entry_columns = min(cfg.index_topk, max_entries) if ratio == CSA_RATIO else max_entries
+
+    def splits(rows: int) -> int:
+        return kernel.choose_num_splits(rows, cfg.num_heads, cfg.window_size, entry_columns,
+                                        interpreter=interpreter)[0]
+
+    decode = seq_len - prefill_tokens
+    num_splits = [splits(prefill_tokens)] * prefill_tokens + ([splits(decode_batch)] * decode if decode > 0 else [])
+    return block_n, num_splits, entry_columns
+
+
 def model_forward(cfg: V4Config, w: Mapping, tokens: torch.Tensor, *, numerics: str = "official",
-                  layers: Sequence[int] | None = None, prefill_tokens: int | None = None) -> torch.Tensor:
+                  layers: Sequence[int] | None = None, prefill_tokens: int | None = None,
+                  attention_p_rounding: str | None = None, max_context: int | None = None,
+                  decode_batch: int = 1) -> torch.Tensor:
     """Logits (T, vocab) float32 of one sequence ``tokens`` (T,) int.
 
     w: decoded weights by official name (:func:`megamoe.models.v4_weights.decoded_state_dict`) or the checkpoint
@@ -237,7 +277,15 @@ def model_forward(cfg: V4Config, w: Mapping, tokens: torch.Tensor, *, numerics: 
     (attention: :mod:`.v4_attention`; MoE: :func:`blocks_moe_forward`). prefill_tokens ("blocks" only): the
     first ``prefill_tokens`` tokens were one prefill call of the fast model, the rest decode steps (default: all
     of them one call); it decides where the combine adds the shared expert.
+    attention_p_rounding ("blocks" only): None (the attention's float32 P) or "kernel": the attention kernel's
+    blockwise bf16 P with the tile size and split counts of the kernel on ``tokens.device`` for a fast model of
+    ``max_context`` tokens (default ``cfg.max_seq_len``) that prefilled ``prefill_tokens`` and then decoded in
+    batches of ``decode_batch`` requests (:func:`kernel_p_rounding`).
     """
+    if attention_p_rounding not in (None, "kernel"):
+        raise ValueError(f"attention_p_rounding: expected None or 'kernel', got {attention_p_rounding!r}")
+    if attention_p_rounding is not None and numerics != "blocks":
+        raise ValueError(f"attention_p_rounding: only with numerics='blocks', got numerics={numerics!r}")
     w = as_decoded(w)
     tokens = tokens.reshape(-1)
     h = w["embed.weight"][tokens.long()].to(_BF16)
@@ -247,15 +295,21 @@ def model_forward(cfg: V4Config, w: Mapping, tokens: torch.Tensor, *, numerics: 
     first = P if P > FUSE_SHARED_MAX_TOKENS or not fused else 0
     shared_first = torch.arange(tokens.shape[0], device=tokens.device) < (tokens.shape[0] if not fused else first)
     for layer in (range(cfg.num_layers) if layers is None else layers):
-        h = block_forward(cfg, layer, w, h, tokens, numerics=numerics, shared_first=shared_first)
+        rounding = None if attention_p_rounding is None else kernel_p_rounding(
+            cfg, layer, tokens.shape[0], P, device=tokens.device, max_context=max_context, decode_batch=decode_batch)
+        h = block_forward(cfg, layer, w, h, tokens, numerics=numerics, shared_first=shared_first,
+                          p_rounding=rounding)
     x = hc_head(h, w["hc_head_fn"], w["hc_head_scale"], w["hc_head_base"], hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps)
     x = rms_norm(x, w["norm.weight"], cfg.norm_eps)
     return x.float() @ w["head.weight"].float().t()
 
 
 def greedy_generate(cfg: V4Config, w: Mapping, prompt: Sequence[int], steps: int, *,
-                    numerics: str = "official") -> list:
-    """``steps`` greedily generated token ids after ``prompt`` (the full sequence is recomputed every step)."""
+                    numerics: str = "official", attention_p_rounding: str | None = None,
+                    max_context: int | None = None, decode_batch: int = 1) -> list:
+    """``steps`` greedily generated token ids after ``prompt`` (the full sequence is recomputed every step; the
+    prompt counts as one prefill call). ``attention_p_rounding``, ``max_context``, ``decode_batch``: as
+    :func:`model_forward`."""
     w = as_decoded(w)
     if isinstance(w, DecodedView):
         w = dict(w.items())  # decode once for all steps
@@ -264,7 +318,8 @@ def greedy_generate(cfg: V4Config, w: Mapping, prompt: Sequence[int], steps: int
     out = []
     for _ in range(steps):
         logits = model_forward(cfg, w, torch.tensor(seq, device=device), numerics=numerics,
-                               prefill_tokens=len(prompt))
+                               prefill_tokens=len(prompt), attention_p_rounding=attention_p_rounding,
+                               max_context=max_context, decode_batch=decode_batch)
         nxt = int(logits[-1].argmax())
         seq.append(nxt)
         out.append(nxt)

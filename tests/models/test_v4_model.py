@@ -49,6 +49,30 @@ def _decoded(cfg, sd):
     return {name: decoded_weight(sd, name) for name in weight_specs(cfg)}
 
 
+#: ``peaked_state_dict``: weight of the bigram direction added to each head row (the random rows have norm ~1).
+PEAKED_ALPHA = 4.0
+
+
+def peaked_state_dict(cfg, sd, alpha=PEAKED_ALPHA, seed=99):
+    """A test-weight option: the random tiny model with a peaked next-token distribution, as a trained model has.
+
+    The random model's logits (std ~1) have the top-2 margin distribution of 512 Gaussians: over the token test's
+    4 prompts x 64 steps, 9 margins below 1e-2 (1% quantile 3e-3), i.e. below the logits error the GPU's GEMM
+    summation order alone gives (~5e-3 relative), so exact tokens there would be luck, not a property of the fast
+    model. Here head row ``v`` gets ``alpha * embed[sigma(v)] / |embed[sigma(v)]|`` added (``sigma`` a fixed random
+    permutation): the final hidden state keeps the current token's embedding direction (x . e_t ~ 5), so the
+    model mostly predicts the "bigram" successor ``sigma^-1(t)`` with a clear margin; context (attention, MoE) still
+    decides ~2% of the steps and shifts every logit. Everything else is unchanged; the logits bound still covers
+    all 512 logits of every step."""
+    g = torch.Generator().manual_seed(seed)
+    sigma = torch.randperm(cfg.vocab_size, generator=g)
+    e = sd["embed.weight"].float()[sigma]
+    out = dict(sd)
+    out["head.weight"] = (sd["head.weight"].float() + alpha * e / e.norm(dim=1, keepdim=True)).to(
+        sd["head.weight"].dtype)
+    return out
+
+
 def _config(selection):
     """"dense": index_topk >= the entries the prompts reach (the indexer selects every entry); "sparse": the tiny
     config's index_topk = 8 of up to 24 entries."""
@@ -82,44 +106,68 @@ def _free_running(model, prompts, steps):
     return outs, torch.stack([torch.stack(l) for l in logits])
 
 
-def _reference_logits(cfg, w, prompt, tokens, device):
+def _reference_logits(cfg, w, prompt, tokens, device, **kwargs):
     """The "blocks" reference's logits (steps, vocab) float32 predicting each of ``tokens`` after ``prompt``
-    (one stateless forward over prompt + tokens[:-1], the prompt as one prefill call)."""
+    (one stateless forward over prompt + tokens[:-1], the prompt as one prefill call). kwargs: ``model_forward``'s
+    ``attention_p_rounding`` / ``max_context`` / ``decode_batch``."""
     seq = torch.tensor(prompt + tokens[:-1], device=device)
-    out = ref_model.model_forward(cfg, w, seq, numerics="blocks", prefill_tokens=len(prompt))
+    out = ref_model.model_forward(cfg, w, seq, numerics="blocks", prefill_tokens=len(prompt), **kwargs)
     return out[len(prompt) - 1:].float().cpu()
 
 
-def _exact_tokens(cfg, device, prompts, steps, bound):
+def compare_with_reference(cfg, device, prompts, steps, *, attention_p_rounding=None, peaked=False):
+    """Free-run the fast model (all prompts as one decode batch) and teacher-force the "blocks" reference on its
+    tokens. ``attention_p_rounding="kernel"``: the reference's attention with the attention kernel's bf16 P, the
+    tile size and split counts of the fast model's calls on ``device``. ``peaked``: :func:`peaked_state_dict`.
+    Returns per prompt a dict: ``tokens`` (fast), ``ref_tokens`` (reference argmax per step), ``diverged`` (steps
+    where they differ), ``rel`` / ``abs`` (steps,) the logits' relative L2 / max abs error, ``margins`` (steps,) the
+    reference's top-2 logit margin, ``std`` (steps,) the reference logits' std, ``got`` / ``ref`` the logits."""
+    sd = random_state_dict(cfg, seed=1234)  # on the CPU: the same model on CPU and GPU
+    if peaked:
+        sd = peaked_state_dict(cfg, sd)
+    w = {k: v.to(device) for k, v in _decoded(cfg, sd).items()}
+    sd = {k: v.to(device) for k, v in sd.items()}
+    # float32 head on either device (CUDA defaults to a bf16 head; the reference head is float32)
+    model = _new_model(cfg, sd, device, prompts, steps, head_dtype=torch.float32)
+    fast_tokens, fast_logits = _free_running(model, prompts, steps)
+    kwargs = {}
+    if attention_p_rounding is not None:
+        kwargs = dict(attention_p_rounding=attention_p_rounding, max_context=model.max_context,
+                      decode_batch=len(prompts))
+    out = []
+    for r, (prompt, toks) in enumerate(zip(prompts, fast_tokens)):
+        ref = _reference_logits(cfg, w, prompt, toks, device, **kwargs)
+        got = fast_logits[r]
+        ref_tokens = ref.argmax(dim=1)
+        top2 = ref.topk(2, dim=1).values
+        out.append(dict(tokens=toks, ref_tokens=ref_tokens.tolist(), got=got, ref=ref,
+                        diverged=(ref_tokens != torch.tensor(toks)).nonzero().reshape(-1).tolist(),
+                        rel=(got - ref).norm(dim=1) / ref.norm(dim=1), abs=(got - ref).abs().amax(dim=1),
+                        margins=top2[:, 0] - top2[:, 1], std=ref.std(dim=1)))
+    return out
+
+
+def _exact_tokens(cfg, device, prompts, steps, bound, **kwargs):
     """Fast free-running batched greedy tokens == the reference's greedy tokens, logits within ``bound``.
 
     The reference is causal (row t of its stateless forward reads tokens <= t only), so its greedy generation
     equals the fast tokens exactly when, teacher-forced on the fast tokens, its argmax at every step is the fast
     token: one reference forward per prompt checks all 64 steps (``greedy_generate`` would recompute the sequence
     64 times). On a failure the message names the first diverging step and the reference's top-2 margin there.
+    kwargs: :func:`compare_with_reference`'s.
     """
-    sd = random_state_dict(cfg, seed=1234)  # on the CPU: the same model on CPU and GPU
-    w = {k: v.to(device) for k, v in _decoded(cfg, sd).items()}
-    sd = {k: v.to(device) for k, v in sd.items()}
-    # float32 head on either device (CUDA defaults to a bf16 head; the reference head is float32)
-    model = _new_model(cfg, sd, device, prompts, steps, head_dtype=torch.float32)
-    fast_tokens, fast_logits = _free_running(model, prompts, steps)
     problems = []
-    for r, (prompt, toks) in enumerate(zip(prompts, fast_tokens)):
-        ref = _reference_logits(cfg, w, prompt, toks, device)
-        got = fast_logits[r]
-        rel = (got - ref).norm(dim=1) / ref.norm(dim=1)
-        ref_tokens = ref.argmax(dim=1)
-        diverged = (ref_tokens != torch.tensor(toks)).nonzero()
-        if len(diverged):
-            i = int(diverged[0])
-            top2 = ref[i].topk(2).values
+    for r, (prompt, d) in enumerate(zip(prompts, compare_with_reference(cfg, device, prompts, steps, **kwargs))):
+        toks, got, ref, rel = d["tokens"], d["got"], d["ref"], d["rel"]
+        if d["diverged"]:
+            i = d["diverged"][0]
+            j = d["ref_tokens"][i]
             problems.append(
-                f"prompt {r} (len {len(prompt)}): first diverging step {i} of {steps}: fast token {toks[i]}, reference "
-                f"{int(ref_tokens[i])}; reference top-2 margin {float(top2[0] - top2[1]):.3e}, fast - reference "
-                f"logit of the two: {float(got[i, toks[i]] - got[i, ref_tokens[i]]):.3e} vs "
-                f"{float(ref[i, toks[i]] - ref[i, ref_tokens[i]]):.3e}; logits rel err at that step "
-                f"{float(rel[i]):.3e}, before it max {float(rel[:i].max()) if i else 0.0:.3e}")
+                f"prompt {r} (len {len(prompt)}): diverging steps {d['diverged']} of {steps}; first: fast token "
+                f"{toks[i]}, reference {j}; reference top-2 margin {float(d['margins'][i]):.3e}, fast - reference "
+                f"logit of the two: {float(got[i, toks[i]] - got[i, j]):.3e} vs {float(ref[i, toks[i]] - ref[i, j]):.3e}"
+                f"; logits rel err at that step {float(rel[i]):.3e}, before it max "
+                f"{float(rel[:i].max()) if i else 0.0:.3e}")
         elif float(rel.max()) > bound:
             problems.append(f"prompt {r}: logits relative error max {float(rel.max()):.3e} (step "
                             f"{int(rel.argmax())}) above {bound:.1e}; median {float(rel.median()):.3e}")
@@ -133,23 +181,44 @@ def test_tiny_model_greedy_tokens_equal_blocks_reference_cpu(no_interpreter, sel
         _exact_tokens(_config(selection), torch.device("cpu"), PROMPTS, STEPS, CPU_EXACT_BOUND)
 
 
-#: CUDA: the kernels sum in other orders (tensor-core fp32 accumulation, split-K, online softmax with bf16 P per
-#: 32-row block against the running max, the reference's float32 P); not measured here (no GPU on the machine
-#: this was written on). Exact token equality is expected but not guaranteed: a step whose reference top-2 margin
-#: is below the GPU's logit error can flip; the failure message gives the step and margin to judge it by.
-CUDA_BOUND = 3e-2
+#: CUDA: the reference is the "blocks" one with the attention kernel's bf16 P (``attention_p_rounding="kernel"``:
+#: BLOCK_N = 32 and the split counts of the fast model's calls), which the kernel follows to within the score dot's
+#: summation order. What remains is the GEMMs' float32 summation order (tensor cores, split-K): under the
+#: interpreter, every kernel on, 3.4e-3 / 5.2e-3 on the prefill logits (benchmarks/NOTES_model.md, issue 9); the
+#: float32-P reference was 1.2-3.4e-2 away on the H100. Bound: 3x the interpreter's, for the H100's other order.
+CUDA_BOUND = 1.5e-2
+#: Logits-only check on the plain random weights (no token equality: their top-2 margins go down to 3e-3, below
+#: the GEMM-order error), teacher-forced on the fast tokens: median and max of the per-step relative error.
+#: An expert choice or indexer top-k flip at a near-tie is a discrete jump of one step's logits: the max allows one.
+CUDA_LOGITS_BOUND = dict(median=1e-2, max=1e-1)
 
 
 @pytest.mark.cuda
-@pytest.mark.xfail(reason="H100, 2026-11-23 (benchmarks/results/gpu_check_v6_2026-11-23.txt): with the kernels the "
-                          "logits differ from the 'blocks' reference by 1-3e-2 relative from the prefill on, so the "
-                          "greedy tokens diverge at top-2 margins of 1.1-3.5e-2 (steps 0-48 of 64). Cause (reproduced in "
-                          "the interpreter, NOTES_model.md): the attention kernel rounds P to bf16 per row block "
-                          "(as the official sparse_attn does), the blocks reference keeps P float32 (issue 9)",
+@pytest.mark.xfail(reason="not yet run on a GPU since the reference mirrors the attention kernel's bf16 P and the "
+                          "test uses the peaked weights (issue 9); expected to pass: kernel vs bf16-P mirror <= 1e-4 per "
+                          "attention call (interpreter: bit-exact or <= 9.5e-5), GEMM order ~5e-3 on the logits, "
+                          "peaked reference margins >> that. Remove the marker once the H100 run passes",
                    strict=False)
 @pytest.mark.parametrize("selection", ["dense", "sparse"])
 def test_tiny_model_greedy_tokens_equal_blocks_reference_cuda(selection):
-    _exact_tokens(_config(selection), torch.device("cuda"), PROMPTS, STEPS, CUDA_BOUND)
+    """Exact greedy tokens on the GPU against the bf16-P "blocks" reference, on the peaked test weights
+    (:func:`peaked_state_dict`: the plain random model's near-tie margins are below the GEMM summation-order error,
+    see there), logits within ``CUDA_BOUND`` on every step."""
+    _exact_tokens(_config(selection), torch.device("cuda"), PROMPTS, STEPS, CUDA_BOUND,
+                  attention_p_rounding="kernel", peaked=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("selection", ["dense", "sparse"])
+def test_tiny_model_logits_bound_blocks_reference_cuda(selection):
+    """Teacher-forced logits bound on the plain random weights: the bf16-P "blocks" reference run on the fast
+    model's own free-running tokens, per step relative L2 error median / max within ``CUDA_LOGITS_BOUND``."""
+    res = compare_with_reference(_config(selection), torch.device("cuda"), PROMPTS, STEPS,
+                                 attention_p_rounding="kernel")
+    rel = torch.cat([d["rel"] for d in res])
+    assert float(rel.median()) <= CUDA_LOGITS_BOUND["median"] and float(rel.max()) <= CUDA_LOGITS_BOUND["max"], (
+        f"logits relative error median {float(rel.median()):.3e}, max {float(rel.max()):.3e}; per prompt max "
+        f"{[round(float(d['rel'].max()), 4) for d in res]}, token flips at steps {[d['diverged'] for d in res]}")
 
 
 #: Stated bounds of the fast model against the OFFICIAL numerics (``numerics="official_fp32_index"``, same decoded

@@ -245,6 +245,9 @@ def main():
     ap.add_argument("--compile-timeout", type=float, default=300.0,
                     help="limit of each case's set-up: inputs, reference, v1, compiling v2 without running it (s)")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-check", action="store_true", help="timing only (correctness validated in an earlier run)")
+    ap.add_argument("--batches", help="comma-separated batch sizes (default 1,32,128; --quick 1,32)")
+    ap.add_argument("--contexts", help="comma-separated contexts (default 4096,32768,131072; --quick 4k,32k)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "attention_v2"))
     args = ap.parse_args()
     if args.case:
@@ -252,8 +255,14 @@ def main():
         return
     batches = BATCHES[:2] if args.quick else BATCHES
     contexts = CONTEXTS[:2] if args.quick else CONTEXTS
+    if args.batches:
+        batches = tuple(int(b) for b in args.batches.split(","))
+    if args.contexts:
+        contexts = tuple(int(c) for c in args.contexts.split(","))
     cases = [f"check:{k}:{b}:{ctx}:" for k in KINDS for b in batches for ctx in contexts]
     cases += [f"check:csa:32:32768:{e}" for e in EDGE_CASES] + ["check:hca:32:131072:partial_window"]
+    if args.no_check:
+        cases = []
     results = []
     for case in cases:
         res = spawn(case, args.timeout, args.compile_timeout)

@@ -46,13 +46,15 @@ SWIGLU_LIMIT = 10.0
 POINTS = [(8, 64), (8, 256), (8, 1024), (256, 64), (256, 384)]
 
 
-def shapes(quick: bool, only: str | None):
+def shapes(quick: bool, only: str | None, experts: str | None = None):
     out = []
     for name, k, n, swiglu in GEMMS:
         if only and not any(o in name for o in only.split(",")):
             continue
         for e, r in POINTS:
             if quick and e != 8:
+                continue
+            if experts and str(e) not in experts.split(","):
                 continue
             out.append(dict(name=name, k=k, n=n, swiglu=swiglu, e=e, rows=r))
     return out
@@ -242,6 +244,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", help="comma-separated substrings of the GEMM names (flash-gate_up, pro-down, ...)")
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--experts", help="comma-separated expert counts of POINTS to keep (e.g. 256)")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.child:
@@ -250,7 +253,7 @@ def main():
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     results, failed = [], 0
-    for s in shapes(a.quick, a.only):
+    for s in shapes(a.quick, a.only, a.experts):
         label = f"{s['name']:14s} E={s['e']:3d} rows/expert={s['rows']:4d} K={s['k']} N={s['n']}"
         r = run_child("check", s, a.timeout)
         row = dict(shape=s, check=r)

@@ -39,7 +39,12 @@ interpreter's float8 cast truncates). What is not bit-for-bit the reference's:
 
 Non-finite values follow the reference: NaN/Inf propagate through the norms and RoPE; an FP8/FP4 block holding a
 NaN or an Inf decodes to NaN throughout (the reference's scale is NaN or Inf there). NaN is stored as 0x7FC0.
-Positions outside ``[0, n_positions)`` read no table row (their rotated dims are unspecified, zeros here).
+Positions outside ``[0, n_positions)`` read no table row: the rotation is the complex 0, so the RoPE dims are the
+products ``x * 0`` (signed zeros; NaN for a NaN / Inf input), as the torch path's ``rope_rows`` (the drop rule of
+``megamoe/ops/v4_elementwise.py``); the post-pool kernel clamps its row into the table instead. Each such token
+ORs its op's ``positions`` bit into the error word (``megamoe/ops/errors.py``; one predicated atomic by the first
+program of the token; post-pool: only for ``pos + shift >= n_positions``). ``FLAG == 0`` (the device guard compiled
+out) drops the flag code, not the masking.
 """
 from __future__ import annotations
 
@@ -69,6 +74,18 @@ POST_POOL_WARPS = 4
 
 #: Compile options of every launch: no FMA contraction (the reference rounds each product).
 _EXACT = dict(enable_fp_fusion=False)
+
+
+def _error_word(device, word):
+    from ..ops import errors
+
+    return word if word is not None else errors.error_word(device)
+
+
+def _kernel_flag(op: str) -> int:
+    from ..ops import errors
+
+    return errors.kernel_flag(op, "positions")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -112,6 +129,14 @@ def _rope_cos_sin(freqs_ptr, pos, pos_ok, r, mask, RD: tl.constexpr):
     m = mask & pos_ok
     off = (tl.where(pos_ok, pos, 0) * (RD // 2) + tl.where(m, r, 0) // 2) * 2
     return tl.load(freqs_ptr + off, mask=m, other=0.0), tl.load(freqs_ptr + off + 1, mask=m, other=0.0)
+
+
+@triton.jit
+def _flag(err_ptr, bad, first, FLAG: tl.constexpr):
+    """OR ``FLAG`` into the error word where ``bad`` and ``first`` (one program per token); FLAG 0: nothing."""
+    if FLAG != 0:
+        hit = bad & first
+        tl.atomic_or(err_ptr, hit.to(tl.int32) * FLAG, mask=hit)
 
 
 @triton.jit
@@ -210,13 +235,14 @@ def _kv_row(kv_ptr, w_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, eps, D: tl.conste
 
 
 @triton.jit
-def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, freqs_ptr, pos_ptr, q_out_ptr, kv_out_ptr, n_pos, eps,
+def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, freqs_ptr, pos_ptr, q_out_ptr, kv_out_ptr, err_ptr, n_pos, eps,
                  H: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, D_P2: tl.constexpr, FB: tl.constexpr,
-                 HAS_Q: tl.constexpr, HAS_KV: tl.constexpr):
+                 HAS_Q: tl.constexpr, HAS_KV: tl.constexpr, FLAG: tl.constexpr = 0):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     pos_ok = (pos >= 0) & (pos < n_pos)
+    _flag(err_ptr, ~pos_ok, h == 0, FLAG)
     if HAS_Q and HAS_KV:
         if h < H:
             _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, H, D, RD, D_P2)
@@ -229,12 +255,14 @@ def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, freqs_ptr, pos_ptr, q_out_ptr, kv_out_
 
 
 def launch_q_kv(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.Tensor | None,
-                freqs: torch.Tensor, positions: torch.Tensor, *, num_heads: int, head_dim: int, eps: float):
+                freqs: torch.Tensor, positions: torch.Tensor, *, num_heads: int, head_dim: int, eps: float,
+                error_word: torch.Tensor | None = None):
     """One launch for the q heads and the window kv row of T tokens (either may be None).
 
     q: (T, H * D) bf16 contiguous (``wq_b`` output) -> (T, H, D) bf16; kv: (T, D) bf16 contiguous (``wkv``
     output), kv_weight (D,) float32 -> (T, D) bf16; freqs: (n_positions, RD // 2, 2) float32 contiguous (the
-    complex64 table as real); positions: (T,) int32/int64. D - RD must be a multiple of 64.
+    complex64 table as real); positions: (T,) int32/int64. D - RD must be a multiple of 64. error_word: the (1,)
+    int32 word an out-of-range position flags (default: the device's, ``megamoe.ops.errors``).
     """
     src = q if q is not None else kv
     T, D = src.shape[0], head_dim
@@ -248,9 +276,9 @@ def launch_q_kv(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torc
             (q if q is not None else kv).view(torch.int16), (kv if kv is not None else q).view(torch.int16),
             kv_weight if kv_weight is not None else freqs, freqs, positions,
             (q_out if q is not None else kv_out).view(torch.int16),
-            (kv_out if kv is not None else q_out).view(torch.int16), freqs.shape[0], float(eps),
-            H=num_heads, D=D, RD=rd, D_P2=d_p2, FB=FP8_BLOCK, HAS_Q=q is not None, HAS_KV=kv is not None,
-            num_warps=Q_KV_WARPS, **_EXACT)
+            (kv_out if kv is not None else q_out).view(torch.int16), _error_word(src.device, error_word),
+            freqs.shape[0], float(eps), H=num_heads, D=D, RD=rd, D_P2=d_p2, FB=FP8_BLOCK, HAS_Q=q is not None,
+            HAS_KV=kv is not None, FLAG=_kernel_flag("q_kv_path"), num_warps=Q_KV_WARPS, **_EXACT)
     return q_out, kv_out
 
 
@@ -265,14 +293,15 @@ def _butterfly(x, R: tl.constexpr, N: tl.constexpr, STRIDE: tl.constexpr):
 
 
 @triton.jit
-def _index_q_kernel(q_ptr, w_ptr, freqs_ptr, pos_ptr, q_out_ptr, w_out_ptr, n_pos, w_scale,
+def _index_q_kernel(q_ptr, w_ptr, freqs_ptr, pos_ptr, q_out_ptr, w_out_ptr, err_ptr, n_pos, w_scale,
                     NH: tl.constexpr, DI: tl.constexpr, LOG2_DI: tl.constexpr, RD: tl.constexpr,
-                    H_SCALE: tl.constexpr, FB: tl.constexpr, BLOCK_H: tl.constexpr):
+                    H_SCALE: tl.constexpr, FB: tl.constexpr, BLOCK_H: tl.constexpr, FLAG: tl.constexpr = 0):
     t = tl.program_id(0).to(tl.int64)
     hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = hh < NH
     pos = tl.load(pos_ptr + t).to(tl.int64)
     pos_ok = (pos >= 0) & (pos < n_pos)
+    _flag(err_ptr, ~pos_ok, tl.program_id(1) == 0, FLAG)
     # head weights: float(bf16(w * scale))
     wv = _load_bf16(w_ptr + t * NH + hh, hm)
     tl.store(w_out_ptr + t * NH + hh, _bf16_round(wv * w_scale), mask=hm)
@@ -304,10 +333,11 @@ def _index_q_kernel(q_ptr, w_ptr, freqs_ptr, pos_ptr, q_out_ptr, w_out_ptr, n_po
 
 
 def launch_index_q(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
-                   n_heads: int, weight_scale: float):
+                   n_heads: int, weight_scale: float, error_word: torch.Tensor | None = None):
     """q: (T, NH * DI) bf16 contiguous (``indexer.wq_b`` output), weights: (T, NH) bf16 contiguous
     (``weights_proj`` output), freqs (n_positions, RD // 2, 2) float32, positions (T,) int ->
-    (q (T, NH, DI) bf16: FP4-simulated Hadamard of the rotated query, w (T, NH) float32: ``bf16(w * scale)``)."""
+    (q (T, NH, DI) bf16: FP4-simulated Hadamard of the rotated query, w (T, NH) float32: ``bf16(w * scale)``).
+    error_word: as :func:`launch_q_kv`."""
     T = q.shape[0]
     DI = q.shape[1] // n_heads
     q_out = torch.empty((T, n_heads, DI), dtype=torch.bfloat16, device=q.device)
@@ -315,19 +345,21 @@ def launch_index_q(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, 
     if T:
         _index_q_kernel[(T, triton.cdiv(n_heads, INDEX_BLOCK_H))](
             q.view(torch.int16), weights.view(torch.int16), freqs, positions, q_out.view(torch.int16), w_out,
-            freqs.shape[0], float(weight_scale), NH=n_heads, DI=DI, LOG2_DI=DI.bit_length() - 1, RD=2 * freqs.shape[1], H_SCALE=DI ** -0.5,
-            FB=FP4_BLOCK, BLOCK_H=INDEX_BLOCK_H, num_warps=INDEX_WARPS, **_EXACT)
+            _error_word(q.device, error_word), freqs.shape[0], float(weight_scale), NH=n_heads, DI=DI,
+            LOG2_DI=DI.bit_length() - 1, RD=2 * freqs.shape[1], H_SCALE=DI ** -0.5, FB=FP4_BLOCK,
+            BLOCK_H=INDEX_BLOCK_H, FLAG=_kernel_flag("index_q_path"), num_warps=INDEX_WARPS, **_EXACT)
     return q_out, w_out
 
 
 # ------------------------------------------------------------------------------------------------ output
 @triton.jit
-def _output_kernel(o_ptr, freqs_ptr, pos_ptr, out_ptr, T, n_pos, H: tl.constexpr, D: tl.constexpr,
-                   RD: tl.constexpr, G: tl.constexpr, D_P2: tl.constexpr):
+def _output_kernel(o_ptr, freqs_ptr, pos_ptr, out_ptr, err_ptr, T, n_pos, H: tl.constexpr, D: tl.constexpr,
+                   RD: tl.constexpr, G: tl.constexpr, D_P2: tl.constexpr, FLAG: tl.constexpr = 0):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     pos_ok = (pos >= 0) & (pos < n_pos)
+    _flag(err_ptr, ~pos_ok, h == 0, FLAG)
     offs = tl.arange(0, D_P2)
     m = offs < D
     src = o_ptr + (t * H + h) * D
@@ -345,26 +377,30 @@ def _output_kernel(o_ptr, freqs_ptr, pos_ptr, out_ptr, T, n_pos, H: tl.constexpr
     tl.store(dst + offs, bits, mask=m)
 
 
-def launch_output(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, groups: int) -> torch.Tensor:
+def launch_output(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, groups: int,
+                  error_word: torch.Tensor | None = None) -> torch.Tensor:
     """o: (T, H, D) bf16 contiguous -> (G, T, H * D // G) bf16: inverse RoPE of each head's last RD dims, head h
-    at group ``h // (H // G)``, columns ``(h % (H // G)) * D ...``."""
+    at group ``h // (H // G)``, columns ``(h % (H // G)) * D ...``. error_word: as :func:`launch_q_kv`."""
     T, H, D = o.shape
     out = torch.empty((groups, T, H * D // groups), dtype=torch.bfloat16, device=o.device)
     if T:
-        _output_kernel[(T, H)](o.view(torch.int16), freqs, positions, out.view(torch.int16), T, freqs.shape[0],
-                               H=H, D=D, RD=2 * freqs.shape[1], G=groups, D_P2=triton.next_power_of_2(D),
+        _output_kernel[(T, H)](o.view(torch.int16), freqs, positions, out.view(torch.int16),
+                               _error_word(o.device, error_word), T, freqs.shape[0], H=H, D=D, RD=2 * freqs.shape[1],
+                               G=groups, D_P2=triton.next_power_of_2(D), FLAG=_kernel_flag("output_path"),
                                num_warps=OUTPUT_WARPS, **_EXACT)
     return out
 
 
 # ------------------------------------------------------------------------------------------------ post-pool
 @triton.jit
-def _post_pool_kernel(x_ptr, w_ptr, freqs_ptr, pos_ptr, out_ptr, n_pos, eps, shift,
+def _post_pool_kernel(x_ptr, w_ptr, freqs_ptr, pos_ptr, out_ptr, err_ptr, n_pos, eps, shift,
                       D: tl.constexpr, D_P2: tl.constexpr, RD: tl.constexpr, LOG2_D: tl.constexpr,
-                      H_SCALE: tl.constexpr, ROTATE: tl.constexpr):
-    """One pooled row: bf16 -> RMSNorm(weight) -> RoPE (row ``clamp(pos + shift, 0, n_pos - 1)``) -> Hadamard."""
+                      H_SCALE: tl.constexpr, ROTATE: tl.constexpr, FLAG: tl.constexpr = 0):
+    """One pooled row: bf16 -> RMSNorm(weight) -> RoPE (row ``clamp(pos + shift, 0, n_pos - 1)``) -> Hadamard;
+    ``pos + shift >= n_pos`` flags."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64) + shift
+    _flag(err_ptr, pos >= n_pos, True, FLAG)
     pos = tl.minimum(tl.maximum(pos, 0), n_pos - 1)
     offs = tl.arange(0, D_P2)[None, :]
     m = offs < D
@@ -387,14 +423,17 @@ def _post_pool_kernel(x_ptr, w_ptr, freqs_ptr, pos_ptr, out_ptr, n_pos, eps, shi
 
 
 def launch_post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor,
-                     out: torch.Tensor, *, shift: int, eps: float, rotate: bool) -> torch.Tensor:
+                     out: torch.Tensor, *, shift: int, eps: float, rotate: bool,
+                     error_word: torch.Tensor | None = None) -> torch.Tensor:
     """pooled (N, D) float32 contiguous, weight (D,) float32, freqs (n_positions, RD // 2, 2) float32, positions
     (N,) int32/int64, out (N, D) bf16 contiguous (written): the compressed cache's post-pool steps with the RoPE
-    row ``clamp(positions + shift, 0, n_positions - 1)``; ``rotate``: Hadamard (D a power of two)."""
+    row ``clamp(positions + shift, 0, n_positions - 1)``; ``rotate``: Hadamard (D a power of two). error_word:
+    the word ``positions + shift >= n_positions`` flags (default: the device's)."""
     N, D = pooled.shape
     if N:
-        _post_pool_kernel[(N,)](pooled, weight, freqs, positions, out.view(torch.int16), freqs.shape[0], float(eps),
-                                int(shift), D=D, D_P2=triton.next_power_of_2(D), RD=2 * freqs.shape[1],
+        _post_pool_kernel[(N,)](pooled, weight, freqs, positions, out.view(torch.int16),
+                                _error_word(pooled.device, error_word), freqs.shape[0], float(eps),
+                                int(shift), FLAG=_kernel_flag("post_pool"), D=D, D_P2=triton.next_power_of_2(D), RD=2 * freqs.shape[1],
                                 LOG2_D=D.bit_length() - 1, H_SCALE=D ** -0.5, ROTATE=bool(rotate),
                                 num_warps=POST_POOL_WARPS, **_EXACT)
     return out
@@ -405,15 +444,17 @@ def launch_post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Te
 _SIGNATURES = {
     "rms_norm": ("_rms_norm_kernel", dict(x_ptr="*i16", w_ptr="*fp32", out_ptr="*i16", eps="fp32")),
     "q_kv": ("_q_kv_kernel", dict(q_ptr="*i16", kv_ptr="*i16", kv_w_ptr="*fp32", freqs_ptr="*fp32", pos_ptr="*i32",
-                                  q_out_ptr="*i16", kv_out_ptr="*i16", n_pos="i32", eps="fp32")),
+                                  q_out_ptr="*i16", kv_out_ptr="*i16", err_ptr="*i32", n_pos="i32", eps="fp32")),
     "index_q": ("_index_q_kernel", dict(q_ptr="*i16", w_ptr="*i16", freqs_ptr="*fp32", pos_ptr="*i32",
-                                        q_out_ptr="*i16", w_out_ptr="*fp32", n_pos="i32", w_scale="fp32")),
-    "output": ("_output_kernel", dict(o_ptr="*i16", freqs_ptr="*fp32", pos_ptr="*i32", out_ptr="*i16", T="i32",
-                                      n_pos="i32")),
+                                        q_out_ptr="*i16", w_out_ptr="*fp32", err_ptr="*i32", n_pos="i32",
+                                        w_scale="fp32")),
+    "output": ("_output_kernel", dict(o_ptr="*i16", freqs_ptr="*fp32", pos_ptr="*i32", out_ptr="*i16",
+                                      err_ptr="*i32", T="i32", n_pos="i32")),
     "post_pool": ("_post_pool_kernel", dict(x_ptr="*fp32", w_ptr="*fp32", freqs_ptr="*fp32", pos_ptr="*i32",
-                                            out_ptr="*i16", n_pos="i32", eps="fp32", shift="i32")),
+                                            out_ptr="*i16", err_ptr="*i32", n_pos="i32", eps="fp32", shift="i32")),
     "post_pool_index": ("_post_pool_kernel", dict(x_ptr="*fp32", w_ptr="*fp32", freqs_ptr="*fp32", pos_ptr="*i32",
-                                                  out_ptr="*i16", n_pos="i32", eps="fp32", shift="i32")),
+                                                  out_ptr="*i16", err_ptr="*i32", n_pos="i32", eps="fp32",
+                                                  shift="i32")),
 }
 
 
@@ -440,6 +481,9 @@ def compile_sm90(family: str, *, num_heads: int = 64, head_dim: int = 512, rope_
                             POST_POOL_WARPS),
     }[family]
     kernel = globals()[name]
+    if family != "rms_norm":  # as launched: with the flag code of its op (device guard on)
+        op = {"q_kv": "q_kv_path", "index_q": "index_q_path", "output": "output_path"}.get(family, "post_pool")
+        constexprs = dict(constexprs, FLAG=_kernel_flag(op))
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
     return triton.compile(ASTSource(kernel, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=warps, **_EXACT))

@@ -216,13 +216,15 @@ class CompressedKVCache:
     def _post_pool_decode(self, pooled: torch.Tensor, positions: torch.Tensor, out: torch.Tensor, index: bool) -> None:
         """Post-pool steps of a decode step's pooled rows (B, D) float32 -> ``out`` (B, D) bf16, RoPE row of the
         window start ``pos + 1 - ratio`` (clamped into the table, so non-flushing rows at any position index in
-        range). Triton path: one launch (``megamoe.ops.v4_elementwise.post_pool``); CPU: the PyTorch formulas."""
+        range; a window start past the table flags ``(post_pool, "positions")``). Triton path: one launch
+        (``megamoe.ops.v4_elementwise.post_pool``); CPU: the PyTorch formulas."""
         c, pp = self.config, self.post_pool
         freqs = pp["freqs"]
         if use_triton(pooled):
             ew.post_pool(pooled, pp["index_norm" if index else "norm"], freqs, positions, out, shift=1 - c.ratio,
                          eps=c.norm_eps, rotate=index)
             return
+        ew.flag_positions("post_pool", positions, freqs.shape[0], shift=1 - c.ratio)  # the kernel's flag rule
         start = (positions.to(torch.int64) + (1 - c.ratio)).clamp_(0, freqs.shape[0] - 1)
         out.copy_(self._post_pool_rows(pooled, freqs.index_select(0, start), index=index))
 

@@ -317,6 +317,9 @@ def swa_append(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, slots: tor
     swa_rows: (S * window + 1, D) storage whose last row is a scratch row; row ``slot * window + pos % window``
     receives ``kv[b]`` for active rows, inactive rows (and rows whose slot is outside ``[0, S)`` or whose
     position is negative) write the scratch row (no host branching). CUDA: one launch of the window-step kernel.
+    Errors (``megamoe/ops/errors.py``, both backends): an active row's slot < -1 or >= S flags
+    ``(swa_append, "slots")``, its position < -1 ``(swa_append, "positions")``; -1 (the "none" marker) and
+    inactive rows never flag.
     """
     window_step(swa_rows, window, kv, slots, positions, active)
 
@@ -356,7 +359,8 @@ def window_step(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, slots: to
     ``pos - j`` (j = 0..window-1; -1 where ``pos - j < 0``; the slot is not range-checked, as in the attention
     layer's formula); ratio > 0 (compressed layers): n_entries (B,) int32 ``floor((pos + 1) / ratio) * active``
     and, optionally, entry_idx (B, E) int32 ``e if e < n_entries[b] else -1`` (HCA: every stored entry).
-    Same values as :func:`window_step_reference` (integer math, bit-identical). Sync-free, capturable.
+    Same values as :func:`window_step_reference` (integer math, bit-identical). Sync-free, capturable. The
+    append flags as :func:`swa_append` says (both paths).
     """
     _window_check(swa_rows, window, kv, slots, positions, active, window_rows, ratio, n_entries, entry_idx)
     if use_triton(kv):
@@ -364,6 +368,7 @@ def window_step(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, slots: to
         launch_window_step(swa_rows, window, kv, slots, positions, active.view(torch.int8), window_rows, n_entries,
                            entry_idx, ratio=ratio)
         return
+    _record_row_errors("swa_append", active, slots, positions, (swa_rows.shape[0] - 1) // window)
     window_step_reference(swa_rows, window, kv, slots, positions, active, window_rows, ratio=ratio,
                           n_entries=n_entries, entry_idx=entry_idx)
 

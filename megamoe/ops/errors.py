@@ -22,7 +22,10 @@ Drop rules (identical on every backend, see each op's docstring): grouped GEMM `
 nothing; dispatch ``topk_ids`` outside ``[0, E)`` -> the pair goes to the padding rows after
 ``expert_offsets[E-1]`` (computed as zeros); kvcache gather / sparse attention: ``-1`` is the legitimate "no
 entry" marker and is not an error, any other out-of-range index / slot / page id is skipped and flagged
-(sparse attention flags a slot only when the query has entry ids, K > 0).
+(sparse attention flags a slot only when the query has entry ids, K > 0); RoPE ops (q_kv_path / index_q_path /
+output_path) position outside ``[0, n_positions)`` -> the rotation is the complex 0 (zero RoPE dims), post_pool
+window start past the table -> clamped to the last row; swa_append bad slot / position of an active row -> the
+scratch row.
 
 Kernels that take device-valued indices (audit for issue 12):
 
@@ -35,18 +38,20 @@ Kernels that take device-valued indices (audit for issue 12):
   ``slots``, ``n_entries`` (a live entry past the block table), ``block_table``: the entry scores -inf, so
   top-k never selects it and the later gather / attention sees -1); moe_router hash routing (``route``:
   ``token_ids`` outside ``[0, vocab)``, ``tid2eid`` entries outside ``[0, E)`` of a valid token's row: ids
-  0..k-1 and NaN weights). Slot / position / page -1 and inactive (non-active / non-flushing) rows are the
-  documented "none" markers and never flag.
-* mask, no flag yet (never out of bounds; a bad value changes nothing): v4_elementwise RoPE (positions
-  outside the table read no row), the torch op swa_append (slots / positions: scratch row). Adding flags
-  there is follow-up work.
+  0..k-1 and NaN weights); v4_elementwise RoPE (``q_kv_path`` / ``index_q_path`` / ``output_path``:
+  ``positions`` outside ``[0, n_positions)``, -1 included (every row is computed, no marker): the token's RoPE
+  dims are rotated by 0, i.e. zeros; ``post_pool``: ``positions + shift >= n_positions``, the row clamped, a
+  window start below 0 is legitimate); swa_append (``window_step``'s append: ``slots`` < -1 / >= S,
+  ``positions`` < -1, active rows only: the scratch row). Slot / position / page -1 and inactive (non-active /
+  non-flushing) rows are the documented "none" markers and never flag.
 * cannot go out of bounds by construction: topk (reads scores; its candidate / selection indices are its own
   workspace, produced in-kernel), sampling (its token ids come from the sort it runs itself), quantize,
   hyper_connection, nvfp4_splitk (dense, no index input).
 
 The guard can be compiled out for benchmarking only (:data:`DEVICE_GUARD`, ``MEGAMOE_DEVICE_GUARD=0``; the
 MoE-path kernels and sparse attention drop their masking and flag code; the router's hash path, kvcache_flush,
-kvcache_compress and the indexer drop only their flag code; see benchmarks/bench_guard.py).
+kvcache_compress, the indexer, the v4_elementwise RoPE kernels and the window-step kernel drop only their flag
+code; see benchmarks/bench_guard.py).
 """
 from __future__ import annotations
 
@@ -75,6 +80,12 @@ FLAGS: dict[tuple[str, str], int] = {
     ("indexer_scores", "block_table"): 1 << 17,
     ("route", "token_ids"): 1 << 18,
     ("route", "tid2eid"): 1 << 19,
+    ("q_kv_path", "positions"): 1 << 20,
+    ("index_q_path", "positions"): 1 << 21,
+    ("output_path", "positions"): 1 << 22,
+    ("post_pool", "positions"): 1 << 23,
+    ("swa_append", "slots"): 1 << 24,
+    ("swa_append", "positions"): 1 << 25,
 }
 
 # Benchmarking switch only (never for serving): MEGAMOE_DEVICE_GUARD=0 in the environment, read once at import,

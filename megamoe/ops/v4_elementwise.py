@@ -8,6 +8,16 @@ float32 summation order of the norms' sums of squares and of the Hadamard produc
 
 Tables: ``freqs`` is a layer's (n_positions, rope_dim // 2) complex64 RoPE table (``rope_frequencies``), positions
 (T,) int32/int64 index its rows. Sync-free, host decisions on shapes only (CUDA-graph capturable).
+
+Out-of-range positions (issue 12, ``megamoe/ops/errors.py``). :func:`q_kv_path`, :func:`index_q_path` and
+:func:`output_path`: a position outside ``[0, n_positions)`` (-1 included: these ops compute every row, there is
+no "none" marker) reads no table row; its rotation is the complex number 0, so the row's RoPE dims come out as
+zeros (signed as the products ``x * 0``; NaN / Inf inputs give NaN) and the other dims as for a valid row. It sets
+the flag ``(op, "positions")`` of the error word. :func:`post_pool` clamps ``positions + shift`` into the table
+(below 0 is the legitimate window start before the sequence start of a row that does not flush) and flags
+``(post_pool, "positions")`` when ``positions + shift >= n_positions`` (the table is too short). The same rule on
+both backends (the kernels mask the table read and OR the bit with one predicated atomic per token; the torch path
+clamps, selects, and ORs the bit with device ops), so the outputs and the bits agree.
 """
 from __future__ import annotations
 
@@ -15,6 +25,7 @@ import torch
 
 from ..reference import v4_numerics as nx
 from ..reference.v4_attention import head_rms_norm
+from . import errors
 from ._dispatch import use_triton
 from ._validate import check_tensor
 
@@ -50,18 +61,36 @@ def _table(freqs: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(freqs.contiguous())
 
 
+def rope_rows(freqs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The drop rule's table rows (module docstring): ``freqs[positions]`` (T, rope_dim // 2) complex64, the
+    complex 0 for a position outside ``[0, n_positions)`` (clamp + where: no out-of-range read, no host sync)."""
+    n = freqs.shape[0]
+    pos = positions.long()
+    rows = freqs.index_select(0, pos.clamp(0, max(n - 1, 0)))
+    return torch.where(((pos >= 0) & (pos < n))[:, None], rows, torch.zeros((), dtype=freqs.dtype,
+                                                                            device=freqs.device))
+
+
+def flag_positions(op: str, positions: torch.Tensor, n_positions: int, *, shift: int | None = None) -> None:
+    """Torch path: OR ``(op, "positions")`` into the error word of ``positions.device`` for a position outside
+    ``[0, n_positions)`` (``shift`` given: for ``positions + shift >= n_positions`` only, :func:`post_pool`'s rule)."""
+    pos = positions.long()
+    bad = pos + shift >= n_positions if shift is not None else (pos < 0) | (pos >= n_positions)
+    errors.record(errors.error_word(positions.device), errors.flag(op, "positions"), bad)
+
+
 # ------------------------------------------------------------------------------------------------ formulas
 def q_path_reference(q: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, num_heads: int,
                      eps: float) -> torch.Tensor:
     """(T, H * D) bf16 -> official bf16 per-head norm -> RoPE -> (T, H, D) bf16."""
     q = q.view(q.shape[0], num_heads, -1)
-    return nx.apply_rope(head_rms_norm(q, eps), freqs[positions.long()])
+    return nx.apply_rope(head_rms_norm(q, eps), rope_rows(freqs, positions))
 
 
 def kv_path_reference(kv: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
                       eps: float) -> torch.Tensor:
     """(T, D) bf16 -> RMSNorm(weight) -> RoPE -> FP8 64-block simulation of the non-RoPE dims -> (T, D) bf16."""
-    kv = nx.apply_rope(nx.rms_norm(kv, weight, eps), freqs[positions.long()])
+    kv = nx.apply_rope(nx.rms_norm(kv, weight, eps), rope_rows(freqs, positions))
     nope = kv.shape[1] - 2 * freqs.shape[1]
     return torch.cat([nx.fp8_block_simulate(kv[:, :nope], KV_FP8_BLOCK), kv[:, nope:]], dim=-1)
 
@@ -70,7 +99,7 @@ def index_q_reference(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tenso
                       n_heads: int, weight_scale: float):
     """(T, n * Di) bf16, (T, n) bf16 -> (FP4-simulated Hadamard of RoPE(q) (T, n, Di) bf16,
     ``(weights * weight_scale).float()`` (T, n) float32)."""
-    q = nx.apply_rope(q.view(q.shape[0], n_heads, -1), freqs[positions.long()])
+    q = nx.apply_rope(q.view(q.shape[0], n_heads, -1), rope_rows(freqs, positions))
     q = nx.fp4_block_simulate(nx.hadamard_rotate(q), INDEX_FP4_BLOCK)
     return q, (weights * weight_scale).float()
 
@@ -78,7 +107,7 @@ def index_q_reference(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tenso
 def output_reference(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, groups: int) -> torch.Tensor:
     """(T, H, D) bf16 -> inverse RoPE -> (G, T, H * D // G) bf16 (rows of group g = heads g*H/G ... )."""
     T = o.shape[0]
-    o = nx.apply_rope(o, freqs[positions.long()], inverse=True)
+    o = nx.apply_rope(o, rope_rows(freqs, positions), inverse=True)
     return o.reshape(T, groups, -1).transpose(0, 1).contiguous()
 
 
@@ -104,6 +133,8 @@ def q_kv_path(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.
     q: (T, H * D) bf16 (``wq_b`` output) or None -> (T, H, D) bf16 :func:`q_path_reference`;
     kv: (T, D) bf16 (``wkv`` output) or None, kv_weight (D,) float32 -> (T, D) bf16 :func:`kv_path_reference`
     (D - rope_dim a multiple of 64). Returns (q, kv), None for an input that was None.
+    positions: (T,) int32/int64 rows of freqs; one outside ``[0, n_positions)`` gives its token's RoPE dims the
+    rotation 0 (zeros) and flags ``(q_kv_path, "positions")`` (module docstring; both backends).
     """
     if q is None and kv is None:
         raise ValueError("q, kv: expected at least one tensor")
@@ -133,6 +164,7 @@ def q_kv_path(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.
         return launch_q_kv(None if q is None else q.contiguous(), None if kv is None else kv.contiguous(),
                            None if kv is None else kv_weight.contiguous(), _table(freqs), positions,
                            num_heads=num_heads, head_dim=D, eps=eps)
+    flag_positions("q_kv_path", positions, freqs.shape[0])
     return (None if q is None else q_path_reference(q, freqs, positions, num_heads=num_heads, eps=eps),
             None if kv is None else kv_path_reference(kv, kv_weight, freqs, positions, eps=eps))
 
@@ -140,7 +172,8 @@ def q_kv_path(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.
 def index_q_path(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
                  n_heads: int, weight_scale: float):
     """The indexer query and head weights (:func:`index_q_reference`): q (T, n_heads * Di) bf16, weights
-    (T, n_heads) bf16 -> ((T, n_heads, Di) bf16, (T, n_heads) float32). Di a power of two >= 32."""
+    (T, n_heads) bf16 -> ((T, n_heads, Di) bf16, (T, n_heads) float32). Di a power of two >= 32. A position outside
+    ``[0, n_positions)``: rotation 0 (zero RoPE dims before the Hadamard), flags ``(index_q_path, "positions")``."""
     _tensor(q, "q", torch.bfloat16, 2)
     _positive_int(n_heads, "n_heads")
     T = q.shape[0]
@@ -158,12 +191,14 @@ def index_q_path(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, po
 
         return launch_index_q(q.contiguous(), weights.contiguous(), _table(freqs), positions, n_heads=n_heads,
                               weight_scale=float(weight_scale))
+    flag_positions("index_q_path", positions, freqs.shape[0])
     return index_q_reference(q, weights, freqs, positions, n_heads=n_heads, weight_scale=weight_scale)
 
 
 def output_path(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, groups: int) -> torch.Tensor:
     """Inverse RoPE of the attention output in the grouped layout of ``wo_a`` (:func:`output_reference`):
-    o (T, H, D) bf16 -> (groups, T, H * D // groups) bf16 contiguous (``view(groups * T, -1)``: rows by group)."""
+    o (T, H, D) bf16 -> (groups, T, H * D // groups) bf16 contiguous (``view(groups * T, -1)``: rows by group).
+    A position outside ``[0, n_positions)``: rotation 0 (zero RoPE dims), flags ``(output_path, "positions")``."""
     _tensor(o, "o", torch.bfloat16, 3)
     _positive_int(groups, "groups")
     T, H, D = o.shape
@@ -174,6 +209,7 @@ def output_path(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *
         from ..kernels.v4_elementwise import launch_output
 
         return launch_output(o.contiguous(), _table(freqs), positions, groups=groups)
+    flag_positions("output_path", positions, freqs.shape[0])
     return output_reference(o, freqs, positions, groups=groups)
 
 
@@ -192,7 +228,8 @@ def post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, p
 
     pooled: (N, D) float32 pooled rows; weight: (D,) float32 (the compressor's norm); freqs: (n, rope_dim // 2)
     complex64; positions: (N,) int32/int64, RoPE row ``clamp(positions + shift, 0, n - 1)`` (decode: shift
-    ``1 - ratio``, the window start); out: (N, D) bf16 contiguous, written and returned; rotate: Hadamard of the
+    ``1 - ratio``, the window start; ``positions + shift >= n`` flags ``(post_pool, "positions")``, the row still
+    clamped; below 0 is not an error); out: (N, D) bf16 contiguous, written and returned; rotate: Hadamard of the
     indexer keys (D a power of two). Kernel vs formula: the norm's sum of squares and the Hadamard sums in
     another float32 order (module docstring of ``megamoe/kernels/v4_elementwise.py``); all else bit for bit.
     """
@@ -216,5 +253,6 @@ def post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, p
 
         return launch_post_pool(pooled.contiguous(), weight.contiguous(), _table(freqs), positions, out, shift=shift,
                                 eps=eps, rotate=rotate)
+    flag_positions("post_pool", positions, freqs.shape[0], shift=shift)
     out.copy_(post_pool_reference(pooled, weight, freqs, positions, shift=shift, eps=eps, rotate=rotate))
     return out

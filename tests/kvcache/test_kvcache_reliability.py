@@ -447,3 +447,43 @@ def test_indexer_scores_flags_out_of_range_not_markers(monkeypatch):
         assert wa == wb == expected, (sl, ne, width, edit, wa, wb)
         torch.testing.assert_close(sa, sb)
     _raises_naming("indexer_scores", "n_entries", f("n_entries"))
+
+
+def test_swa_append_flags_out_of_range_not_markers(monkeypatch):
+    """Issue 12: swa_append (and window_step's append) flags an active row's slot < -1 / >= S and position < -1;
+    -1 markers and inactive rows are not errors; the invalid rows write only the scratch row; both backends give
+    the same bits and the same ring."""
+    from megamoe.ops import errors
+
+    cache = _cache(batch=2)
+    rows0 = cache.swa_rows.clone()
+    kv = torch.randn(2, 144).to(torch.bfloat16)
+    f = lambda op_arg: errors.flag("swa_append", op_arg)  # noqa: E731
+    cases = [  # (active, slots, positions, expected)
+        ([1, 1], [0, 2], [3, 17], 0),
+        ([1, 1], [0, -1], [3, 2], 0),                                # slot -1: the "none" marker
+        ([1, 1], [0, 1], [2, -1], 0),                                # position -1: the "none" marker
+        ([1, 0], [0, 99], [3, -9], 0),                               # inactive rows are never checked
+        ([1, 1], [0, 3], [3, 2], f("slots")),
+        ([1, 1], [-5, 1], [3, 2], f("slots")),
+        ([1, 1], [0, 1], [3, -2], f("positions")),
+        ([1, 1], [7, 1], [3, -2], f("slots") | f("positions")),
+    ]
+    for ac, sl, po, expected in cases:
+        active = torch.tensor(ac, dtype=torch.bool)
+        slots, positions = torch.tensor(sl, dtype=torch.int32), torch.tensor(po, dtype=torch.int32)
+
+        def run():
+            rows = rows0.clone()
+            ops.swa_append(rows, 8, kv, slots, positions, active)
+            return rows
+
+        (ra, wa), (rb, wb) = on_both_backends(monkeypatch, run)
+        assert wa == wb == expected, (ac, sl, po, wa, wb)
+        assert torch.equal(ra[:-1].view(torch.int16), rb[:-1].view(torch.int16))   # the scratch row: any writer
+        ok = [a and 0 <= s < 3 and p >= 0 for a, s, p in zip(ac, sl, po)]
+        written = {s * 8 + p % 8: b for b, (s, p, o) in enumerate(zip(sl, po, ok)) if o}
+        for r in range(ra.shape[0] - 1):
+            want = kv[written[r]] if r in written else rows0[r]
+            assert torch.equal(ra[r].view(torch.int16), want.view(torch.int16)), (ac, sl, po, r)
+    _raises_naming("swa_append", "positions", f("positions"))

@@ -171,6 +171,64 @@ def test_layer_eager_forward_raises_on_flag():
         errors.clear_errors("cpu")
 
 
+# ---------------------------------------------------------------------------------------------- RoPE positions
+def _few_bit(*shape, dtype=torch.bfloat16):
+    """k / 8, k in -15..15: every float32 sum (norms, Hadamard) is exact, so the backends agree bit for bit."""
+    return (torch.randint(-15, 16, shape).float() / 8).to(dtype)
+
+
+def _rope_ops(T=4, n=16, rd=32, H=2, D=96, Di=64):
+    """The four RoPE ops on fresh few-bit inputs at tiny shapes: run(positions) -> their outputs (bf16 / f32)."""
+    from megamoe.ops import v4_elementwise as ew
+    from megamoe.reference import v4_numerics as nx
+
+    freqs = nx.rope_frequencies(rd, n, base=10000.0)
+    q, kv, w = _few_bit(T, H * D), _few_bit(T, D), 1 + _few_bit(D, dtype=torch.float32) / 16
+    iq, iw, o = _few_bit(T, H * Di), _few_bit(T, H), _few_bit(T, H, D)
+    pooled = _few_bit(T, Di, dtype=torch.float32)
+
+    def run(op, pos):
+        if op == "q_kv_path":
+            return ew.q_kv_path(q, kv, w, freqs, pos, num_heads=H, eps=0.0)
+        if op == "index_q_path":
+            return ew.index_q_path(iq, iw, freqs, pos, n_heads=H, weight_scale=0.5)
+        if op == "output_path":
+            return (ew.output_path(o, freqs, pos, groups=2),)
+        out = torch.empty(T, Di, dtype=torch.bfloat16)
+        return (ew.post_pool(pooled, w[:Di], freqs, pos, out, shift=-3, eps=0.0, rotate=True),)
+
+    return run
+
+
+@pytest.mark.parametrize("op", ["q_kv_path", "index_q_path", "output_path", "post_pool"])
+def test_rope_positions_out_of_range_rotate_by_zero_and_flagged(monkeypatch, op):
+    """Issue 12: a position outside the RoPE table gives its RoPE dims the rotation 0 (post_pool: clamped row) and
+    flags (op, "positions"); the interpreter kernel and the torch path give the same bits and the same outputs;
+    valid positions (post_pool: a window start below 0 too) flag nothing."""
+    run = _rope_ops()
+    bit = errors.flag(op, "positions")
+    if op == "post_pool":  # row clamp(pos - 3, 0, 15): pos 0..2 and -1 are legitimate (clamped to row 0)
+        cases = [([0, 18, -1, 2], 0), ([0, 19, 2, 3], bit), ([5, 2, 10 ** 6, 3], bit)]
+    else:
+        cases = [([0, 15, 3, 7], 0), ([0, 16, 3, 7], bit), ([0, 1, -1, 2], bit), ([2, -5, 2 ** 40, 0], bit)]
+    for values, expected in cases:
+        for dtype in (torch.int32, torch.int64) if max(values) < 2 ** 31 else (torch.int64,):
+            pos = torch.tensor(values, dtype=dtype)
+            (a, wa), (b, wb) = on_both_backends(monkeypatch, lambda: run(op, pos))
+            assert wa == wb == expected, (op, values, wa, wb)
+            for x, y in zip(a, b):
+                bits = torch.int16 if x.dtype == torch.bfloat16 else torch.int32
+                assert torch.equal(x.view(bits), y.view(bits)), (op, values)
+            if op != "post_pool" and op != "index_q_path":   # the bad tokens' RoPE dims (the last 32) are zeros
+                bad = [t for t, p in enumerate(values) if not 0 <= p < 16]
+                out = a[0] if op == "q_kv_path" else a[0].view(2, 4, -1).transpose(0, 1)
+                assert bool((out[bad][..., -32:] == 0).all())
+                assert op != "q_kv_path" or bool((a[1][bad][..., -32:] == 0).all())
+    errors.error_word("cpu").fill_(bit)
+    with pytest.raises(errors.DeviceIndexError, match=f"{op}: argument 'positions'"):
+        errors.check_errors("cpu")
+
+
 @pytest.mark.cuda
 def test_cuda_guard_graph_replay_equals_eager_and_no_sync():
     """On the GPU: invalid row_index / inv_perm / ids are dropped by every kernel without a host sync, the word is
@@ -322,5 +380,101 @@ def test_cuda_kvcache_kernels_flag_without_sync_and_in_graph():
     # -1 markers only: nothing flagged
     slots.copy_(torch.tensor([0, -1, -1, 1], dtype=torch.int32))
     table.copy_(cache.block_table)
+    graph.replay()
+    assert errors.peek_errors(dev) == 0
+
+
+@pytest.mark.cuda
+def test_cuda_rope_and_swa_append_flag_without_sync_and_in_graph():
+    """Issue 12 on the GPU, V4-Flash shapes: the four RoPE kernels (q/kv, indexer query, output, post-pool) and the
+    window-step kernel's SWA append flag out-of-range positions / slots with no host sync, eagerly and in a graph
+    replay (== eager), with the same bits as the torch path on CPU; the bad tokens' RoPE dims are zeros; valid
+    positions and -1 markers set nothing."""
+    from megamoe.kvcache import ops as kv_ops
+    from megamoe.ops import v4_elementwise as ew
+    from megamoe.reference import v4_numerics as nx
+
+    dev = torch.device("cuda")
+    T, H, D, rd, NI, Di, G, n, W, S = 4, 64, 512, 64, 64, 128, 8, 4096, 128, 4
+    freqs = nx.rope_frequencies(rd, n, base=10000.0).to(dev)
+    q, kv = torch.randn(T, H * D, device=dev).bfloat16(), torch.randn(T, D, device=dev).bfloat16()
+    w = 1 + 0.1 * torch.randn(D, device=dev)
+    iq, iw = torch.randn(T, NI * Di, device=dev).bfloat16(), torch.randn(T, NI, device=dev).bfloat16()
+    o = torch.randn(T, H, D, device=dev).bfloat16()
+    pooled = torch.randn(T, D, device=dev)
+    pp_out = torch.empty(T, D, dtype=torch.bfloat16, device=dev)
+    swa = torch.zeros(S * W + 1, D, dtype=torch.bfloat16, device=dev)
+    wrows = torch.empty(T, W, dtype=torch.int32, device=dev)
+    pos = torch.tensor([5, n, -1, 7], dtype=torch.int32, device=dev)         # n, -1: outside the table
+    pp_pos = torch.tensor([0, n + 3, 9, 2], dtype=torch.int32, device=dev)   # n + 3 - 3 >= n: past the table
+    slots = torch.tensor([0, -1, S, 2], dtype=torch.int32, device=dev)       # -1: marker; S: error
+    swa_pos = torch.tensor([3, 4, 5, -3], dtype=torch.int32, device=dev)     # -3: error
+    active = torch.ones(T, dtype=torch.bool, device=dev)
+    f = errors.flag
+    expected = f("q_kv_path", "positions") | f("index_q_path", "positions") | f("output_path", "positions") \
+        | f("post_pool", "positions") | f("swa_append", "slots") | f("swa_append", "positions")
+
+    def step(out):
+        qq, kk = ew.q_kv_path(q, kv, w, freqs, pos, num_heads=H, eps=1e-6)
+        xq, xw = ew.index_q_path(iq, iw, freqs, pos, n_heads=NI, weight_scale=0.5)
+        oo = ew.output_path(o, freqs, pos, groups=G)
+        ew.post_pool(pooled, w, freqs, pp_pos, pp_out, shift=-3, eps=1e-6, rotate=False)
+        kv_ops.window_step(swa, W, kv, slots, swa_pos, active, wrows)
+        for dst, src in zip(out, (qq, kk, xq, xw, oo)):
+            dst.copy_(src)
+
+    shapes = [((T, H, D), torch.bfloat16), ((T, D), torch.bfloat16), ((T, NI, Di), torch.bfloat16),
+              ((T, NI), torch.float32), ((G, T, H * D // G), torch.bfloat16)]
+    eager = [torch.empty(s, dtype=d, device=dev) for s, d in shapes]
+    word = errors.error_word(dev)
+    errors.clear_errors(dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step(eager)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert errors.peek_errors(dev) == expected
+    eager += [pp_out.clone(), swa.clone()]
+    for t in (1, 2):                                     # the bad tokens: RoPE dims zeros
+        assert bool((eager[0][t, :, -rd:] == 0).all()) and bool((eager[1][t, -rd:] == 0).all())
+        assert bool((eager[4][:, t].reshape(-1, D)[:, -rd:] == 0).all())
+    # torch path on CPU: the same bits, close outputs (GPU rsqrt / summation order)
+    errors.clear_errors("cpu")
+    cq, ckv = ew.q_kv_path(q.cpu(), kv.cpu(), w.cpu(), freqs.cpu(), pos.cpu(), num_heads=H, eps=1e-6)
+    ew.index_q_path(iq.cpu(), iw.cpu(), freqs.cpu(), pos.cpu(), n_heads=NI, weight_scale=0.5)
+    co = ew.output_path(o.cpu(), freqs.cpu(), pos.cpu(), groups=G)
+    cpp = ew.post_pool(pooled.cpu(), w.cpu(), freqs.cpu(), pp_pos.cpu(), torch.empty(T, D, dtype=torch.bfloat16),
+                       shift=-3, eps=1e-6, rotate=False)
+    cswa = torch.zeros(S * W + 1, D, dtype=torch.bfloat16)
+    kv_ops.window_step(cswa, W, kv.cpu(), slots.cpu(), swa_pos.cpu(), active.cpu(), torch.empty(T, W, dtype=torch.int32))
+    assert errors.peek_errors("cpu") == expected
+    errors.clear_errors("cpu")
+    for got, want in ((eager[0], cq), (eager[1], ckv), (eager[4], co), (eager[5], cpp)):
+        torch.testing.assert_close(got.cpu().float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert torch.equal(eager[6][:-1].cpu(), cswa[:-1])
+    # graph replay == eager, the word set inside the replay
+    out = [torch.empty_like(t) for t in eager[:5]]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(out)
+    errors.clear_errors(dev)
+    swa.zero_()
+    graph.replay()
+    for a, b in zip(out + [pp_out, swa], eager):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    with pytest.raises(errors.DeviceIndexError, match="q_kv_path: argument 'positions'"):
+        errors.check_errors(dev)
+    assert int(word) == 0
+    # valid positions, -1 markers only: nothing flagged
+    pos.copy_(torch.tensor([5, n - 1, 0, 7], dtype=torch.int32))
+    pp_pos.copy_(torch.tensor([0, n + 2, 9, 2], dtype=torch.int32))   # n + 2 - 3: row n - 1, the last
+    slots.copy_(torch.tensor([0, -1, -1, 2], dtype=torch.int32))
+    swa_pos.copy_(torch.tensor([3, -1, 5, 6], dtype=torch.int32))
     graph.replay()
     assert errors.peek_errors(dev) == 0

@@ -5,20 +5,27 @@ The PyTorch formulas (``megamoe.reference.v4_numerics``: ``hc_mixes``, ``hc_spli
 
 * :func:`launch_hc_split_sinkhorn`: the sigmoid pre/post weights and the Sinkhorn comb from given mixes (one
   program per ``ROWS`` tokens; the (hc, hc) matrices stay in registers).
-* :func:`launch_hc_pre`: two launches. ``_hc_mix_partial_kernel`` (grid ``(cdiv(T, BT), S)``) splits the
-  ``hc * dim`` reduction into ``S`` chunks so that the float32 ``hc_fn`` (1.5 MB at V4-Flash) is streamed by
-  many CTAs even at T = 1: each program writes its tokens' partial dots with the ``M`` rows of ``hc_fn`` and the
-  partial sum of squares into a float32 workspace ``(S, T, MP)`` (column ``M`` = sum of squares).
-  ``_hc_pre_finish_kernel`` (one program per token) adds the ``S`` partials in a fixed order (deterministic),
-  applies ``rsqrt(mean + eps)``, runs the Sinkhorn (``HEAD``: the head's ``sigmoid(mix * scale + base) + eps``
-  instead), forms ``y = sum_k pre_k x_k`` in float32, rounds it to bf16 and, with a norm weight, applies the
-  RMSNorm of that bf16 ``y`` (float32, rounded to bf16) - the official rounding points of ``Block.hc_pre`` +
-  ``attn_norm`` / ``ffn_norm`` and of ``ParallelHead.hc_head`` + ``norm``.
+* :func:`launch_hc_pre`: two launches. ``_hc_mix_partial_kernel`` (grid ``(cdiv(T, BT), S)``, :func:`mix_plan`)
+  splits the ``hc * dim`` reduction by hidden position: program ``s`` takes positions ``[s * CH, (s + 1) * CH)`` of
+  all ``hc`` copies, so the float32 ``hc_fn`` (1.5 MB at V4-Flash) is streamed by ~128-264 CTAs even at T = 1;
+  it writes its tokens' partial dots with the ``M`` rows of ``hc_fn`` and the partial sum of squares into a
+  float32 workspace ``(S, T, MP)`` (column ``M`` = sum of squares). Up to 4 tokens it multiplies and sums
+  directly (no ``tl.dot``, whose 16-row minimum wasted 15/16 of the T = 1 work), above that ``tl.dot``.
+  ``_hc_pre_finish_kernel`` (one program per token) loads the token's ``x`` first, sums the S partials (one
+  fixed-order reduction), applies ``rsqrt(mean + eps)``, forms ``y = sum_k pre_k x_k`` in float32, rounds it to
+  bf16 and, with a norm weight, applies the RMSNorm of that bf16 ``y`` (float32, rounded to bf16) - the official
+  rounding points of ``Block.hc_pre`` + ``attn_norm`` / ``ffn_norm`` and of ``ParallelHead.hc_head`` + ``norm`` -
+  then the Sinkhorn (``HEAD``: the head's ``sigmoid(mix * scale + base) + eps`` instead) on scalars: every
+  thread holds the (hc, hc) matrix, the 20 iterations need no shuffle or barrier.
+* :func:`launch_hc_post_pre`: ``hc_post`` fused with the next ``hc_pre`` / ``hc_head``: the partial kernel
+  (``POST``) computes the new residual stream of its slice (``hc_post``'s arithmetic, stored), then the partial
+  dots of those bf16 values; then the finish kernel. Two launches instead of three, and the same partial kernel
+  with the same split as :func:`launch_hc_pre`: bit for bit ``launch_hc_post`` then ``launch_hc_pre``.
 * :func:`launch_hc_post`: ``out[k] = bf16(post_k * y + sum_j comb[j, k] * residual[j])``, grid
   ``(T, cdiv(dim, BLOCK_D))``.
 
-Numerics (launches pass ``enable_fp_fusion=False``: no FMA contraction in the finish / post kernels, each product
-is rounded as in the reference). What is not bit-for-bit the reference's:
+Numerics (launches pass ``enable_fp_fusion=False``: no FMA contraction in the partial / finish / post kernels,
+each product is rounded as in the reference; ``tl.dot`` above 4 tokens uses FMAs, as before). What is not bit-for-bit the reference's:
 
 * the mixes GEMV and the sums of squares are float32 sums in another order than cuBLAS / PyTorch's reductions
   (``hc_fn`` dot products of 16384 terms; ``tl.dot`` with ``input_precision="ieee"``, plain float32 FMAs): the
@@ -26,6 +33,12 @@ is rounded as in the reference). What is not bit-for-bit the reference's:
   (absolute; they are O(1)), and a bf16 output that depends on them moves by one bf16 ulp only where its float32
   value sits within that distance of a rounding boundary (measured: a few 1e-4 of the elements);
 * the RMSNorm's sum of squares has another order than PyTorch's mean (a few float32 ulps of the factor);
+* the Sinkhorn's 4-term row / column sums are sequential (index order) and ``/`` is the platform's float32 division
+  (``div.full.f32`` on the GPU, ~2 ulps), within the same ~1e-6 of pre / post / comb;
+* the partials' order (version 2, this file): per hidden slice of ``CH`` positions, inner steps of ``BDI`` positions
+  x ``hc`` copies summed in step order (``tl.dot`` / a product-and-sum tree inside a step), then the S slices in
+  the finish's reduction tree; version 1 split ``hc * dim`` into contiguous column chunks. A function of
+  (T, dim) only: deterministic, and the fused / unfused paths use the same order;
 * ``rsqrt`` is the platform's (``1 / sqrt`` in the interpreter, ``rsqrt.approx.ftz.f32`` on the GPU, as
   PyTorch's CUDA ``rsqrtf``).
 
@@ -51,12 +64,14 @@ ROWS = 16
 #: Mixes-partial kernel (:func:`mix_plan`): target number of programs (about 2 per H100 SM); up to MIX_SMALL_T
 #: tokens a broadcast product of MIX_SMALL_COLS hidden positions x tokens per step (no ``tl.dot``, whose 16-row
 #: minimum wastes 15/16 of the work at T = 1), above it ``tl.dot`` steps of MIX_DOT_BDI hidden positions
-#: (hc * MIX_DOT_BDI = 64 columns); warps for 16 tokens per program, twice that for 32.
+#: (hc * MIX_DOT_BDI = 64 columns); MIX_WARPS for the broadcast product, MIX_DOT_WARPS for 16 tokens per program,
+#: twice that for 32 (the FMA ``tl.dot`` with the fused hc_post tiles: 128 registers, 255 with 4 warps).
 MIX_TARGET_PROGRAMS = 264
 MIX_SMALL_T = 4
 MIX_SMALL_COLS = 32
 MIX_DOT_BDI = 16
 MIX_WARPS = 4
+MIX_DOT_WARPS = 8
 #: Finish kernel (one token per program): warps up to a 4096 hidden dim (16 lanes per thread), twice that above.
 FINISH_WARPS = 8
 POST_BLOCK_D = 512
@@ -145,7 +160,7 @@ def mix_plan(T: int, D: int) -> tuple[int, bool, int, int, int, int]:
         dot, bdi, warps = False, MIX_SMALL_COLS // bt, MIX_WARPS
     else:
         bt = 16 if T <= 64 else 32
-        dot, bdi, warps = True, MIX_DOT_BDI, MIX_WARPS if bt <= 16 else 2 * MIX_WARPS
+        dot, bdi, warps = True, MIX_DOT_BDI, MIX_DOT_WARPS if bt <= 16 else 2 * MIX_DOT_WARPS
     blocks = triton.cdiv(T, bt)
     splits = max(1, MIX_TARGET_PROGRAMS // blocks)
     ch = max(bdi, triton.next_power_of_2(triton.cdiv(D, splits)))

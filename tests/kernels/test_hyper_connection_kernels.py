@@ -235,7 +235,7 @@ def test_hc_post_pre_non_finite_confined_to_token(device):
 
 def test_mix_plan_shapes():
     """T = 1 decode: the broadcast product, one 32-position slice per program, 128 programs at V4-Flash."""
-    assert mix_plan(1, 4096) == (1, False, 32, 32, 128, 4)
+    assert mix_plan(1, 4096) == (1, False, 32, 32, 128, 4)  # BT, DOT, BDI, CH, S, warps
     bt, dot, bdi, ch, S, _ = mix_plan(64, 4096)
     assert dot and bt == 16 and ch % bdi == 0 and S * ch >= 4096
     for T in (1, 2, 3, 4, 5, 17, 64, 129, 4096):

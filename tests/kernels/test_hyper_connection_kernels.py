@@ -96,7 +96,8 @@ def test_hc_pre_fused_norm_matches_reference(device, T, D):
     torch.testing.assert_close(comb.cpu(), rcomb, rtol=0, atol=MIX_ATOL)
     assert_bf16_close(y, rn, **CHAIN)
     plain = hc_ops.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS)[0]
-    assert_bf16_close(plain, ry)
+    # pre from mixes summed in another order: a cancelling sum may move 2+ ulps of its small value (seed 21)
+    assert_mix_close(plain, ry, x)
     assert_bf16_close(y, nx.rms_norm(plain.cpu(), w.cpu(), EPS))
     if T:  # a wrong rounding point (norm of the float32 y, or no norm) fails against these
         assert not torch.equal(y.cpu(), ry)

@@ -5,20 +5,27 @@ The PyTorch formulas (``megamoe.reference.v4_numerics``: ``hc_mixes``, ``hc_spli
 
 * :func:`launch_hc_split_sinkhorn`: the sigmoid pre/post weights and the Sinkhorn comb from given mixes (one
   program per ``ROWS`` tokens; the (hc, hc) matrices stay in registers).
-* :func:`launch_hc_pre`: two launches. ``_hc_mix_partial_kernel`` (grid ``(cdiv(T, BT), S)``) splits the
-  ``hc * dim`` reduction into ``S`` chunks so that the float32 ``hc_fn`` (1.5 MB at V4-Flash) is streamed by
-  many CTAs even at T = 1: each program writes its tokens' partial dots with the ``M`` rows of ``hc_fn`` and the
-  partial sum of squares into a float32 workspace ``(S, T, MP)`` (column ``M`` = sum of squares).
-  ``_hc_pre_finish_kernel`` (one program per token) adds the ``S`` partials in a fixed order (deterministic),
-  applies ``rsqrt(mean + eps)``, runs the Sinkhorn (``HEAD``: the head's ``sigmoid(mix * scale + base) + eps``
-  instead), forms ``y = sum_k pre_k x_k`` in float32, rounds it to bf16 and, with a norm weight, applies the
-  RMSNorm of that bf16 ``y`` (float32, rounded to bf16) - the official rounding points of ``Block.hc_pre`` +
-  ``attn_norm`` / ``ffn_norm`` and of ``ParallelHead.hc_head`` + ``norm``.
+* :func:`launch_hc_pre`: two launches. ``_hc_mix_partial_kernel`` (grid ``(cdiv(T, BT), S)``, :func:`mix_plan`)
+  splits the ``hc * dim`` reduction by hidden position: program ``s`` takes positions ``[s * CH, (s + 1) * CH)`` of
+  all ``hc`` copies, so the float32 ``hc_fn`` (1.5 MB at V4-Flash) is streamed by ~128-264 CTAs even at T = 1;
+  it writes its tokens' partial dots with the ``M`` rows of ``hc_fn`` and the partial sum of squares into a
+  float32 workspace ``(S, T, MP)`` (column ``M`` = sum of squares). Up to 4 tokens it multiplies and sums
+  directly (no ``tl.dot``, whose 16-row minimum wasted 15/16 of the T = 1 work), above that ``tl.dot``.
+  ``_hc_pre_finish_kernel`` (one program per token) loads the token's ``x`` first, sums the S partials (one
+  fixed-order reduction), applies ``rsqrt(mean + eps)``, forms ``y = sum_k pre_k x_k`` in float32, rounds it to
+  bf16 and, with a norm weight, applies the RMSNorm of that bf16 ``y`` (float32, rounded to bf16) - the official
+  rounding points of ``Block.hc_pre`` + ``attn_norm`` / ``ffn_norm`` and of ``ParallelHead.hc_head`` + ``norm`` -
+  then the Sinkhorn (``HEAD``: the head's ``sigmoid(mix * scale + base) + eps`` instead) on scalars: every
+  thread holds the (hc, hc) matrix, the 20 iterations need no shuffle or barrier.
+* :func:`launch_hc_post_pre`: ``hc_post`` fused with the next ``hc_pre`` / ``hc_head``: the partial kernel
+  (``POST``) computes the new residual stream of its slice (``hc_post``'s arithmetic, stored), then the partial
+  dots of those bf16 values; then the finish kernel. Two launches instead of three, and the same partial kernel
+  with the same split as :func:`launch_hc_pre`: bit for bit ``launch_hc_post`` then ``launch_hc_pre``.
 * :func:`launch_hc_post`: ``out[k] = bf16(post_k * y + sum_j comb[j, k] * residual[j])``, grid
   ``(T, cdiv(dim, BLOCK_D))``.
 
-Numerics (launches pass ``enable_fp_fusion=False``: no FMA contraction in the finish / post kernels, each product
-is rounded as in the reference). What is not bit-for-bit the reference's:
+Numerics (launches pass ``enable_fp_fusion=False``: no FMA contraction in the partial / finish / post kernels,
+each product is rounded as in the reference; ``tl.dot`` above 4 tokens uses FMAs, as before). What is not bit-for-bit the reference's:
 
 * the mixes GEMV and the sums of squares are float32 sums in another order than cuBLAS / PyTorch's reductions
   (``hc_fn`` dot products of 16384 terms; ``tl.dot`` with ``input_precision="ieee"``, plain float32 FMAs): the
@@ -26,6 +33,12 @@ is rounded as in the reference). What is not bit-for-bit the reference's:
   (absolute; they are O(1)), and a bf16 output that depends on them moves by one bf16 ulp only where its float32
   value sits within that distance of a rounding boundary (measured: a few 1e-4 of the elements);
 * the RMSNorm's sum of squares has another order than PyTorch's mean (a few float32 ulps of the factor);
+* the Sinkhorn's 4-term row / column sums are sequential (index order) and ``/`` is the platform's float32 division
+  (``div.full.f32`` on the GPU, ~2 ulps), within the same ~1e-6 of pre / post / comb;
+* the partials' order (version 2, this file): per hidden slice of ``CH`` positions, inner steps of ``BDI`` positions
+  x ``hc`` copies summed in step order (``tl.dot`` / a product-and-sum tree inside a step), then the S slices in
+  the finish's reduction tree; version 1 split ``hc * dim`` into contiguous column chunks. A function of
+  (T, dim) only: deterministic, and the fused / unfused paths use the same order;
 * ``rsqrt`` is the platform's (``1 / sqrt`` in the interpreter, ``rsqrt.approx.ftz.f32`` on the GPU, as
   PyTorch's CUDA ``rsqrtf``).
 
@@ -48,45 +61,39 @@ from .v4_elementwise import _bf16_bits, _bf16_round, _load_bf16
 
 #: Tokens per program of the standalone Sinkhorn kernel.
 ROWS = 16
-#: GEMV partial kernel: K elements per inner step; target number of programs (about 2 per H100 SM); smallest
-#: chunk of the hc * dim reduction per program.
-MIX_BLOCK_K = 64
+#: Mixes-partial kernel (:func:`mix_plan`): target number of programs (about 2 per H100 SM); up to MIX_SMALL_T
+#: tokens a broadcast product of MIX_SMALL_COLS hidden positions x tokens per step (no ``tl.dot``, whose 16-row
+#: minimum wastes 15/16 of the work at T = 1), above it ``tl.dot`` steps of MIX_DOT_BDI hidden positions
+#: (hc * MIX_DOT_BDI = 64 columns); MIX_WARPS for the broadcast product, MIX_DOT_WARPS for 16 tokens per program,
+#: twice that for 32 (the FMA ``tl.dot`` with the fused hc_post tiles: 128 registers, 255 with 4 warps).
 MIX_TARGET_PROGRAMS = 264
-MIX_MIN_CHUNK = 128
-#: Warps of the GEMV partial kernel for 16 tokens per program; 8 for more (keeps registers < 255).
+MIX_SMALL_T = 4
+MIX_SMALL_COLS = 32
+MIX_DOT_BDI = 16
 MIX_WARPS = 4
-#: Finish kernel (one token per program) and hc_post kernel. The partials are loaded as (FINISH_MIN_S, ...)
-#: tiles at least: with fewer rows the compiler spreads the reduced (hc, hc) comb over warps, and every Sinkhorn
-#: normalisation becomes a shared-memory round trip (73 instead of 16 barriers in the PTX).
+MIX_DOT_WARPS = 8
+#: Finish kernel (one token per program): warps up to a 4096 hidden dim (16 lanes per thread), twice that above.
 FINISH_WARPS = 8
-FINISH_MIN_S = 64
 POST_BLOCK_D = 512
 POST_WARPS = 4
 
-#: Compile options of the finish / post launches: no FMA contraction (the reference rounds each product).
+#: Compile options of the partial / finish / post launches: no FMA contraction (the reference rounds each product).
 _EXACT = dict(enable_fp_fusion=False)
 
 
-def mix_tokens_per_program(T: int) -> int:
-    """Tokens per program of the GEMV partial kernel (``tl.dot`` needs >= 16 rows; more rows, fewer re-reads
-    of ``hc_fn`` from L2 at large T)."""
-    return 16 if T <= 32 else 32 if T <= 128 else 64
+def finish_warps(D: int) -> int:
+    return FINISH_WARPS if triton.next_power_of_2(D) <= 4096 else 2 * FINISH_WARPS
 
 
-def mix_warps(T: int) -> int:
-    return MIX_WARPS if mix_tokens_per_program(T) <= 16 else 2 * MIX_WARPS
+def finish_hoist(D: int) -> bool:
+    """Load x before the partial sums when its lanes fit the registers (<= 8 per thread and copy; the 16-warp
+    launch above D = 4096 is capped at 128 registers)."""
+    return triton.next_power_of_2(D) <= 4096
 
 
-def finish_s_p2(S: int) -> int:
-    return max(FINISH_MIN_S, triton.next_power_of_2(S))
-
-
-def mix_chunk(T: int, K: int) -> int:
-    """Elements of the ``K = hc * dim`` reduction per program: a power of two >= ``MIX_MIN_CHUNK`` giving about
-    ``MIX_TARGET_PROGRAMS`` programs in all."""
-    blocks = triton.cdiv(T, mix_tokens_per_program(T))
-    splits = max(1, MIX_TARGET_PROGRAMS // blocks)
-    return max(MIX_MIN_CHUNK, triton.next_power_of_2(triton.cdiv(K, splits)))
+def mix_mp(M: int) -> int:
+    """Workspace row length: the M mixes and the sum of squares, padded to a power of two >= 16."""
+    return max(16, triton.next_power_of_2(M + 1))
 
 
 # ------------------------------------------------------------------------------------------------ Sinkhorn
@@ -141,73 +148,229 @@ def launch_hc_split_sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_bas
 
 
 # ------------------------------------------------------------------------------------------------ hc_pre / hc_head
-@triton.jit
-def _hc_mix_partial_kernel(x_ptr, fn_ptr, ws_ptr, T, K, M: tl.constexpr, MP: tl.constexpr, BT: tl.constexpr,
-                           CHUNK: tl.constexpr, BK: tl.constexpr):
-    """ws[s, t, :M] = x[t, chunk s] . fn[:, chunk s] (float32), ws[s, t, M] = sum over chunk s of x[t]^2.
+def mix_plan(T: int, D: int) -> tuple[int, bool, int, int, int, int]:
+    """(BT, DOT, BDI, CH, S, warps) of the mixes-partial kernel for T tokens of hidden size D (host shapes only).
 
-    x: (T, K) bf16 bits (int16), fn: (M, K) float32, ws: (S, T, MP) float32 with S = cdiv(K, CHUNK).
+    BT tokens per program (``tl.dot`` needs >= 16 rows; up to 4 tokens a broadcast product instead), BDI hidden
+    positions per inner step (times ``hc`` copies: ``hc * BDI`` columns of the ``hc * D`` reduction), CH hidden
+    positions per program (a multiple of BDI giving about ``MIX_TARGET_PROGRAMS`` programs), S = cdiv(D, CH)
+    partials per token."""
+    if T <= MIX_SMALL_T:
+        bt = triton.next_power_of_2(max(T, 1))
+        dot, bdi, warps = False, MIX_SMALL_COLS // bt, MIX_WARPS
+    else:
+        bt = 16 if T <= 64 else 32
+        dot, bdi, warps = True, MIX_DOT_BDI, MIX_DOT_WARPS if bt <= 16 else 2 * MIX_DOT_WARPS
+    blocks = triton.cdiv(T, bt)
+    splits = max(1, MIX_TARGET_PROGRAMS // blocks)
+    ch = max(bdi, triton.next_power_of_2(triton.cdiv(D, splits)))
+    return bt, dot, bdi, ch, triton.cdiv(D, ch), warps
+
+
+@triton.jit
+def _hc_mix_partial_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, x_ptr, fn_ptr, ws_ptr, T, D,
+                           HC: tl.constexpr, M: tl.constexpr, MP: tl.constexpr, BT: tl.constexpr, CH: tl.constexpr,
+                           BDI: tl.constexpr, POST: tl.constexpr, DOT: tl.constexpr):
+    """Program (pid_t, s): tokens [pid_t * BT, + BT), hidden positions d in [s * CH, (s + 1) * CH) of all HC copies.
+
+    POST: h[t, k, d] = bf16(post[t, k] * y[t, d] + sum_j comb[t, j, k] * res[t, j, d]) (``_hc_post_kernel``'s
+    order) is stored to ``out`` (T, HC, D) and is the ``x`` of the partials; else x is read from ``x_ptr``.
+    ws[s, t, :M] = sum over the slice of x[t, k, d] * fn[:, k * D + d], ws[s, t, M] = sum of x[t, k, d]^2 (float32,
+    inner steps of BDI positions in order). x / y / res / out: bf16 bits (int16); fn (M, HC * D) float32.
     """
     pid_t = tl.program_id(0)
     s = tl.program_id(1)
+    KC: tl.constexpr = HC * BDI
+    K = HC * D
     rows = pid_t * BT + tl.arange(0, BT)
     rmask = rows < T
+    rows64 = rows.to(tl.int64)
+    c = tl.arange(0, KC)
+    ck = c // BDI  # copy k of column c; its hidden position is d0 + c % BDI
+    cd = c % BDI
     m = tl.arange(0, MP)
     mmask = m < M
-    rows64 = rows.to(tl.int64)
+    if POST:
+        pc = tl.load(post_ptr + rows64[:, None] * HC + ck[None, :], mask=rmask[:, None], other=0.0)
+        combs = ()  # combs[j][t, c] = comb[t, j, k(c)]
+        for j in tl.static_range(HC):
+            combs = combs + (tl.load(comb_ptr + rows64[:, None] * (HC * HC) + j * HC + ck[None, :],
+                                     mask=rmask[:, None], other=0.0),)
     acc = tl.zeros((BT, MP), dtype=tl.float32)
     sq = tl.zeros((BT,), dtype=tl.float32)
-    for kk in range(0, CHUNK, BK):
-        cols = s * CHUNK + kk + tl.arange(0, BK)
-        cmask = cols < K
-        xv = _load_bf16(x_ptr + rows64[:, None] * K + cols[None, :], rmask[:, None] & cmask[None, :])
-        w = tl.load(fn_ptr + m[:, None] * K + cols[None, :], mask=mmask[:, None] & cmask[None, :], other=0.0)
-        acc = tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
+    for dd in range(0, CH, BDI):
+        d = s * CH + dd + cd
+        dmask = d < D
+        mask = rmask[:, None] & dmask[None, :]
+        col = ck * D + d
+        w = tl.load(fn_ptr + m[:, None] * K + col[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
+        if POST:
+            res_row = res_ptr + rows64[:, None] * K + d[None, :]
+            mixed = combs[0] * _load_bf16(res_row, mask)
+            for j in tl.static_range(1, HC):
+                mixed = mixed + combs[j] * _load_bf16(res_row + j * D, mask)
+            hv = pc * _load_bf16(y_ptr + rows64[:, None] * D + d[None, :], mask) + mixed
+            hb = _bf16_bits(hv)
+            tl.store(out_ptr + rows64[:, None] * K + col[None, :], hb.to(tl.int16), mask=mask)
+            xv = tl.where(mask, (hb << 16).to(tl.float32, bitcast=True), 0.0)
+        else:
+            xv = _load_bf16(x_ptr + rows64[:, None] * K + col[None, :], mask)
+        if DOT:
+            acc = tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc += tl.sum(xv[:, None, :] * w[None, :, :], axis=2)
         sq += tl.sum(xv * xv, axis=1)
     out = tl.where(m[None, :] == M, sq[:, None], acc)
     tl.store(ws_ptr + (s * T + rows64[:, None]) * MP + m[None, :], out, mask=rmask[:, None] & (m[None, :] <= M))
 
 
 @triton.jit
+def _sinkhorn_scalars(comb, eps, HC: tl.constexpr, ITERS: tl.constexpr):
+    """The Sinkhorn of ``hc_split_sinkhorn`` on HC * HC float32 scalars (a row-major tuple, already ``mix * scale +
+    base``): softmax over k, + eps, then column / row normalisations. Scalars: every thread holds the whole
+    matrix, no shuffles or shared memory. Row / column sums are sequential in index order."""
+    c = ()
+    for j in tl.static_range(HC):
+        mx = comb[j * HC]
+        for k in tl.static_range(1, HC):
+            mx = tl.maximum(mx, comb[j * HC + k])
+        e = ()
+        for k in tl.static_range(HC):
+            e = e + (tl.exp(comb[j * HC + k] - mx),)
+        tot = e[0]
+        for k in tl.static_range(1, HC):
+            tot = tot + e[k]
+        for k in tl.static_range(HC):
+            c = c + (e[k] / tot + eps,)
+    c = _normalize_columns(c, eps, HC)
+    for _ in tl.static_range(ITERS - 1):
+        c = _normalize_rows(c, eps, HC)
+        c = _normalize_columns(c, eps, HC)
+    return c
+
+
+@triton.jit
+def _normalize_rows(c, eps, HC: tl.constexpr):
+    out = ()
+    for j in tl.static_range(HC):
+        tot = c[j * HC]
+        for k in tl.static_range(1, HC):
+            tot = tot + c[j * HC + k]
+        tot = tot + eps
+        for k in tl.static_range(HC):
+            out = out + (c[j * HC + k] / tot,)
+    return out
+
+
+@triton.jit
+def _normalize_columns(c, eps, HC: tl.constexpr):
+    tots = ()
+    for k in tl.static_range(HC):
+        tot = c[k]
+        for j in tl.static_range(1, HC):
+            tot = tot + c[j * HC + k]
+        tots = tots + (tot + eps,)
+    out = ()
+    for j in tl.static_range(HC):
+        for k in tl.static_range(HC):
+            out = out + (c[j * HC + k] / tots[k],)
+    return out
+
+
+@triton.jit
 def _hc_pre_finish_kernel(ws_ptr, x_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, pre_ptr, post_ptr, comb_ptr,
                           T, S, D, hc_eps, norm_eps, rms_eps, HC: tl.constexpr, ITERS: tl.constexpr,
-                          M: tl.constexpr, MP: tl.constexpr, S_P2: tl.constexpr, BLOCK_D: tl.constexpr,
-                          HEAD: tl.constexpr, HAS_NORM: tl.constexpr):
-    """One token: reduce the S partials in order, weights (Sinkhorn or head sigmoid), y, optional RMSNorm."""
+                          M: tl.constexpr, S_P2: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
+                          HAS_NORM: tl.constexpr, MP: tl.constexpr, HOIST: tl.constexpr):
+    """One token: (HOIST) its x rows and norm weight loaded first; the (S, MP) partials summed over s, the M + 1
+    columns as scalars; pre (then y and the optional RMSNorm), then the Sinkhorn (or the head's sigmoid) on
+    scalars: every thread holds them all, no shuffles or shared memory in the 20 iterations."""
     t = tl.program_id(0).to(tl.int64)
     K = HC * D
-    sp = tl.arange(0, S_P2)
-    smask = sp < S
-    ws_row = ws_ptr + (sp.to(tl.int64) * T + t) * MP  # (S_P2,) pointers to this token's partials
-    h = tl.arange(0, HC)
-    sumsq = tl.sum(tl.load(ws_row + M, mask=smask, other=0.0), axis=0)
-    rs = tl.math.rsqrt(tl.div_rn(sumsq, K * 1.0) + norm_eps)
-    m_pre = tl.sum(tl.load(ws_row[:, None] + h[None, :], mask=smask[:, None], other=0.0), axis=0)[None, :] * rs
-    if HEAD:
-        pre = tl.sigmoid(m_pre * tl.load(scale_ptr) + tl.load(base_ptr + h)[None, :]) + hc_eps
-    else:
-        m_post = tl.sum(tl.load(ws_row[:, None] + HC + h[None, :], mask=smask[:, None], other=0.0),
-                        axis=0)[None, :] * rs
-        jk = h[:, None] * HC + h[None, :]
-        m_comb = tl.sum(tl.load(ws_row[:, None, None] + 2 * HC + jk[None, :, :], mask=smask[:, None, None],
-                                other=0.0), axis=0)[None, :, :] * rs
-        pre, post, comb = _sinkhorn(m_pre, m_post, m_comb, tl.load(scale_ptr), tl.load(scale_ptr + 1),
-                                    tl.load(scale_ptr + 2), base_ptr, hc_eps, HC, ITERS)
-        tl.store(post_ptr + t * HC + h[None, :], post)
-        tl.store(comb_ptr + t * (HC * HC) + jk[None, :, :], comb)
-    tl.store(pre_ptr + t * HC + h[None, :], pre)
-    # y = sum_k pre_k * x_k: products rounded, summed in k order (no FMA: enable_fp_fusion=False)
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
     x_row = x_ptr + t * K
-    y = tl.sum(tl.where(h[None, :] == 0, pre, 0.0)) * _load_bf16(x_row + d, dmask)
+    xs = ()
+    if HOIST:  # the token's loads first, their latency overlaps the partial sums (registers permitting)
+        for k in tl.static_range(HC):
+            xs = xs + (_load_bf16(x_row + k * D + d, dmask),)
+    if HAS_NORM:
+        wv = tl.load(w_ptr + d, mask=dmask, other=0.0)
+    sp = tl.arange(0, S_P2)
+    m = tl.arange(0, MP)
+    ws_row = ws_ptr + (sp.to(tl.int64) * T + t) * MP  # (S_P2,) pointers to this token's partials
+    # one (S_P2, MP) reduction over s (a fixed tree order), then the M + 1 columns as scalars (column M: the sum
+    # of squares); the extraction reduces along MP only (within warps: no barrier per column)
+    tot = tl.sum(tl.load(ws_row[:, None] + m[None, :], mask=(sp < S)[:, None] & (m <= M)[None, :], other=0.0), axis=0)
+    mix = ()
+    for i in tl.static_range(M + 1):
+        mix = mix + (tl.sum(tl.where(m == i, tot, 0.0), axis=0),)
+    rs = tl.math.rsqrt(tl.div_rn(mix[M], K * 1.0) + norm_eps)
+    s0 = tl.load(scale_ptr)
+    pre = ()
+    for k in tl.static_range(HC):
+        pre = pre + (tl.sigmoid(mix[k] * rs * s0 + tl.load(base_ptr + k)) + hc_eps,)
+    if not HOIST:
+        for k in tl.static_range(HC):
+            xs = xs + (_load_bf16(x_row + k * D + d, dmask),)
+    # y = sum_k pre_k * x_k: products rounded, summed in k order (no FMA: enable_fp_fusion=False)
+    y = pre[0] * xs[0]
     for k in tl.static_range(1, HC):
-        y = y + tl.sum(tl.where(h[None, :] == k, pre, 0.0)) * _load_bf16(x_row + k * D + d, dmask)
+        y = y + pre[k] * xs[k]
     if HAS_NORM:
         yb = _bf16_round(y)
         r = tl.math.rsqrt(tl.div_rn(tl.sum(yb * yb, axis=0), D * 1.0) + rms_eps)
-        y = tl.load(w_ptr + d, mask=dmask, other=0.0) * (yb * r)
+        y = wv * (yb * r)
     tl.store(out_ptr + t * D + d, _bf16_bits(y).to(tl.int16), mask=dmask)
+    for k in tl.static_range(HC):
+        tl.store(pre_ptr + t * HC + k, pre[k])
+    if not HEAD:
+        s1 = tl.load(scale_ptr + 1)
+        s2 = tl.load(scale_ptr + 2)
+        for k in tl.static_range(HC):
+            tl.store(post_ptr + t * HC + k, 2.0 * tl.sigmoid(mix[HC + k] * rs * s1 + tl.load(base_ptr + HC + k)))
+        cm = ()
+        for i in tl.static_range(HC * HC):
+            cm = cm + (mix[2 * HC + i] * rs * s2 + tl.load(base_ptr + 2 * HC + i),)
+        comb = _sinkhorn_scalars(cm, hc_eps, HC, ITERS)
+        for i in tl.static_range(HC * HC):
+            tl.store(comb_ptr + t * (HC * HC) + i, comb[i])
+
+
+def _launch_mix_and_finish(x, hc_fn, hc_scale, hc_base, norm_weight, post_args, *, iters, hc_eps, norm_eps,
+                           rms_eps, head):
+    """The partial launch (``post_args`` = (y, residual, post, comb) fuses the preceding hc_post: x is its output,
+    allocated here) and the finish launch. -> (x, out, pre, post, comb)."""
+    T, hc, D = x.shape if post_args is None else post_args[1].shape
+    M = hc_fn.shape[0]
+    dev = hc_fn.device
+    if post_args is not None:
+        x = torch.empty((T, hc, D), dtype=torch.bfloat16, device=dev)
+    out = torch.empty((T, D), dtype=torch.bfloat16, device=dev)
+    pre = torch.empty((T, hc), dtype=torch.float32, device=dev)
+    post = None if head else torch.empty((T, hc), dtype=torch.float32, device=dev)
+    comb = None if head else torch.empty((T, hc, hc), dtype=torch.float32, device=dev)
+    if T == 0:
+        return x, out, pre, post, comb
+    MP = mix_mp(M)
+    bt, dot, bdi, ch, S, warps = mix_plan(T, D)
+    ws = torch.empty((S, T, MP), dtype=torch.float32, device=dev)
+    x16 = x.view(torch.int16)
+    if post_args is None:
+        y16, res16, p_in, c_in = x16, x16, hc_fn, hc_fn  # unused (POST=False)
+    else:
+        y16, res16, p_in, c_in = post_args[0].view(torch.int16), post_args[1].view(torch.int16), post_args[2], \
+            post_args[3]
+    _hc_mix_partial_kernel[(triton.cdiv(T, bt), S)](
+        y16, res16, p_in, c_in, x16, x16, hc_fn, ws, T, D, HC=hc, M=M, MP=MP, BT=bt, CH=ch, BDI=bdi,
+        POST=post_args is not None, DOT=dot, num_warps=warps, **_EXACT)
+    has_norm = norm_weight is not None
+    _hc_pre_finish_kernel[(T,)](
+        ws, x16, hc_scale, hc_base, norm_weight if has_norm else hc_base, out.view(torch.int16), pre,
+        pre if head else post, pre if head else comb, T, S, D, hc_eps, norm_eps, rms_eps, HC=hc, ITERS=iters, M=M,
+        S_P2=triton.next_power_of_2(S), BLOCK_D=triton.next_power_of_2(D), HEAD=head, HAS_NORM=has_norm, MP=MP,
+        HOIST=finish_hoist(D), num_warps=finish_warps(D), **_EXACT)
+    return x, out, pre, post, comb
 
 
 def launch_hc_pre(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
@@ -220,30 +383,21 @@ def launch_hc_pre(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, 
     ``bf16(sum_k pre_k x_k)``, then ``rms_norm(out, norm_weight, rms_eps)`` when a weight is given.
     Two launches; the (S, T, MP) float32 workspace is allocated per call.
     """
-    T, hc, D = x.shape
-    M, K = hc_fn.shape
-    dev = x.device
-    out = torch.empty((T, D), dtype=torch.bfloat16, device=dev)
-    pre = torch.empty((T, hc), dtype=torch.float32, device=dev)
-    post = None if head else torch.empty((T, hc), dtype=torch.float32, device=dev)
-    comb = None if head else torch.empty((T, hc, hc), dtype=torch.float32, device=dev)
-    if T == 0:
-        return out, pre, post, comb
-    MP = max(16, triton.next_power_of_2(M + 1))
-    BT = mix_tokens_per_program(T)
-    chunk = mix_chunk(T, K)
-    S = triton.cdiv(K, chunk)
-    ws = torch.empty((S, T, MP), dtype=torch.float32, device=dev)
-    x16 = x.view(torch.int16)
-    _hc_mix_partial_kernel[(triton.cdiv(T, BT), S)](x16, hc_fn, ws, T, K, M=M, MP=MP, BT=BT, CHUNK=chunk,
-                                                   BK=min(MIX_BLOCK_K, chunk), num_warps=mix_warps(T))
-    has_norm = norm_weight is not None
-    _hc_pre_finish_kernel[(T,)](
-        ws, x16, hc_scale, hc_base, norm_weight if has_norm else hc_base, out.view(torch.int16), pre,
-        pre if head else post, pre if head else comb, T, S, D, hc_eps, norm_eps, rms_eps, HC=hc, ITERS=iters, M=M,
-        MP=MP, S_P2=finish_s_p2(S), BLOCK_D=triton.next_power_of_2(D), HEAD=head, HAS_NORM=has_norm,
-        num_warps=FINISH_WARPS, **_EXACT)
-    return out, pre, post, comb
+    return _launch_mix_and_finish(x, hc_fn, hc_scale, hc_base, norm_weight, None, iters=iters, hc_eps=hc_eps,
+                                  norm_eps=norm_eps, rms_eps=rms_eps, head=head)[1:]
+
+
+def launch_hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                       hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+                       norm_weight: torch.Tensor | None, *, iters: int, hc_eps: float, norm_eps: float, rms_eps: float,
+                       head: bool = False):
+    """``hc_post`` followed by the next ``hc_pre`` (or ``hc_head``) in two launches instead of three.
+
+    y (T, D) bf16, residual (T, hc, D) bf16, post (T, hc), comb (T, hc, hc) float32 (all contiguous); the rest as
+    :func:`launch_hc_pre`. -> (h (T, hc, D) bf16 = ``launch_hc_post(y, residual, post, comb)`` bit for bit, then
+    ``launch_hc_pre(h, ...)``'s (out, pre, post, comb), bit for bit)."""
+    return _launch_mix_and_finish(None, hc_fn, hc_scale, hc_base, norm_weight, (y, residual, post, comb),
+                                  iters=iters, hc_eps=hc_eps, norm_eps=norm_eps, rms_eps=rms_eps, head=head)
 
 
 # ------------------------------------------------------------------------------------------------ hc_post
@@ -279,7 +433,8 @@ def launch_hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, 
 
 #: Offline sm_90 compile (tests / SASS inspection): kernel name -> runtime-argument signature.
 _SIGNATURES = {
-    "_hc_mix_partial_kernel": dict(x_ptr="*i16", fn_ptr="*fp32", ws_ptr="*fp32", T="i32", K="i32"),
+    "_hc_mix_partial_kernel": dict(y_ptr="*i16", res_ptr="*i16", post_ptr="*fp32", comb_ptr="*fp32", out_ptr="*i16",
+                                   x_ptr="*i16", fn_ptr="*fp32", ws_ptr="*fp32", T="i32", D="i32"),
     "_hc_pre_finish_kernel": dict(ws_ptr="*fp32", x_ptr="*i16", scale_ptr="*fp32", base_ptr="*fp32", w_ptr="*fp32",
                                   out_ptr="*i16", pre_ptr="*fp32", post_ptr="*fp32", comb_ptr="*fp32", T="i32",
                                   S="i32", D="i32", hc_eps="fp32", norm_eps="fp32", rms_eps="fp32"),
@@ -288,29 +443,28 @@ _SIGNATURES = {
 }
 
 
-def compile_sm90(T: int = 1, dim: int = 4096, hc: int = 4, *, head: bool = False, iters: int = 20):
-    """Compile the three hc kernels for sm_90 without a GPU, as launched for (T, hc, dim) (default: V4-Flash
-    decode at T = 1). Returns {kernel name: ``CompiledKernel``} (``n_regs``, ``n_spills``, ``asm["ptx"]``)."""
+def compile_sm90(T: int = 1, dim: int = 4096, hc: int = 4, *, head: bool = False, iters: int = 20,
+                 post: bool = True):
+    """Compile the hc kernels for sm_90 without a GPU, as launched for (T, hc, dim) (default: V4-Flash decode at
+    T = 1; ``post``: the mixes-partial kernel fused with hc_post, else standalone). Returns {kernel name:
+    ``CompiledKernel``} (``asm["ptx"]``, ``asm["cubin"]``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     M = hc if head else (2 + hc) * hc
-    K = hc * dim
-    chunk = mix_chunk(T, K)
-    S = triton.cdiv(K, chunk)
-    MP = max(16, triton.next_power_of_2(M + 1))
+    bt, dot, bdi, ch, S, warps = mix_plan(T, dim)
+    MP = mix_mp(M)
     consts = {
-        "_hc_mix_partial_kernel": (dict(M=M, MP=MP, BT=mix_tokens_per_program(T), CHUNK=chunk,
-                                        BK=min(MIX_BLOCK_K, chunk)), mix_warps(T), {}),
-        "_hc_pre_finish_kernel": (dict(HC=hc, ITERS=iters, M=M, MP=MP, S_P2=finish_s_p2(S),
-                                       BLOCK_D=triton.next_power_of_2(dim), HEAD=head, HAS_NORM=True),
-                                  FINISH_WARPS, _EXACT),
-        "_hc_post_kernel": (dict(HC=hc, BLOCK_D=min(POST_BLOCK_D, triton.next_power_of_2(dim))), POST_WARPS,
-                            _EXACT),
+        "_hc_mix_partial_kernel": (dict(HC=hc, M=M, MP=MP, BT=bt, CH=ch, BDI=bdi, POST=post, DOT=dot), warps),
+        "_hc_pre_finish_kernel": (dict(HC=hc, ITERS=iters, M=M, S_P2=triton.next_power_of_2(S),
+                                       BLOCK_D=triton.next_power_of_2(dim), HEAD=head, HAS_NORM=True, MP=MP,
+                                       HOIST=finish_hoist(dim)),
+                                  finish_warps(dim)),
+        "_hc_post_kernel": (dict(HC=hc, BLOCK_D=min(POST_BLOCK_D, triton.next_power_of_2(dim))), POST_WARPS),
     }
     out = {}
-    for name, (constexprs, warps, opts) in consts.items():
+    for name, (constexprs, nw) in consts.items():
         sig = dict(_SIGNATURES[name], **{k: "constexpr" for k in constexprs})
         out[name] = triton.compile(ASTSource(globals()[name], signature=sig, constexprs=constexprs),
-                                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, **opts))
+                                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=nw, **_EXACT))
     return out

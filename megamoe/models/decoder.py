@@ -111,27 +111,44 @@ class V4DecoderLayer:
         self.moe.release_reference_weights()  # serving: the kernels' interleaved copies are all it reads
         self._loaded = True
 
+    def hc_args(self, kind: str) -> dict:
+        """The hc_pre of ``kind`` ("attn" / "ffn") with its RMSNorm, as keyword arguments of ``hc_ops.hc_post_pre``
+        (a previous layer fuses this layer's first hc_pre into its last hc_post)."""
+        cfg = self.cfg
+        return dict(hc_fn=getattr(self, f"hc_{kind}_fn"), hc_scale=getattr(self, f"hc_{kind}_scale"),
+                    hc_base=getattr(self, f"hc_{kind}_base"), iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps,
+                    norm_eps=cfg.norm_eps, norm_weight=getattr(self, f"{kind}_norm"))
+
     def _hc(self, kind: str, h: torch.Tensor):
         """hc_pre of ``kind`` fused with its RMSNorm (``attn_norm`` / ``ffn_norm``): -> (normed x, post, comb)."""
-        cfg = self.cfg
-        return hc_ops.hc_pre(h, getattr(self, f"hc_{kind}_fn"), getattr(self, f"hc_{kind}_scale"),
-                             getattr(self, f"hc_{kind}_base"), hc=cfg.hc_mult, iters=cfg.hc_sinkhorn_iters,
-                             hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps, norm_weight=getattr(self, f"{kind}_norm"))
+        a = self.hc_args(kind)
+        return hc_ops.hc_pre(h, a["hc_fn"], a["hc_scale"], a["hc_base"], hc=self.cfg.hc_mult, iters=a["iters"],
+                             hc_eps=a["hc_eps"], norm_eps=a["norm_eps"], norm_weight=a["norm_weight"])
 
     def forward(self, h: torch.Tensor, attend, token_ids: torch.Tensor, timer=None) -> torch.Tensor:
         """h (T, hc, dim) bf16; attend(x (T, dim)) -> (T, dim) runs the attention block (decode or prefill);
         token_ids (T,) int64 (hash routing). ``timer`` (optional) marks "attention" / "moe" phases."""
-        x, post, comb = self._hc("attn", h)
+        return self.forward_fused(h, None, attend, token_ids, None, timer)[0]
+
+    def forward_fused(self, h: torch.Tensor, pre, attend, token_ids: torch.Tensor, next_hc: dict | None,
+                      timer=None):
+        """:meth:`forward` with the hyper-connections chained across layers: ``pre`` is this layer's attn hc_pre
+        result (x, post, comb) when the previous layer computed it (None: computed here from ``h``); ``next_hc``
+        (``hc_args`` of the next layer's "attn", or the head's hc with ``head=True``; None: none) is fused into this
+        layer's last hc_post. -> (h, the next hc_pre's (x, post, comb) or None). Same bits as the unfused chain."""
+        x, post, comb = self._hc("attn", h) if pre is None else pre
         if timer is not None:
             timer("other")
         x = attend(x)
         if timer is not None:
             timer("attention")
-        h = hc_ops.hc_post(x, h, post, comb)
-        x, post, comb = self._hc("ffn", h)
+        h, x, post, comb = hc_ops.hc_post_pre(x, h, post, comb, **self.hc_args("ffn"))
         if timer is not None:
             timer("other")
         y = self.moe.forward(x, token_ids=token_ids) if self.hashed else self.moe.forward(x)
         if timer is not None:
             timer("moe")
-        return hc_ops.hc_post(y, h, post, comb)
+        if next_hc is None:
+            return hc_ops.hc_post(y, h, post, comb), None
+        h, x, post, comb = hc_ops.hc_post_pre(y, h, post, comb, **next_hc)
+        return h, (x, post, comb)

@@ -95,7 +95,27 @@ class V4Model:
         cfg = self.cfg
         x = hc_ops.hc_head(h, self.hc_head_fn, self.hc_head_scale, self.hc_head_base, hc_eps=cfg.hc_eps,
                            norm_eps=cfg.norm_eps, norm_weight=self.norm)  # hc_head + final norm, fused
+        return self._head_logits(x)
+
+    def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
         return (x.to(self.head_dtype) @ self.head.t()).float()
+
+    def _head_hc(self) -> dict:
+        """The head's hc (+ final norm) as keyword arguments of ``hc_ops.hc_post_pre`` (fused into the last
+        layer's hc_post)."""
+        cfg = self.cfg
+        return dict(hc_fn=self.hc_head_fn, hc_scale=self.hc_head_scale, hc_base=self.hc_head_base, iters=1,
+                    hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps, norm_weight=self.norm, head=True)
+
+    def _layers(self, h: torch.Tensor, attend, token_ids: torch.Tensor, timer, head: bool):
+        """The decoder layers with each layer's last hc_post fused with the next layer's first hc_pre (and, with
+        ``head``, the last one's with the head's hc + norm). -> h, or (h, the head's normed x) with ``head``."""
+        pre = None
+        n = len(self.layers)
+        for i, layer in enumerate(self.layers):
+            nxt = self.layers[i + 1].hc_args("attn") if i + 1 < n else (self._head_hc() if head else None)
+            h, pre = layer.forward_fused(h, pre, lambda x, a=layer.attn: attend(a, x), token_ids, nxt, timer)
+        return (h, pre[0]) if head else h
 
     # ------------------------------------------------------------------ host side
     def join(self, slot: int) -> None:
@@ -126,8 +146,7 @@ class V4Model:
             layer.attn.prepare([slot], [0], [T])
         with _one_eager_check(self.device):
             h = self._embed(token_ids)
-            for layer in self.layers:
-                h = layer.forward(h, lambda x, a=layer.attn: a.forward_prefill(slot, x), token_ids, timer)
+            h = self._layers(h, lambda a, x: a.forward_prefill(slot, x), token_ids, timer, head=False)
             self.positions[slot] = T
             return self._logits(h[-1:])[0]
 
@@ -157,9 +176,10 @@ class V4Model:
         one eager error-word check at the end (module docstring; skipped while capturing)."""
         with _one_eager_check(self.device):
             h = self._embed(token_ids)
-            for layer in self.layers:
-                h = layer.forward(h, lambda x, a=layer.attn: a.forward_decode(batch, x), token_ids, timer)
-            return self._logits(h)
+            if not self.layers:
+                return self._logits(h)
+            _, x = self._layers(h, lambda a, x: a.forward_decode(batch, x), token_ids, timer, head=True)
+            return self._head_logits(x)
 
     def capture_decode(self, batch_size: int, *, warmup: int = 1, filtering: bool = False):
         """One CUDA graph of decode + sampling for ``batch_size`` rows.

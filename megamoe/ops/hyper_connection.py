@@ -2,7 +2,8 @@
 
 On CUDA (or the Triton interpreter) the kernels of ``megamoe.kernels.hyper_connection`` run: ``hc_pre`` fused
 with the following RMSNorm (2 launches), ``hc_post`` (1 launch), ``hc_head`` fused with the final norm (2
-launches). Elsewhere the PyTorch formulas of ``megamoe.reference.v4_numerics`` run, unchanged. The kernels'
+launches), ``hc_post_pre``: ``hc_post`` fused with the next ``hc_pre`` / ``hc_head`` (2 launches instead of 3).
+Elsewhere the PyTorch formulas of ``megamoe.reference.v4_numerics`` run, unchanged. The kernels'
 outputs equal the formulas' except where a float32 summation order flips a rounding (the module docstring of
 ``megamoe.kernels.hyper_connection`` states the bound). All ops are sync-free and CUDA-graph capturable; they
 allocate their outputs (and a small float32 workspace) per call.
@@ -105,6 +106,58 @@ def hc_head(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_bas
                              rms_eps=float(rms_eps), head=True)[0]
     y = nx.hc_head(x, hc_fn, hc_scale, hc_base, hc_eps=hc_eps, norm_eps=norm_eps)
     return y if norm_weight is None else nx.rms_norm(y, norm_weight, rms_eps)
+
+
+def hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, hc_fn: torch.Tensor,
+                hc_scale: torch.Tensor, hc_base: torch.Tensor, *, iters: int, hc_eps: float, norm_eps: float,
+                norm_weight: torch.Tensor | None = None, rms_eps: float | None = None, head: bool = False):
+    """:func:`hc_post` followed by the next :func:`hc_pre` (``head``: :func:`hc_head`), fused on CUDA: the hc_post
+    kernel also emits the next mixes' partial dots (2 launches instead of 3, no re-read of the new residual stream
+    for the GEMV).
+
+    y, residual, post, comb as :func:`hc_post`; hc_fn, hc_scale, hc_base, norm_weight, rms_eps as :func:`hc_pre`
+    (``head``: as :func:`hc_head`, ``iters`` unused). -> (h (T, hc, D) bf16 = ``hc_post(y, residual, post, comb)``,
+    x (T, D) bf16, post (T, hc), comb (T, hc, hc) float32 = ``hc_pre(h, ...)``; ``head``: post and comb None).
+    Bit for bit the unfused ops' results (same kernels' arithmetic, same workspace split).
+    """
+    if not isinstance(residual, torch.Tensor) or residual.dim() != 3:
+        raise TypeError(f"residual: expected a (T, hc, D) tensor, got {getattr(residual, 'shape', type(residual))}")
+    T, hc, D = residual.shape
+    if residual.dtype != torch.bfloat16:
+        raise TypeError(f"residual: expected bfloat16, got {residual.dtype}")
+    _check_hc(hc, "residual")
+    if D < 1:
+        raise ValueError(f"residual: expected a non-empty hidden dim, got {tuple(residual.shape)}")
+    if not isinstance(y, torch.Tensor) or y.dtype != torch.bfloat16:
+        raise TypeError(f"y: expected a bfloat16 tensor, got {getattr(y, 'dtype', type(y))}")
+    if tuple(y.shape) != (T, D):
+        raise ValueError(f"y: expected shape {(T, D)} (residual is {tuple(residual.shape)}), got {tuple(y.shape)}")
+    M = hc if head else (2 + hc) * hc
+    _check_params(residual.device, ("y", y, (T, D)), ("post", post, (T, hc)), ("comb", comb, (T, hc, hc)),
+                  ("hc_fn", hc_fn, (M, hc * D)), ("hc_scale", hc_scale, (1,) if head else (3,)),
+                  ("hc_base", hc_base, (M,)), dtypes={"y": torch.bfloat16})
+    if not head:
+        _check_iters(iters)
+    _check_weight(norm_weight, residual.device, D)
+    rms_eps = norm_eps if rms_eps is None else rms_eps
+    if use_triton(residual):
+        from ..kernels.hyper_connection import launch_hc_post_pre
+
+        h, x, _, post_n, comb_n = launch_hc_post_pre(
+            y.contiguous(), residual.contiguous(), post.contiguous(), comb.contiguous(), hc_fn.contiguous(),
+            hc_scale.contiguous(), hc_base.contiguous(), _contig(norm_weight), iters=iters if not head else 1,
+            hc_eps=float(hc_eps), norm_eps=float(norm_eps), rms_eps=float(rms_eps), head=head)
+        return h, x, post_n, comb_n
+    h = nx.hc_post(y, residual, post, comb)
+    if head:
+        x = nx.hc_head(h, hc_fn, hc_scale, hc_base, hc_eps=hc_eps, norm_eps=norm_eps)
+        post_n = comb_n = None
+    else:
+        x, post_n, comb_n = nx.hc_pre(h, hc_fn, hc_scale, hc_base, hc=hc, iters=iters, hc_eps=hc_eps,
+                                      norm_eps=norm_eps)
+    if norm_weight is not None:
+        x = nx.rms_norm(x, norm_weight, rms_eps)
+    return h, x, post_n, comb_n
 
 
 # ------------------------------------------------------------------------------------------------ validation

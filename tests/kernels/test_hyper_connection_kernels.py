@@ -59,7 +59,7 @@ def assert_mix_close(got, want, x, factor=None):
     ulp = torch.exp2(torch.floor(torch.log2(want_f.abs().clamp_min(2.0 ** -126))) - 7)
     mag = x.cpu().float().abs().sum(1)
     if factor is not None:
-        mag = mag * factor
+        mag = mag * factor.cpu().float()
     bound = 2 * ulp + 1e-5 * mag
     err = (got_f - want_f).abs()
     ok = (err <= bound) | nan

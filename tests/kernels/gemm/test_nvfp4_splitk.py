@@ -181,7 +181,7 @@ def _compile_in_subprocess(key, tmp_path, **flags):
     run the interpreter, which replaces jit functions)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / f"splitk_{key}.cubin"
-    code = ("import sys; from megamoe.kernels import nvfp4_splitk as s; "
+    code = ("import sys; from megamoe.kernels.gemm import nvfp4_splitk as s; "
             f"cfg = s.SPLITK_CONFIGS[{key}] if {key!r} != 'dot' else s.DOT_FALLBACK; "
             f"f = s.compile_for_sm90 if cfg[0] in ('mma', 'wgmma') else s.compile_partial_for_sm90; "
             f"c = f(cfg, **{flags!r}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")

@@ -76,14 +76,17 @@ MAX_SPLITS = 64
 LOG2E = 1.4426950408889634
 
 # Main-kernel implementation: "v1" (this file, plain Triton) or "ws" (``sparse_attention_ws.py``, Gluon with a
-# warp-specialized shared-memory pipeline; OFF by default until validated on the H100 with
-# benchmarks/validate_attention_ws.py). ``MEGAMOE_ATTN_IMPL`` overrides the default, read at every launch.
+# warp-specialized shared-memory pipeline). "ws" is the default: validated on the H100 (13/13 cases of
+# benchmarks/validate_attention_ws.py, benchmarks/results/gpu_check_v7) and 1.3-2.0x faster than v1 at batch 32 /
+# 128 with 32k / 128k context, equal at batch 1 (gpu_check_v8/attention_v2.md); it falls back to v1 where
+# ``sparse_attention_ws.supports`` is false (not sm_90, D != 512, the interpreter). ``MEGAMOE_ATTN_IMPL``
+# overrides the default, read at every launch.
 IMPLS = ("v1", "ws")
 
 
 def default_impl() -> str:
-    """The launcher's main kernel when ``impl`` is not given: ``MEGAMOE_ATTN_IMPL`` or "v1"."""
-    impl = os.environ.get("MEGAMOE_ATTN_IMPL", "v1")
+    """The launcher's main kernel when ``impl`` is not given: ``MEGAMOE_ATTN_IMPL`` or "ws"."""
+    impl = os.environ.get("MEGAMOE_ATTN_IMPL", "ws")
     if impl not in IMPLS:
         raise ValueError(f"MEGAMOE_ATTN_IMPL: expected one of {IMPLS}, got {impl!r}")
     return impl

@@ -44,14 +44,19 @@ from ._dispatch import use_triton
 MODES = _reference.MODES
 ACTIVATIONS = _reference.ACTIVATIONS
 
-# The warp-specialized wgmma kernel (megamoe/kernels/gemm/nvfp4_wgmma_ws.py, issue 10 item 1), OFF until it
-# is validated on an H100 (benchmarks/validate_wgmma_ws.py). Switch it on with the environment variable
-# MEGAMOE_WS_ROUTE=1 (read at import) or ``megamoe.ops.gemm.WS_ROUTE = True`` (read at every call; a
-# captured CUDA graph keeps the kernels it captured). When on, grouped GEMMs with K % 128 == 0 on sm_90
-# take it for more than WGMMA_MAX_ROWS_PER_EXPERT (256) rows per expert on average (instead of the Triton
-# tensor-core kernel), and the banded route's top band (experts with > 64 rows) runs it instead of the
-# synchronous wgmma kernel.
-WS_ROUTE = os.environ.get("MEGAMOE_WS_ROUTE", "0") not in ("", "0")
+# The warp-specialized wgmma kernel (megamoe/kernels/gemm/nvfp4_wgmma_ws.py, issue 10 item 1). Validated on
+# the H100 (benchmarks/results/gpu_check_v7, 12/12 shapes; gpu_check_v8 timing at E=256, 384 rows per
+# expert: gate_up 10.03 vs 10.30 ms for the Triton tensor-core kernel, down 5.12 vs 5.64 ms; at 64 rows per
+# expert it is slower than the banded route: 4.00 vs 2.79 ms). So:
+# * WS_ROUTE (default on): grouped GEMMs with K % 128 == 0 on sm_90 take it for more than
+#   WGMMA_MAX_ROWS_PER_EXPERT (256) rows per expert on average, instead of the Triton tensor-core kernel;
+# * WS_BANDED (default off): the banded route's top band (experts with > 64 rows) runs it instead of the
+#   synchronous wgmma kernel (not measured per band).
+# MEGAMOE_WS_ROUTE (read at import): "0" both off, "1" (default) WS_ROUTE only, "all" both. Both flags are
+# read at every call (a captured CUDA graph keeps the kernels it captured).
+_WS_ENV = os.environ.get("MEGAMOE_WS_ROUTE", "1")
+WS_ROUTE = _WS_ENV not in ("", "0")
+WS_BANDED = _WS_ENV == "all"
 
 
 def _check_x(x, k: int | None, name: str = "x") -> None:
@@ -176,7 +181,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
       only when the average is <= 4 rows per touched expert (the previous decode bucket);
     * "mma" with BLOCK_M 32 chunks for r <= ``MMA_MAX_BAND_ROWS``;
     * "wgmma" (BLOCK_M 128 tiles, persistent) above ("ws", the warp-specialized kernel, when
-      :data:`WS_ROUTE` is on).
+      :data:`WS_BANDED` is on).
 
     A launch is planned only if some routing can reach its band: no expert has
     more than ``min(T, max_rows_per_expert)`` rows (the MoE layer passes its
@@ -199,7 +204,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))
         lo = hi
     if most > lo:
-        bands.append(("ws" if WS_ROUTE else "wgmma", dict(row_lo=lo)))
+        bands.append(("ws" if WS_BANDED else "wgmma", dict(row_lo=lo)))
     for i, (route, kwargs) in enumerate(bands):
         kwargs["own_pad"] = i == 0
         if route == "mma":

@@ -23,8 +23,10 @@ from test_sparse_attention import (_graph_check, _v4_inputs, assert_close_to_ref
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_default_is_v1_and_env_is_checked(monkeypatch):
+def test_default_is_ws_and_env_is_checked(monkeypatch):
     monkeypatch.delenv("MEGAMOE_ATTN_IMPL", raising=False)
+    assert kernels.default_impl() == "ws"  # validated on the H100 (gpu_check_v7 / v8)
+    monkeypatch.setenv("MEGAMOE_ATTN_IMPL", "v1")
     assert kernels.default_impl() == "v1"
     monkeypatch.setenv("MEGAMOE_ATTN_IMPL", "ws")
     assert kernels.default_impl() == "ws"

@@ -108,16 +108,16 @@ def test_sm90_flat_variant_compiles(tmp_path):
     assert "USETMAXREG" not in sass and "HGMMA" in sass and "LDGSTS" in sass
 
 
-def test_route_is_off_by_default_and_host_rules(monkeypatch):
+def test_route_defaults_and_host_rules(monkeypatch):
     assert ws.ws_preferred(128 * 256, 256, 4096) and not ws.ws_preferred(127 * 256, 256, 4096)
     assert not ws.ws_preferred(1 << 20, None, 4096) and not ws.ws_preferred(1 << 20, 8, 4096 + 64)
     assert ws.select_ws_config(384 * 256, 256) == ws.WS_CONFIG_SMALL
     assert ws.select_ws_config(1024 * 256, 256) == ws.WS_CONFIG_LARGE
-    if "MEGAMOE_WS_ROUTE" not in os.environ:
-        assert ops_gemm.WS_ROUTE is False
-    monkeypatch.setattr(ops_gemm, "WS_ROUTE", False)
+    if "MEGAMOE_WS_ROUTE" not in os.environ:  # large batches on by default, the banded top band off
+        assert ops_gemm.WS_ROUTE is True and ops_gemm.WS_BANDED is False
+    monkeypatch.setattr(ops_gemm, "WS_BANDED", False)
     assert all(r != "ws" for r, _ in ops_gemm.plan_row_bands(6 * 4096, 256, 4096, 4096))
-    monkeypatch.setattr(ops_gemm, "WS_ROUTE", True)
+    monkeypatch.setattr(ops_gemm, "WS_BANDED", True)
     plan = ops_gemm.plan_row_bands(6 * 4096, 256, 4096, 4096)
     assert plan[-1][0] == "ws" and plan[-1][1]["row_lo"] > 0
     assert ops_gemm._launcher("ws") is ws.launch_nvfp4_wgmma_ws

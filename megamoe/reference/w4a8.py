@@ -13,7 +13,7 @@ gets a NaN scale and zero codes (its outputs are NaN, as a non-finite input make
 
 Weights (:func:`weight_operands`): the NVFP4 codes are turned into FP8 operands per (weight row, 128-K
 block), never stored (the kernel decodes them in registers). With ``s_j`` the eight E4M3 block scales of the
-block and ``S = pow2ceil(max_j s_j)`` (a power of two >= every s_j; S = 1 when all are 0), the operand of an
+block and ``S = pow2ceil(max_j |s_j|)`` (a power of two >= every |s_j|; S = 1 when all are 0), the operand of an
 element of group j is ``e4m3_rne(e2m1(code) * s_j / S)``. ``e2m1 * s_j / S`` is exact in float32 (and in
 float16: at most 6 significant bits, >= 2**-19), so this is one round-to-nearest-even to E4M3: exact when the
 product has <= 4 significant bits (codes 0, 0.5, 1, 2, 4 always; 1.5, 3, 6 when s_j's mantissa is even),
@@ -71,7 +71,7 @@ def weight_operands(data: torch.Tensor, block_scale: torch.Tensor) -> tuple[torc
     values = e2m1_decode(codes).float()  # (..., N, K)
     s = block_scale.float().unflatten(-1, (-1, GROUPS_PER_BLOCK))  # (..., N, K//128, 8)
     nan = torch.isnan(s).any(-1)
-    smax = torch.where(nan, 0.0, s.nan_to_num(0.0).amax(-1))
+    smax = torch.where(nan, 0.0, s.nan_to_num(0.0).abs().amax(-1))  # |s|: negative scales flip signs
     big_s = torch.where(smax > 0, pow2_ceil(torch.where(smax > 0, smax, 1.0)), 1.0)
     ratio = torch.where(nan[..., None], 0.0, s.nan_to_num(0.0) / big_s[..., None])  # exact (power of two)
     ops = values.unflatten(-1, (-1, GROUPS_PER_BLOCK, 16)) * ratio[..., None]

@@ -9,7 +9,7 @@ grouped schedule over ``expert_offsets``, the fused ``row_index`` gather (with t
 the bias / SwiGLU + clamp epilogue.
 
 Numerics (``megamoe/reference/w4a8.py`` is the oracle): per K step of 128 and weight row n, the eight E4M3
-block scales s_j give ``S = pow2ceil(max_j s_j)``; the operand is ``e4m3_rne(e2m1 * s_j / S)`` (computed
+block scales s_j give ``S = pow2ceil(max_j |s_j|)``; the operand is ``e4m3_rne(e2m1 * s_j / S)`` (computed
 exactly in f16, rounded once by ``cvt.rn.satfinite.e4m3x2.f16x2``). Each K step's wgmma result (summed by
 the tensor core from zero) is promoted into the fp32 accumulator as ``acc += partial * S[n]`` (one FFMA per
 element), the DeepSeek promotion every 128 K that also bounds the Hopper FP8 accumulator's reduced
@@ -147,14 +147,14 @@ def _weight_step(w_ptrs, s_ptrs, kt, BLOCK_N: tl.constexpr, INTERPRET: tl.conste
     is_nan = (sbytes & 0x7F) == 0x7F
     sf = tl.where(is_nan, 0.0, sf)
     any_nan = tl.max(is_nan.to(tl.int32), 1) > 0
-    smax = tl.max(sf, 1)
+    smax = tl.max(tl.abs(sf), 1)  # |s|: a negative scale byte (not written by quantizers) flips signs exactly
     bits = smax.to(tl.int32, bitcast=True)
     exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
     positive = smax > 0.0
     big_s = tl.where(positive, (exponent << 23).to(tl.float32, bitcast=True), 1.0)
     inv_s = tl.where(positive, ((254 - exponent) << 23).to(tl.float32, bitcast=True), 1.0)
     big_s = tl.where(any_nan, float("nan"), big_s)
-    ratio = sf * inv_s[:, None]  # (BLOCK_N, 8), exact; 0 for NaN groups (the row's S is NaN)
+    ratio = sf * inv_s[:, None]  # (BLOCK_N, 8) in [-1, 1], exact; 0 for NaN groups (the row's S is NaN)
     if INTERPRET:
         r = tl.broadcast_to(ratio[:, :, None], (BLOCK_N, 8, 8)).reshape(BLOCK_N, 64)
         p = packed.to(tl.int32)

@@ -17,7 +17,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run a DeepSeek-V4-shaped NVFP4 MoE layer (fast path vs reference)")
     p.add_argument("--tokens", type=int, default=None, help="batch size (default: 64 on GPU, 8 on CPU)")
     p.add_argument("--mode", choices=("w4a16", "w4a4", "w4a8"), default="w4a16",
-                   help="w4a8: FP8 tensor cores for prefill-sized GEMMs (>= 64 rows per expert), w4a16 below")
+                   help="w4a8: FP8 tensor cores for prefill-sized GEMMs (>= 48 rows per expert), w4a16 below")
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replay (GPU) and check it equals eager")
     p.add_argument("--config", default=None,
                    help="preset: v4-flash, v4-pro, guide, small (default: v4-flash on GPU, small on CPU)")

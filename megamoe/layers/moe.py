@@ -37,9 +37,9 @@ activation global scales are either computed at run time on the device
 ``input_scale``; L2's static scale is per expert, gathered per sorted row on
 the device. ``"w4a8"`` (prefill): both GEMMs run on FP8 tensor cores (activations
 quantized to FP8 per token inside ``nvfp4_grouped_mm``, NVFP4 weights decoded to
-FP8 in the kernel); GEMMs with fewer than 64 rows per expert on average keep the
+FP8 in the kernel); GEMMs with fewer than 48 rows per expert on average keep the
 w4a16 kernels (``megamoe.ops.gemm.w4a8_kernel_mode``; e.g. V4-Flash's routed
-experts below 2048 tokens, the separate shared expert below 64), and
+experts below ~2060 tokens, the separate shared expert below 48), and
 :meth:`reference_forward` follows the same rule.
 
 Buffers are preallocated for ``max_num_tokens``; ``forward`` returns a view of

@@ -32,7 +32,7 @@ before the GEMM, reproducing Blackwell W4A4 numerics to validate accuracy) and
 token by ``megamoe/kernels/fp8_act_quant.py``, the NVFP4 weights decoded to FP8
 operands inside ``megamoe/kernels/gemm/nvfp4_w4a8.py``; numerics in
 ``megamoe/reference/w4a8.py``; needs K % 128 == 0). Host rule (:func:`w4a8_kernel_mode`): on CUDA,
-a w4a8 GEMM with fewer than ``W4A8_MIN_ROWS_PER_EXPERT`` (64) rows per expert on average (M < 64 dense)
+a w4a8 GEMM with fewer than ``W4A8_MIN_ROWS_PER_EXPERT`` (48) rows per expert on average (M < 48 dense)
 runs the w4a16 kernels (decode sizes are weight-bandwidth bound; FP8 MMA buys nothing there); the
 interpreter / CPU reference always use the w4a8 numerics.
 """
@@ -250,7 +250,7 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
     x: (M, K) bf16.  weight: NVFP4Tensor of logical shape (N, K): data (N, K//2)
     uint8 (low nibble = even element), block_scale (N, K//16) float8_e4m3fn,
     global_scale float32 0-d or (N, 1).  bias: None or (N,) bf16/fp32.
-    mode: "w4a16", "w4a4" or "w4a8" (K % 128 == 0; M < 64 on CUDA runs w4a16, :func:`w4a8_kernel_mode`).
+    mode: "w4a16", "w4a4" or "w4a8" (K % 128 == 0; M < 48 on CUDA runs w4a16, :func:`w4a8_kernel_mode`).
     out: optional (M, N) bf16 buffer.
     Returns (M, N) bf16 (float32 accumulation, one final rounding).
     """
@@ -323,7 +323,7 @@ def nvfp4_grouped_mm(
         silu(min(gate, limit)) * clamp(up, -limit, limit) for weights in the
         :func:`interleave_gate_up` layout (no clamp when swiglu_limit is None).
     mode: "w4a16", "w4a4" or "w4a8" (K % 128 == 0; the FP8 quantizer runs on the (S, K) source rows,
-        the gather stays fused; under 64 rows per expert on CUDA it runs w4a16, :func:`w4a8_kernel_mode`).
+        the gather stays fused; under 48 rows per expert on CUDA it runs w4a16, :func:`w4a8_kernel_mode`).
     out: optional preallocated bf16 buffer.
     max_rows_per_expert: None or a host int, the most rows any expert can have
         (e.g. the token count of a top-k MoE layer); only sizes launches

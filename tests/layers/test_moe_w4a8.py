@@ -80,7 +80,7 @@ def test_cuda_w4a8_graph_and_no_host_syncs(preset, tokens):
     ref = lay.reference_forward(x, lay.last_routing)
     assert _rel(eager, ref) < 1e-2
     fp8 = w4a8_kernel_mode(x, tokens * c.top_k, c.num_experts + 1) == "w4a8"
-    assert fp8 == (tokens >= 2048)
+    assert fp8 == (tokens >= 4096)  # prefill: the FP8 kernels; decode: the w4a16 kernels (host rule)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

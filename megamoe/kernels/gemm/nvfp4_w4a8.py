@@ -49,13 +49,16 @@ W4A8_BLOCK_K = 128
 # ---------------------------------------------------------------------------
 W4A8_CONFIGS = {
     96: (64, 128, 1, 8, 3, 1),
-    1 << 62: (128, 128, 2, 8, 3, 1),
+    1 << 62: (128, 128, 2, 8, 2, 1),
 }
 INTERPRETER_CONFIG = (32, 32, 2, 4, 1, 1)
 INTERPRETER_PROGRAMS = 3
 #: Below this many rows per expert on average (host shapes), ``mode="w4a8"`` keeps the w4a16 kernels on
 #: CUDA (``megamoe.ops.gemm``): decode-sized GEMMs are weight-bandwidth bound, FP8 MMA buys nothing there.
-W4A8_MIN_ROWS_PER_EXPERT = 64
+#: 48 (not measured yet; set it from ``bench_gemm.py --w4a8`` and a decode-size sweep): V4-Flash (256 experts
+#: + the stacked shared group, top-6) switches at about 2060 tokens, V4-Pro (384 + 1, top-6) at about 3080, so
+#: both run FP8 at 4096 tokens.
+W4A8_MIN_ROWS_PER_EXPERT = 48
 
 
 def select_w4a8_config(rows_per_expert: int, interpreter: bool):

@@ -17,7 +17,6 @@ from megamoe.format.tensor import NVFP4Tensor
 from megamoe.kernels.fp8_act_quant import launch_fp8_act_quant
 from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm, nvfp4_linear, w4a8_kernel_mode
 from megamoe.reference import w4a8 as ref_w4a8
-from megamoe.reference.gemm import swiglu_reference
 from megamoe.reference.quantize import dequantize, quantize
 
 

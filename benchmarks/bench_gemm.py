@@ -32,6 +32,12 @@ and the % of it; ``--splitk-sweep`` adds the two-launch reduction, split counts 
 alternative configs of ``SPLITK_SWEEP_CONFIGS`` and prints the best knob per shape; writes
 ``gemm_dense_splitk_<date>.{json,md}`` (``--tag`` names them, e.g. ``gemm_dense_v13``).
 
+``--w4a8`` runs only the W4A8 comparison instead (issue 13): V4-Flash (4096 / 16384 tokens) and V4-Pro
+(4096 / 8192 tokens) expert shapes, uniform top-k routing, gate_up with the fused SwiGLU and down, each
+timed as ``nvfp4_grouped_mm`` in w4a16 and in w4a8 (FP8 quantizer + W4A8 kernel), plus the W4A8 kernel
+alone (pre-quantized activations); TFLOP/s, the w4a8 / w4a16 speedup, and the error of each mode against
+the float32 w4a16 product; writes ``gemm_w4a8_<date>.{json,md}`` (``--tag`` names them).
+
 Run:  PYTHONUNBUFFERED=1 python benchmarks/bench_gemm.py [--tune] [--gemv-tune] [--dense] [--tokens 1 8 ...] [--out-dir DIR]
       python benchmarks/bench_gemm.py --plot-only results/gemm_X.json   (redraw the PNG)
 """
@@ -524,6 +530,100 @@ def write_dense_splitk_markdown(rows, meta, path):
         f.write("\n".join(lines) + "\n")
 
 
+W4A8_CASES = (("v4-flash", (4096, 16384)), ("v4-pro", (4096, 8192)))
+
+
+def run_w4a8(args):
+    """w4a16 vs w4a8 grouped GEMMs on the V4-Flash / V4-Pro expert shapes (issue 13); rows of records."""
+    from megamoe.format.tensor import NVFP4Tensor
+    from megamoe.kernels.fp8_act_quant import launch_fp8_act_quant
+    from megamoe.kernels.gemm.nvfp4_w4a8 import launch_nvfp4_w4a8, select_w4a8_config
+    from megamoe.models.config import PRESETS
+    from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm
+    from megamoe.reference.quantize import dequantize
+
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for preset, token_counts in W4A8_CASES:
+        c = PRESETS[preset]
+        e, h, i, topk = c.num_experts, c.hidden_size, c.intermediate_size, c.top_k
+        for proj, (n, k) in (("gate_up", (2 * i, h)), ("down", (h, i))):
+            data = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device)
+            scale_bytes = torch.randint(0x20, 0x48, (e, n, k // 16), dtype=torch.uint8, device=device)
+            gs = (torch.rand(e, 1, 1, device=device) + 0.5) * 1e-3
+            w = NVFP4Tensor(data, scale_bytes.view(torch.float8_e4m3fn), gs, (e, n, k))
+            swiglu = proj == "gate_up"
+            if swiglu:
+                w = interleave_gate_up(w)
+            n_out = n // 2 if swiglu else n
+            act = dict(activation="swiglu", swiglu_limit=10.0) if swiglu else {}
+            for tokens in token_counts:
+                experts = torch.rand(tokens, e, generator=gen).topk(topk, dim=1).indices.flatten()
+                counts = torch.bincount(experts, minlength=e)
+                offsets = counts.cumsum(0).to(torch.int32).to(device)
+                t = int(counts.sum())
+                x = torch.randn(t, k, device=device).bfloat16()
+                out = torch.empty(t, n_out, dtype=torch.bfloat16, device=device)
+                xq = torch.empty(t, k, dtype=torch.float8_e4m3fn, device=device)
+                xs = torch.empty(t, dtype=torch.float32, device=device)
+                launch_fp8_act_quant(x, xq, xs)
+                rep = max(args.rep_ms, 100)
+                rec = dict(config=preset, projection=proj, tokens=tokens, rows=t, n=n, k=k, swiglu=swiglu,
+                           flops=2.0 * t * n * k, w4a8_config=list(select_w4a8_config(max(1, t // e), False)))
+                rec["w4a16_us"] = bench(lambda: nvfp4_grouped_mm(x, w, offsets, out=out, **act), rep)
+                rec["w4a8_us"] = bench(lambda: nvfp4_grouped_mm(x, w, offsets, out=out, mode="w4a8", **act), rep)
+                rec["w4a8_kernel_us"] = bench(lambda: launch_nvfp4_w4a8(
+                    xq, xs, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                    swiglu=swiglu, swiglu_limit=10.0 if swiglu else None), rep)
+                rec["quantizer_us"] = bench(lambda: launch_fp8_act_quant(x, xq, xs), rep)
+                for key in ("w4a16", "w4a8", "w4a8_kernel"):
+                    rec[key + "_tflops"] = rec["flops"] / rec[key + "_us"] / 1e6
+                rec["speedup_w4a8_vs_w4a16"] = rec["w4a16_us"] / rec["w4a8_us"]
+                # error vs the float32 w4a16 product on the first rows of the busiest expert (cheap)
+                top = int(counts.argmax())
+                start = int(offsets[top - 1]) if top else 0
+                sub = slice(start, start + min(256, int(counts[top])))
+                w_e = dequantize(NVFP4Tensor(w.data[top], w.block_scale[top], w.global_scale[top], (n, k)),
+                                 torch.float32)
+                ref = x[sub].float() @ w_e.t()
+                if swiglu:
+                    gate, up = ref[:, 0::2].clamp(max=10.0), ref[:, 1::2].clamp(-10.0, 10.0)
+                    ref = gate * torch.sigmoid(gate) * up
+                for mode in ("w4a16", "w4a8"):
+                    got = nvfp4_grouped_mm(x, w, offsets, mode=mode, **act)[sub].float()
+                    rec[mode + "_rel_err_vs_f32"] = ((got - ref).norm() / ref.norm()).item()
+                rows.append(rec)
+                print(f"{preset} {proj} {tokens} tokens: w4a16 {rec['w4a16_us']:.1f} us "
+                      f"({rec['w4a16_tflops']:.0f} TFLOP/s), w4a8 {rec['w4a8_us']:.1f} us "
+                      f"({rec['w4a8_tflops']:.0f} TFLOP/s; kernel {rec['w4a8_kernel_tflops']:.0f}), "
+                      f"{rec['speedup_w4a8_vs_w4a16']:.2f}x", flush=True)
+                del x, out, xq, xs
+            del w, data, scale_bytes
+            torch.cuda.empty_cache()
+    return rows
+
+
+def write_w4a8_markdown(rows, meta, path):
+    lines = ["# W4A8 vs W4A16 grouped GEMMs (issue 13)", "",
+             f"- date: {meta['date']}; device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}",
+             f"- command: `{meta['command']}`",
+             "- w4a8 = FP8 quantizer + W4A8 kernel (the op); kernel = W4A8 kernel on pre-quantized activations; "
+             "TFLOP/s = 2*rows*N*K / time; errors vs the float32 w4a16 product (busiest expert, <= 256 rows)", "",
+             "| config | proj | tokens | rows | w4a16 us | w4a8 us | w4a8 kernel us | quantizer us | w4a16 TFLOP/s "
+             "| w4a8 TFLOP/s | kernel TFLOP/s | w4a8 / w4a16 speedup | w4a16 err | w4a8 err | w4a8 config |",
+             "|" + "---|" * 15]
+    for r in rows:
+        lines.append(
+            f"| {r['config']} | {r['projection']}{' +swiglu' if r['swiglu'] else ''} | {r['tokens']} | {r['rows']} "
+            f"| {r['w4a16_us']:.1f} | {r['w4a8_us']:.1f} | {r['w4a8_kernel_us']:.1f} | {r['quantizer_us']:.1f} "
+            f"| {r['w4a16_tflops']:.0f} | {r['w4a8_tflops']:.0f} | {r['w4a8_kernel_tflops']:.0f} "
+            f"| {r['speedup_w4a8_vs_w4a16']:.2f}x | {r['w4a16_rel_err_vs_f32']:.1e} | {r['w4a8_rel_err_vs_f32']:.1e} "
+            f"| {tuple(r['w4a8_config'])} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def write_markdown(result, path):
     m = result["meta"]
     lines = [
@@ -659,6 +759,8 @@ def main():
                         help="only the dense split-K comparison (issue shapes, M = 1..256, graph replay)")
     parser.add_argument("--splitk-sweep", action="store_true",
                         help="with --dense-splitk: also sweep the split count, configs, two-launch reduction")
+    parser.add_argument("--w4a8", action="store_true",
+                        help="only the w4a16 vs w4a8 comparison (V4-Flash 4096/16384, V4-Pro 4096/8192 tokens)")
     parser.add_argument("--rep-ms", type=int, default=60)
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--tag", default=None, help="file name stem (default gemm_<UTC date-time>)")
@@ -674,6 +776,23 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("bench_gemm.py needs a CUDA GPU")
     t0 = time.time()
+    if args.w4a8:
+        import triton
+
+        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    command="python benchmarks/bench_gemm.py " + " ".join(sys.argv[1:]))
+        rows = run_w4a8(args)
+        meta["wall_s"] = round(time.time() - t0, 1)
+        os.makedirs(args.out_dir, exist_ok=True)
+        stem = os.path.join(args.out_dir, args.tag or "gemm_w4a8_"
+                            + datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M"))
+        with open(stem + ".json", "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        write_w4a8_markdown(rows, meta, stem + ".md")
+        with open(stem + ".md") as f:
+            print(f.read())
+        return
     if args.dense_splitk:
         import triton
 

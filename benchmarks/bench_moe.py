@@ -9,7 +9,8 @@ roofline (749 TFLOP/s). Times are triton.testing.do_bench medians; inputs rotate
 over 4 random batches.
 
 Usage: python benchmarks/bench_moe.py [--configs v4-flash,guide] [--tokens 1,8,64,512,4096]
-       [--out-dir benchmarks/results] [--tag moe_v1]
+       [--modes w4a16,w4a8] [--out-dir benchmarks/results] [--tag moe_v1]
+(issue 13: ``--configs v4-flash,v4-pro --tokens 4096,8192,16384 --modes w4a16,w4a8`` times both modes.)
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def _graph(fn, static_in):
     return g, out
 
 
-def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=None):
+def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=None, modes=("w4a16",)):
     import triton.testing
 
     from megamoe.layers.moe import DISPATCH_KERNEL_MAX_PAIRS, Nvfp4MoE
@@ -82,7 +83,8 @@ def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=
     bf16_forward = _bf16_layer(layer)
     rows = []
     c = config
-    for t in token_counts:
+    for t, mode in [(t, m) for t in token_counts for m in modes]:
+        layer.set_mode(mode)
         xs = [torch.randn(t, c.hidden_size, device="cuda").to(torch.bfloat16) for _ in range(4)]
         counter = [0]
 
@@ -134,7 +136,7 @@ def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=
         tc_us = flops / BF16_FLOPS * 1e6
         roof_us = max(hbm_us, tc_us)
         rows.append({
-            "config": c.name, "tokens": t, "experts_touched": touched,
+            "config": c.name, "mode": mode, "tokens": t, "experts_touched": touched,
             "nvfp4_eager_us": eager_ms * 1e3, "nvfp4_graph_us": graph_ms * 1e3, "bf16_graph_us": bf16_ms * 1e3,
             "route_dispatch_combine_graph_us": overhead_ms * 1e3, "shared_expert_fused": layer.fused_shared and t <= layer.fuse_shared_max_tokens,
             "hbm_roofline_us": hbm_us, "tc_roofline_us": tc_us,
@@ -161,7 +163,7 @@ def write_results(rows, out_dir, tag, command):
     with open(os.path.join(out_dir, f"{tag}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = [
-        "# NVFP4 MoE layer benchmark (routed experts + shared expert, w4a16)", "",
+        "# NVFP4 MoE layer benchmark (routed experts + shared expert)", "",
         "- shared expert fused into the routed grouped GEMMs at token counts: "
         f"{sorted({r['tokens'] for r in rows if r['shared_expert_fused']})}",
         f"- date: {meta['date']}; device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}",
@@ -169,14 +171,14 @@ def write_results(rows, out_dir, tag, command):
         "- times: do_bench medians in microseconds, 4 rotating input batches; bf16 = same router/dispatch, "
         "dequantized weights, `torch._grouped_mm`, graph replay; roofline = max(HBM 3.0 TB/s on touched weights + "
         "activations, bf16 749 TFLOP/s)", "",
-        "| config | tokens | experts touched | nvfp4 eager us | nvfp4 graph us | of which route+dispatch+combine us "
+        "| config | mode | tokens | experts touched | nvfp4 eager us | nvfp4 graph us | of which route+dispatch+combine us "
         "| bf16 graph us | HBM roofline us "
         "| % of roofline | speedup vs bf16 | GB/s | TFLOP/s | rel err vs bf16 layer | graph == eager |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['config']} | {r['tokens']} | {r['experts_touched']} | {r['nvfp4_eager_us']:.1f} | "
+            f"| {r['config']} | {r.get('mode', 'w4a16')} | {r['tokens']} | {r['experts_touched']} | {r['nvfp4_eager_us']:.1f} | "
             f"{r['nvfp4_graph_us']:.1f} | {r['route_dispatch_combine_graph_us']:.1f} | {r['bf16_graph_us']:.1f} | {r['hbm_roofline_us']:.1f} | "
             f"{r['pct_of_roofline']:.0f}% | {r['speedup_vs_bf16']:.2f}x | {r['nvfp4_GBps']:.0f} | "
             f"{r['nvfp4_TFLOPs']:.1f} | {r['rel_err_vs_bf16_layer']:.1e} | {r['graph_equals_eager']} |")
@@ -213,8 +215,15 @@ def main(argv=None) -> int:
     p.add_argument("--tag", default="moe_v1")
     p.add_argument("--fuse-shared-max-tokens", type=int, default=None,
                    help="run the shared expert inside the routed GEMMs up to this many tokens (default: the layer's)")
+    p.add_argument("--modes", default="w4a16",
+                   help="comma-separated activation modes timed per token count, e.g. w4a16,w4a8 (issue 13)")
     args = p.parse_args(argv)
     return run(args, command="python " + " ".join([os.path.relpath(__file__)] + (argv or sys.argv[1:])))
+
+
+def _modes(args) -> tuple:
+    """The --modes list (``python -m megamoe bench`` passes no such option: w4a16)."""
+    return tuple(str(getattr(args, "modes", None) or "w4a16").split(","))
 
 
 def run(args, command: str) -> int:
@@ -228,7 +237,7 @@ def run(args, command: str) -> int:
     try:
         from tqdm import tqdm
 
-        progress = tqdm(total=len(configs) * len(token_counts), desc="moe layer bench")
+        progress = tqdm(total=len(configs) * len(token_counts) * len(_modes(args)), desc="moe layer bench")
     except ImportError:
         class _Plain:
             def update(self, n):
@@ -241,7 +250,7 @@ def run(args, command: str) -> int:
     rows = []
     for config in configs:
         rows += bench_config(config, token_counts, progress,
-                             fuse_shared_max_tokens=getattr(args, "fuse_shared_max_tokens", None))
+                             fuse_shared_max_tokens=getattr(args, "fuse_shared_max_tokens", None), modes=_modes(args))
         path = write_results(rows, args.out_dir, args.tag, command)  # after each config: partial results survive
     progress.close()
     print(open(path).read())

@@ -16,7 +16,8 @@ import torch
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run a DeepSeek-V4-shaped NVFP4 MoE layer (fast path vs reference)")
     p.add_argument("--tokens", type=int, default=None, help="batch size (default: 64 on GPU, 8 on CPU)")
-    p.add_argument("--mode", choices=("w4a16", "w4a4"), default="w4a16")
+    p.add_argument("--mode", choices=("w4a16", "w4a4", "w4a8"), default="w4a16",
+                   help="w4a8: FP8 tensor cores for prefill-sized GEMMs (>= 48 rows per expert), w4a16 below")
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replay (GPU) and check it equals eager")
     p.add_argument("--config", default=None,
                    help="preset: v4-flash, v4-pro, guide, small (default: v4-flash on GPU, small on CPU)")
@@ -93,6 +94,13 @@ def main(args) -> int:
     routing_same = bool(torch.equal(layer.route(x)[1], routing[1]))
     print(f"relative error vs float32 reference (decoded weights, same routing): {rel:.2e}"
           f" ({'ok' if rel < 1e-2 or args.mode == 'w4a4' else 'ABOVE 1e-2'}); routing reproducible: {routing_same}")
+    if args.mode != "w4a16":  # the mode's own error: against the float32 w4a16 reference on the same weights
+        layer_mode = layer.mode
+        layer.set_mode("w4a16")
+        ref16 = layer.reference_forward(x, routing)
+        layer.set_mode(layer_mode)
+        rel16 = ((out.float() - ref16).norm() / ref16.norm().clamp(min=1e-30)).item()
+        print(f"relative error vs float32 w4a16 reference (same weights, same routing): {rel16:.2e}")
 
     fn = lambda: layer.forward(x)  # noqa: E731
     if args.graph:

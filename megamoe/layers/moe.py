@@ -39,7 +39,12 @@ activation global scales are either computed at run time on the device
 (per-row, default) or static: set by :meth:`Nvfp4MoE.calibrate` (the seeds'
 ``compute_activation_global_scales``) or loaded from a checkpoint's
 ``input_scale``; L2's static scale is per expert, gathered per sorted row on
-the device.
+the device. ``"w4a8"`` (prefill): both GEMMs run on FP8 tensor cores (activations
+quantized to FP8 per token inside ``nvfp4_grouped_mm``, NVFP4 weights decoded to
+FP8 in the kernel); GEMMs with fewer than 48 rows per expert on average keep the
+w4a16 kernels (``megamoe.ops.gemm.w4a8_kernel_mode``; e.g. V4-Flash's routed
+experts below ~2060 tokens, the separate shared expert below 48), and
+:meth:`reference_forward` follows the same rule.
 
 Buffers are preallocated for ``max_num_tokens``; ``forward`` returns a view of
 the layer's output buffer (valid until the next call; clone it to keep it).
@@ -68,7 +73,7 @@ import importlib
 quantize_ops = importlib.import_module("megamoe.ops.quantize")  # the module (ops/__init__ re-exports a function of that name)
 from ..reference import moe as moe_reference
 
-MODES = ("w4a16", "w4a4")
+MODES = ("w4a16", "w4a4", "w4a8")
 
 
 _resolve_device = resolve_device
@@ -162,11 +167,17 @@ class Nvfp4SharedExpert:
 
     __call__ = forward
 
+    def effective_mode(self, hidden_states: torch.Tensor) -> str:
+        """The numerics ``forward`` uses for this batch: ``mode``, except w4a8 at decode sizes on CUDA -> w4a16."""
+        if self.mode != "w4a8":
+            return self.mode
+        return gemm_ops.w4a8_kernel_mode(hidden_states, hidden_states.shape[0], 1)
+
     def reference_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Float32 reference on decoded weights: (T, H) float32."""
         scales = self.input_scales or {}
         return moe_reference.expert_ffn(
-            hidden_states, self.w13, self.w2, self.swiglu_limit, mode=self.mode,
+            hidden_states, self.w13, self.w2, self.swiglu_limit, mode=self.effective_mode(hidden_states),
             input_scale=scales.get("l1"), inter_scale=scales.get("l2"),
         )
 
@@ -197,7 +208,7 @@ class Nvfp4MoE:
 
     config: :class:`megamoe.models.MoEConfig`. max_num_tokens: the most tokens a
     forward may take (buffers are sized by it; more -> ValueError). mode:
-    "w4a16" or "w4a4".
+    "w4a16", "w4a4" or "w4a8".
 
     Weights (:meth:`load_weights`): ``gate_weight`` (E, H) bf16,
     ``correction_bias`` (E,) fp32 or None, ``w13`` NVFP4Tensor (E, 2*I, H) rows
@@ -459,10 +470,17 @@ class Nvfp4MoE:
         if self.shared is not None and self.shared.input_scales:
             scales = {**scales, "shared_l1": self.shared.input_scales["l1"],
                       "shared_l2": self.shared.input_scales["l2"]}
+        mode, shared_mode = self.mode, None
+        if mode == "w4a8":  # the same host rule as forward's GEMMs (w4a16 kernels at decode sizes on CUDA)
+            t = hidden_states.shape[0]
+            fuse = self.fused_shared and t <= self.fuse_shared_max_tokens
+            pairs = t * (self._slots if fuse else self.config.top_k)
+            mode = gemm_ops.w4a8_kernel_mode(hidden_states, pairs, self._groups)  # the stacked weights' groups
+            shared_mode = mode if fuse or self.shared is None else self.shared.effective_mode(hidden_states)
         return moe_reference.moe_forward(
             hidden_states, topk_weights, topk_ids, self.w13, self.w2, swiglu_limit=self.config.swiglu_limit,
             shared_w13=self.shared.w13 if self.shared else None, shared_w2=self.shared.w2 if self.shared else None,
-            mode=self.mode, input_scales=scales or None,
+            mode=mode, input_scales=scales or None, shared_mode=shared_mode,
         )
 
     # ------------------------------------------------------------- calibration

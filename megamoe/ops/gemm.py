@@ -25,9 +25,16 @@ everything else to the Triton tensor-core GEMM (``nvfp4_gemm.py``). The interpre
 keeps the Triton tensor-core kernel, whose CPU tests stay meaningful; the
 decode kernels have their own tests.
 
-Modes: ``"w4a16"`` (x stays bf16; the fast default) and ``"w4a4"`` (x is
+Modes: ``"w4a16"`` (x stays bf16; the fast default), ``"w4a4"`` (x is
 quantized to NVFP4 with a dynamic per-row global scale and decoded back to bf16
-before the GEMM, reproducing Blackwell W4A4 numerics to validate accuracy).
+before the GEMM, reproducing Blackwell W4A4 numerics to validate accuracy) and
+``"w4a8"`` (prefill on Hopper's FP8 tensor cores: x quantized to FP8 E4M3 per
+token by ``megamoe/kernels/fp8_act_quant.py``, the NVFP4 weights decoded to FP8
+operands inside ``megamoe/kernels/gemm/nvfp4_w4a8.py``; numerics in
+``megamoe/reference/w4a8.py``; needs K % 128 == 0). Host rule (:func:`w4a8_kernel_mode`): on CUDA,
+a w4a8 GEMM with fewer than ``W4A8_MIN_ROWS_PER_EXPERT`` (48) rows per expert on average (M < 48 dense)
+runs the w4a16 kernels (decode sizes are weight-bandwidth bound; FP8 MMA buys nothing there); the
+interpreter / CPU reference always use the w4a8 numerics.
 """
 from __future__ import annotations
 
@@ -136,6 +143,33 @@ def _quantized_activations(x: torch.Tensor) -> torch.Tensor:
     return _reference.activations_for_mode(x, "w4a4")
 
 
+def _check_w4a8_k(mode, k: int) -> None:
+    if mode == "w4a8" and k % 128:
+        raise ValueError(f"weight: mode='w4a8' needs K % 128 == 0 (FP8 K steps of 128), got K={k}")
+
+
+def w4a8_kernel_mode(x: torch.Tensor, num_rows: int, num_experts: int | None) -> str:
+    """The numerics a ``mode="w4a8"`` GEMM runs with: "w4a8", or "w4a16" for decode sizes on CUDA.
+
+    Host shapes only: ``num_rows`` (rows of the GEMM), ``num_experts`` (None = dense). On CUDA, fewer than
+    ``nvfp4_w4a8.W4A8_MIN_ROWS_PER_EXPERT`` rows per expert on average keep the w4a16 kernels.
+    """
+    if not x.is_cuda:
+        return "w4a8"
+    from ..kernels.gemm.nvfp4_w4a8 import W4A8_MIN_ROWS_PER_EXPERT
+
+    return "w4a8" if num_rows >= W4A8_MIN_ROWS_PER_EXPERT * (num_experts or 1) else "w4a16"
+
+
+def _fp8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (S, K) bf16 -> (codes (S, K) float8_e4m3fn, per-row scales (S,) float32), one sync-free launch."""
+    from ..kernels.fp8_act_quant import launch_fp8_act_quant
+
+    codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    return launch_fp8_act_quant(_contiguous_rows(x), codes, scales, interpreter=not x.is_cuda)
+
+
 def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -236,7 +270,8 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
     x: (M, K) bf16.  weight: NVFP4Tensor of logical shape (N, K): data (N, K//2)
     uint8 (low nibble = even element), block_scale (N, K//16) float8_e4m3fn,
     global_scale float32 0-d or (N, 1).  bias: None or (N,) bf16/fp32.
-    mode: "w4a16" or "w4a4".  out: optional (M, N) bf16 buffer.
+    mode: "w4a16", "w4a4" or "w4a8" (K % 128 == 0; M < 48 on CUDA runs w4a16, :func:`w4a8_kernel_mode`).
+    out: optional (M, N) bf16 buffer.
     Returns (M, N) bf16 (float32 accumulation, one final rounding).
     """
     _check_x(x, None)
@@ -244,6 +279,7 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
     n, k = weight.shape
     _check_x(x, k)
     _check_mode(mode)
+    _check_w4a8_k(mode, k)
     m = x.shape[0]
     _check_out(out, (m, n), x)
     if bias is not None:
@@ -259,6 +295,13 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
         return _reference.nvfp4_linear(x, weight, bias, mode=mode, out=out)
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    if mode == "w4a8" and w4a8_kernel_mode(x, m, None) == "w4a8":
+        from ..kernels.gemm.nvfp4_w4a8 import launch_nvfp4_w4a8
+
+        xq, xs = _fp8_activations(x)
+        return launch_nvfp4_w4a8(xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(),
+                                 weight.global_scale, out, bias=bias.contiguous() if bias is not None else None,
+                                 interpreter=not x.is_cuda)
     xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
     data = weight.data.contiguous()
     launch = _launcher(decode_route(xa, data, m, None, n, k))
@@ -299,7 +342,9 @@ def nvfp4_grouped_mm(
     activation: None -> out (T, N) bf16; "swiglu" -> out (T, N//2) bf16 =
         silu(min(gate, limit)) * clamp(up, -limit, limit) for weights in the
         :func:`interleave_gate_up` layout (no clamp when swiglu_limit is None).
-    mode: "w4a16" or "w4a4".  out: optional preallocated bf16 buffer.
+    mode: "w4a16", "w4a4" or "w4a8" (K % 128 == 0; the FP8 quantizer runs on the (S, K) source rows,
+        the gather stays fused; under 48 rows per expert on CUDA it runs w4a16, :func:`w4a8_kernel_mode`).
+    out: optional preallocated bf16 buffer.
     max_rows_per_expert: None or a host int, the most rows any expert can have
         (e.g. the token count of a top-k MoE layer); only sizes launches
         (:func:`plan_row_bands`): results never depend on it, even if wrong.
@@ -309,6 +354,7 @@ def nvfp4_grouped_mm(
     num_experts, n, k = weight.shape
     _check_x(x, k)
     _check_mode(mode)
+    _check_w4a8_k(mode, k)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
     if activation == "swiglu" and n % 2:
@@ -340,6 +386,15 @@ def nvfp4_grouped_mm(
         )
     if out is None:
         out = torch.empty((num_rows, n_out), dtype=torch.bfloat16, device=x.device)
+    if mode == "w4a8" and w4a8_kernel_mode(x, num_rows, num_experts) == "w4a8":
+        from ..kernels.gemm.nvfp4_w4a8 import launch_nvfp4_w4a8
+
+        xq, xs = _fp8_activations(x)
+        return launch_nvfp4_w4a8(
+            xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out,
+            expert_offsets=expert_offsets, row_index=row_index, swiglu=activation == "swiglu",
+            swiglu_limit=swiglu_limit, interpreter=not x.is_cuda,
+        )
     xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
     data = weight.data.contiguous()
     route = decode_route(xa, data, num_rows, num_experts, n, k)

@@ -27,7 +27,7 @@ import torch
 from ..format.tensor import NVFP4Tensor
 from .quantize import dequantize, quantize
 
-MODES = ("w4a16", "w4a4")
+MODES = ("w4a16", "w4a4", "w4a8")
 ACTIVATIONS = (None, "swiglu")
 
 
@@ -82,11 +82,16 @@ def swiglu_reference(y: torch.Tensor, swiglu_limit: float | None) -> torch.Tenso
 
 
 def activations_for_mode(x: torch.Tensor, mode: str) -> torch.Tensor:
-    """The bf16 activations the GEMM multiplies in ``mode`` (w4a4: NVFP4 round trip, per-row scale)."""
+    """The bf16 activations the GEMM multiplies in ``mode`` (w4a4: NVFP4 round trip, per-row scale; w4a8:
+    FP8 round trip, per-row power-of-two scale, exact in bf16; w4a8 also changes the weights)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     if mode == "w4a16" or x.numel() == 0:
         return x
+    if mode == "w4a8":
+        from .w4a8 import fake_quant_activations
+
+        return fake_quant_activations(x).to(torch.bfloat16)
     return dequantize(quantize(x, per_row=True), torch.bfloat16)
 
 
@@ -105,6 +110,10 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
     (N, K//16) e4m3, global_scale 0-d or (N, 1) fp32).  bias: None or (N,).
     Returns (M, N) bf16 (written into ``out`` when given).
     """
+    if mode == "w4a8":
+        from .w4a8 import w4a8_linear
+
+        return w4a8_linear(x, weight, bias, out=out)
     xa = activations_for_mode(x, mode)
     w = dequantize(weight, torch.float32)
     y = xa.float() @ w.t()
@@ -136,6 +145,11 @@ def nvfp4_grouped_mm(
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if mode == "w4a8":
+        from .w4a8 import w4a8_grouped_mm
+
+        return w4a8_grouped_mm(x, weight, expert_offsets, out=out, row_index=row_index, activation=activation,
+                               swiglu_limit=swiglu_limit)
     xa = activations_for_mode(x, mode)
     if row_index is not None:
         idx = row_index.long()

@@ -232,9 +232,17 @@ def expert_ffn(
 
     x: (M, H). w13: NVFP4Tensor (2*I, H), rows ``[gate(I); up(I)]`` (not
     interleaved). w2: NVFP4Tensor (H, I). mode "w4a4" fake-quantizes the
-    inputs of both GEMMs (static scales when given, else per-row dynamic).
+    inputs of both GEMMs (static scales when given, else per-row dynamic); mode "w4a8" quantizes them to
+    FP8 (per-row scale) and uses the W4A8 effective weights (``megamoe/reference/w4a8.py``).
     Returns (M, H) float32.
     """
+    if mode == "w4a8":
+        from .w4a8 import effective_weight, fake_quant_activations
+
+        h = fake_quant_activations(x) @ effective_weight(w13).t()
+        inter = h.shape[1] // 2
+        act = swiglu(h[:, :inter], h[:, inter:], swiglu_limit)
+        return fake_quant_activations(act) @ effective_weight(w2).t()
     xf = _fake_quant(x, input_scale) if mode == "w4a4" else x.float()
     h = xf @ dequantize(w13, torch.float32).t()
     inter = h.shape[1] // 2
@@ -256,6 +264,7 @@ def moe_forward(
     shared_w2: NVFP4Tensor | None = None,
     mode: str = "w4a16",
     input_scales: dict | None = None,
+    shared_mode: str | None = None,
 ) -> torch.Tensor:
     """Float32 reference of the whole MoE block (routed experts + shared expert).
 
@@ -263,8 +272,9 @@ def moe_forward(
     w13: NVFP4Tensor (E, 2*I, H) with rows ``[gate(I); up(I)]`` per expert (the
     checkpoint order, not the kernel's interleaved layout). w2: NVFP4Tensor
     (E, H, I). shared_w13 / shared_w2: (2*Is, H) / (H, Is) NVFP4Tensor or None.
-    mode: "w4a16" or "w4a4"; input_scales (w4a4 static scales, else dynamic
-    per-row): ``{"l1": 0-d, "l2": (E,), "shared_l1": 0-d, "shared_l2": 0-d}``.
+    mode: "w4a16", "w4a4" or "w4a8"; input_scales (w4a4 static scales, else dynamic
+    per-row): ``{"l1": 0-d, "l2": (E,), "shared_l1": 0-d, "shared_l2": 0-d}``. shared_mode: the shared
+    expert's mode when it differs (w4a8 layers whose routed GEMMs run w4a16 at decode sizes).
     Returns (T, H) float32. Reads device values on the host (a reference).
     """
     scales = input_scales or {}
@@ -283,7 +293,7 @@ def moe_forward(
         out.index_add_(0, token_idx, y * topk_weights[token_idx, slot].float().unsqueeze(-1))
     if shared_w13 is not None:
         out += expert_ffn(
-            hidden_states, shared_w13, shared_w2, swiglu_limit, mode=mode,
+            hidden_states, shared_w13, shared_w2, swiglu_limit, mode=shared_mode or mode,
             input_scale=scales.get("shared_l1"), inter_scale=scales.get("shared_l2"),
         )
     return out

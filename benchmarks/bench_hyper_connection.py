@@ -11,11 +11,14 @@ median over replays divided by REPS (GPU time incl. the launch gaps of a graph r
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 
-from megamoe.ops import hyper_connection as hc_ops
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+from megamoe.ops import hyper_connection as hc_ops  # noqa: E402
 
 DIMS = {"flash": 4096, "pro": 7168}
 HC, ITERS, EPS = 4, 20, 1e-6

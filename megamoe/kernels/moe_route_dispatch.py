@@ -5,14 +5,16 @@ One kernel, one launcher (:func:`launch_route_dispatch`), meant for decode-sized
 tokens; the op picks it from the token count, a host shape). It replaces the gate GEMM, the scoring ops,
 ``_moe_topk_kernel`` and ``_moe_dispatch_kernel`` (5-6 launches plus copies).
 
-**Stage 1, gate GEMV** (every program): program ``(pid_e, pid_s)`` computes the float32 logits of its
-``BLOCK_E`` experts for all T tokens over its hidden-size chunk ``[pid_s * chunk, (pid_s+1) * chunk)``
-(``x`` bf16/fp32 and ``gate`` fp32/bf16 loaded, converted to fp32, multiplied and summed in fp32: FMA
-accumulation per lane, ``"ieee"`` fp32 ``tl.dot`` from 8 tokens up) and stores the partial to a workspace
-``(splits, T, E)``. Then, after a CTA barrier, it draws a ticket on its expert block's counter
-(``atomic_add``, acq_rel, gpu scope); the program drawing ticket ``splits - 1`` sums that block's partials
-in split-index order into ``logits (T, E)`` and resets the counter. The order of every sum is fixed by the
-launch shape, not by arrival order: the same bits on every run, eager or graph replay.
+**Stage 1, gate GEMV** (every program; v2): program ``(pid_e, pid_s)`` loads its gate tile (``BLOCK_E``
+experts x ``CHUNK`` of H, fp32/bf16 -> fp32, about 32 values per thread, every load in flight at once), then
+for the tokens in blocks of ``TB`` (a runtime loop) loads x (bf16/fp32 -> fp32) and sums the fp32 products
+(per-thread chains, then a fixed tree; no tensor cores). Below 8 tokens the tile is one expert x the whole H
+(H <= 8192: no partials): the logits go straight to ``logits (T, E)``. Otherwise (16 experts x 256/512 of
+H) the partials go to a workspace ``(splits, T, E)``; after a CTA barrier the program draws a ticket on its
+expert block's counter (``atomic_add``, acq_rel, gpu scope) and the program drawing ticket ``splits - 1``
+sums the block's partials as one tile (tree over the split axis) into ``logits`` and resets the counter. The
+order of every sum is fixed by the launch shape, not by arrival order: the same bits on every run, eager or
+graph replay.
 
 **Stage 2, finish** (the last program of the launch: ticket ``e_blocks - 1`` on the final counter):
 
@@ -25,16 +27,19 @@ launch shape, not by arrival order: the same bits on every run, eager or graph r
   the token's ``tid2eid`` row (invalid token id / entry -> ids 0..k-1, NaN weights, flagged in the error
   word as ``route`` ``token_ids`` / ``tid2eid``, exactly as ``moe_router``).
 * dispatch of the ``T * SLOTS`` pairs (``SLOTS`` = k, or k+1 when the caller preset extra id columns, e.g.
-  the fused shared expert's id E): per bin chunk, the one-hot count matrix ``M[t, e]`` of the ids, its
-  token-axis prefix sum (earlier tokens of that expert) and its column totals (prefix sum over experts ->
-  ``expert_offsets``); then every pair's sorted row = start of its expert + earlier tokens of that expert +
-  earlier slots of its own token with that expert. This is the stable sort by expert, so the outputs equal
-  the torch / ``moe_dispatch`` paths' bit for bit. An id outside ``[0, num_groups)`` is grouped as the
-  pseudo-expert ``num_groups`` after every real one and flags ``dispatch`` ``topk_ids`` (as
-  ``moe_dispatch``).
+  the fused shared expert's id E): one ``tl.histogram`` of the bins (inclusive prefix sum ->
+  ``expert_offsets``) and one ``tl.sort`` of the packed keys ``bin * P + t * S_PAD + slot`` (P = T_PAD *
+  S_PAD): position i of the sorted keys is the row of that pair (``sorted_expert``, ``row_index``,
+  ``inv_perm``). This is the stable sort by expert, so the outputs equal the torch / ``moe_dispatch`` paths'
+  bit for bit. An id outside ``[0, num_groups)`` is grouped as the pseudo-expert ``num_groups`` after every
+  real one and flags ``dispatch`` ``topk_ids`` (as ``moe_dispatch``); padding pairs use bin ``BINS - 1``
+  (``BINS >= num_groups + 2``).
+
+The finish is the only serial part; its loops are runtime loops so that the code stays small (v1 unrolled
+it: 16-42 K SASS instructions run once from a cold instruction cache, the likely bulk of its 100-480 us).
 
 **Counters** (:func:`route_dispatch_counters`): one int32 vector of :data:`COUNTER_SLOTS` zeros per device
-(slots ``0..e_blocks-1`` per expert block, slot ``e_blocks`` the final one), allocated outside graph
+(slots ``0..e_blocks-1`` per expert block when H is split, slot ``e_blocks`` the final one), allocated outside graph
 capture and cached; every launch leaves it zero. Two launches on different streams of one device must not
 run concurrently.
 """
@@ -73,24 +78,32 @@ def route_dispatch_counters(device) -> torch.Tensor | None:
 
 
 def plan_route_dispatch(num_tokens: int, num_experts: int, hidden: int, programs: int) -> dict:
-    """Launch shape from host sizes only: GEMV tiles, splits of H (about ``2 * programs`` programs), finish
-    token block ``BT``, dispatch bin chunk ``EC`` and num_warps."""
+    """Launch shape from host sizes only (``programs``, the SM count, is unused since v2: the tiles fix it).
+
+    GEMV tile (BLOCK_E experts x CHUNK of H, loaded at once: about 32 fp32 per thread): below 8 tokens one
+    expert x the whole H (up to 8192: no partials, no per-block ticket), from 8 tokens 16 experts x 256/512
+    of H with the fp32 FMA ``tl.dot``. TB: tokens per GEMV step, TBR: tokens per partial-sum step, BT: tokens
+    per top-k step (all runtime loops: the code stays small, its instruction fetch cheap)."""
     t_pad = triton.next_power_of_2(max(num_tokens, 1))
-    use_dot = t_pad >= 8
-    if use_dot:
-        block_t, block_e, block_h = max(16, t_pad), 16, 32
+    h_pad = triton.next_power_of_2(max(hidden, 16))
+    use_dot = False  # the fp32 FMA tl.dot keeps whole K rows per thread: stack (local memory) at these tiles
+    if t_pad >= 8:
+        num_warps = 8 if t_pad >= 32 else 4
+        block_e, chunk = 16, min(h_pad, 64 * num_warps)
+        tb = max(1, min(t_pad, 64 * 32 * num_warps // (block_e * chunk)))
     else:
-        block_t, block_e, block_h = t_pad, 16, 128 if t_pad <= 2 else 64
+        num_warps = 8 if h_pad >= 4096 else 4
+        block_e, chunk = 1, min(h_pad, 1024 * num_warps)
+        tb = max(1, min(t_pad, 64 * 32 * num_warps // chunk))
+    threads = 32 * num_warps
     e_blocks = triton.cdiv(num_experts, block_e)
-    h_steps = triton.cdiv(hidden, block_h)
-    splits = max(1, min(h_steps, triton.cdiv(2 * programs, e_blocks)))
-    chunk = triton.cdiv(h_steps, splits) * block_h
     splits = triton.cdiv(hidden, chunk)
-    bins = triton.next_power_of_2(num_experts + 2)  # experts, an extra group (e.g. shared expert E), pseudo E+1
-    num_warps = 8 if t_pad >= 16 else 4
-    return dict(T_PAD=t_pad, USE_DOT=use_dot, BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
-                e_blocks=e_blocks, splits=splits, chunk=chunk, BT=min(t_pad, 16 if num_warps == 8 else 8),
-                EC=max(16, min(bins, 4096 // t_pad)), num_warps=num_warps)
+    splits_pad = triton.next_power_of_2(splits)
+    tbr = max(1, min(t_pad, 32 * threads // (splits_pad * block_e)))
+    e_pad = triton.next_power_of_2(num_experts)
+    bt = max(1, min(t_pad, 8 * threads // e_pad))
+    return dict(T_PAD=t_pad, USE_DOT=use_dot, BLOCK_E=block_e, CHUNK=chunk, TB=tb, e_blocks=e_blocks,
+                splits=splits, SPLITS_PAD=splits_pad, TBR=tbr, BT=bt, num_warps=num_warps)
 
 
 @triton.jit
@@ -179,57 +192,36 @@ def _finish_tokens(ws_ptr, bias_ptr, weights_ptr, ids_ptr, token_ids_ptr, tid2ei
 
 
 @triton.jit
-def _mapped_column(ids_ptr, tok, tok_ok, stride_i, j, num_groups, FLAG: tl.constexpr):
-    """ids[:, j] of the valid tokens as bins: an id outside [0, num_groups) -> num_groups (pseudo-expert)."""
-    e = tl.load(ids_ptr + tok.to(tl.int64) * stride_i + j, mask=tok_ok, other=0, cache_modifier=".cg")
-    if FLAG != 0:
-        e = tl.where((e >= 0) & (e < num_groups), e, num_groups)
-    return tl.where(tok_ok, e, -1)
-
-
-@triton.jit
-def _dispatch_pairs(ids_ptr, stride_i, scratch_ptr, offsets_ptr, sorted_expert_ptr, row_index_ptr, inv_perm_ptr,
-                    err_ptr, num_tokens, num_groups, SLOTS: tl.constexpr, S_PAD: tl.constexpr,
-                    T_PAD: tl.constexpr, BINS: tl.constexpr, EC: tl.constexpr, ERR_FLAG: tl.constexpr):
-    """Stable grouping of the T * SLOTS pairs of ``ids`` (module docstring). scratch: (BINS + T_PAD * BINS,) int32."""
+def _group_pairs(ids_ptr, stride_i, offsets_ptr, sorted_expert_ptr, row_index_ptr, inv_perm_ptr, err_ptr,
+                 num_tokens, num_groups, SLOTS: tl.constexpr, S_PAD: tl.constexpr, T_PAD: tl.constexpr,
+                 BINS: tl.constexpr, ERR_FLAG: tl.constexpr):
+    """Stable grouping of the T * SLOTS pairs of ``ids`` (module docstring): one sort of the packed keys
+    ``bin * P + pair`` (P = T_PAD * S_PAD; padding pairs in bin BINS - 1, after the pseudo-expert) and one
+    histogram of the bins. Needs BINS >= num_groups + 2."""
+    P: tl.constexpr = T_PAD * S_PAD
     tok = tl.arange(0, T_PAD)
-    tok_ok = tok < num_tokens
-    carry = num_tokens * 0
-    for c0 in tl.static_range(0, BINS, EC):
-        bins = c0 + tl.arange(0, EC)
-        m = tl.zeros((T_PAD, EC), dtype=tl.int32)
-        for j in tl.static_range(SLOTS):
-            e = _mapped_column(ids_ptr, tok, tok_ok, stride_i, j, num_groups, ERR_FLAG)
-            m += (e[:, None] == bins[None, :]).to(tl.int32)
-        earlier = tl.cumsum(m, axis=0) - m  # pairs of this expert in earlier tokens
-        total = tl.sum(m, axis=0)
-        ends = carry + tl.cumsum(total, axis=0)
-        tl.store(offsets_ptr + bins, ends, mask=bins < num_groups)
-        tl.store(scratch_ptr + bins, ends - total)
-        tl.store(scratch_ptr + BINS + tok[:, None] * BINS + bins[None, :], earlier,
-                 mask=tok_ok[:, None] & (m > 0))
-        carry += tl.sum(total, axis=0)
-    tl.debug_barrier()  # the starts / ranks above are read back by other threads of this program
     slot = tl.arange(0, S_PAD)
-    pair_ok = tok_ok[:, None] & (slot[None, :] < SLOTS)
+    pair_ok = (tok < num_tokens)[:, None] & (slot < SLOTS)[None, :]
     e = tl.load(ids_ptr + tok.to(tl.int64)[:, None] * stride_i + slot[None, :], mask=pair_ok, other=0,
                 cache_modifier=".cg")
     if ERR_FLAG != 0:
         bad = pair_ok & ((e < 0) | (e >= num_groups))
         e = tl.where(bad, num_groups, e)
         tl.atomic_or(err_ptr, ERR_FLAG, mask=tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0)
-    dup = tl.zeros((T_PAD, S_PAD), dtype=tl.int32)
-    for j in tl.static_range(SLOTS):
-        ej = _mapped_column(ids_ptr, tok, tok_ok, stride_i, j, num_groups, ERR_FLAG)
-        dup += ((ej[:, None] == e) & (slot[None, :] > j)).to(tl.int32)
-    e_safe = tl.where(pair_ok, e, 0)
-    start = tl.load(scratch_ptr + e_safe, mask=pair_ok, other=0, cache_modifier=".cg")
-    earlier = tl.load(scratch_ptr + BINS + tok[:, None] * BINS + e_safe, mask=pair_ok, other=0, cache_modifier=".cg")
-    row = start + earlier + dup
-    row = tl.where(pair_ok, row, 0)
-    tl.store(inv_perm_ptr + tok[:, None] * SLOTS + slot[None, :], row, mask=pair_ok)
-    tl.store(sorted_expert_ptr + row, e, mask=pair_ok)
-    tl.store(row_index_ptr + row, tok[:, None] + slot[None, :] * 0, mask=pair_ok)
+    e = tl.where(pair_ok, e, BINS - 1)
+    flat_e = tl.reshape(e, [P])
+    counts = tl.histogram(flat_e, BINS)
+    bins = tl.arange(0, BINS)
+    tl.store(offsets_ptr + bins, tl.cumsum(counts, axis=0), mask=bins < num_groups)
+    key = tl.reshape(e * P + tok[:, None] * S_PAD + slot[None, :], [P])
+    key = tl.sort(key)  # stable by expert: the pair index breaks the ties
+    row = tl.arange(0, P)
+    pair = key % P
+    t = pair // S_PAD
+    ok = row < num_tokens * SLOTS  # the valid pairs sort before the padding
+    tl.store(sorted_expert_ptr + row, key // P, mask=ok)
+    tl.store(row_index_ptr + row, t, mask=ok)
+    tl.store(inv_perm_ptr + t * SLOTS + pair % S_PAD, row, mask=ok)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -237,17 +229,17 @@ def _route_dispatch_kernel(
     x_ptr, stride_x,  # (T, H) bf16/fp32, unit column stride
     w_ptr, stride_g,  # (E, H) fp32/bf16 gate, unit column stride
     bias_ptr,  # (E,) fp32 (read if HAS_BIAS)
-    ws_ptr,  # fp32 workspace: logits (T, E), then partials (splits, T, E)
+    ws_ptr,  # fp32 workspace: logits (T, E), then partials (splits, T, E) when SPLIT
     cnt_ptr,  # (>= e_blocks + 1,) int32 zeros
     weights_ptr, stride_w,  # (T, >=k) fp32 out
     ids_ptr, stride_i,  # (T, >=SLOTS) int32 out (columns k..SLOTS-1 preset by the caller)
     token_ids_ptr, tid2eid_ptr, vocab, stride_t,  # hash routing (read if HASH)
-    offsets_ptr, sorted_expert_ptr, row_index_ptr, inv_perm_ptr, scratch_ptr,  # dispatch outputs / scratch
+    offsets_ptr, sorted_expert_ptr, row_index_ptr, inv_perm_ptr,  # dispatch outputs
     err_ptr,
-    num_tokens, num_experts, hidden, chunk, num_groups, routed_scaling_factor,
+    num_tokens, num_experts, hidden, num_groups, routed_scaling_factor,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, SLOTS: tl.constexpr, S_PAD: tl.constexpr, E_PAD: tl.constexpr,
-    T_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-    USE_DOT: tl.constexpr, BT: tl.constexpr, BINS: tl.constexpr, EC: tl.constexpr,
+    T_PAD: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr, TB: tl.constexpr, SPLIT: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, TBR: tl.constexpr, USE_DOT: tl.constexpr, BT: tl.constexpr, BINS: tl.constexpr,
     SCORING: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr, HASH: tl.constexpr,
     FLAG_TOKENS: tl.constexpr, FLAG_TABLE: tl.constexpr, FLAG_IDS: tl.constexpr,
 ):
@@ -256,53 +248,59 @@ def _route_dispatch_kernel(
     splits = tl.num_programs(1)
     e_blocks = tl.num_programs(0)
     logits_size = num_tokens * num_experts
-    # ---- stage 1: partial logits of experts [pid_e * BLOCK_E, +BLOCK_E) over this program's H chunk
-    tok = tl.arange(0, BLOCK_T)
-    tok_ok = tok < num_tokens
+    # ---- stage 1: logits (or a partial) of experts [pid_e * BLOCK_E, +BLOCK_E) over this program's H chunk;
+    # the gate tile is loaded at once (all its loads in flight), then the tokens in blocks of TB
     ex = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     ex_ok = ex < num_experts
-    offs_h = tl.arange(0, BLOCK_H)
-    h_start = pid_s * chunk
-    h_end = tl.minimum(h_start + chunk, hidden)
-    x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x
-    w_rows = w_ptr + ex.to(tl.int64)[:, None] * stride_g
+    hh = pid_s * CHUNK + tl.arange(0, CHUNK)
+    h_ok = hh < hidden
+    w = tl.load(w_ptr + ex.to(tl.int64)[:, None] * stride_g + hh[None, :], mask=ex_ok[:, None] & h_ok[None, :],
+                other=0.0).to(tl.float32)
     if USE_DOT:
-        acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+        wt = tl.trans(w)
+    if SPLIT:
+        dest = ws_ptr + logits_size + pid_s.to(tl.int64) * logits_size
     else:
-        acc3 = tl.zeros((BLOCK_T, BLOCK_E, BLOCK_H), dtype=tl.float32)
-    h = h_start
-    while h < h_end:
-        hh = h + offs_h
-        h_ok = hh < h_end
-        xv = tl.load(x_rows + hh[None, :], mask=tok_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
-        wv = tl.load(w_rows + hh[None, :], mask=ex_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
+        dest = ws_ptr
+    t0 = pid_e * 0
+    while t0 < num_tokens:
+        tok = t0 + tl.arange(0, TB)
+        tok_ok = tok < num_tokens
+        xv = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + hh[None, :],
+                     mask=tok_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
         if USE_DOT:
-            acc = tl.dot(xv, tl.trans(wv), acc, input_precision="ieee")
+            acc = tl.dot(xv, wt, input_precision="ieee")
         else:
-            acc3 += xv[:, None, :] * wv[None, :, :]
-        h += BLOCK_H
-    if not USE_DOT:
-        acc = tl.sum(acc3, axis=2)
-    part = ws_ptr + logits_size + pid_s.to(tl.int64) * logits_size
-    out_off = tok.to(tl.int64)[:, None] * num_experts + ex[None, :]
-    out_mask = tok_ok[:, None] & ex_ok[None, :]
-    tl.store(part + out_off, acc, mask=out_mask)
-    # ---- the last split of this expert block sums the partials in split order -> logits (T, E)
+            acc = tl.sum(xv[:, None, :] * w[None, :, :], axis=2)
+        tl.store(dest + tok.to(tl.int64)[:, None] * num_experts + ex[None, :], acc,
+                 mask=tok_ok[:, None] & ex_ok[None, :])
+        t0 += TB
+    # ---- with H splits: the last split of this expert block sums the partials (tree over the split axis, a
+    # fixed order) -> logits (T, E)
     tl.debug_barrier()
-    ticket = tl.atomic_add(cnt_ptr + pid_e, 1, sem="acq_rel", scope="gpu")
-    if ticket == splits - 1:
-        total = tl.load(ws_ptr + logits_size + out_off, mask=out_mask, other=0.0, cache_modifier=".cg")
-        s = pid_s * 0 + 1
-        while s < splits:
-            total += tl.load(ws_ptr + logits_size + s.to(tl.int64) * logits_size + out_off, mask=out_mask,
-                             other=0.0, cache_modifier=".cg")
-            s += 1
-        tl.store(ws_ptr + out_off, total, mask=out_mask)
-        tl.store(cnt_ptr + pid_e, 0)
-        tl.debug_barrier()
+    if SPLIT:
+        ticket = tl.atomic_add(cnt_ptr + pid_e, 1, sem="acq_rel", scope="gpu")
+        block_done = ticket == splits - 1
+        if block_done:
+            sp = tl.arange(0, SPLITS_PAD)
+            sp_off = logits_size + sp.to(tl.int64) * logits_size
+            t0 = pid_e * 0
+            while t0 < num_tokens:
+                tok = t0 + tl.arange(0, TBR)
+                off = tok.to(tl.int64)[:, None] * num_experts + ex[None, :]
+                ok = (tok < num_tokens)[:, None] & ex_ok[None, :]
+                parts = tl.load(ws_ptr + sp_off[:, None, None] + off[None, :, :],
+                                mask=(sp < splits)[:, None, None] & ok[None, :, :], other=0.0, cache_modifier=".cg")
+                tl.store(ws_ptr + off, tl.sum(parts, axis=0), mask=ok)
+                t0 += TBR
+            tl.store(cnt_ptr + pid_e, 0)
+            tl.debug_barrier()
+    else:
+        block_done = pid_e >= 0
+    if block_done:
         final = tl.atomic_add(cnt_ptr + e_blocks, 1, sem="acq_rel", scope="gpu")
         if final == e_blocks - 1:
-            # ---- stage 2: route every token, then group the pairs by expert
+            # ---- stage 2: route the tokens (blocks of BT), then group the pairs by expert
             t0 = pid_e * 0
             while t0 < num_tokens:
                 _finish_tokens(ws_ptr, bias_ptr, weights_ptr, ids_ptr, token_ids_ptr, tid2eid_ptr, err_ptr,
@@ -311,9 +309,8 @@ def _route_dispatch_kernel(
                                NORMALIZE, HASH, FLAG_TOKENS, FLAG_TABLE)
                 t0 += BT
             tl.debug_barrier()  # the ids stored above are read back by other threads of this program
-            _dispatch_pairs(ids_ptr, stride_i, scratch_ptr, offsets_ptr, sorted_expert_ptr, row_index_ptr,
-                            inv_perm_ptr, err_ptr, num_tokens, num_groups, SLOTS, S_PAD, T_PAD, BINS, EC,
-                            FLAG_IDS)
+            _group_pairs(ids_ptr, stride_i, offsets_ptr, sorted_expert_ptr, row_index_ptr, inv_perm_ptr, err_ptr,
+                         num_tokens, num_groups, SLOTS, S_PAD, T_PAD, BINS, FLAG_IDS)
             tl.store(cnt_ptr + e_blocks, 0)
 
 
@@ -341,9 +338,9 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
     p = plan_route_dispatch(num_tokens, num_experts, hidden, programs)
     if p["e_blocks"] + 1 > counters.shape[0]:
         raise ValueError(f"counters: {p['e_blocks'] + 1} slots needed, got {counters.shape[0]}")
-    bins = triton.next_power_of_2(num_groups + 1)
-    ws = torch.empty((p["splits"] + 1) * num_tokens * num_experts, dtype=torch.float32, device=device)
-    scratch = torch.empty(bins * (p["T_PAD"] + 1), dtype=torch.int32, device=device)
+    split = p["splits"] > 1
+    ws = torch.empty(((p["splits"] + 1) if split else 1) * num_tokens * num_experts, dtype=torch.float32,
+                     device=device)
     word = error_word if error_word is not None else errors.error_word(device)
     hashed = tid2eid is not None
     _route_dispatch_kernel[(p["e_blocks"], p["splits"])](
@@ -352,11 +349,12 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
         weights_out, weights_out.stride(0), ids_out, ids_out.stride(0),
         token_ids if hashed else ids_out, tid2eid if hashed else ids_out,
         tid2eid.shape[0] if hashed else 0, tid2eid.stride(0) if hashed else 0,
-        offsets, sorted_expert, row_index, inv_perm, scratch, word,
-        num_tokens, num_experts, hidden, p["chunk"], num_groups, float(routed_scaling_factor),
+        offsets, sorted_expert, row_index, inv_perm, word,
+        num_tokens, num_experts, hidden, num_groups, float(routed_scaling_factor),
         TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), SLOTS=slots, S_PAD=triton.next_power_of_2(slots),
-        E_PAD=triton.next_power_of_2(num_experts), T_PAD=p["T_PAD"], BLOCK_T=p["BLOCK_T"], BLOCK_E=p["BLOCK_E"],
-        BLOCK_H=p["BLOCK_H"], USE_DOT=p["USE_DOT"], BT=p["BT"], BINS=bins, EC=min(p["EC"], bins),
+        E_PAD=triton.next_power_of_2(num_experts), T_PAD=p["T_PAD"], BLOCK_E=p["BLOCK_E"], CHUNK=p["CHUNK"],
+        TB=p["TB"], SPLIT=split, SPLITS_PAD=p["SPLITS_PAD"], TBR=p["TBR"], USE_DOT=p["USE_DOT"], BT=p["BT"],
+        BINS=triton.next_power_of_2(num_groups + 2),
         SCORING=SCORING_CODES[scoring_func], HAS_BIAS=bias is not None and not hashed,
         NORMALIZE=bool(norm_topk_prob), HASH=hashed,
         FLAG_TOKENS=errors.kernel_flag("route", "token_ids") if hashed else 0,

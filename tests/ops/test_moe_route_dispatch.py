@@ -69,6 +69,7 @@ CASES = [  # tokens, experts, hidden, k, scoring
     (7, 40, 200, 4, "softmax"),
     (13, 64, 128, 6, "sqrtsoftplus"),  # dot path (>= 8 tokens), T not a power of two
     (33, 32, 64, 2, "sqrtsoftplus"),
+    (9, 20, 600, 6, "sqrtsoftplus"),  # H splits (partials + per-block ticket), 2 expert blocks, ragged ones
 ]
 
 

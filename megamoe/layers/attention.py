@@ -92,6 +92,7 @@ class Nvfp4Attention:
         self.freqs = rope_table(cfg, layer, self.device)
         dev, D, win = self.device, cfg.head_dim, cfg.window_size
         self.cache = None
+        self.last_entry_idx = None  # the compressed-entry indices of the last forward (CSA: the indexer's top-k)
         if self.kind == "window":
             self.swa_rows = torch.zeros((max_slots * win + 1, D), dtype=torch.bfloat16, device=dev)
         else:
@@ -294,6 +295,7 @@ class Nvfp4Attention:
             ws = self.cache.workspace
             window_rows = ws["window_rows"]
             entry_idx = topk if self.kind == "csa" else ws["entry_idx"]
+        self.last_entry_idx = entry_idx  # a reference only (V4Model's decision recording reads it; no device op)
         out = self._attend(q, slots, pos, self.swa_rows, window_rows, entry_idx)
         errors.check_errors_eager(self.device)  # eager only (no-op while capturing / sync-debugging)
         return out
@@ -330,6 +332,7 @@ class Nvfp4Attention:
                 entry_idx = kv_ops.select_topk(scores, c.index_topk)
             else:
                 entry_idx = self._hca_entries(n)
+        self.last_entry_idx = entry_idx
         out = self._attend(q, slots, pos, kv, window_idx.to(torch.int32), entry_idx)
         errors.check_errors_eager(self.device)
         return out

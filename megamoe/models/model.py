@@ -64,6 +64,7 @@ class V4Model:
         self.positions = [0] * self.max_slots  # host mirror: tokens held by each slot (outside graphs)
         self.embed = self.norm = self.head = None
         self._graphs: dict = {}
+        self._decisions: list | None = None  # host flag + log of record_decisions (None: not recording)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, tensors, *, progress=None) -> None:
@@ -112,10 +113,58 @@ class V4Model:
         ``head``, the last one's with the head's hc + norm). -> h, or (h, the head's normed x) with ``head``."""
         pre = None
         n = len(self.layers)
+        record = [] if self._decisions is not None else None  # host flag: nothing extra when not recording
         for i, layer in enumerate(self.layers):
             nxt = self.layers[i + 1].hc_args("attn") if i + 1 < n else (self._head_hc() if head else None)
             h, pre = layer.forward_fused(h, pre, lambda x, a=layer.attn: attend(a, x), token_ids, nxt, timer)
+            if record is not None:
+                record.append(self._layer_decisions(layer))
+        if record is not None:
+            self._decisions[-1]["layers"] = record
         return (h, pre[0]) if head else h
+
+    # ------------------------------------------------------------------ discrete decisions (eager diagnostics)
+    def record_decisions(self, on: bool = True) -> None:
+        """Start (``on``; clears the log) or stop recording the discrete decisions of every eager
+        :meth:`prefill` / :meth:`decode`: per layer the MoE's expert ids (``Nvfp4MoE.last_routing``) and a CSA
+        layer's compressed-entry top-k (the indexer's selection). Copies to the host after each layer (syncs):
+        for tests and diagnostics only, refused inside a CUDA graph capture. When off (the default) the hot paths
+        do nothing extra (one host check of a Python attribute per call). Read with :meth:`recorded_decisions`."""
+        self._decisions = [] if on else None
+
+    def _layer_decisions(self, layer) -> dict:
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("record_decisions: recording is eager only; switch it off before capture_decode")
+        k = layer.moe.config.top_k
+        ids = layer.moe.last_routing[1][:, :k].to("cpu", torch.int64)
+        topk = layer.attn.last_entry_idx if layer.attn.kind == "csa" else None
+        return {"moe_ids": ids, "index_topk": None if topk is None else topk.to("cpu", torch.int64)}
+
+    def recorded_decisions(self, slot: int) -> list:
+        """The decisions recorded for the request in ``slot`` since :meth:`record_decisions`, by position: a list
+        (one per layer) of dicts ``moe_ids`` (N, top_k) int64 (the routed experts of positions 0..N-1, slot order)
+        and ``index_topk`` (N, min(index_topk, max_entries)) int64 (CSA layers: the selected entries, best first,
+        -1 = none; other layers None), on the CPU. Positions must have been recorded from 0 without gaps (the
+        slot's prefill, then its decode rows); inactive decode rows are skipped. The format of
+        ``megamoe.reference.v4_model.model_forward``'s ``forced_decisions``."""
+        if self._decisions is None:
+            raise RuntimeError("recorded_decisions: call record_decisions() before prefill / decode")
+        rows = []  # (position, call, row)
+        for call in self._decisions:
+            for r, (s, p, a) in enumerate(zip(call["slots"], call["positions"], call["active"])):
+                if s == slot and a:
+                    rows.append((p, call, r))
+        rows.sort(key=lambda x: x[0])
+        if [p for p, _, _ in rows] != list(range(len(rows))):
+            raise ValueError(f"recorded_decisions: slot {slot}: positions {[p for p, _, _ in rows]} are not 0..N-1")
+        out = []
+        for i in range(len(self.layers)):
+            ids = torch.stack([c["layers"][i]["moe_ids"][r] for _, c, r in rows]) if rows else None
+            topk = None
+            if rows and rows[0][1]["layers"][i]["index_topk"] is not None:
+                topk = torch.stack([c["layers"][i]["index_topk"][r] for _, c, r in rows])
+            out.append({"moe_ids": ids, "index_topk": topk})
+        return out
 
     # ------------------------------------------------------------------ host side
     def join(self, slot: int) -> None:
@@ -144,6 +193,8 @@ class V4Model:
         self.join(slot)
         for layer in self.layers:
             layer.attn.prepare([slot], [0], [T])
+        if self._decisions is not None:
+            self._decisions.append({"slots": [slot] * T, "positions": list(range(T)), "active": [True] * T})
         with _one_eager_check(self.device):
             h = self._embed(token_ids)
             h = self._layers(h, lambda a, x: a.forward_prefill(slot, x), token_ids, timer, head=False)
@@ -174,6 +225,11 @@ class V4Model:
     def decode(self, batch: DecodeBatch, token_ids: torch.Tensor, timer=None) -> torch.Tensor:
         """token_ids (B,) int64 (the last token of each row) -> logits (B, vocab) float32. Sync-free but for the
         one eager error-word check at the end (module docstring; skipped while capturing)."""
+        if self._decisions is not None:  # host flag (recording is eager only)
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("record_decisions: recording is eager only; switch it off before capture_decode")
+            self._decisions.append({"slots": batch.slots.tolist(), "positions": batch.positions.tolist(),
+                                    "active": batch.active.tolist()})
         with _one_eager_check(self.device):
             h = self._embed(token_ids)
             if not self.layers:

@@ -59,6 +59,7 @@ import torch
 
 from ..models.config import CSA_RATIO, V4Config
 from .attention import sparse_mqa_attention
+from .forced import follow, index_score_bounds
 from .kvcache import dequantize_entries, prefill_pool, quantize_entries
 from .v4_numerics import (
     apply_rope,
@@ -233,7 +234,8 @@ def sparse_attention(q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, indi
 
 
 def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *, numerics: str = "official",
-                      p_rounding: tuple | None = None) -> dict:
+                      p_rounding: tuple | None = None, forced_topk: torch.Tensor | None = None,
+                      decisions_mode: str = "force", decision_report: list | None = None) -> dict:
     """One DeepSeek-V4 attention layer over a whole sequence (see the module docstring for the exact numerics).
 
     cfg, layer: the model and the layer index (its ``compress_ratios`` entry picks window / CSA / HCA).
@@ -242,6 +244,10 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
     x: (T, hidden) bf16, the layer input after ``attn_norm``.
     p_rounding: ``numerics="blocks"`` only: None (float32 P) or ``(block_n, num_splits (T,), entry_columns)``, the
     attention kernel's bf16-P evaluation (module docstring).
+    forced_topk: CSA layers, ``numerics="blocks"`` only (ignored by other layers): (T' >= T, n) int another
+    implementation's selected entries per query (best first, -1 = none), followed where the reference's own
+    float64 scores leave them tied (:func:`megamoe.reference.forced.follow` with
+    :func:`~megamoe.reference.forced.index_score_bounds`; ``decisions_mode`` / ``decision_report`` as there).
     Returns a dict:
 
     * ``out`` (T, hidden) float32 (bf16 values): the attention output (``wo_b``);
@@ -308,6 +314,13 @@ def attention_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, *,
                            blocks=blocks)
             res.update(idx)
             topk = select_topk(idx["index_scores"], visible, cfg.index_topk)
+            if forced_topk is not None:
+                if not blocks:
+                    raise ValueError(f"forced_topk: only with numerics='blocks', got numerics={numerics!r}")
+                key, lo, hi = index_score_bounds(idx["index_scores"], idx["index_q"], idx["index_weights"],
+                                                 idx["index_keys"])
+                topk = follow("index", layer, key, lo, hi, topk, forced_topk, visible, mode=decisions_mode,
+                              report=decision_report)
             res["index_scores"] = idx["index_scores"].masked_fill(~visible, float("-inf"))
         else:
             j = torch.arange(n, device=dev, dtype=torch.int32).expand(T, n)

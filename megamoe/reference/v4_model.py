@@ -44,8 +44,9 @@ from torch.overrides import TorchFunctionMode
 from ..layers.moe import FUSE_SHARED_MAX_TOKENS
 from ..models.config import CSA_RATIO, V4Config
 from ..models.v4_weights import DecodedView
+from .forced import ForcedDecisionError, follow, router_key_bounds
 from .gemm import swiglu_reference
-from .moe import hash_route, route, router_scores, swiglu
+from .moe import ROUTING_EPS, hash_route, route, router_scores, swiglu
 from .v4_attention import attention_forward, linear_bf16
 from .v4_numerics import hc_head, hc_post, hc_pre, rms_norm
 
@@ -160,7 +161,8 @@ def blocks_expert_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w
 
 
 def blocks_moe_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, tokens: torch.Tensor,
-                       shared_first: torch.Tensor | None = None) -> torch.Tensor:
+                       shared_first: torch.Tensor | None = None, *, forced_ids: torch.Tensor | None = None,
+                       decisions_mode: str = "force", decision_report: list | None = None) -> torch.Tensor:
     """``numerics="blocks"`` MoE: the references the fast MoE layer's ops are tested against, composed with its
     rounding points. x (T, hidden) bf16 (after ffn_norm), tokens (T,) -> (T, hidden) bf16.
 
@@ -171,6 +173,11 @@ def blocks_moe_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, t
       bf16 output, rounded once. The shared expert is added first where the fast layer runs it apart
       (``shared_first[t]``: tokens of a call with more than ``FUSE_SHARED_MAX_TOKENS`` rows) and last, as slot k
       with weight 1.0, where it runs fused into the grouped GEMMs (decode batches, short prompts).
+
+    forced_ids: (T' >= T, k) int, another implementation's expert ids per token (slot order), followed where the
+    reference's own keys leave them tied (:func:`megamoe.reference.forced.follow` with
+    :func:`~megamoe.reference.forced.router_key_bounds`; ``decisions_mode`` / ``decision_report`` as there); the
+    weights are then the reference's own scores at the forced ids. Hash-routed layers: must equal the table's ids.
     """
     m = cfg.moe
     p = f"layers.{layer}.ffn."
@@ -178,9 +185,33 @@ def blocks_moe_forward(cfg: V4Config, layer: int, w: Mapping, x: torch.Tensor, t
         weights, ids = hash_route(x, w[p + "gate.weight"], w[p + "gate.tid2eid"], tokens,
                                   scoring_func=m.scoring_func, norm_topk_prob=m.norm_topk_prob,
                                   routed_scaling_factor=m.routed_scaling_factor)
+        if forced_ids is not None:
+            f = forced_ids[: ids.shape[0]].to(ids.device, torch.int64)
+            bad = (f != ids.long()).any(dim=1).nonzero().reshape(-1).tolist()
+            if bad:
+                t = bad[0]
+                msg = (f"moe decision, layer {layer} (hash-routed), position {t}: forced {f[t].tolist()}, the table's "
+                       f"{ids[t].tolist()} (no tie possible)")
+                if decision_report is not None:
+                    decision_report.append(dict(kind="moe", layer=layer, position=t, own=ids[t].tolist(),
+                                                forced=f[t].tolist(), set_differs=True, ok=False,
+                                                need=float("inf"), gap=float("inf")))
+                if decisions_mode == "force":
+                    raise ForcedDecisionError(msg)
     else:
         weights, ids = route(x, w[p + "gate.weight"], w[p + "gate.bias"], top_k=m.top_k, scoring_func=m.scoring_func,
                              norm_topk_prob=m.norm_topk_prob, routed_scaling_factor=m.routed_scaling_factor)
+        if forced_ids is not None:
+            key, lo, hi = router_key_bounds(x, w[p + "gate.weight"], w[p + "gate.bias"], m.scoring_func)
+            use = follow("moe", layer, key, lo, hi, ids, forced_ids, None, mode=decisions_mode,
+                         report=decision_report)
+            changed = (use != ids).any(dim=1, keepdim=True)
+            if bool(changed.any()):  # the reference's own weights at the forced ids (route's formula)
+                fw = router_scores(x, w[p + "gate.weight"], m.scoring_func).gather(1, use.long())
+                if m.norm_topk_prob:
+                    fw = fw / (fw.sum(dim=-1, keepdim=True) + ROUTING_EPS)
+                weights = torch.where(changed, fw * m.routed_scaling_factor, weights)
+                ids = use
     ids = ids.long()
     T, k = ids.shape
     y = torch.zeros((T, k, x.shape[1]), dtype=_BF16, device=x.device)
@@ -212,20 +243,26 @@ def _hc_pre(cfg: V4Config, w: Mapping, prefix: str, h: torch.Tensor):
 
 def block_forward(cfg: V4Config, layer: int, w: Mapping, h: torch.Tensor, tokens: torch.Tensor, *,
                   numerics: str = "official", trace: dict | None = None,
-                  shared_first: torch.Tensor | None = None, p_rounding: tuple | None = None) -> torch.Tensor:
+                  shared_first: torch.Tensor | None = None, p_rounding: tuple | None = None,
+                  forced: Mapping | None = None, decisions_mode: str = "force",
+                  decision_report: list | None = None) -> torch.Tensor:
     """Official ``Block.forward``: h (T, hc_mult, hidden) bf16 -> same. ``trace`` (a dict) receives the
     attention result dict under ``"attn"`` and the MoE input / output under ``"ffn_in"`` / ``"ffn_out"``.
     ``numerics="blocks"``: the MoE is :func:`blocks_moe_forward` (``shared_first`` (T,) bool, see there) and
-    ``p_rounding`` the attention's (:func:`megamoe.reference.v4_attention.attention_forward`)."""
+    ``p_rounding`` the attention's (:func:`megamoe.reference.v4_attention.attention_forward`). ``forced``
+    ("blocks" only): this layer's forced decisions, a dict ``moe_ids`` / ``index_topk`` (:func:`model_forward`)."""
     p = f"layers.{layer}."
     x, post, comb = _hc_pre(cfg, w, p + "hc_attn", h)
+    forced = forced or {}
     a = attention_forward(cfg, layer, w, rms_norm(x, w[p + "attn_norm.weight"], cfg.norm_eps), numerics=numerics,
-                          p_rounding=p_rounding)
+                          p_rounding=p_rounding, forced_topk=forced.get("index_topk"),
+                          decisions_mode=decisions_mode, decision_report=decision_report)
     h = hc_post(a["out"].to(_BF16), h, post, comb)
     x, post, comb = _hc_pre(cfg, w, p + "hc_ffn", h)
     x = rms_norm(x, w[p + "ffn_norm.weight"], cfg.norm_eps)
     if numerics == "blocks":
-        y = blocks_moe_forward(cfg, layer, w, x, tokens, shared_first)
+        y = blocks_moe_forward(cfg, layer, w, x, tokens, shared_first, forced_ids=forced.get("moe_ids"),
+                               decisions_mode=decisions_mode, decision_report=decision_report)
     else:
         y = moe_block_forward(cfg, layer, w, x, tokens)
     if trace is not None:
@@ -267,7 +304,8 @@ def kernel_p_rounding(cfg: V4Config, layer: int, seq_len: int, prefill_tokens: i
 def model_forward(cfg: V4Config, w: Mapping, tokens: torch.Tensor, *, numerics: str = "official",
                   layers: Sequence[int] | None = None, prefill_tokens: int | None = None,
                   attention_p_rounding: str | None = None, max_context: int | None = None,
-                  decode_batch: int = 1) -> torch.Tensor:
+                  decode_batch: int = 1, forced_decisions: Sequence[Mapping] | None = None,
+                  decisions_mode: str = "force", decision_report: list | None = None) -> torch.Tensor:
     """Logits (T, vocab) float32 of one sequence ``tokens`` (T,) int.
 
     w: decoded weights by official name (:func:`megamoe.models.v4_weights.decoded_state_dict`) or the checkpoint
@@ -281,7 +319,17 @@ def model_forward(cfg: V4Config, w: Mapping, tokens: torch.Tensor, *, numerics: 
     blockwise bf16 P with the tile size and split counts of the kernel on ``tokens.device`` for a fast model of
     ``max_context`` tokens (default ``cfg.max_seq_len``) that prefilled ``prefill_tokens`` and then decoded in
     batches of ``decode_batch`` requests (:func:`kernel_p_rounding`).
+    forced_decisions ("blocks" only): another implementation's discrete decisions for this sequence, one dict per
+    layer (indexed by layer number) with ``moe_ids`` (T' >= T, top_k) int (expert ids per position, slot order) and
+    ``index_topk`` (T', n) int (CSA: selected entries per query, best first, -1 = none; else None), as
+    ``megamoe.models.model.V4Model.recorded_decisions`` returns them. ``decisions_mode="force"``: each decision
+    that differs from the reference's own is checked to be a near-tie within the tolerances stated in
+    :mod:`megamoe.reference.forced` and then used (else :class:`~megamoe.reference.forced.ForcedDecisionError`);
+    ``"compare"``: the reference keeps its own decisions and only reports. decision_report (a list): one dict per
+    differing decision (kind "moe" / "index", layer, position, own, forced, set_differs, ok, need, gap).
     """
+    if forced_decisions is not None and numerics != "blocks":
+        raise ValueError(f"forced_decisions: only with numerics='blocks', got numerics={numerics!r}")
     if attention_p_rounding not in (None, "kernel"):
         raise ValueError(f"attention_p_rounding: expected None or 'kernel', got {attention_p_rounding!r}")
     if attention_p_rounding is not None and numerics != "blocks":
@@ -298,7 +346,8 @@ def model_forward(cfg: V4Config, w: Mapping, tokens: torch.Tensor, *, numerics: 
         rounding = None if attention_p_rounding is None else kernel_p_rounding(
             cfg, layer, tokens.shape[0], P, device=tokens.device, max_context=max_context, decode_batch=decode_batch)
         h = block_forward(cfg, layer, w, h, tokens, numerics=numerics, shared_first=shared_first,
-                          p_rounding=rounding)
+                          p_rounding=rounding, forced=None if forced_decisions is None else forced_decisions[layer],
+                          decisions_mode=decisions_mode, decision_report=decision_report)
     x = hc_head(h, w["hc_head_fn"], w["hc_head_scale"], w["hc_head_base"], hc_eps=cfg.hc_eps, norm_eps=cfg.norm_eps)
     x = rms_norm(x, w["norm.weight"], cfg.norm_eps)
     return x.float() @ w["head.weight"].float().t()
@@ -306,10 +355,13 @@ def model_forward(cfg: V4Config, w: Mapping, tokens: torch.Tensor, *, numerics: 
 
 def greedy_generate(cfg: V4Config, w: Mapping, prompt: Sequence[int], steps: int, *,
                     numerics: str = "official", attention_p_rounding: str | None = None,
-                    max_context: int | None = None, decode_batch: int = 1) -> list:
+                    max_context: int | None = None, decode_batch: int = 1,
+                    forced_decisions: Sequence[Mapping] | None = None, decisions_mode: str = "force",
+                    decision_report: list | None = None) -> list:
     """``steps`` greedily generated token ids after ``prompt`` (the full sequence is recomputed every step; the
-    prompt counts as one prefill call). ``attention_p_rounding``, ``max_context``, ``decode_batch``: as
-    :func:`model_forward`."""
+    prompt counts as one prefill call). ``attention_p_rounding``, ``max_context``, ``decode_batch``,
+    ``forced_decisions`` (covering at least ``len(prompt) + steps - 1`` positions), ``decisions_mode``: as
+    :func:`model_forward`; ``decision_report`` gets the last step's report (every position of the sequence)."""
     w = as_decoded(w)
     if isinstance(w, DecodedView):
         w = dict(w.items())  # decode once for all steps
@@ -317,10 +369,15 @@ def greedy_generate(cfg: V4Config, w: Mapping, prompt: Sequence[int], steps: int
     seq = [int(t) for t in prompt]
     out = []
     for _ in range(steps):
+        report = None if decision_report is None else []
         logits = model_forward(cfg, w, torch.tensor(seq, device=device), numerics=numerics,
                                prefill_tokens=len(prompt), attention_p_rounding=attention_p_rounding,
-                               max_context=max_context, decode_batch=decode_batch)
+                               max_context=max_context, decode_batch=decode_batch,
+                               forced_decisions=forced_decisions, decisions_mode=decisions_mode,
+                               decision_report=report)
         nxt = int(logits[-1].argmax())
         seq.append(nxt)
         out.append(nxt)
+    if decision_report is not None and steps:
+        decision_report.extend(report)
     return out

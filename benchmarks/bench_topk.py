@@ -179,7 +179,7 @@ def run_grid(args, dev, t_start: float, save):
                          first_call_s=compiled.get(config_key(B, T, k, dev))))
         print(rows[-1], flush=True)
         save(rows, compiled)
-        del dense
+        dense = None  # free before the next shape
     return rows, compiled
 
 

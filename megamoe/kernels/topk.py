@@ -29,9 +29,12 @@ D+E (``_finish``). v3: when sure + candidates are at most FIN (= ``fin`` x K_P2)
    candidates above it and the ``need`` lowest-index ones equal to it are appended to ``sel``; the K
    selected entries are gathered, packed, sorted descending, decoded.
 
-"split" (v2/v3; small batches): the row is cut into P spans, one program each, three launches (S1 span
+"split" (v2-v4; small batches): the row is cut into P spans, one program each, four launches (S1 span
 maxima, skipped when the indexer kernel wrote its tile maxima into the workspace; S2 span histograms merged
-by the last-arriving program; S3 span compaction, the last-arriving program runs D+E). See the kernels.
+by the last-arriving program; S3 span compaction; v4: S4 ranks U = every entry of a better bucket and of the
+threshold bucket (it holds every entry better than any of its members, so its ranks are the row's ranks)
+over many programs, each winner stored at ``out[rank]``: no threshold search, no sort). Rows whose U is
+too large fall back to v3 (S3's last-arriving program runs D+E, or S2's runs the whole row). See the kernels.
 
 Row loops are while loops (the interpreter cannot range() over a runtime int). Everything after the launch
 is data-dependent control flow inside the program (no host sync). Scratch is global memory written and

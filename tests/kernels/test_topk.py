@@ -519,7 +519,9 @@ def test_split_plan_v4():
     assert kt.split_warps(512) == 16 and kt.split_warps(1024) == 16
     with pytest.raises(ValueError, match="fin"):
         kt.resolve_plan(1, 32768, 512, None, fin=kt.FIN_MAX + 1)
-    assert kt.workspace_entries(32768, 1024, batch=1) >= kt._split_layout(32768, 1024, 64, False)[3]
+    P = kt.split_programs(1, 32768, 1024)
+    assert P == 32 and kt.workspace_entries(32768, 1024, batch=1) == kt._split_layout(32768, 1024, P, False)[3]
+    assert kt.workspace_entries(32768, 1024) >= kt.workspace_entries(32768, 1024, batch=1)  # any batch
 
 
 @pytest.mark.cuda

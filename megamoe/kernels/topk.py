@@ -543,7 +543,7 @@ CONFIG = {"gpu": dict(chunk=4096, cap=2048, num_warps=16), "interpreter": dict(c
 SPLIT = {"gpu": dict(min_span=1024, max_split=128, chunk=1024, pch=32, pv=128),
          "interpreter": dict(min_span=64, max_split=8, chunk=64, pch=4, pv=4, num_warps=4)}  # GPU warps: split_warps
 #: S4 (v4 rank finish): RCH U entries ranked per program against UT at a time, warps per program.
-RANK = {"gpu": dict(rch=32, ut=256, num_warps=8), "interpreter": dict(rch=8, ut=16, num_warps=4)}
+RANK = {"gpu": dict(rch=32, ut=256, num_warps=8), "interpreter": dict(rch=32, ut=64, num_warps=4)}
 DEFAULT_SMS = 132
 
 

@@ -1,7 +1,7 @@
-"""Benchmark: V4 indexer scores + exact top-k on one GPU (see benchmarks/NOTES_topk.md, v3).
+"""Benchmark: V4 indexer scores + exact top-k on one GPU (see benchmarks/NOTES_topk.md, v4).
 
-Default: batch 1, 8, 32, 128 x context 4k, 32k, 128k (CSA, m = 4: T = context / 4 entries) x k 512, 1024;
-per shape
+Default and ``--quick``: the issue's points, batch 1, 8, 32, 128 x context 4k, 32k, 128k (CSA, m = 4:
+T = context / 4 entries) x k 512, 1024 (``--quick``: shorter timing, 3 replays of >= 1 ms); per shape
 * ``ours``: megamoe.kvcache.ops.indexer_topk (FP4 indexer scores + our top-k, the plan of
   megamoe/kernels/topk.py ``PLAN``; at small batch the scoring kernel also writes the tile maxima);
 * ``topk``: megamoe.ops.topk.topk_indices alone on the same float32 scores;
@@ -17,7 +17,14 @@ entries in the threshold bucket, which finish ran) and a ``PLAN["gpu"]`` replace
 Timing: CUDA graphs of n back-to-back calls (n so that a replay is >= ~2 ms, at most 200), median over 5
 replays / n. The scoring rotates between two request sets so L2 does not hold the keys across calls.
 
-Usage: python benchmarks/bench_topk.py [--quick] [--sweep] [--out benchmarks/results/topk_v3]
+Compiles: the kernels take their shapes as unspecialised runtime arguments (v4), so a kernel configuration
+(path, K_P2 class, bins, warps; the scoring kernel's tiles per program) compiles once for every shape that
+shares it. The grid first calls every shape once (compiling each new configuration, checking the indices
+against the reference, printing the seconds each first call took and the configuration key), grouped by
+key, then times; ``--budget`` seconds (default 540) stop the timing early with a partial table, and the
+JSON is rewritten after every shape, so one 600 s device call always leaves results.
+
+Usage: python benchmarks/bench_topk.py [--quick] [--sweep] [--budget S] [--out benchmarks/results/topk_v4]
 """
 from __future__ import annotations
 
@@ -99,45 +106,81 @@ class Setup:
         return n_entries, q, w, scores, slot_sets
 
 
-def run_grid(args, dev):
-    batches = [1, 8, 32, 128] if not args.quick else [1, 32]
-    contexts = [4096, 32768, 131072] if not args.quick else [4096, 131072]
-    ks = [512, 1024]
+def config_key(B: int, T: int, k: int, dev) -> tuple:
+    """What decides which compiled kernels a shape uses (shapes sharing a key share every compile)."""
+    from megamoe.kernels.kvcache import indexer as ki
+
+    nsm = kt._num_sms(dev)
+    plan = kt.plan_for(B, T, k, num_sms=nsm)
+    K = min(k, T)
+    k_p2 = max(16, triton.next_power_of_2(K))
+    if plan.path == "sort":
+        topk = ("sort", max(16, triton.next_power_of_2(T)), plan.warps)
+    else:
+        topk = (plan.path, k_p2, plan.bins, plan.warps, plan.fin > 0)
+    return topk + (("tiles", ki.tiles_per_program(B, T, num_sms=nsm), plan.path == "split"),)
+
+
+def run_grid(args, dev, t_start: float, save):
+    batches, contexts, ks = [1, 8, 32, 128], [4096, 32768, 131072], [512, 1024]
+    min_ms, replays = (1.0, 3) if args.quick else (2.0, 5)
     st = Setup(max(batches), max(contexts), dev)
     pool, table = st.cache.pool, st.cache.block_table
-    rows = []
-    for B in batches:
-        for ctx in contexts:
-            T = ctx // 4
-            n_entries, q, w, scores, slot_sets = st.shape(B, T)
-            dense = torch.randn((B, T, DI), device=dev).to(torch.bfloat16)
-            for k in ks:
-                K = min(k, T)
-                out = torch.empty((B, K), dtype=torch.int32, device=dev)
-                ws = torch.zeros((B, max(1, kt.workspace_entries(T, k, batch=B))), dtype=torch.int32, device=dev)
-                ops.indexer_topk(pool, table, q, w, slot_sets[0], n_entries, scores, k, out=out, workspace=ws)
-                assert torch.equal(out, select_topk(scores, k)), (B, T, k)
+    shapes = [(B, ctx, k) for B in batches for ctx in contexts for k in ks]
+    shapes.sort(key=lambda s: (repr(config_key(s[0], s[1] // 4, s[2], dev)), s))  # one compile per key
+    print(f"setup {time.time() - t_start:.0f} s; {len(shapes)} shapes, "
+          f"{len({config_key(B, c // 4, k, dev) for B, c, k in shapes})} kernel configurations", flush=True)
+    rows, compiled = [], {}
+    for B, ctx, k in shapes:  # pass 1: compile each configuration once, check every shape
+        T, K = ctx // 4, min(k, ctx // 4)
+        n_entries, q, w, scores, slot_sets = st.shape(B, T)
+        out = torch.empty((B, K), dtype=torch.int32, device=dev)
+        ws = torch.zeros((B, max(1, kt.workspace_entries(T, k, batch=B))), dtype=torch.int32, device=dev)
+        t0 = time.time()
+        ops.indexer_topk(pool, table, q, w, slot_sets[0], n_entries, scores, k, out=out, workspace=ws)
+        topk_indices(scores, k, out=out, workspace=ws)
+        torch.cuda.synchronize()
+        key = config_key(B, T, k, dev)
+        first = key not in compiled
+        compiled.setdefault(key, round(time.time() - t0, 1))
+        ops.indexer_topk(pool, table, q, w, slot_sets[0], n_entries, scores, k, out=out, workspace=ws)
+        assert torch.equal(out, select_topk(scores, k)), (B, T, k)
+        print(f"checked B={B} T={T} k={k} key={key}" + (f" compiled in {compiled[key]} s" if first else ""),
+              flush=True)
+        del n_entries, q, w, scores, slot_sets, out, ws
+    print(f"compiles + checks done at {time.time() - t_start:.0f} s", flush=True)
+    for B, ctx, k in sorted(shapes):  # pass 2: timing (batch-major)
+        if time.time() - t_start > args.budget:
+            print(f"budget {args.budget:.0f} s reached: B={B} ctx={ctx} k={k} and later shapes not timed", flush=True)
+            break
+        T, K = ctx // 4, min(k, ctx // 4)
+        n_entries, q, w, scores, slot_sets = st.shape(B, T)
+        dense = torch.randn((B, T, DI), device=dev, dtype=torch.bfloat16)
+        out = torch.empty((B, K), dtype=torch.int32, device=dev)
+        ws = torch.zeros((B, max(1, kt.workspace_entries(T, k, batch=B))), dtype=torch.int32, device=dev)
 
-                def ours():  # two request sets (L2 rotation), scores + top-k each
-                    for sl in slot_sets:
-                        ops.indexer_topk(pool, table, q, w, sl, n_entries, scores, k, out=out, workspace=ws)
+        def ours():  # two request sets (L2 rotation), scores + top-k each
+            for sl in slot_sets:
+                ops.indexer_topk(pool, table, q, w, sl, n_entries, scores, k, out=out, workspace=ws)
 
-                def bf16():
-                    logits = torch.einsum("bhd,btd->bth", q, dense)
-                    s = (torch.relu(logits.float()) * w[:, None, :]).sum(-1)
-                    return s.topk(K, dim=-1).indices
+        def bf16():
+            logits = torch.einsum("bhd,btd->bth", q, dense)
+            s = (torch.relu(logits.float()) * w[:, None, :]).sum(-1)
+            return s.topk(K, dim=-1).indices
 
-                t_ours = graph_us(ours) / 2
-                t_topk = graph_us(lambda: topk_indices(scores, k, out=out, workspace=ws))
-                t_bf16 = graph_us(bf16)
-                plan = kt.plan_for(B, T, k, num_sms=kt._num_sms(dev))
-                sp = t_bf16 / t_ours
-                meets = sp >= 2.0 and (B != 1 or t_ours <= 20.0)
-                rows.append(dict(batch=B, context=ctx, entries=T, k=k, ours_us=t_ours, topk_us=t_topk,
-                                 bf16_us=t_bf16, speedup=sp, meets=meets, plan=plan._asdict()))
-                print(rows[-1], flush=True)
-            del dense
-    return rows
+        t_ours = graph_us(ours, min_ms, replays) / 2
+        t_topk = graph_us(lambda: topk_indices(scores, k, out=out, workspace=ws), min_ms, replays)
+        t_bf16 = graph_us(bf16, min_ms, replays)
+        plan = kt.plan_for(B, T, k, num_sms=kt._num_sms(dev))
+        sp = t_bf16 / t_ours
+        meets = sp >= 2.0 and (B != 1 or t_ours <= 20.0)
+        rows.append(dict(batch=B, context=ctx, entries=T, k=k, ours_us=t_ours, topk_us=t_topk,
+                         bf16_us=t_bf16, speedup=sp, meets=meets, plan=plan._asdict(),
+                         first_call_s=compiled.get(config_key(B, T, k, dev))))
+        print(rows[-1], flush=True)
+        save(rows, compiled)
+        dense = None  # free before the next shape
+    return rows, compiled
 
 
 def sweep(args, dev):
@@ -168,12 +211,12 @@ def sweep(args, dev):
                     ws[:, 6] = -1
                     kt.launch_topk(scores, out, ws, **kw)
                     ok = torch.equal(out, want)
-                    diag = ws[0, :7].tolist() if plan.path == "split" else None
+                    diag = ws[0, :8].tolist() if plan.path == "split" else None
                     us = graph_us(lambda: kt.launch_topk(scores, out, ws, **kw)) if ok else float("inf")
                     results[key] = (us, diag)
                     lines.append(f"B={B} T={T} k={k} {plan} -> {us:.1f} us"
-                                 + ("" if ok else " WRONG") + (f" diag[b*,need,fallback,ref,count,by_sort]="
-                                                               f"{diag[1:7]}" if diag else ""))
+                                 + ("" if ok else " WRONG") + (f" diag[b*,need,mode,ref,count,finish,n_U]="
+                                                               f"{diag[1:8]}" if diag else ""))
                     print(lines[-1], flush=True)
                     return results[key]
 
@@ -220,41 +263,49 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--budget", type=float, default=170.0, help="sweep: seconds before it stops timing")
-    ap.add_argument("--out", default="benchmarks/results/topk_v3")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds before timing stops (default: 540 for the grid, 170 for the sweep)")
+    ap.add_argument("--out", default="benchmarks/results/topk_v4")
     args = ap.parse_args()
+    if args.budget is None:
+        args.budget = 170.0 if args.sweep else 540.0
     dev = torch.device("cuda")
     t0 = time.time()
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 command=" ".join(["python benchmarks/bench_topk.py"] + sys.argv[1:]),
-                timing="CUDA graph of n calls, median of 5 replays / n")
+                timing="CUDA graph of n calls, median of 5 (--quick: 3) replays / n")
     out_dir = os.environ.get("OUT")
     base = args.out + ("_sweep" if args.sweep else "")
     paths = [base] + ([os.path.join(out_dir, os.path.basename(base))] if out_dir else [])
+    for p in paths:
+        os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
     if args.sweep:
         res = sweep(args, dev)
         for p in paths:
-            os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
             with open(p + ".json", "w") as f:
                 json.dump(dict(meta=meta, **res), f, indent=1)
         return
-    rows = run_grid(args, dev)
-    meta["seconds"] = round(time.time() - t0)
-    for p in paths:
-        os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
-        with open(p + ".json", "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        with open(p + ".md", "w") as f:
-            f.write(f"# indexer scores + top-k (v3)\n\n{json.dumps(meta)}\n\n")
-            f.write("| batch | context | entries | k | ours us | top-k alone us | bf16 path us | speedup | meets | "
-                    "plan |\n|---|---|---|---|---|---|---|---|---|---|\n")
-            for r in rows:
-                pl = r["plan"]
-                f.write(f"| {r['batch']} | {r['context']} | {r['entries']} | {r['k']} | {r['ours_us']:.1f} | "
-                        f"{r['topk_us']:.1f} | {r['bf16_us']:.1f} | {r['speedup']:.2f}x | "
-                        f"{'yes' if r['meets'] else 'NO'} | {pl['path']} P={pl['programs']} fin={pl['fin']} "
-                        f"bins={pl['bins']} w={pl['warps']} |\n")
+
+    def save(rows, compiled):
+        meta["seconds"] = round(time.time() - t0)
+        for p in paths:
+            with open(p + ".json", "w") as f:
+                json.dump(dict(meta=meta, rows=rows, first_call_s={repr(k): v for k, v in compiled.items()}), f,
+                          indent=1)
+            with open(p + ".md", "w") as f:
+                f.write(f"# indexer scores + top-k (v4)\n\n{json.dumps(meta)}\n\n")
+                f.write("| batch | context | entries | k | ours us | top-k alone us | bf16 path us | speedup | meets | "
+                        "plan |\n|---|---|---|---|---|---|---|---|---|---|\n")
+                for r in rows:
+                    pl = r["plan"]
+                    f.write(f"| {r['batch']} | {r['context']} | {r['entries']} | {r['k']} | {r['ours_us']:.1f} | "
+                            f"{r['topk_us']:.1f} | {r['bf16_us']:.1f} | {r['speedup']:.2f}x | "
+                            f"{'yes' if r['meets'] else 'NO'} | {pl['path']} P={pl['programs']} fin={pl['fin']} "
+                            f"bins={pl['bins']} w={pl['warps']} |\n")
+
+    rows, compiled = run_grid(args, dev, t0, save)
+    save(rows, compiled)
     print(open(paths[0] + ".md").read())
 
 

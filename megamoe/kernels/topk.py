@@ -29,9 +29,12 @@ D+E (``_finish``). v3: when sure + candidates are at most FIN (= ``fin`` x K_P2)
    candidates above it and the ``need`` lowest-index ones equal to it are appended to ``sel``; the K
    selected entries are gathered, packed, sorted descending, decoded.
 
-"split" (v2/v3; small batches): the row is cut into P spans, one program each, three launches (S1 span
+"split" (v2-v4; small batches): the row is cut into P spans, one program each, four launches (S1 span
 maxima, skipped when the indexer kernel wrote its tile maxima into the workspace; S2 span histograms merged
-by the last-arriving program; S3 span compaction, the last-arriving program runs D+E). See the kernels.
+by the last-arriving program; S3 span compaction; v4: S4 ranks U = every entry of a better bucket and of the
+threshold bucket (it holds every entry better than any of its members, so its ranks are the row's ranks)
+over many programs, each winner stored at ``out[rank]``: no threshold search, no sort). Rows whose U is
+too large fall back to v3 (S3's last-arriving program runs D+E, or S2's runs the whole row). See the kernels.
 
 Row loops are while loops (the interpreter cannot range() over a runtime int). Everything after the launch
 is data-dependent control flow inside the program (no host sync). Scratch is global memory written and
@@ -166,8 +169,8 @@ def _compact(src, sel_ptr, cand_ptr, T, begin, end, ref, bstar, lo, hi, n_sel, n
 
 
 @triton.jit
-def _finish(src, dst, sel_ptr, cand_ptr, T, n_sel, n_cand, need,
-            K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, FIN: tl.constexpr):
+def _finish(src, dst, sel_ptr, cand_ptr, T, n_sel, n_cand, need, K,
+            K_P2: tl.constexpr, CAP: tl.constexpr, FIN: tl.constexpr):
     """D + E: the K best among the ``n_sel`` sure entries (``sel``) and the first ``min(n_cand, CAP)``
     (index-ordered) candidates (``cand``), sorted and stored (-1 for -inf). Returns 1 when they were found
     by one sort of sure + candidates (v3: ``FIN > 0`` and at most FIN of them), 0 for the D steps (exact
@@ -217,7 +220,7 @@ def _finish(src, dst, sel_ptr, cand_ptr, T, n_sel, n_cand, need,
 
 
 @triton.jit
-def _store_sorted(dst, p, T, K: tl.constexpr, N: tl.constexpr):
+def _store_sorted(dst, p, T, K, N: tl.constexpr):
     """The first K of N sorted packed keys -> indices (-1 for -inf)."""
     offs = tl.arange(0, N)
     key = (p >> 32).to(tl.int32)
@@ -226,8 +229,8 @@ def _store_sorted(dst, p, T, K: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
-def _row_topk(src, dst, sel_ptr, cand_ptr, T,
-              K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
+def _row_topk(src, dst, sel_ptr, cand_ptr, T, K,
+              K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
               NB: tl.constexpr, FIN: tl.constexpr):
     """The whole v1 selection of one row by one program (K < T)."""
     lane = tl.arange(0, CHUNK)
@@ -283,9 +286,9 @@ def _row_topk(src, dst, sel_ptr, cand_ptr, T,
     return _finish(src, dst, sel_ptr, cand_ptr, T, n_sel, n_cand, need, K, K_P2, CAP, FIN)
 
 
-@triton.jit
-def _topk_kernel(scores_ptr, out_ptr, scratch_ptr, T, scratch_stride,
-                 K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "scratch_stride", "K"])
+def _topk_kernel(scores_ptr, out_ptr, scratch_ptr, T, scratch_stride, K,
+                 K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
                  SORT_N: tl.constexpr, NB: tl.constexpr = 128, FIN: tl.constexpr = 0):
     """One program per row. ``SORT_N > 0`` (v3 "sort" path, T <= SORT_N): the whole row packed and sorted
     in registers, the first K stored (no scratch). Else the v1 bucket select (K < T)."""
@@ -303,13 +306,19 @@ def _topk_kernel(scores_ptr, out_ptr, scratch_ptr, T, scratch_stride,
         _row_topk(src, dst, sel_ptr, cand_ptr, T, K, K_P2, CAP, CHUNK, NB, FIN)
 
 
-# ---------------------------------------------------------------- v2/v3: rows split over P programs
+# ---------------------------------------------------------------- v2-v4: rows split over P programs
 # Per-row int32 workspace of the split path (offsets from the row's base):
-#   [0] arrival counter (0 between calls), [1] b*, [2] need, [3] fallback flag, [4] reference (row maximum
-#   key), [5] entries in bucket b*, [6] 1 when the finish was one sort of sure + candidates (diagnostics);
-#   [16, 16 + MREG) row maxima: P span maxima (S1) or the indexer's tile maxima (v3, S1 skipped);
-#   then P_P2 x NB span histograms, P_P2 sure offsets, P_P2 candidate offsets, sel (K_P2), cand (CAP).
+#   [0] arrival counter (0 between calls), [1] b*, [2] need, [3] mode (0: v4 rank finish by S4; 1: the whole
+#   row selected by S2's merging program; 2: S3 index-ordered compaction + D steps), [4] reference (row
+#   maximum key), [5] entries in bucket b*, [6] which finish ran (diagnostics: 2 rank, 0 D steps; mode 1:
+#   the row finish's own flag), [7] n_U (entries S4 ranks);
+#   [16, 16 + MREG) row maxima: P span maxima (S1) or the indexer's tile maxima (S1 skipped);
+#   then P x NB cumulative span histograms, P offsets (U, or sure entries in mode 2), P candidate offsets, sel (K_P2),
+#   cand (CAP) (mode 2), then at UOFF the U keys (UMAX int32) and the U indices (UMAX int32) (mode 0).
 _HDR = 16
+#: The rank finish (mode 0) applies while U = sure + threshold bucket holds at most fin * K_P2 entries;
+#: the workspace holds U for fin <= FIN_MAX.
+FIN_MAX = 4
 
 
 @triton.jit
@@ -318,7 +327,7 @@ def _span_bounds(p, T, SPAN):
     return begin, tl.minimum(begin + SPAN, T)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "ws_stride", "SPAN"])
 def _split_max_kernel(scores_ptr, ws_ptr, T, ws_stride, SPAN, CHUNK: tl.constexpr):
     """S1, grid (B, P): the maximum key of each program's span of the row."""
     row = tl.program_id(0).to(tl.int64)
@@ -348,16 +357,17 @@ def _max_of(ptr, n, MCH: tl.constexpr):
     return tl.max(acc, 0)
 
 
-@triton.jit
-def _split_hist_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, NMAX, MREG,
-                       K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
-                       P_P2: tl.constexpr, ROW_CHUNK: tl.constexpr, NB: tl.constexpr, FIN: tl.constexpr,
-                       MCH: tl.constexpr):
+@triton.jit(do_not_specialize=["T", "ws_stride", "SPAN", "P", "NMAX", "MREG", "K", "UCAP"])
+def _split_hist_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, NMAX, MREG, K, UCAP,
+                       K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, ROW_CHUNK: tl.constexpr,
+                       NB: tl.constexpr, MCH: tl.constexpr, PCH: tl.constexpr, PV: tl.constexpr):
     """S2, grid (B, P): NB-bin histogram of each span below the exact row maximum (the maximum of the NMAX
     maxima at ws[16:]: S1's span maxima or the indexer's tile maxima); the last program of the row to
-    arrive merges them in program order: b*, need, and per-program output offsets (sure entries and
-    candidates, so S3 writes them in index order). More than CAP candidates in b* (dense ties, not the
-    -inf bucket): that program runs the whole v1 selection of the row and flags it done."""
+    arrive merges them in program order (PCH spans at a time): b*, need, the mode, and per-program output
+    offsets. Mode 0 (v4) when U = every entry of a better bucket and of b* (only the better ones when b* is
+    the -inf bucket) has at most UCAP entries: offsets of U per span. Else as v3: offsets of sure entries
+    and candidates in index order (mode 2), or, with more than CAP candidates in b* (dense ties, not the
+    -inf bucket), the merging program runs the whole v1 selection of the row (mode 1)."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     src = scores_ptr + row * T
@@ -373,69 +383,151 @@ def _split_hist_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, NMAX,
         o = _load_keys(src, idx, T)
         h += tl.histogram(tl.where(live, _bucket(o, ref, NB), 0), NB, mask=live)
         start += CHUNK
-    hist = ws + 16 + MREG  # (P, NB)
+    hist = ws + 16 + MREG  # (P, NB) cumulative span histograms
     bins = tl.arange(0, NB)
-    tl.store(hist + p * NB + bins, h)
+    tl.store(hist + p * NB + bins, tl.cumsum(h, 0))
     tl.debug_barrier()
     arrived = tl.atomic_add(ws, 1, sem="acq_rel", scope="gpu")
     if arrived == P - 1:
         tl.debug_barrier()
-        pp = tl.arange(0, P_P2)
-        hp = tl.load(hist + pp[:, None] * NB + bins[None, :], mask=(pp < P)[:, None], other=0,
-                     cache_modifier=".cg")
-        bstar, before, count = _find_bucket(tl.sum(hp, 0), K, NB)
+        pp = tl.arange(0, PCH)
+        cum = tl.zeros([NB], tl.int32)
+        q = 0
+        while q < P:
+            cp = tl.load(hist + (q + pp)[:, None] * NB + bins[None, :], mask=(q + pp < P)[:, None], other=0,
+                         cache_modifier=".cg")
+            cum += tl.sum(cp, 0)
+            q += PCH
+        bstar = tl.sum((cum < K).to(tl.int32), 0)  # the bucket of the K-th best
+        before = tl.sum(tl.where(bins == bstar - 1, cum, 0), 0)
+        count = tl.sum(tl.where(bins == bstar, cum, 0), 0) - before
         need = K - before
-        sure_p = tl.sum(tl.where(bins[None, :] < bstar, hp, 0), 1)
-        cand_p = tl.sum(tl.where(bins[None, :] == bstar, hp, 0), 1)
-        offs_ptr = hist + P_P2 * NB
-        tl.store(offs_ptr + pp, tl.cumsum(sure_p, 0) - sure_p)
-        tl.store(offs_ptr + P_P2 + pp, tl.cumsum(cand_p, 0) - cand_p)
-        fallback = (count > CAP) & (bstar != NB - 2)
+        n_u = tl.where(bstar == NB - 2, before, before + count)
+        mode = tl.where((n_u <= UCAP) & (bstar != NB - 1), 0,
+                        tl.where((count > CAP) & (bstar != NB - 2), 1, 2))
+        ub = tl.where((mode == 0) & (bstar != NB - 2), bstar + 1, bstar)  # U (mode 0) / sure: buckets < ub
+        # per-span counts from two columns of the cumulative histograms: entries in buckets < ub, in b*
+        offs_ptr = hist + P * NB
+        carry_u = tl.zeros([], tl.int32)
+        carry_c = tl.zeros([], tl.int32)
+        pv = tl.arange(0, PV)
+        q = 0
+        while q < P:
+            m = q + pv < P
+            rows = hist + (q + pv) * NB
+            u_p = tl.load(rows + ub - 1, mask=m & (ub > 0), other=0, cache_modifier=".cg")
+            c_lo = tl.load(rows + bstar - 1, mask=m & (bstar > 0), other=0, cache_modifier=".cg")
+            c_p = tl.load(rows + bstar, mask=m, other=0, cache_modifier=".cg") - c_lo
+            tl.store(offs_ptr + q + pv, carry_u + tl.cumsum(u_p, 0) - u_p, mask=m)
+            tl.store(offs_ptr + P + q + pv, carry_c + tl.cumsum(c_p, 0) - c_p, mask=m)
+            carry_u += tl.sum(u_p, 0)
+            carry_c += tl.sum(c_p, 0)
+            q += PV
         tl.store(ws + 1, bstar)
         tl.store(ws + 2, need)
-        tl.store(ws + 3, fallback.to(tl.int32))
+        tl.store(ws + 3, mode)
         tl.store(ws + 4, ref)
         tl.store(ws + 5, count)
+        tl.store(ws + 6, tl.where(mode == 0, 2, 0))
+        tl.store(ws + 7, n_u)
         tl.store(ws, 0)  # counter back to 0 for S3 and the next call
-        if fallback:
-            sel_ptr = offs_ptr + 2 * P_P2
+        if mode == 1:
+            sel_ptr = offs_ptr + 2 * P
             by_sort = _row_topk(src, out_ptr + row * K, sel_ptr, sel_ptr + K_P2, T, K, K_P2, CAP, ROW_CHUNK,
-                                NB, FIN)
+                                NB, 0)
             tl.store(ws + 6, by_sort)
 
 
-@triton.jit
-def _split_select_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, MREG,
-                         K: tl.constexpr, K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
-                         P_P2: tl.constexpr, NB: tl.constexpr, FIN: tl.constexpr):
-    """S3, grid (B, P): each span appends its sure entries and candidates at the offsets of S2 (index
-    order, as v1); the last program of the row to arrive finishes (one sort of sure + candidates when at
-    most FIN, else v1's D + E)."""
+@triton.jit(do_not_specialize=["T", "ws_stride", "SPAN", "P", "MREG", "K", "UOFF", "UMAX"])
+def _split_select_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, MREG, K, UOFF, UMAX,
+                         K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, NB: tl.constexpr):
+    """S3, grid (B, P). Mode 0 (v4): each span appends the keys and indices of its U entries at its offset
+    (no ordering needed: S4 ranks unique packed keys). Mode 2 (v3): each span appends its sure entries and
+    candidates at the offsets of S2 (index order, as v1); the last program of the row to arrive runs v1's
+    D + E. Mode 1: nothing (S2 finished the row)."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     src = scores_ptr + row * T
     ws = ws_ptr + row * ws_stride
-    if tl.load(ws + 3) == 0:
-        ref = tl.load(ws + 4)
-        bstar = tl.load(ws + 1)
+    mode = tl.load(ws + 3)
+    ref = tl.load(ws + 4)
+    bstar = tl.load(ws + 1)
+    offs_ptr = ws + 16 + MREG + P * NB
+    begin, end = _span_bounds(p, T, SPAN)
+    if mode == 0:
+        ukey = ws + UOFF
+        uidx = ukey + UMAX
+        ub = tl.where(bstar == NB - 2, bstar, bstar + 1)
+        lane = tl.arange(0, CHUNK)
+        n = tl.load(offs_ptr + p)
+        start = begin
+        while start < end:
+            idx = start + lane
+            o = _load_keys(src, idx, T)
+            u = (idx < end) & (_bucket(o, ref, NB) < ub)
+            ui = u.to(tl.int32)
+            pos = n + tl.cumsum(ui, 0) - ui
+            tl.store(ukey + pos, o, mask=u)
+            tl.store(uidx + pos, idx, mask=u)
+            n += tl.sum(ui, 0)
+            start += CHUNK
+    elif mode == 2:
         need = tl.load(ws + 2)
-        offs_ptr = ws + 16 + MREG + P_P2 * NB
-        sel_ptr = offs_ptr + 2 * P_P2
+        sel_ptr = offs_ptr + 2 * P
         cand_ptr = sel_ptr + K_P2
-        begin, end = _span_bounds(p, T, SPAN)
         lo = tl.full([], -2147483648, tl.int64)
         hi = tl.full([], 2147483647, tl.int64)
         _compact(src, sel_ptr, cand_ptr, T, begin, end, ref, bstar, lo, hi,
-                 tl.load(offs_ptr + p), tl.load(offs_ptr + P_P2 + p), CAP, CHUNK, NB)
+                 tl.load(offs_ptr + p), tl.load(offs_ptr + P + p), CAP, CHUNK, NB)
         tl.debug_barrier()
         arrived = tl.atomic_add(ws, 1, sem="acq_rel", scope="gpu")
         if arrived == P - 1:
             tl.debug_barrier()
             tl.store(ws, 0)
             n_cand = tl.load(ws + 5)  # every entry of bucket b* (S2's merged count)
-            by_sort = _finish(src, out_ptr + row * K, sel_ptr, cand_ptr, T, K - need, n_cand, need,
-                              K, K_P2, CAP, FIN)
+            by_sort = _finish(src, out_ptr + row * K, sel_ptr, cand_ptr, T, K - need, n_cand, need, K,
+                              K_P2, CAP, 0)
             tl.store(ws + 6, by_sort)
+
+
+@triton.jit(do_not_specialize=["T", "K", "ws_stride", "UOFF", "UMAX"])
+def _split_rank_kernel(out_ptr, ws_ptr, T, K, ws_stride, UOFF, UMAX, RCH: tl.constexpr, UT: tl.constexpr):
+    """S4 (v4), grid (B, cdiv(UCAP, RCH)), mode 0 only: program r ranks U entries [r * RCH, (r + 1) * RCH)
+    against all n_U of U (count of larger unique packed keys, UT at a time) and stores each one whose rank
+    is below K at ``out[rank]`` (-1 for -inf). U holds every entry better than any of its members, so its
+    ranks are the row's ranks and the K best come out sorted (best first, ties to the lower index). Slots
+    [n_U, K) (fewer finite entries than K: the K-th best is -inf) are set to -1."""
+    row = tl.program_id(0).to(tl.int64)
+    r = tl.program_id(1)
+    ws = ws_ptr + row * ws_stride
+    if tl.load(ws + 3) == 0:
+        n = tl.load(ws + 7)
+        dst = out_ptr + row * K
+        ukey = ws + UOFF
+        uidx = ukey + UMAX
+        c = r * RCH + tl.arange(0, RCH)
+        tl.store(dst + c, tl.full([RCH], -1, tl.int32), mask=(c >= n) & (c < K))
+        if r * RCH < n:
+            xm = c < n
+            xk = tl.load(ukey + c, mask=xm, other=0)
+            xi = tl.load(uidx + c, mask=xm, other=0)
+            x = _pack(xk, xi, T)
+            lane = tl.arange(0, UT)
+            acc = tl.zeros([RCH, UT], tl.int32)
+            yk = tl.load(ukey + lane, mask=lane < n, other=0)
+            yi = tl.load(uidx + lane, mask=lane < n, other=0)
+            start = 0
+            while start < n:
+                nxt = start + UT + lane
+                yk_next = tl.load(ukey + nxt, mask=nxt < n, other=0)  # issued before this tile's compares
+                yi_next = tl.load(uidx + nxt, mask=nxt < n, other=0)
+                y = tl.where(start + lane < n, _pack(yk, yi, T), -9223372036854775807 - 1)
+                acc += (y[None, :] > x[:, None]).to(tl.int32)
+                yk = yk_next
+                yi = yi_next
+                start += UT
+            rank = tl.sum(acc, 1)
+            tl.store(dst + rank, tl.where(xk == -2139095041, -1, xi), mask=xm & (rank < K))
 
 
 # ---------------------------------------------------------------- host side: plan, workspace, launch
@@ -443,19 +535,27 @@ def _split_select_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, MRE
 #: tile, CAP candidate slots (>= K_P2), warps per program.
 CONFIG = {"gpu": dict(chunk=4096, cap=2048, num_warps=16), "interpreter": dict(chunk=256, cap=512, num_warps=4)}
 #: Split path: at most MAX_SPLIT programs per row, each span >= MIN_SPAN entries (the "auto" programs
-#: rule), CHUNK entries per streamed tile; DEFAULT_SMS when no CUDA device is visible.
-SPLIT = {"gpu": dict(min_span=512, max_split=128, chunk=1024),
-         "interpreter": dict(min_span=64, max_split=8, chunk=64, num_warps=4)}  # GPU warps: split_warps
+#: rule), CHUNK entries per streamed tile (one value for every shape: one compiled kernel per K_P2 class),
+#: PCH span histograms summed per step by S2's merging program (one L2 round trip up to PCH programs per
+#: row), PV spans per step of its offsets (two columns of the cumulative histograms); DEFAULT_SMS when no
+#: CUDA device is visible. v4: spans >= 1024 (was 512): at batch 1 the passes are latency-bound, and
+#: P <= 32 at 128k keeps the merge to two round trips.
+SPLIT = {"gpu": dict(min_span=1024, max_split=128, chunk=1024, pch=32, pv=128),
+         "interpreter": dict(min_span=64, max_split=8, chunk=64, pch=4, pv=4, num_warps=4)}  # GPU warps: split_warps
+#: S4 (v4 rank finish): RCH U entries ranked per program against UT at a time, warps per program.
+RANK = {"gpu": dict(rch=32, ut=256, num_warps=8), "interpreter": dict(rch=32, ut=64, num_warps=4)}
 DEFAULT_SMS = 132
 
 
 class Plan(NamedTuple):
     """How one shape is selected. path: "sort" (the whole row sorted in registers by one program; T <= the
     row's power of two), "row" (v1: bucket select, one program per row) or "split" (P programs per row,
-    three launches, two with S1 skipped when the indexer wrote tile maxima). programs: split programs per
+    four launches, three with S1 skipped when the indexer wrote tile maxima). programs: split programs per
     row, 0 = auto (min(MAX_SPLIT, SMs // B, T // MIN_SPAN); below 2 -> "row"). warps: 0 = the path's
-    default. fin: finish by one sort of sure + candidates when there are at most fin * K_P2 of them (0: the
-    D steps always). bins: first-histogram buckets, 128 (4 per octave) or 256 (8 per octave)."""
+    default. fin (0..FIN_MAX): "row" finishes by one sort of sure + candidates when there are at most
+    fin * K_P2 of them, "split" by the S4 rank finish when U (sure + threshold bucket) has at most fin * K_P2
+    entries (0: the D steps always). bins: first-histogram buckets, 128 (4 per octave) or 256 (8 per
+    octave)."""
     path: str
     programs: int = 0
     warps: int = 0
@@ -507,11 +607,11 @@ def split_programs(B: int, T: int, k: int, *, interpreter: bool = False, num_sms
 
 
 def split_warps(K: int, *, interpreter: bool = False) -> int:
-    """Default warps of the split kernels: 16, or 8 from K_P2 = 1024 (sm_90: S3's finish spills at 16 warps,
-    where ptxas caps a 512-thread program at 64 registers)."""
+    """Default warps of the split kernels S1-S3: 16 (v4: S3 no longer holds the one-sort finish that spilled
+    at 16 warps for K_P2 = 1024; the sm_90 compile test checks both K classes)."""
     if interpreter:
         return SPLIT["interpreter"]["num_warps"]
-    return 16 if max(16, triton.next_power_of_2(K)) <= 512 else 8
+    return 16
 
 
 def _tile_block(interpreter: bool) -> int:
@@ -527,11 +627,13 @@ def _k_cap(K: int, interpreter: bool, cap: int | None = None):
 
 
 def _split_layout(T: int, K: int, programs: int, interpreter: bool, cap: int | None = None):
-    """(MREG, P_P2, int32 entries per row) of the split workspace (histograms sized for 256 bins)."""
+    """(MREG, UOFF, UMAX, int32 entries per row) of the split workspace (histograms sized for 256 bins, U
+    for fin <= FIN_MAX)."""
     k_p2, cap = _k_cap(K, interpreter, cap)
-    p_p2 = triton.next_power_of_2(programs)
-    mreg = triton.cdiv(max(p_p2, triton.cdiv(T, _tile_block(interpreter))), 16) * 16
-    return mreg, p_p2, _HDR + mreg + p_p2 * 256 + 2 * p_p2 + k_p2 + cap
+    mreg = triton.cdiv(max(programs, triton.cdiv(T, _tile_block(interpreter))), 16) * 16
+    uoff = _HDR + mreg + programs * 256 + 2 * programs + k_p2 + cap
+    umax = FIN_MAX * k_p2
+    return mreg, uoff, umax, uoff + 2 * umax
 
 
 def workspace_entries(T: int, k: int, *, interpreter: bool = False, programs: int | None = None,
@@ -550,7 +652,13 @@ def workspace_entries(T: int, k: int, *, interpreter: bool = False, programs: in
         programs = SPLIT["interpreter" if interpreter else "gpu"]["max_split"]
     if programs <= 1:
         return sum(_k_cap(K, interpreter, cap))
-    return _split_layout(T, K, programs, interpreter, cap)[2]
+    return _split_layout(T, K, _spans(T, programs)[1], interpreter, cap)[3]
+
+
+def _spans(T: int, programs: int):
+    """(span, P): spans of a multiple of 16 entries, no empty span."""
+    span = triton.cdiv(triton.cdiv(T, programs), 16) * 16
+    return span, triton.cdiv(T, span)
 
 
 def tile_maxima_offset() -> int:
@@ -584,6 +692,8 @@ def resolve_plan(B: int, T: int, K: int, device=None, *, interpreter: bool = Fal
         plan = plan._replace(fin=fin)
     if bins is not None:
         plan = plan._replace(bins=bins)
+    if not 0 <= plan.fin <= FIN_MAX:
+        raise ValueError(f"fin: expected 0..{FIN_MAX}, got {plan.fin}")
     if num_warps is not None:
         plan = plan._replace(warps=num_warps)
     if plan.bins not in (128, 256):
@@ -619,16 +729,15 @@ def launch_topk(scores, out, scratch=None, *, interpreter: bool = False, cap: in
                         bins=bins, num_warps=num_warps)
     if plan.path == "sort":
         sort_n = max(16, triton.next_power_of_2(T))
-        _topk_kernel[(B,)](scores, out, out, T, 0, K=K, K_P2=k_p2, CAP=cap, CHUNK=16, SORT_N=sort_n,
+        _topk_kernel[(B,)](scores, out, out, T, 0, K, K_P2=16, CAP=16, CHUNK=16, SORT_N=sort_n,
                            num_warps=plan.warps or cfg["num_warps"])
         return out
     fin_n = plan.fin * k_p2
     if plan.path == "row":
         need = k_p2 + cap
     else:
-        span = triton.cdiv(triton.cdiv(T, plan.programs), 16) * 16
-        P = triton.cdiv(T, span)  # no empty spans
-        mreg, p_p2, need = _split_layout(T, K, P, interpreter, cap)
+        span, P = _spans(T, plan.programs)
+        mreg, uoff, umax, need = _split_layout(T, K, P, interpreter, cap)
     if scratch is None:
         scratch = torch.zeros((B, need), dtype=torch.int32, device=scores.device)
     elif (scratch.dtype != torch.int32 or scratch.dim() != 2 or scratch.shape[0] < B
@@ -637,12 +746,12 @@ def launch_topk(scores, out, scratch=None, *, interpreter: bool = False, cap: in
                          f"got {scratch.dtype} {tuple(scratch.shape)}")
     if plan.path == "row":
         chunk = min(chunk or cfg["chunk"], max(16, triton.next_power_of_2(T)))
-        _topk_kernel[(B,)](scores, out, scratch, T, scratch.shape[1], K=K, K_P2=k_p2, CAP=cap, CHUNK=chunk,
+        _topk_kernel[(B,)](scores, out, scratch, T, scratch.shape[1], K, K_P2=k_p2, CAP=cap, CHUNK=chunk,
                            SORT_N=0, NB=plan.bins, FIN=fin_n, num_warps=plan.warps or cfg["num_warps"])
         return out
     scfg = SPLIT[mode]
-    schunk = min(chunk or scfg["chunk"], triton.next_power_of_2(span))
-    row_chunk = min(cfg["chunk"], max(16, triton.next_power_of_2(T)))
+    schunk = chunk or scfg["chunk"]
+    row_chunk = cfg["chunk"]
     nw = plan.warps or split_warps(K, interpreter=interpreter)
     grid = (B, P)
     stride = scratch.shape[1]
@@ -651,9 +760,14 @@ def launch_topk(scores, out, scratch=None, *, interpreter: bool = False, cap: in
     else:
         nmax = P
         _split_max_kernel[grid](scores, scratch, T, stride, span, CHUNK=schunk, num_warps=nw)
-    _split_hist_kernel[grid](scores, out, scratch, T, stride, span, P, nmax, mreg, K=K, K_P2=k_p2, CAP=cap,
-                             CHUNK=schunk, P_P2=p_p2, ROW_CHUNK=row_chunk, NB=plan.bins, FIN=fin_n,
-                             MCH=min(256, triton.next_power_of_2(max(nmax, 16))), num_warps=nw)
-    _split_select_kernel[grid](scores, out, scratch, T, stride, span, P, mreg, K=K, K_P2=k_p2, CAP=cap,
-                               CHUNK=schunk, P_P2=p_p2, NB=plan.bins, FIN=fin_n, num_warps=nw)
+    ucap = fin_n if fin_n > 0 else -1  # mode 0 (rank finish) needs U <= ucap
+    _split_hist_kernel[grid](scores, out, scratch, T, stride, span, P, nmax, mreg, K, ucap, K_P2=k_p2, CAP=cap,
+                             CHUNK=schunk, ROW_CHUNK=row_chunk, NB=plan.bins, MCH=256 if not interpreter else 16,
+                             PCH=scfg["pch"], PV=scfg["pv"], num_warps=nw)
+    _split_select_kernel[grid](scores, out, scratch, T, stride, span, P, mreg, K, uoff, umax, K_P2=k_p2, CAP=cap,
+                               CHUNK=schunk, NB=plan.bins, num_warps=nw)
+    if ucap > 0:
+        rk = RANK[mode]
+        _split_rank_kernel[(B, triton.cdiv(max(ucap, K), rk["rch"]))](
+            out, scratch, T, K, stride, uoff, umax, RCH=rk["rch"], UT=rk["ut"], num_warps=rk["num_warps"])
     return out

@@ -184,7 +184,7 @@ def test_split_rows_fallback_and_reuse(device):
 
 def test_split_programs_choice():
     """Host choice from shapes only: split at small batch, v1 at large batch / short rows / k >= T."""
-    assert kt.split_programs(1, 32768, 512) == 64
+    assert kt.split_programs(1, 32768, 512) == 32  # v4: spans >= 1024
     assert kt.split_programs(8, 32768, 512) == 16
     assert kt.split_programs(128, 32768, 512) == 1
     assert kt.split_programs(1, 1024, 512) == 1 and kt.plan_for(1, 1024, 512).path == "sort"  # v3: T <= 2048
@@ -205,13 +205,14 @@ from megamoe.kernels import topk as kt
 K, sort_n, fin = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 cfg = kt.CONFIG["gpu"]
 k_p2 = max(16, triton.next_power_of_2(K))
-sig = dict(scores_ptr="*fp32", out_ptr="*i32", scratch_ptr="*i32", T="i32", scratch_stride="i32",
-           K="constexpr", K_P2="constexpr", CAP="constexpr", CHUNK="constexpr", SORT_N="constexpr",
+sig = dict(scores_ptr="*fp32", out_ptr="*i32", scratch_ptr="*i32", T="i32", scratch_stride="i32", K="i32",
+           K_P2="constexpr", CAP="constexpr", CHUNK="constexpr", SORT_N="constexpr",
            NB="constexpr", FIN="constexpr")
-consts = dict(K=K, K_P2=k_p2, CAP=max(cfg["cap"], k_p2), CHUNK=cfg["chunk"], SORT_N=sort_n, NB=256,
+consts = dict(K_P2=k_p2, CAP=max(cfg["cap"], k_p2), CHUNK=cfg["chunk"], SORT_N=sort_n, NB=256,
               FIN=fin * k_p2)
 nw = int(sys.argv[4])
-src = ASTSource(kt._topk_kernel, signature=sig, constexprs=consts,
+src = ASTSource(kt._topk_kernel, signature=sig,
+                constexprs={(kt._topk_kernel.arg_names.index(n),): v for n, v in consts.items()},
                 attrs={(i,): [["tt.divisibility", 16]] for i in range(5)})
 c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
 ptx = c.asm["ptx"]
@@ -256,21 +257,22 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from megamoe.kernels import topk as kt
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-types = dict(scores_ptr="*fp32", out_ptr="*i32", ws_ptr="*i32", T="i32", ws_stride="i32", SPAN="i32", P="i32",
-             NMAX="i32", MREG="i32")
 cfg = kt.SPLIT["gpu"]
+rk = kt.RANK["gpu"]
 K, nw = int(sys.argv[1]), int(sys.argv[2])
 res = {}
-for kern, consts in ((kt._split_max_kernel, dict(CHUNK=cfg["chunk"])),
-                     (kt._split_hist_kernel, dict(K=K, K_P2=K, CAP=2048, CHUNK=cfg["chunk"], P_P2=64,
-                                                  ROW_CHUNK=kt.CONFIG["gpu"]["chunk"], NB=256, FIN=2 * K, MCH=256)),
-                     (kt._split_select_kernel, dict(K=K, K_P2=K, CAP=2048, CHUNK=cfg["chunk"], P_P2=64, NB=256,
-                                                    FIN=2 * K))):
+for kern, consts, w in (
+        (kt._split_max_kernel, dict(CHUNK=cfg["chunk"]), nw),
+        (kt._split_hist_kernel, dict(K_P2=K, CAP=2048, CHUNK=cfg["chunk"], ROW_CHUNK=kt.CONFIG["gpu"]["chunk"],
+                                     NB=256, MCH=256, PCH=cfg["pch"], PV=cfg["pv"]), nw),
+        (kt._split_select_kernel, dict(K_P2=K, CAP=2048, CHUNK=cfg["chunk"], NB=256), nw),
+        (kt._split_rank_kernel, dict(RCH=rk["rch"], UT=rk["ut"]), rk["num_warps"])):
+    types = {n: "*fp32" if n == "scores_ptr" else "*i32" if n.endswith("_ptr") else "i32" for n in kern.arg_names}
     sig = {n: ("constexpr" if n in consts else types[n]) for n in kern.arg_names}
     c = {(kern.arg_names.index(n),): v for n, v in consts.items()}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names) if n.endswith("_ptr")}
     k = triton.compile(ASTSource(kern, sig, constexprs=c, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": nw})
+                       options={"num_warps": w})
     with tempfile.TemporaryDirectory() as d:
         open(os.path.join(d, "k.ptx"), "w").write(k.asm["ptx"])
         info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"), "-o",
@@ -286,8 +288,8 @@ print(json.dumps(res))
 @pytest.mark.parametrize("K", [512, 1024])
 def test_sm90_compile_split_kernels(K):
     nw = kt.split_warps(K)
-    """The split-path kernels (256 bins, one-sort finish) compile for sm_90 without spills and merge
-    through atomics."""
+    """The split-path kernels S1-S4 (256 bins; v4: S3 without the one-sort finish, S4 the rank finish) compile
+    for sm_90 without spills; S2 / S3 merge through atomics."""
     import json
     import sys
 
@@ -308,7 +310,8 @@ def test_sm90_compile_split_kernels(K):
 def test_cuda_split_rows(B, T):
     """Small batch on the GPU: the split path (several programs per row) == reference, incl. ties / -inf."""
     dev = torch.device("cuda")
-    assert kt.split_programs(B, T, 512, num_sms=kt._num_sms(dev)) > 1
+    if T > 2048:  # T = 1024: the sort path
+        assert kt.split_programs(B, T, 512, num_sms=kt._num_sms(dev)) > 1
     for k in (512, 1024):
         scores = torch.randn((B, T), device=dev)
         scores[0, T // 2:] = float("-inf")
@@ -411,9 +414,10 @@ def test_split_finish_paths_taken(device, fin, bins):
     scores = torch.randn((2, T), device=device) * 10
     scores[1, 300:] = float("-inf")
     ws = _check_split(scores, k, programs=3, fin=fin, bins=bins)
-    assert ws[:, 6].tolist() == [1 if fin else 0] * 2
+    assert ws[:, 6].tolist() == [2 if fin else 0] * 2  # v4: 2 = the S4 rank finish
+    assert ws[:, 3].tolist() == [0 if fin else 2] * 2  # mode
     assert (ws[:, 5] >= 1).all()  # entries in bucket b*
-    # many ties in b*: more than fin * K_P2 sure + candidates -> the D steps even with fin > 0
+    # many ties in b*: U (78 entries) above fin * K_P2 = 64 -> the D steps (mode 2) even with fin > 0
     ties = torch.full((2, T), 3.0, device=device)
     ties[:, ::9] = 5.0
     ws = _check_split(ties, k, programs=3, fin=1, bins=bins)
@@ -457,3 +461,86 @@ def test_plan_table_and_overrides():
     assert p.path == "row" and p.fin == 0 and p.bins == 128
     with pytest.raises(ValueError, match="bins"):
         kt.resolve_plan(1, 32768, 512, None, bins=64)
+
+
+# ---------------------------------------------------------------- v4: S4 rank finish of the split path
+@pytest.mark.parametrize("case", ["randn", "neg_inf_tail", "nan_zero", "ties_low"])
+def test_split_rank_finish(device, case):
+    """Split rows finished by the S4 rank kernel (mode 0): bit-identical to the reference with more programs
+    than one merge step (P = 7 > PCH in the interpreter), T not a multiple of the span or of the tile, k not
+    a power of two; fewer finite entries than k (the K-th best is -inf: the tail slots are -1); NaN above
+    +inf, -0.0 == +0.0; ties in the threshold bucket (lower index first)."""
+    T, k = 461, 37
+    scores = torch.randn((3, T), device=device) * 10
+    if case == "neg_inf_tail":
+        scores[0, 20:] = float("-inf")
+        scores[1, :] = float("-inf")
+        scores[2, ::2] = float("-inf")
+    elif case == "nan_zero":
+        scores[0, ::13] = float("nan")
+        scores[0, 5] = float("inf")
+        scores[1, ::3] = -0.0
+        scores[1, 1::3] = 0.0
+        scores[2, 100:] = float("-inf")
+        scores[2, 7] = float("nan")
+    elif case == "ties_low":  # 6 distinct values: U = the ~77 equal best (several programs and U tiles)
+        scores = (torch.randint(0, 6, (3, T), device=device).float() - 3.0) * 0.5
+    ws = _check_split(scores, k, programs=7, fin=4)
+    assert ws[:, 3].tolist() == [0, 0, 0]  # every row took the rank finish
+    assert ws[:, 6].tolist() == [2, 2, 2]
+    n_u = ws[:, 7]
+    assert bool((n_u <= 4 * 64).all())
+    if case == "neg_inf_tail":
+        assert n_u.tolist()[:2] == [20, 0]
+
+
+def test_split_rank_modes_and_reuse(device):
+    """One workspace across calls whose rows take different finishes: rank (mode 0), the D steps (mode 2:
+    U above fin * K_P2) and the whole-row fallback (mode 1: more than CAP in b*), and back to mode 0."""
+    T, k = 300, 20
+    rows = torch.randn((3, T), device=device)
+    rows[1] = 3.0
+    rows[1, ::20] = 9.0  # 15 sure entries, then 25 equal ones in b* (<= CAP): U = 40 > fin * K_P2 = 32 -> mode 2
+    rows[1, 1::12] = 5.0
+    rows[2] = 1.0 + torch.randint(0, 40, (T,), device=device).float() * 2**-20  # one bucket > CAP
+    ws = torch.zeros((3, kt.workspace_entries(T, k, interpreter=INTERP, programs=5, cap=32)), dtype=torch.int32,
+                     device=device)
+    out = torch.empty((3, k), dtype=torch.int32, device=device)
+    for scores in (rows, torch.randn((3, T), device=device), rows.flip(0).contiguous()):
+        out.fill_(-7)
+        kt.launch_topk(scores, out, ws, interpreter=INTERP, programs=5, fin=1, cap=32)
+        assert torch.equal(out, select_topk(scores, k))
+        assert bool((ws[:, 0] == 0).all())
+    assert ws[:, 3].tolist() == [1, 2, 0]  # the flipped batch: rows 2, 1, 0 of the first
+
+
+def test_split_plan_v4():
+    """v4 host choices: one CHUNK for every split shape, 16 warps for both K classes, fin bounds."""
+    assert kt.split_warps(512) == 16 and kt.split_warps(1024) == 16
+    with pytest.raises(ValueError, match="fin"):
+        kt.resolve_plan(1, 32768, 512, None, fin=kt.FIN_MAX + 1)
+    P = kt.split_programs(1, 32768, 1024)
+    assert P == 32 and kt.workspace_entries(32768, 1024, batch=1) == kt._split_layout(32768, 1024, P, False)[3]
+    assert kt.workspace_entries(32768, 1024) >= kt.workspace_entries(32768, 1024, batch=1)  # any batch
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("B,T", [(1, 8192), (1, 32768), (8, 32768), (32, 32768)])
+@pytest.mark.parametrize("k", [512, 1024])
+def test_cuda_split_rank_finish_v4_shapes(B, T, k):
+    """V4 shapes on the GPU: random rows take the S4 rank finish (mode 0, the path the benchmark times) and
+    match the reference; a row with fewer finite scores than k and a row of ties in the same batch."""
+    dev = torch.device("cuda")
+    P = kt.split_programs(B, T, k, num_sms=kt._num_sms(dev))
+    assert P > 1
+    scores = torch.randn((B, T), device=dev)
+    ws = torch.zeros((B, kt.workspace_entries(T, k, programs=P)), dtype=torch.int32, device=dev)
+    out = torch.empty((B, k), dtype=torch.int32, device=dev)
+    kt.launch_topk(scores, out, ws)
+    assert torch.equal(out, select_topk(scores, k))
+    assert ws[:, 3].eq(0).all() and ws[:, 0].eq(0).all(), ws[:, :8]
+    scores[0, k // 3:] = float("-inf")
+    if B > 1:
+        scores[1] = torch.randint(0, 64, (T,), device=dev).float()
+    kt.launch_topk(scores, out, ws)
+    assert torch.equal(out, select_topk(scores, k))

@@ -108,6 +108,13 @@ def hc_head(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_bas
     return y if norm_weight is None else nx.rms_norm(y, norm_weight, rms_eps)
 
 
+#: :func:`hc_post_pre` fuses only while ``T * D`` is at most this (host shapes). H100 graph replay
+#: (benchmarks/results/gpu_check_v10/hyper_connection_v2.md, one layer's hc chain, fused vs unfused): V4-Flash
+#: T = 1 / 8 / 64: 22.3 / 32.8 / 94.1 vs 26.3 / 35.0 / 66.9 us; V4-Pro T = 1 / 8 / 64: 34.2 / 67.2 / 173.8 vs
+#: 38.1 / 55.5 / 117.1 us. Above it the op runs :func:`hc_post` then :func:`hc_pre` / :func:`hc_head`.
+FUSED_MAX_ELEMENTS = 8 * 4096
+
+
 def hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, hc_fn: torch.Tensor,
                 hc_scale: torch.Tensor, hc_base: torch.Tensor, *, iters: int, hc_eps: float, norm_eps: float,
                 norm_weight: torch.Tensor | None = None, rms_eps: float | None = None, head: bool = False):
@@ -118,7 +125,8 @@ def hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, com
     y, residual, post, comb as :func:`hc_post`; hc_fn, hc_scale, hc_base, norm_weight, rms_eps as :func:`hc_pre`
     (``head``: as :func:`hc_head`, ``iters`` unused). -> (h (T, hc, D) bf16 = ``hc_post(y, residual, post, comb)``,
     x (T, D) bf16, post (T, hc), comb (T, hc, hc) float32 = ``hc_pre(h, ...)``; ``head``: post and comb None).
-    Bit for bit the unfused ops' results (same kernels' arithmetic, same workspace split).
+    Bit for bit the unfused ops' results (same kernels' arithmetic, same workspace split). Fused only up to
+    :data:`FUSED_MAX_ELEMENTS` (``T * D``, where it measured faster); above, the unfused ops run.
     """
     if not isinstance(residual, torch.Tensor) or residual.dim() != 3:
         raise TypeError(f"residual: expected a (T, hc, D) tensor, got {getattr(residual, 'shape', type(residual))}")
@@ -140,6 +148,14 @@ def hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, com
         _check_iters(iters)
     _check_weight(norm_weight, residual.device, D)
     rms_eps = norm_eps if rms_eps is None else rms_eps
+    if use_triton(residual) and T * D > FUSED_MAX_ELEMENTS:
+        h = hc_post(y, residual, post, comb)
+        if head:
+            return h, hc_head(h, hc_fn, hc_scale, hc_base, hc_eps=hc_eps, norm_eps=norm_eps, norm_weight=norm_weight,
+                              rms_eps=rms_eps), None, None
+        x, post_n, comb_n = hc_pre(h, hc_fn, hc_scale, hc_base, hc=hc, iters=iters, hc_eps=hc_eps, norm_eps=norm_eps,
+                                   norm_weight=norm_weight, rms_eps=rms_eps)
+        return h, x, post_n, comb_n
     if use_triton(residual):
         from ..kernels.hyper_connection import launch_hc_post_pre
 

@@ -211,11 +211,11 @@ def route(
 
 
 #: The fused decode route + dispatch launch is used up to this many tokens (host decision on the shape); above
-#: it the gate GEMM + scoring + top-k kernel + dispatch path (see :func:`route_dispatch`). H100 graph replay
-#: (benchmarks/results/gpu_check_v7/route_v1.md): fused vs unfused 16.6 / 25.8 us at 1 token (V4-Flash),
-#: 41.3 / 42.0 at 8, 359 / 71 at 64 (V4-Pro 8 tokens: 102 / 48): the finish is one program, so the fused launch
-#: only pays at the smallest batches. 2-4 tokens run the same per-lane GEMV code path as 1.
-FUSED_ROUTE_MAX_TOKENS = 4
+#: it the gate GEMM + scoring + top-k kernel + dispatch path (see :func:`route_dispatch`). H100 graph replay,
+#: kernel v2 (benchmarks/results/gpu_check_v10/route_v2.md), unfused vs fused: V4-Flash 1 / 2 / 4 / 8 / 16 / 64
+#: tokens 25.4 / 32.1 / 32.0 / 41.6 / 47.3 / 72.3 vs 14.1 / 14.6 / 15.3 / 26.2 / 41.0 / 110.3 us; V4-Pro 29.4 /
+#: 47.2 / 47.2 / 47.7 / 53.1 / 94.2 vs 17.5 / 20.7 / 25.2 / 47.1 / 79.6 / 227.0 us: faster up to 8 tokens.
+FUSED_ROUTE_MAX_TOKENS = 8
 
 
 def route_dispatch(

@@ -344,8 +344,12 @@ def test_cuda_v4_flash_dims_match_reference(T):
     assert torch.equal(out, (post[..., None] * y.float()[:, None, :] + mixed).to(torch.bfloat16))
     assert_bf16_close(out, nx.hc_post(y, x, post, comb))
     xh, fh, sh, bh, _ = _v4(T, head=True)
-    assert_bf16_close(hc_ops.hc_head(xh, fh, sh, bh, hc_eps=EPS, norm_eps=EPS, norm_weight=w),
-                      nx.rms_norm(nx.hc_head(xh, fh, sh, bh, hc_eps=EPS, norm_eps=EPS), w, EPS), **CHAIN)
+    # the head's y is a mix of the hc copies like hc_pre's: a cancelling sum may move many of its own ulps (seen on
+    # the H100 at T = 64: 4 ulps after the norm), so the documented mix bound, scaled by the norm, as for hc_pre
+    ry_head = nx.hc_head(xh, fh, sh, bh, hc_eps=EPS, norm_eps=EPS)
+    head_factor = torch.rsqrt(ry_head.float().square().mean(-1, keepdim=True) + EPS) * w.float().abs()
+    assert_mix_close(hc_ops.hc_head(xh, fh, sh, bh, hc_eps=EPS, norm_eps=EPS, norm_weight=w),
+                     nx.rms_norm(ry_head, w, EPS), xh, head_factor)
 
 
 @pytest.mark.cuda

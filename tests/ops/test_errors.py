@@ -466,7 +466,9 @@ def test_cuda_rope_and_swa_append_flag_without_sync_and_in_graph():
     errors.clear_errors(dev)
     swa.zero_()
     graph.replay()
-    for a, b in zip(out + [pp_out, swa], eager):
+    # the ring's last row is the scratch row: several bad tokens write it at once (which one lands is a race, as
+    # documented for swa_append), so it is excluded like in the CPU comparison above (H100, gpu_check_v11)
+    for a, b in zip(out + [pp_out, swa[:-1]], eager[:6] + [eager[6][:-1]]):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     with pytest.raises(errors.DeviceIndexError, match="q_kv_path: argument 'positions'"):
         errors.check_errors(dev)

@@ -10,8 +10,12 @@
 #               inv_perm, topk_ids out of range on every GEMM route), sparse attention (incl. out-of-range indices),
 #               top-k (split path, fused with the indexer scores), V4 elementwise, quantize, sampling,
 #               hyper-connection, hash routing, the kv-cache kernels (through one V4-Flash CSA attention layer:
-#               compressor, flush, indexer, top-k, sparse attention) and the MoE layer (graph + eager).
-#   racecheck : the shared-memory users (Gluon wgmma / mma GEMM, sparse attention, top-k).
+#               compressor, flush, indexer, top-k, sparse attention) and the MoE layer (graph + eager); since
+#               2026-11-23 (part 3, not yet run): the warp-specialized Gluon kernels (sparse attention v2, grouped
+#               GEMM v14 with cp.async and TMA), the fused route + dispatch, hc_post_pre, the top-k rank finish,
+#               the W4A8 quantizer / layer and the RoPE / swa_append / kv-cache flags (budget: memcheck ~8 min).
+#   racecheck : the shared-memory users (Gluon wgmma / mma GEMM, sparse attention v1 / v2, WS GEMM, top-k,
+#               route + dispatch).
 #   synccheck : the same subset (barriers).
 # Allocator (SANITIZE_ALLOC): "caching" (default) is torch's caching allocator: memcheck sees every access outside
 # the cudaMalloc'd segments, not small overruns inside a pooled segment (the kernels' masking tests cover those
@@ -25,7 +29,8 @@
 #   * racecheck/synccheck model shared memory and bar.sync barriers only. The Gluon wgmma kernel reads shared
 #     memory through asynchronous wgmma ordered by fence.proxy.async + bar.sync; racecheck does not model the
 #     async proxy, so a hazard it reports there is advisory (check the addresses against the x_smem buffer).
-#     No kernel uses TMA / mbarrier at present.
+#     The warp-specialized kernels (sparse_attention_ws, nvfp4_wgmma_ws) synchronise through mbarriers and
+#     cp.async / TMA, which racecheck / synccheck do not model either: their reports there are advisory.
 #   * Timing/benchmark tests are not selected (the sanitizer slows kernels 10-100x).
 # Output: $OUT/summary.txt (per tool: pytest result, sanitizer error count), per-process sanitizer logs
 # $OUT/<tool>.<pid>.log, pytest output $OUT/<tool>.pytest.txt, README.txt. Last line printed:
@@ -39,8 +44,8 @@ MEMCHECK_TESTS=(
   "tests/ops/test_errors.py::test_cuda_grouped_mm_all_routes_guard"
   "tests/kernels/gemm/test_nvfp4_gemm.py::test_cuda_sync_free_and_graph_capture"
   "tests/kernels/gemm/test_nvfp4_gemv.py::test_cuda_moe_shapes_and_graph[1]"
-  "tests/kernels/test_nvfp4_gluon.py::test_cuda_moe_shapes_sync_free_and_graph[8]"
-  "tests/kernels/test_nvfp4_gluon.py::test_cuda_wgmma_sync_free_and_graph"
+  "tests/kernels/gemm/test_nvfp4_gluon.py::test_cuda_moe_shapes_sync_free_and_graph[8]"
+  "tests/kernels/gemm/test_nvfp4_gluon.py::test_cuda_wgmma_sync_free_and_graph"
   "tests/kernels/gemm/test_nvfp4_splitk.py::test_cuda_sync_free_and_graph_replay[8-1024-4096]"
   "tests/ops/test_gemm.py::test_cuda_ops_take_every_route"
   "tests/kernels/test_sparse_attention.py::test_cuda_nan_and_out_of_range"
@@ -55,14 +60,29 @@ MEMCHECK_TESTS=(
   "tests/layers/test_attention_layer.py::test_fused_layer_equals_formulas_cuda_v4_flash[2]"
   "tests/kvcache/test_indexer_topk.py::test_cuda_indexer_topk_graph_and_sync_free[1-32768-1024]"
   "tests/layers/test_moe_layer.py::test_cuda_graph_and_no_host_syncs[2-w4a16]"
+  "tests/kernels/test_sparse_attention_ws.py::test_cuda_nan_and_out_of_range_flags"
+  "tests/kernels/test_sparse_attention_ws.py::test_cuda_partial_window_inactive_rows_few_entries"
+  "tests/kernels/gemm/test_nvfp4_wgmma_ws.py::test_cuda_bad_row_index_is_flagged"
+  "tests/kernels/gemm/test_nvfp4_wgmma_ws.py::test_cuda_grouped_matches_float32[counts0-config0-gather]"
+  "tests/kernels/gemm/test_nvfp4_wgmma_ws.py::test_cuda_grouped_matches_float32[counts0-config0-tma]"
+  "tests/ops/test_moe_route_dispatch.py::test_cuda_fused_route_dispatch_v4_shapes[8-256-4096-6-v4-flash]"
+  "tests/kernels/test_hyper_connection_kernels.py::test_cuda_hc_post_pre_fused_equals_unfused_graph_sync_free[4096-1]"
+  "tests/kernels/test_topk.py::test_cuda_split_rank_finish_v4_shapes[1024-1-32768]"
+  "tests/kernels/gemm/test_nvfp4_w4a8.py::test_cuda_quantizer_bit_exact_large"
+  "tests/layers/test_moe_w4a8.py::test_cuda_w4a8_graph_and_no_host_syncs[v4-flash-8]"
+  "tests/ops/test_errors.py::test_cuda_kvcache_kernels_flag_without_sync_and_in_graph"
+  "tests/ops/test_errors.py::test_cuda_rope_and_swa_append_flag_without_sync_and_in_graph"
 )
 SUBSET_TESTS=(
-  "tests/kernels/test_nvfp4_gluon.py::test_cuda_wgmma_sync_free_and_graph"
-  "tests/kernels/test_nvfp4_gluon.py::test_cuda_moe_shapes_sync_free_and_graph[8]"
+  "tests/kernels/gemm/test_nvfp4_gluon.py::test_cuda_wgmma_sync_free_and_graph"
+  "tests/kernels/gemm/test_nvfp4_gluon.py::test_cuda_moe_shapes_sync_free_and_graph[8]"
   "tests/kernels/test_sparse_attention.py::test_cuda_nan_and_out_of_range"
   "tests/kernels/test_topk.py::test_cuda_graph_replay_and_sync_free[2048]"
+  "tests/kernels/test_sparse_attention_ws.py::test_cuda_partial_window_inactive_rows_few_entries"
+  "tests/kernels/gemm/test_nvfp4_wgmma_ws.py::test_cuda_grouped_matches_float32[counts0-config0-gather]"
+  "tests/ops/test_moe_route_dispatch.py::test_cuda_fused_route_dispatch_v4_shapes[8-256-4096-6-v4-flash]"
 )
-TIMEOUT_MEMCHECK=${TIMEOUT_MEMCHECK:-330}
+TIMEOUT_MEMCHECK=${TIMEOUT_MEMCHECK:-480}
 TIMEOUT_RACECHECK=${TIMEOUT_RACECHECK:-100}
 TIMEOUT_SYNCCHECK=${TIMEOUT_SYNCCHECK:-80}
 

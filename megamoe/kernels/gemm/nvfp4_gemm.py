@@ -174,6 +174,28 @@ def _mma_step(
 
 # num_rows / num_programs change from call to call: no value specialisation, so a warmed-up
 # model never recompiles when the token count changes (only the config bucket can).
+@triton.jit
+def _work_rows(tile, lane, tile_ends, tiles, starts, ends, num_experts, num_rows, BLOCK_M: tl.constexpr,
+               GROUPED: tl.constexpr):
+    """Rows of persistent m-tile ``tile``: (row_start, row_end, is_real, expert_c). Grouped: ``lane`` indexes the
+    per-expert vectors ``tiles`` / ``tile_ends`` (m-tiles, inclusive prefix sums) and ``starts`` / ``ends`` (rows),
+    lane E being the padding pseudo-expert (``is_real`` False); dense: tiles of ``num_rows``."""
+    if GROUPED:
+        expert = tl.sum((tile_ends <= tile).to(tl.int32), 0)
+        here = lane == expert
+        first_tile = tl.sum(tl.where(here, tile_ends - tiles, 0), 0)
+        row_start = tl.sum(tl.where(here, starts, 0), 0) + (tile - first_tile) * BLOCK_M
+        row_end = tl.sum(tl.where(here, ends, 0), 0)
+        is_real = expert < num_experts
+        expert_c = tl.minimum(expert, num_experts - 1).to(tl.int64)
+    else:
+        row_start = tile * BLOCK_M
+        row_end = num_rows
+        is_real = row_start >= 0
+        expert_c = 0
+    return row_start, row_end, is_real, expert_c
+
+
 @triton.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows"])
 def _nvfp4_gemm_kernel(
     x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
@@ -201,6 +223,7 @@ def _nvfp4_gemm_kernel(
         total_tiles = tl.sum(tiles, 0)
     else:
         total_tiles = (num_rows + BLOCK_M - 1) // BLOCK_M
+        lane, tiles, tile_ends, starts, ends = 0, 0, 0, 0, 0  # unused by _work_rows when dense
     total_work = total_tiles * n_tiles
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -217,19 +240,8 @@ def _nvfp4_gemm_kernel(
     while work < total_work:
         tile = work // n_tiles
         n_start = (work % n_tiles) * BLOCK_N
-        if GROUPED:
-            expert = tl.sum((tile_ends <= tile).to(tl.int32), 0)
-            here = lane == expert
-            first_tile = tl.sum(tl.where(here, tile_ends - tiles, 0), 0)
-            row_start = tl.sum(tl.where(here, starts, 0), 0) + (tile - first_tile) * BLOCK_M
-            row_end = tl.sum(tl.where(here, ends, 0), 0)
-            is_real = expert < num_experts
-            expert_c = tl.minimum(expert, num_experts - 1).to(tl.int64)
-        else:
-            row_start = tile * BLOCK_M
-            row_end = num_rows
-            is_real = row_start >= 0
-            expert_c = 0
+        row_start, row_end, is_real, expert_c = _work_rows(tile, lane, tile_ends, tiles, starts, ends, num_experts,
+                                                           num_rows, BLOCK_M, GROUPED)
 
         rows = row_start + offs_m
         row_mask = rows < row_end

@@ -27,14 +27,12 @@ Triton interpreter (CPU tests, ``INTERPRET``): the decode runs in fp32 with the 
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from ..nvfp4_jit import e2m1_decode, e4m3_decode, e4m3_encode, round_to_bf16, sign_bit
-from .nvfp4_gemm import gemm_error_word, global_scale_strides
+from .nvfp4_gemm import _num_sms, _work_rows, gemm_error_word, global_scale_strides
 
 #: K per step: one activation/weight FP8 tile, eight NVFP4 block scales per weight row, one promotion.
 W4A8_BLOCK_K = 128
@@ -69,11 +67,6 @@ def select_w4a8_config(rows_per_expert: int, interpreter: bool):
         if rows_per_expert <= bound:
             return config
     raise AssertionError("unreachable: the last bound is unbounded")
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @triton.jit
@@ -271,6 +264,7 @@ def _nvfp4_w4a8_kernel(
         total_tiles = tl.sum(tiles, 0)
     else:
         total_tiles = (num_rows + BLOCK_M - 1) // BLOCK_M
+        lane, tiles, tile_ends, starts, ends = 0, 0, 0, 0, 0  # unused by _work_rows when dense
     total_work = total_tiles * n_tiles
 
     offs_m = tl.arange(0, SUB_M)
@@ -287,19 +281,8 @@ def _nvfp4_w4a8_kernel(
     while work < total_work:
         tile = work // n_tiles
         n_start = (work % n_tiles) * BLOCK_N
-        if GROUPED:
-            expert = tl.sum((tile_ends <= tile).to(tl.int32), 0)
-            here = lane == expert
-            first_tile = tl.sum(tl.where(here, tile_ends - tiles, 0), 0)
-            row_start = tl.sum(tl.where(here, starts, 0), 0) + (tile - first_tile) * BLOCK_M
-            row_end = tl.sum(tl.where(here, ends, 0), 0)
-            is_real = expert < num_experts
-            expert_c = tl.minimum(expert, num_experts - 1).to(tl.int64)
-        else:
-            row_start = tile * BLOCK_M
-            row_end = num_rows
-            is_real = row_start >= 0
-            expert_c = 0
+        row_start, row_end, is_real, expert_c = _work_rows(tile, lane, tile_ends, tiles, starts, ends, num_experts,
+                                                           num_rows, BLOCK_M, GROUPED)
 
         rows0 = row_start + offs_m
         row_mask0 = rows0 < row_end

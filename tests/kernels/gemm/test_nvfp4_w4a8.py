@@ -289,11 +289,11 @@ def test_cuda_v4_shapes_match_reference_graph_and_sync_free(preset, tokens):
         top = int(counts.argmax())
         start = int(counts[:top].sum())
         sub = slice(start, start + min(192, int(counts[top])))
-        w_e = NVFP4Tensor(w.data[top:top + 1].cpu(), w.block_scale[top:top + 1].cpu(),
-                          w.global_scale[top:top + 1].cpu(), (1, n, k))
-        xs = x.cpu() if row_index is None else x.cpu()[row_index.cpu().long()]
-        ref = ref_w4a8.w4a8_grouped_mm(xs[sub], w_e, torch.tensor([sub.stop - sub.start], dtype=torch.int32),
-                                       **act)
+        # the reference runs on the GPU too (pure torch): on the CPU the V4-Pro expert took minutes (gpu_check_v9)
+        w_e = NVFP4Tensor(w.data[top:top + 1], w.block_scale[top:top + 1], w.global_scale[top:top + 1], (1, n, k))
+        xs = x if row_index is None else x[row_index.long()]
+        ref = ref_w4a8.w4a8_grouped_mm(xs[sub], w_e, torch.tensor([sub.stop - sub.start], dtype=torch.int32,
+                                                                  device="cuda"), **act)
         assert rel_err(eager[sub], ref) < 2e-3
         check_sync_free_and_graph(launch, x, offsets, t)
 

@@ -1,4 +1,4 @@
-"""Benchmark: V4 indexer scores + exact top-k on one GPU (see benchmarks/NOTES_topk.md, v4).
+"""Benchmark: V4 indexer scores + exact top-k on one GPU (see benchmarks/NOTES_topk.md, v5).
 
 Default and ``--quick``: the issue's points, batch 1, 8, 32, 128 x context 4k, 32k, 128k (CSA, m = 4:
 T = context / 4 entries) x k 512, 1024 (``--quick``: shorter timing, 3 replays of >= 1 ms); per shape
@@ -6,7 +6,8 @@ T = context / 4 entries) x k 512, 1024 (``--quick``: shorter timing, 3 replays o
   megamoe/kernels/topk.py ``PLAN``; at small batch the scoring kernel also writes the tile maxima);
 * ``topk``: megamoe.ops.topk.topk_indices alone on the same float32 scores;
 * ``bf16``: the bf16 PyTorch path (dense bf16 keys, einsum + relu + weighted head sum + torch.topk);
-and the table: speedup = bf16 / ours, "meets" = speedup >= 2 and (batch 1) ours <= 20 us.
+and the table: speedup = bf16 / ours (v5: plus, on the split path, the rows per finish mode and n_U from the
+workspace header after a top-k call on the timed scores), "meets" = speedup >= 2 and (batch 1) ours <= 20 us.
 The indices of ``ours`` are checked against the reference (select_topk of the same scores) once per shape.
 
 ``--sweep``: top-k alone at batch 1 and 8 for each path / knob of the plan (sort path and its warps, row
@@ -121,6 +122,25 @@ def config_key(B: int, T: int, k: int, dev) -> tuple:
     return topk + (("tiles", ki.tiles_per_program(B, T, num_sms=nsm), plan.path == "split"),)
 
 
+def split_diagnostics(plan, scores, k, out, ws):
+    """v5: per-row finish of the split path from the workspace header after one more top-k call on the timed
+    scores: rows per mode (0 rank finish by S4, 1 whole row by S2's merging program, 2 D steps in S3), n_U
+    (entries S4 ranked) and entries in b* (min / median / max over rows). None for the sort / row paths."""
+    if plan.path != "split":
+        return None
+    ws[:, 6] = -1
+    topk_indices(scores, k, out=out, workspace=ws)
+    hdr = ws[:, :8].cpu()
+    mode, n_u, cnt = hdr[:, 3], hdr[:, 7], hdr[:, 5]
+
+    def mmm(x):
+        x = sorted(x.tolist())
+        return [x[0], x[len(x) // 2], x[-1]]
+
+    return dict(modes=[int((mode == m).sum()) for m in range(3)], n_u=mmm(n_u), b_count=mmm(cnt),
+                finish=sorted(set(hdr[:, 6].tolist())))
+
+
 def run_grid(args, dev, t_start: float, save):
     batches, contexts, ks = [1, 8, 32, 128], [4096, 32768, 131072], [512, 1024]
     min_ms, replays = (1.0, 3) if args.quick else (2.0, 5)
@@ -172,11 +192,12 @@ def run_grid(args, dev, t_start: float, save):
         t_topk = graph_us(lambda: topk_indices(scores, k, out=out, workspace=ws), min_ms, replays)
         t_bf16 = graph_us(bf16, min_ms, replays)
         plan = kt.plan_for(B, T, k, num_sms=kt._num_sms(dev))
+        diag = split_diagnostics(plan, scores, k, out, ws)
         sp = t_bf16 / t_ours
         meets = sp >= 2.0 and (B != 1 or t_ours <= 20.0)
         rows.append(dict(batch=B, context=ctx, entries=T, k=k, ours_us=t_ours, topk_us=t_topk,
                          bf16_us=t_bf16, speedup=sp, meets=meets, plan=plan._asdict(),
-                         first_call_s=compiled.get(config_key(B, T, k, dev))))
+                         first_call_s=compiled.get(config_key(B, T, k, dev)), diag=diag))
         print(rows[-1], flush=True)
         save(rows, compiled)
         dense = None  # free before the next shape
@@ -259,13 +280,19 @@ def sweep(args, dev):
     return dict(best=best_rows, lines=lines)
 
 
+def _diag_cells(d) -> str:
+    if not d:
+        return "- | - | -"
+    return f"{'/'.join(map(str, d['modes']))} | {'/'.join(map(str, d['n_u']))} | {d['b_count'][2]}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds before timing stops (default: 540 for the grid, 170 for the sweep)")
-    ap.add_argument("--out", default="benchmarks/results/topk_v4")
+    ap.add_argument("--out", default="benchmarks/results/topk_v5")
     args = ap.parse_args()
     if args.budget is None:
         args.budget = 170.0 if args.sweep else 540.0
@@ -294,15 +321,16 @@ def main():
                 json.dump(dict(meta=meta, rows=rows, first_call_s={repr(k): v for k, v in compiled.items()}), f,
                           indent=1)
             with open(p + ".md", "w") as f:
-                f.write(f"# indexer scores + top-k (v4)\n\n{json.dumps(meta)}\n\n")
+                f.write(f"# indexer scores + top-k (v5)\n\n{json.dumps(meta)}\n\n")
                 f.write("| batch | context | entries | k | ours us | top-k alone us | bf16 path us | speedup | meets | "
-                        "plan |\n|---|---|---|---|---|---|---|---|---|---|\n")
+                        "plan | rows by mode 0/1/2 | n_U min/med/max | b* entries max |\n"
+                        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
                 for r in rows:
                     pl = r["plan"]
                     f.write(f"| {r['batch']} | {r['context']} | {r['entries']} | {r['k']} | {r['ours_us']:.1f} | "
                             f"{r['topk_us']:.1f} | {r['bf16_us']:.1f} | {r['speedup']:.2f}x | "
                             f"{'yes' if r['meets'] else 'NO'} | {pl['path']} P={pl['programs']} fin={pl['fin']} "
-                            f"bins={pl['bins']} w={pl['warps']} |\n")
+                            f"bins={pl['bins']} w={pl['warps']} | " + _diag_cells(r.get("diag")) + " |\n")
 
     rows, compiled = run_grid(args, dev, t0, save)
     save(rows, compiled)

@@ -47,6 +47,9 @@ import triton.language as tl
 
 #: The order-preserving int32 key of -inf (``0xFF800000 ^ 0x7FFFFFFF`` as int32; literal in the kernels).
 NEG_INF_KEY = -2139095041
+#: v5 first-histogram buckets: negative scores of a row whose reference is positive are bucketed by binades
+#: of |x| from ref / 2**NEG_OCT (below that: one bucket) up to the last bucket (NB = 256: 8.5 binades).
+NEG_OCT = tl.constexpr(8)
 
 
 @triton.jit
@@ -59,13 +62,23 @@ def _ordered(x):
 @triton.jit
 def _bucket(o, ref, NB: tl.constexpr):
     """Bucket in [0, NB - 1] of key ``o`` (int32), non-increasing in ``o``: 0 for ``o > ref - 256``,
-    1..NB-3 log-linear in ``d = (ref - o) >> 8`` (NB = 128: 4 buckets per octave, NB = 256: 8; d < 2**24
-    converts to float32 exactly), NB - 2 for -inf, NB - 1 below -inf (negative-signed NaN, CPU only)."""
+    then log-linear in the key distance ``d = (ref - o) >> 8`` (NB = 128: 4 buckets per octave, NB = 256: 8;
+    d < 2**24 converts to float32 exactly), NB - 2 for -inf, NB - 1 below -inf (negative-signed NaN, CPU only).
+    v5: when ``ref > 0`` the negative scores get their own buckets above every positive one (distance buckets
+    of ``o >= 0`` are <= 23 << SUB): ``NEG0 = (23 << SUB) + 1`` for ``|x| < ref / 2**NEG_OCT`` (as floats),
+    then 8 (NB = 128: 4) per binade of ``|x|`` up to the clamp at NB - 3. The distance buckets alone put every
+    negative score of such a row into one or two buckets (key distances >= ref ~ 2**30, buckets 2**27 keys
+    wide = 16 binades), so a row whose K-th best is slightly below zero had its whole negative half in b*."""
     SUB: tl.constexpr = 2 if NB == 128 else 3
+    NEG0: tl.constexpr = (23 << SUB) + 1
     d = ((ref - o).to(tl.uint32, bitcast=True) >> 8).to(tl.int32)  # ref >= o: the wrapped difference
     # d = 1 -> float32 bits 127 << 23 -> bucket 1
     b = (d.to(tl.float32).to(tl.int32, bitcast=True) >> (23 - SUB)) - ((127 << SUB) - 1)
     b = tl.minimum(tl.maximum(b, 0), NB - 3)
+    # negative scores of a row with a positive reference: ~o = bits of |x|, linear in the float's log
+    c0 = tl.maximum(ref - (NEG_OCT << 23), 0)
+    bn = NEG0 + tl.minimum(tl.maximum(((~o - c0) >> (23 - SUB)) + 1, 0), NB - 3 - NEG0)
+    b = tl.where((o < 0) & (ref > 0), bn, b)
     b = tl.where(o > ref, 0, b)
     b = tl.where(o == -2139095041, NB - 2, b)
     return tl.where(o < -2139095041, NB - 1, b)
@@ -569,11 +582,13 @@ PLAN = {
     "gpu": (
         # b_max, t_max, ks,  plan
         (None, 2048, None, Plan("sort", warps=8)),
-        (None, None, None, Plan("split")),  # auto programs; "row" once the batch fills the SMs
+        # auto programs; "row" once the batch fills the SMs. v5: fin=4 (U <= 4 * K_P2 ranked by S4: a row whose
+        # K-th best is a small positive score has a coarse threshold bucket; the workspace holds FIN_MAX)
+        (None, None, None, Plan("split", fin=4)),
     ),
     "interpreter": (
         (None, 128, None, Plan("sort", warps=4)),
-        (None, None, None, Plan("split")),
+        (None, None, None, Plan("split", fin=4)),
     ),
 }
 
@@ -596,7 +611,8 @@ def plan_for(B: int, T: int, k: int, *, interpreter: bool = False, num_sms: int 
         cfg = SPLIT[mode]
         p = plan.programs or min(cfg["max_split"], num_sms // max(B, 1), T // cfg["min_span"])
         p = min(p, T // 16)  # spans of >= 16 entries
-        plan = plan._replace(programs=p) if p >= 2 else plan._replace(path="row", programs=1)
+        # the row path's fin is its one-sort finish (fin * K_P2 int64 in registers): at most 2 there
+        plan = plan._replace(programs=p) if p >= 2 else plan._replace(path="row", programs=1, fin=min(plan.fin, 2))
     return plan
 
 

@@ -7,8 +7,10 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/megamoe-gpu-check-v12}
 mkdir -p "$OUT"
-timeout 150 python -m pytest -q -p no:cacheprovider -m cuda --tb=short \
+timeout 240 python -m pytest -q -p no:cacheprovider -m cuda --tb=short \
   "tests/ops/test_errors.py::test_cuda_rope_and_swa_append_flag_without_sync_and_in_graph" \
-  tests/kernels/test_hyper_connection_kernels.py tests/kernels/gemm/test_nvfp4_w4a8.py 2>&1 | grep -v "^\s*$" | tail -15 | tee "$OUT/gpu_tests.txt"
+  tests/kernels/test_hyper_connection_kernels.py tests/kernels/gemm/test_nvfp4_w4a8.py tests/kernels/test_topk.py \
+  tests/kvcache/test_indexer_topk.py 2>&1 | grep -v "^\s*$" | tail -15 | tee "$OUT/gpu_tests.txt"
 MEGAMOE_PEERS=$PWD/.peers timeout 110 python benchmarks/bench_peer.py --configs v4-flash --tokens 1,64,4096 \
   --routings uniform --no-bf16 --budget-s 95 --tag peer_flash_1_64_4096 --out-dir "$OUT" 2>&1 | grep -v Warn | tail -8
+timeout 120 python benchmarks/bench_topk.py --quick --budget 100 --out "$OUT/topk_v5" 2>&1 | grep -v Warn | tail -30

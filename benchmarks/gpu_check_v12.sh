@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # NOT RUN in the 2026-11-23 (part 3) session: the device time ran out; run it first next session.
+# Before: mkdir -p .peers && cp -r ../shared/peers/triton_kernels .peers/ (ignored via .git/info/exclude), then run with carry [".peers"].
 # Closing device call of the 2026-11-23 (part 3) session: the CUDA tests fixed after gpu_check_v10/v11 (RoPE /
 # swa_append graph check without the scratch row, hc_head checked with the mix bound, hc_post_pre unfused above
 # 8 x 4096 elements) and the triton_kernels peer at 1 / 64 / 4096 tokens (V4-Flash, uniform), peer carried in .peers/.

@@ -20,14 +20,22 @@ def test_side_by_side_small(kind, ratio, numerics, device):
     cfg = CompressedCacheConfig(kind=kind, ratio=ratio, max_slots=3, entry_numerics=numerics[0],
                                 index_numerics=numerics[1], **SMALL)
     steps = 32
-    stats = run_side_by_side(cfg, steps=steps, batch=3, device=device, seed=int(torch.randint(0, 2**30, ())))
-    assert stats["flushes"] >= 5 and stats["joins"] >= 3 and stats["leaves"] >= 1
-    assert stats["prefills"] >= 2 and stats["prefill_entries"] >= 2
-    assert stats["entries_exact"] >= 0.8 * stats["entries_checked"]
-    if kind == "csa":
-        assert stats["topk_checked"] >= steps
-        assert stats["topk_near_tie_swaps"] <= 2
-        assert stats["keys_exact"] >= 0.8 * stats["keys_checked"]
+    # the request schedule is random: a fresh seed per run, and up to 3 runs until it has covered a leave and the
+    # other events (one 32-step schedule without a leave made this test flaky); every run is checked in full
+    covered = dict(flushes=0, joins=0, leaves=0, prefills=0, prefill_entries=0)
+    for _ in range(3):
+        stats = run_side_by_side(cfg, steps=steps, batch=3, device=device, seed=int(torch.randint(0, 2**30, ())))
+        assert stats["entries_exact"] >= 0.8 * stats["entries_checked"]
+        if kind == "csa":
+            assert stats["topk_checked"] >= steps
+            assert stats["topk_near_tie_swaps"] <= 2
+            assert stats["keys_exact"] >= 0.8 * stats["keys_checked"]
+        covered = {k: v + stats[k] for k, v in covered.items()}
+        if covered["leaves"] >= 1 and covered["flushes"] >= 5 and covered["joins"] >= 3 and \
+                covered["prefills"] >= 2 and covered["prefill_entries"] >= 2:
+            break
+    assert covered["flushes"] >= 5 and covered["joins"] >= 3 and covered["leaves"] >= 1, covered
+    assert covered["prefills"] >= 2 and covered["prefill_entries"] >= 2, covered
 
 
 @pytest.mark.cuda

@@ -175,6 +175,30 @@ def _mma_step(
 # num_rows / num_programs change from call to call: no value specialisation, so a warmed-up
 # model never recompiles when the token count changes (only the config bucket can).
 @triton.jit
+def _tile_table(offsets_ptr, num_rows, num_experts, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+                GROUPED: tl.constexpr):
+    """The m-tile table the persistent grouped kernels walk: (lane, starts, ends, tiles, tile_ends, total_tiles).
+    Grouped: per-"expert" row ranges clamped to [0, num_rows], lane E being the padding pseudo-expert
+    [offsets[E-1], T); m-tiles per expert and their inclusive prefix sums. Dense: only ``total_tiles`` (the
+    other entries are unused placeholders for :func:`_work_rows`)."""
+    if GROUPED:
+        lane = tl.arange(0, BLOCK_E)
+        ends = tl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
+        prev = tl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
+        starts = tl.where(lane > num_experts, num_rows, prev)
+        ends = tl.minimum(tl.maximum(ends, 0), num_rows)
+        starts = tl.minimum(tl.maximum(starts, 0), num_rows)
+        counts = tl.maximum(ends - starts, 0)
+        tiles = (counts + BLOCK_M - 1) // BLOCK_M
+        tile_ends = tl.cumsum(tiles, 0)
+        total_tiles = tl.sum(tiles, 0)
+    else:
+        total_tiles = (num_rows + BLOCK_M - 1) // BLOCK_M
+        lane, tiles, tile_ends, starts, ends = 0, 0, 0, 0, 0
+    return lane, starts, ends, tiles, tile_ends, total_tiles
+
+
+@triton.jit
 def _work_rows(tile, lane, tile_ends, tiles, starts, ends, num_experts, num_rows, BLOCK_M: tl.constexpr,
                GROUPED: tl.constexpr):
     """Rows of persistent m-tile ``tile``: (row_start, row_end, is_real, expert_c). Grouped: ``lane`` indexes the
@@ -209,21 +233,8 @@ def _nvfp4_gemm_kernel(
     pid = tl.program_id(0)
     n_tiles = (N + BLOCK_N - 1) // BLOCK_N  # (tl.cdiv gives a 1-element tensor in the interpreter)
 
-    if GROUPED:
-        # Per-"expert" row ranges; lane E is the padding pseudo-expert [offsets[E-1], T).
-        lane = tl.arange(0, BLOCK_E)
-        ends = tl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
-        prev = tl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
-        starts = tl.where(lane > num_experts, num_rows, prev)
-        ends = tl.minimum(tl.maximum(ends, 0), num_rows)
-        starts = tl.minimum(tl.maximum(starts, 0), num_rows)
-        counts = tl.maximum(ends - starts, 0)
-        tiles = (counts + BLOCK_M - 1) // BLOCK_M
-        tile_ends = tl.cumsum(tiles, 0)
-        total_tiles = tl.sum(tiles, 0)
-    else:
-        total_tiles = (num_rows + BLOCK_M - 1) // BLOCK_M
-        lane, tiles, tile_ends, starts, ends = 0, 0, 0, 0, 0  # unused by _work_rows when dense
+    lane, starts, ends, tiles, tile_ends, total_tiles = _tile_table(offsets_ptr, num_rows, num_experts, BLOCK_M,
+                                                                    BLOCK_E, GROUPED)
     total_work = total_tiles * n_tiles
 
     offs_m = tl.arange(0, BLOCK_M)

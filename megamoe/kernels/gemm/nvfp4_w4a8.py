@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..nvfp4_jit import e2m1_decode, e4m3_decode, e4m3_encode, round_to_bf16, sign_bit
-from .nvfp4_gemm import _num_sms, _work_rows, gemm_error_word, global_scale_strides
+from .nvfp4_gemm import _num_sms, _tile_table, _work_rows, gemm_error_word, global_scale_strides
 
 #: K per step: one activation/weight FP8 tile, eight NVFP4 block scales per weight row, one promotion.
 W4A8_BLOCK_K = 128
@@ -250,21 +250,8 @@ def _nvfp4_w4a8_kernel(
     SUB_M: tl.constexpr = BLOCK_M // SPLIT_M
     pid = tl.program_id(0)
     n_tiles = (N + BLOCK_N - 1) // BLOCK_N
-    if GROUPED:
-        # Per-"expert" row ranges; lane E is the padding pseudo-expert [offsets[E-1], T) (zeros).
-        lane = tl.arange(0, BLOCK_E)
-        ends = tl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
-        prev = tl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
-        starts = tl.where(lane > num_experts, num_rows, prev)
-        ends = tl.minimum(tl.maximum(ends, 0), num_rows)
-        starts = tl.minimum(tl.maximum(starts, 0), num_rows)
-        counts = tl.maximum(ends - starts, 0)
-        tiles = (counts + BLOCK_M - 1) // BLOCK_M
-        tile_ends = tl.cumsum(tiles, 0)
-        total_tiles = tl.sum(tiles, 0)
-    else:
-        total_tiles = (num_rows + BLOCK_M - 1) // BLOCK_M
-        lane, tiles, tile_ends, starts, ends = 0, 0, 0, 0, 0  # unused by _work_rows when dense
+    lane, starts, ends, tiles, tile_ends, total_tiles = _tile_table(offsets_ptr, num_rows, num_experts, BLOCK_M,
+                                                                    BLOCK_E, GROUPED)
     total_work = total_tiles * n_tiles
 
     offs_m = tl.arange(0, SUB_M)

@@ -67,18 +67,7 @@ def hc_pre(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base
 def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """``Block.hc_post``: y (T, D) bf16, residual (T, hc, D) bf16, post (T, hc), comb (T, hc, hc) float32 ->
     (T, hc, D) bf16, ``post[k] * y + sum_j comb[j, k] * residual[j]`` in float32, rounded once."""
-    if not isinstance(residual, torch.Tensor) or residual.dim() != 3:
-        raise TypeError(f"residual: expected a (T, hc, D) tensor, got {getattr(residual, 'shape', type(residual))}")
-    T, hc, D = residual.shape
-    _check_hc(hc, "residual")
-    if residual.dtype != torch.bfloat16:
-        raise TypeError(f"residual: expected bfloat16, got {residual.dtype}")
-    if not isinstance(y, torch.Tensor) or y.dtype != torch.bfloat16:
-        raise TypeError(f"y: expected a bfloat16 tensor, got {getattr(y, 'dtype', type(y))}")
-    if tuple(y.shape) != (T, D):
-        raise ValueError(f"y: expected shape {(T, D)} (residual is {tuple(residual.shape)}), got {tuple(y.shape)}")
-    _check_params(residual.device, ("y", y, (T, D)), ("post", post, (T, hc)), ("comb", comb, (T, hc, hc)),
-                  dtypes={"y": torch.bfloat16})
+    _check_post_inputs(y, residual, post, comb)
     if use_triton(residual):
         from ..kernels.hyper_connection import launch_hc_post
 
@@ -128,27 +117,15 @@ def hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, com
     Bit for bit the unfused ops' results (same kernels' arithmetic, same workspace split). Fused only up to
     :data:`FUSED_MAX_ELEMENTS` (``T * D``, where it measured faster); above, the unfused ops run.
     """
-    if not isinstance(residual, torch.Tensor) or residual.dim() != 3:
-        raise TypeError(f"residual: expected a (T, hc, D) tensor, got {getattr(residual, 'shape', type(residual))}")
-    T, hc, D = residual.shape
-    if residual.dtype != torch.bfloat16:
-        raise TypeError(f"residual: expected bfloat16, got {residual.dtype}")
-    _check_hc(hc, "residual")
-    if D < 1:
-        raise ValueError(f"residual: expected a non-empty hidden dim, got {tuple(residual.shape)}")
-    if not isinstance(y, torch.Tensor) or y.dtype != torch.bfloat16:
-        raise TypeError(f"y: expected a bfloat16 tensor, got {getattr(y, 'dtype', type(y))}")
-    if tuple(y.shape) != (T, D):
-        raise ValueError(f"y: expected shape {(T, D)} (residual is {tuple(residual.shape)}), got {tuple(y.shape)}")
+    T, hc, D = _check_post_inputs(y, residual, post, comb, non_empty=True)
     M = hc if head else (2 + hc) * hc
-    _check_params(residual.device, ("y", y, (T, D)), ("post", post, (T, hc)), ("comb", comb, (T, hc, hc)),
-                  ("hc_fn", hc_fn, (M, hc * D)), ("hc_scale", hc_scale, (1,) if head else (3,)),
-                  ("hc_base", hc_base, (M,)), dtypes={"y": torch.bfloat16})
+    _check_params(residual.device, ("hc_fn", hc_fn, (M, hc * D)), ("hc_scale", hc_scale, (1,) if head else (3,)),
+                  ("hc_base", hc_base, (M,)))
     if not head:
         _check_iters(iters)
     _check_weight(norm_weight, residual.device, D)
     rms_eps = norm_eps if rms_eps is None else rms_eps
-    if use_triton(residual) and T * D > FUSED_MAX_ELEMENTS:
+    if not use_triton(residual) or T * D > FUSED_MAX_ELEMENTS:  # the ops one after the other (CPU: references)
         h = hc_post(y, residual, post, comb)
         if head:
             return h, hc_head(h, hc_fn, hc_scale, hc_base, hc_eps=hc_eps, norm_eps=norm_eps, norm_weight=norm_weight,
@@ -156,27 +133,35 @@ def hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, com
         x, post_n, comb_n = hc_pre(h, hc_fn, hc_scale, hc_base, hc=hc, iters=iters, hc_eps=hc_eps, norm_eps=norm_eps,
                                    norm_weight=norm_weight, rms_eps=rms_eps)
         return h, x, post_n, comb_n
-    if use_triton(residual):
-        from ..kernels.hyper_connection import launch_hc_post_pre
+    from ..kernels.hyper_connection import launch_hc_post_pre
 
-        h, x, _, post_n, comb_n = launch_hc_post_pre(
-            y.contiguous(), residual.contiguous(), post.contiguous(), comb.contiguous(), hc_fn.contiguous(),
-            hc_scale.contiguous(), hc_base.contiguous(), _contig(norm_weight), iters=iters if not head else 1,
-            hc_eps=float(hc_eps), norm_eps=float(norm_eps), rms_eps=float(rms_eps), head=head)
-        return h, x, post_n, comb_n
-    h = nx.hc_post(y, residual, post, comb)
-    if head:
-        x = nx.hc_head(h, hc_fn, hc_scale, hc_base, hc_eps=hc_eps, norm_eps=norm_eps)
-        post_n = comb_n = None
-    else:
-        x, post_n, comb_n = nx.hc_pre(h, hc_fn, hc_scale, hc_base, hc=hc, iters=iters, hc_eps=hc_eps,
-                                      norm_eps=norm_eps)
-    if norm_weight is not None:
-        x = nx.rms_norm(x, norm_weight, rms_eps)
+    h, x, _, post_n, comb_n = launch_hc_post_pre(
+        y.contiguous(), residual.contiguous(), post.contiguous(), comb.contiguous(), hc_fn.contiguous(),
+        hc_scale.contiguous(), hc_base.contiguous(), _contig(norm_weight), iters=iters if not head else 1,
+        hc_eps=float(hc_eps), norm_eps=float(norm_eps), rms_eps=float(rms_eps), head=head)
     return h, x, post_n, comb_n
 
 
 # ------------------------------------------------------------------------------------------------ validation
+def _check_post_inputs(y, residual, post, comb, non_empty: bool = False) -> tuple[int, int, int]:
+    """:func:`hc_post`'s inputs (``non_empty``: also D >= 1); returns (T, hc, D)."""
+    if not isinstance(residual, torch.Tensor) or residual.dim() != 3:
+        raise TypeError(f"residual: expected a (T, hc, D) tensor, got {getattr(residual, 'shape', type(residual))}")
+    T, hc, D = residual.shape
+    _check_hc(hc, "residual")
+    if residual.dtype != torch.bfloat16:
+        raise TypeError(f"residual: expected bfloat16, got {residual.dtype}")
+    if non_empty and D < 1:
+        raise ValueError(f"residual: expected a non-empty hidden dim, got {tuple(residual.shape)}")
+    if not isinstance(y, torch.Tensor) or y.dtype != torch.bfloat16:
+        raise TypeError(f"y: expected a bfloat16 tensor, got {getattr(y, 'dtype', type(y))}")
+    if tuple(y.shape) != (T, D):
+        raise ValueError(f"y: expected shape {(T, D)} (residual is {tuple(residual.shape)}), got {tuple(y.shape)}")
+    _check_params(residual.device, ("y", y, (T, D)), ("post", post, (T, hc)), ("comb", comb, (T, hc, hc)),
+                  dtypes={"y": torch.bfloat16})
+    return T, hc, D
+
+
 def _contig(t):
     return None if t is None else t.contiguous()
 

@@ -111,17 +111,19 @@ def test_decode_route_on_cpu_is_the_triton_gemm():
 
 
 @pytest.mark.cuda
-def test_cuda_ops_take_every_route():
+def test_cuda_ops_take_every_route(monkeypatch):
     """Grouped up to 256 rows per expert -> Gluon mma / wgmma launches by row band, K % 128 != 0 ->
-    CUDA-core kernel, dense M=1 -> split-K, large -> Triton tensor-core GEMM; each route matches float32 math on the
-    decoded weights."""
+    CUDA-core kernel, dense M=1 -> split-K, more than 256 rows per expert -> the warp-specialized kernel (WS_ROUTE,
+    default on) and, with WS_ROUTE off, the Triton tensor-core GEMM; each route matches float32 math on the decoded
+    weights."""
     from gemm_helpers import grouped_f32, rel_err  # tests/gemm_helpers.py (tests/ is on sys.path)
 
     device = torch.device("cuda")
     e = 64
     cases = [(40, 256, 512, "banded"), (40, 256, 480, "gemv"), (64 * 64, 256, 512, "banded"),
-             (64 * 300, 256, 512, "tensor-core")]
+             (64 * 300, 256, 512, "ws" if ops_gemm.WS_ROUTE else "tensor-core"), (64 * 300, 256, 512, "tensor-core")]
     for t, n, k, route in cases:
+        monkeypatch.setattr(ops_gemm, "WS_ROUTE", route == "ws")
         w = quantize(torch.randn(e, n, k) * 0.05).to(device)
         counts = torch.bincount(torch.randint(0, e, (t - 3,)), minlength=e)
         offsets = counts.cumsum(0).to(torch.int32).to(device)

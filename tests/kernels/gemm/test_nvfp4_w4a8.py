@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from gemm_helpers import every_code_weight, offsets_of, random_weight, rel_err
+from gemm_helpers import every_code_weight, offsets_of, random_codes_weight, random_weight, rel_err
 from megamoe.format.tensor import NVFP4Tensor
 from megamoe.kernels.fp8_act_quant import launch_fp8_act_quant
 from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm, nvfp4_linear, w4a8_kernel_mode
@@ -269,7 +269,7 @@ def test_cuda_v4_shapes_match_reference_graph_and_sync_free(preset, tokens):
     c = PRESETS[preset]
     e, h, i = c.num_experts, c.hidden_size, c.intermediate_size
     for proj, (n, k) in (("gate_up", (2 * i, h)), ("down", (h, i))):
-        w = random_weight((e, n, k), "cuda", scale_shape=(e, 1, 1))
+        w = random_codes_weight((e, n, k), "cuda", scale_shape=(e, 1, 1))  # quantize: minutes at these shapes
         swiglu = proj == "gate_up"
         if swiglu:
             w = interleave_gate_up(w)

@@ -266,25 +266,29 @@ def test_cuda_v4_split_vs_unsplit_vs_float32(name, h, i, e, tokens, kind):
 
 @pytest.mark.cuda
 def test_cuda_routing_beyond_the_hint_and_empty():
-    """max_rows_per_expert=1 with experts of 2-40 rows: the chunks past the host bound are computed whole by
-    split 0 (no slot); no rows at all: only the padding zeros."""
-    from gemm_helpers import random_weight, rel_err, grouped_f32
+    """max_rows_per_expert=1 with experts of 2-40 rows and no padding band (own_pad=False): the host bound is
+    4 chunks, the routing has 8, so chunks 4..7 are computed whole by split 0 (no slot); no rows at all
+    (own_pad=True): only the padding zeros."""
+    from gemm_helpers import grouped_f32, random_weight, rel_err
 
     dev = torch.device("cuda")
     e, n, k = 4, 256, 2048
     w = random_weight((e, n, k), dev, scale_shape=(e, 1, 1))
-    for counts in ([40, 0, 2, 9], [0, 0, 0, 0]):
-        offsets = torch.tensor(counts).cumsum(0).to(torch.int32).to(dev)
-        t = sum(counts) + 5
-        x = torch.randn(t, k, device=dev).bfloat16()
-        out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device=dev)
-        _grouped(x, w, offsets, out, 4, max_rows_per_expert=1, own_pad=True)
-        ref = grouped_f32(x, w, offsets).to(dev)
-        assert (out[sum(counts):] == 0).all()
-        if sum(counts):
-            assert rel_err(out[:sum(counts)], ref[:sum(counts)]) < 4e-3
-            unsplit = _grouped(x, w, offsets, torch.empty_like(out), 1, max_rows_per_expert=1)
-            assert _close_to_unsplit(out, unsplit)
+    counts = [40, 0, 2, 9]
+    assert mma.chunk_bound(56, e, 8, own_pad=False, max_rows_per_expert=1) == 4
+    offsets = torch.tensor(counts).cumsum(0).to(torch.int32).to(dev)
+    x = torch.randn(56, k, device=dev).bfloat16()
+    out = torch.full((56, n), float("nan"), dtype=torch.bfloat16, device=dev)
+    _grouped(x, w, offsets, out, 4, max_rows_per_expert=1, own_pad=False)
+    ref = grouped_f32(x, w, offsets).to(dev)
+    assert rel_err(out[:51], ref[:51]) < 4e-3
+    assert out[51:].isnan().all(), "own_pad=False must leave the padding rows untouched"
+    unsplit = _grouped(x, w, offsets, torch.empty_like(out), 1, max_rows_per_expert=1, own_pad=False)
+    assert _close_to_unsplit(out[:51], unsplit[:51])
+    empty = torch.zeros(e, dtype=torch.int32, device=dev)
+    out = torch.full((5, n), float("nan"), dtype=torch.bfloat16, device=dev)
+    _grouped(x[:5], w, empty, out, 4, max_rows_per_expert=1)
+    assert (out == 0).all()
 
 
 @pytest.mark.cuda
@@ -293,9 +297,8 @@ def test_cuda_graph_replay_sync_free_and_fallback(name, h, i, e, monkeypatch):
     """The op at 1 token (planned split-K): sync-free, graph replay == eager after the routing and x are
     rewritten in place; a graph captured before any eager launch (no tile counters yet: partials + a
     reduction launch) replays the same bits as the single-launch eager path."""
-    from gemm_helpers import check_sync_free_and_graph, sync_free_graph
+    from gemm_helpers import check_sync_free_and_graph
     from megamoe.kernels.gemm import nvfp4_splitk
-    from megamoe.reference.gemm import interleave_gate_up  # noqa: F401  (layout of w13: interleaved)
 
     dev = torch.device("cuda")
     w13, _ = _v4_weights(name, h, i, e)

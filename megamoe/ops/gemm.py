@@ -64,6 +64,13 @@ ACTIVATIONS = _reference.ACTIVATIONS
 _WS_ENV = os.environ.get("MEGAMOE_WS_ROUTE", "1")
 WS_ROUTE = _WS_ENV not in ("", "0")
 WS_BANDED = _WS_ENV == "all"
+# Split-K of the banded route's small band (experts with <= MMA_SMALL_BAND_ROWS rows: every decode step at
+# 1-16 tokens; issue 11, NOTES_gemm.md "decode split-K (grouped)"): the ``splits`` argument of that launch.
+# MEGAMOE_DECODE_SPLITK (read at import): "1" (default) planned from host shapes
+# (nvfp4_mma_decode.plan_decode_splits: S > 1 only at 1-2 tokens), "0" off (the kernel as before, for A/B
+# timing), N >= 2 forces N splits (sweeps). Read at every call (a captured CUDA graph keeps its launches).
+_SPLITK_ENV = os.environ.get("MEGAMOE_DECODE_SPLITK", "1").strip()
+DECODE_SPLITK = None if _SPLITK_ENV in ("", "1") else max(1, int(_SPLITK_ENV))
 
 
 def _check_x(x, k: int | None, name: str = "x") -> None:
@@ -212,7 +219,8 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     it (benchmarks/NOTES_gemm.md, v12):
 
     * "mma" with the decode config (BLOCK_M 8) for r <= ``MMA_SMALL_BAND_ROWS``,
-      only when the average is <= 4 rows per touched expert (the previous decode bucket);
+      only when the average is <= 4 rows per touched expert (the previous decode bucket), split-K as
+      :data:`DECODE_SPLITK` says (``splits``);
     * "mma" with BLOCK_M 32 chunks for r <= ``MMA_MAX_BAND_ROWS``;
     * "wgmma" (BLOCK_M 128 tiles, persistent) above ("ws", the warp-specialized kernel, when
       :data:`WS_BANDED` is on).
@@ -232,7 +240,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     bands, lo = [], 0
     if small[0] < wide[0]:
         lo = mma.MMA_SMALL_BAND_ROWS if most > mma.MMA_SMALL_BAND_ROWS else mma.ROW_HI_UNBOUNDED
-        bands.append(("mma", dict(config=small, row_band=(0, lo))))
+        bands.append(("mma", dict(config=small, row_band=(0, lo), splits=DECODE_SPLITK)))
     if most > lo:
         hi = mma.MMA_MAX_BAND_ROWS if most > mma.MMA_MAX_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))

@@ -92,6 +92,15 @@ MMA_DECODE_MAX_DENSE_ROWS = 0
 # gemm_v6_mma / gemm_v7_wgmma), the wgmma kernel the rest.
 MMA_SMALL_BAND_ROWS = 8
 MMA_MAX_BAND_ROWS = 64
+# Split-K of the grouped decode band (issue 11; NOTES_gemm.md "decode split-K (grouped)"): each work item
+# (chunk, n-tile) is split over S K ranges when the host bound on items (real chunks x n-tiles) leaves the GPU
+# short of DECODE_SPLITK_PROGRAMS_PER_SM programs per SM: S = cdiv(target, items), at least
+# DECODE_SPLITK_MIN_STEPS BLOCK_K steps per split, at most DECODE_SPLITK_MAX_SPLITS. At 1 token (V4: 7 chunks x
+# 32 n-tiles) S = 3 -> ~670 programs (~5 per SM, several waves: probe_stream.md, 4 K splits streamed 2.5 TB/s
+# vs ~2.2 for one program per row slab); from ~4 tokens up S = 1 (today's kernel, bit for bit).
+DECODE_SPLITK_PROGRAMS_PER_SM = 4
+DECODE_SPLITK_MIN_STEPS = 2
+DECODE_SPLITK_MAX_SPLITS = 8
 
 
 def select_mma_decode_config(rows_per_expert: int, k: int):
@@ -216,15 +225,44 @@ if GLUON_AVAILABLE:
         row_end = gl.minimum(gl.sum(gl.where(here, ends, 0), axis=0), row_start + BLOCK_M)
         return owner, row_start, row_end
 
-    @gluon.jit(do_not_specialize=["num_rows", "num_src_rows", "num_programs", "row_lo", "row_hi", "own_pad"])
+    @gluon.jit
+    def _partial_offsets(layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
+        """Element offsets of a (BLOCK_N, BLOCK_M) fp32 workspace tile (row-major) in the accumulator layout:
+        every thread stores and reloads exactly its own accumulator registers."""
+        n_local = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        m_local = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
+        return n_local[:, None] * BLOCK_M + m_local[None, :]
+
+    @gluon.jit
+    def _sum_partials(ws_ptr, slot, splits, tile_offs, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
+        """Sum of the ``splits`` partial tiles of work-item ``slot`` in split order 0, 1, .., splits-1 (L2 loads:
+        other SMs wrote them)."""
+        base = ws_ptr + slot.to(gl.int64) * splits * (BLOCK_N * BLOCK_M) + tile_offs
+        acc = gl.load(base, cache_modifier=".cg")
+        for s in range(1, splits):
+            acc += gl.load(base + s * (BLOCK_N * BLOCK_M), cache_modifier=".cg")
+        return acc
+
+    @gluon.jit(do_not_specialize=["num_rows", "num_src_rows", "num_programs", "row_lo", "row_hi", "own_pad",
+                                  "splits", "chunk_steps", "slot_chunks"])
     def _nvfp4_mma_decode_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
+        ws_ptr, cnt_ptr,
         num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, row_lo, row_hi, own_pad,
+        splits, chunk_steps, slot_chunks,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
-        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
+        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
+        """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
+        ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
+        2 = split-K partials only; 3 = the reduction only (2 then 3: the two-launch fallback, same bits).
+        Split-K: program (pid_n, g, pid_s) takes K steps [pid_s * chunk_steps, +chunk_steps) of each of its
+        chunks c < ``slot_chunks``; work item (c, pid_n) owns workspace tiles and counter ``c * n_tiles +
+        pid_n``. Chunks at or past ``slot_chunks`` (only a routing beyond the host's hint) and the padding
+        chunks are computed whole by the pid_s == 0 program, as with SPLIT 0."""
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
@@ -239,6 +277,10 @@ if GLUON_AVAILABLE:
                 offsets_ptr, num_experts, num_rows, row_lo, row_hi, own_pad, BLOCK_M, BLOCK_E, num_warps)
         else:
             total = (num_rows + BLOCK_M - 1) // BLOCK_M
+        if SPLIT != 0:
+            pid_s = gl.program_id(2)
+            n_tiles = gl.num_programs(0)
+            tile_offs = _partial_offsets(mma_layout, BLOCK_N, BLOCK_M)
 
         # weight rows past N are clamped (re-read), the stores mask them
         n_start = pid_n * BLOCK_N
@@ -263,7 +305,15 @@ if GLUON_AVAILABLE:
                 row_end = gl.minimum(num_rows, r0 + BLOCK_M)
                 is_real = r0 >= 0
                 expert = 0
-            k_steps = gl.where(is_real, K // BLOCK_K, 0)
+            if SPLIT == 0:
+                k_steps = gl.where(is_real, K // BLOCK_K, 0)
+            else:
+                split_item = is_real & (chunk < slot_chunks)  # a work item of the workspace / counters
+                first = gl.where(split_item, pid_s * chunk_steps, 0)
+                k_steps = gl.where(split_item, gl.minimum(K // BLOCK_K - first, chunk_steps),
+                                   gl.where(is_real & (pid_s == 0), K // BLOCK_K, 0))
+                if SPLIT == 3:
+                    k_steps = 0
             last = gl.maximum(k_steps - 1, 0) * BLOCK_K
             w_ptrs = w_ptr + expert * stride_we + w_offs
             s_ptrs = scale_ptr + expert * stride_se + s_offs
@@ -279,22 +329,59 @@ if GLUON_AVAILABLE:
             else:
                 src_rows = rows.to(gl.int64)
             x_ptrs = x_ptr + src_rows[:, None] * stride_xm + x_cols[None, :]
+            if SPLIT != 0:  # the split's first K element: a multiple of the constexpr BLOCK_K (aligned loads)
+                k_begin = first * BLOCK_K
+                w_ptrs += k_begin // 8
+                s_ptrs += k_begin // 16
+                x_ptrs += k_begin // 2
             x_mask = row_mask[:, None]
             acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-            # register double-buffering: step i+1's loads are in flight while step i is decoded;
-            # the load past the end re-reads the last step (in bounds) and is discarded
-            words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
-            x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
-            for step in range(0, k_steps):
-                nxt = gl.minimum((step + 1) * BLOCK_K, last)
-                words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
-                x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
-                acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M, BLOCK_K)
-                words, scale_bytes, x_pairs = words_n, scale_n, x_next
-            # padding rows (the bias included) are zeros
-            store_epilogue(acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge,
-                           stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
-                           SWIGLU, HAS_LIMIT, num_warps)
+            if SPLIT != 3:
+                # register double-buffering: step i+1's loads are in flight while step i is decoded;
+                # the load past the end re-reads the last step (in bounds) and is discarded
+                words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+                x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+                for step in range(0, k_steps):
+                    nxt = gl.minimum((step + 1) * BLOCK_K, last)
+                    words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+                    x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+                    acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
+                                    BLOCK_K)
+                    words, scale_bytes, x_pairs = words_n, scale_n, x_next
+            if SPLIT == 0:
+                # padding rows (the bias included) are zeros
+                store_epilogue(acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge,
+                               stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
+                               SWIGLU, HAS_LIMIT, num_warps)
+            else:
+                slot = chunk * n_tiles + pid_n
+                if SPLIT != 3:
+                    if (~split_item) & (pid_s == 0):  # whole-K chunk (past the slots) or padding zeros
+                        store_epilogue(acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge,
+                                       stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N,
+                                       HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
+                    if split_item:
+                        gl.store(ws_ptr + (slot.to(gl.int64) * splits + pid_s) * (BLOCK_N * BLOCK_M) + tile_offs,
+                                 acc)
+                        if SPLIT == 1:
+                            # single-launch reduction (nvfp4_splitk.py): every thread's partial stores precede
+                            # the (release) ticket; the last of the item's programs sums the partials in split
+                            # order, runs the epilogue and resets the counter for the next launch
+                            gl.thread_barrier()
+                            ticket = gl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
+                            if ticket == splits - 1:
+                                total_acc = _sum_partials(ws_ptr, slot, splits, tile_offs, BLOCK_N, BLOCK_M)
+                                store_epilogue(total_acc, r0, row_end, is_real, n_start, N, global_scale_ptr,
+                                               expert, stride_ge, stride_gn, bias_ptr, out_ptr, stride_om,
+                                               swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU, HAS_LIMIT,
+                                               num_warps)
+                                gl.store(cnt_ptr + slot, 0)
+                else:
+                    if split_item:
+                        total_acc = _sum_partials(ws_ptr, slot, splits, tile_offs, BLOCK_N, BLOCK_M)
+                        store_epilogue(total_acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert,
+                                       stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M,
+                                       BLOCK_N, HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
             chunk += num_programs
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:
@@ -302,12 +389,50 @@ if GLUON_AVAILABLE:
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
-                     swiglu_limit=True):
-    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
+                     swiglu_limit=True, split=0):
+    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
+    ``split``: the SPLIT mode (0 no split-K, 1 single launch, 2 partials, 3 reduction)."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
-               "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+               "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om",
+               "splits", "chunk_steps", "slot_chunks"]
     return compile_sm90(_nvfp4_mma_decode_kernel, scalars, config[:3], config[3], grouped=grouped,
-                        row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
+                        row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                        extra_signature=dict(ws_ptr="*fp32", cnt_ptr="*i32"), extra_constants=dict(SPLIT=split))
+
+
+def plan_decode_splits(items: int, k: int, block_k: int, num_sms: int, splits: int | None = None) -> tuple[int, int]:
+    """(S, K steps per split) of the grouped decode split-K, from host values only.
+
+    ``items``: host bound on the real work items (chunks x n-tiles); ``splits``: None plans
+    ``S = cdiv(num_sms * DECODE_SPLITK_PROGRAMS_PER_SM, items)`` capped by DECODE_SPLITK_MAX_SPLITS and
+    by DECODE_SPLITK_MIN_STEPS steps per split; an int forces S (benchmarks). Every split is non-empty
+    (the last may be shorter); S = 1 means no split-K.
+    """
+    k_steps = max(1, k // block_k)
+    if splits is None:
+        target = num_sms * DECODE_SPLITK_PROGRAMS_PER_SM
+        splits = min(-(-target // max(1, items)), DECODE_SPLITK_MAX_SPLITS, k_steps // DECODE_SPLITK_MIN_STEPS)
+    splits = max(1, min(int(splits), k_steps))
+    per = -(-k_steps // splits)
+    return -(-k_steps // per), per
+
+
+def split_schedule_reference(items: list, num_experts: int, n_tiles: int, splits: int, chunk_steps: int,
+                             k_steps: int, slot_chunks: int):
+    """The split-K kernel's work in Python, for tests. ``items``: :func:`chunk_schedule_reference`'s list
+    (expert ``num_experts`` = padding). Returns (summed, whole): summed maps a work item's slot
+    ``chunk * n_tiles + n-tile`` to [(split, first K step, steps)] in the order the reduction adds them;
+    whole lists the (chunk, n-tile) that the split-0 program computes over the whole K (chunks past
+    ``slot_chunks``) or writes as zeros (padding)."""
+    summed, whole = {}, []
+    for chunk, (expert, _, _) in enumerate(items):
+        for n in range(n_tiles):
+            if expert < num_experts and chunk < slot_chunks:
+                summed[chunk * n_tiles + n] = [(s, s * chunk_steps, max(0, min(k_steps - s * chunk_steps, chunk_steps)))
+                                               for s in range(splits)]
+            else:
+                whole.append((chunk, n))
+    return summed, whole
 
 
 def launch_nvfp4_mma_decode(
@@ -328,6 +453,7 @@ def launch_nvfp4_mma_decode(
     row_band: tuple[int, int] = (0, ROW_HI_UNBOUNDED),
     own_pad: bool = True,
     max_rows_per_expert: int | None = None,
+    splits: int | None = 1,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -339,6 +465,10 @@ def launch_nvfp4_mma_decode(
     ``lo < rows <= hi`` (their output rows; other experts' rows are left
     untouched); ``own_pad``: write zeros to the padding rows ``[offsets[E-1], T)``;
     ``max_rows_per_expert``: host hint that sizes the grid (never affects results).
+    ``splits`` (grouped only): K splits per work item; 1 (default) = no split-K, None = planned from
+    host shapes (:func:`plan_decode_splits`), an int > 1 forces it. With S > 1 the partial sums go to an
+    fp32 workspace and the last program of each work item reduces them in split order (deterministic;
+    equal to S = 1 up to fp32 summation order); the tile counters are ``nvfp4_splitk.splitk_counters``.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -365,8 +495,41 @@ def launch_nvfp4_mma_decode(
                   BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
                   num_warps=num_warps, **flags)
     n_tiles = triton.cdiv(n, block_n)
-    args = (*head, 1, row_lo, row_hi, int(own_pad), *strides)
-    resident = compiled_residency(_nvfp4_mma_decode_kernel, (n_tiles, 1), args, consts)
-    grid = mma_decode_grid(_num_sms(x.device.index or 0), resident, n, chunks, block_n)
-    _nvfp4_mma_decode_kernel[grid](*head, grid[1], row_lo, row_hi, int(own_pad), *strides, **consts)
+    num_sms = _num_sms(x.device.index or 0)
+    if grouped and splits != 1:
+        real = chunk_bound(num_rows, num_experts, block_m, row_lo, row_hi, False, max_rows_per_expert)
+        splits, chunk_steps = plan_decode_splits(real * n_tiles, k, block_k, num_sms, splits)
+    else:
+        splits, chunk_steps = 1, k // block_k
+    ws = cnt = out
+    mode = 0
+    if splits > 1:
+        from .nvfp4_splitk import COUNTER_SLOTS, splitk_counters  # (nvfp4_splitk imports this module)
+
+        # slots: chunk * n_tiles + n-tile for the chunks below the host bound (the pseudo-expert's included)
+        slot_chunks = min(chunks, COUNTER_SLOTS // n_tiles)
+        ws = torch.empty(slot_chunks * n_tiles * splits * block_n * block_m, dtype=torch.float32, device=x.device)
+        cnt = splitk_counters(x.device)
+        mode = 1 if cnt is not None else 2
+        if cnt is None:  # capturing before any eager launch: partials, then a reduction launch (same bits)
+            cnt = ws
+    else:
+        slot_chunks = 0
+    pointers, scalars = head[:9], head[9:]
+
+    def arguments(num_programs):
+        return (*pointers, ws, cnt, *scalars, num_programs, row_lo, row_hi, int(own_pad), splits, chunk_steps,
+                slot_chunks, *strides)
+
+    args = arguments(1)
+    consts["SPLIT"] = mode
+    if splits > 1:  # several waves on purpose (probe_stream.md): every chunk of the host bound has its programs
+        grid = (n_tiles, max(1, chunks), splits)
+    else:
+        resident = compiled_residency(_nvfp4_mma_decode_kernel, (n_tiles, 1, 1), args, consts)
+        grid = (*mma_decode_grid(num_sms, resident, n, chunks, block_n), 1)
+    _nvfp4_mma_decode_kernel[grid](*arguments(grid[1]), **consts)
+    if mode == 2:
+        consts["SPLIT"] = 3
+        _nvfp4_mma_decode_kernel[(grid[0], grid[1], 1)](*arguments(grid[1]), **consts)
     return out

@@ -66,11 +66,14 @@ WS_ROUTE = _WS_ENV not in ("", "0")
 WS_BANDED = _WS_ENV == "all"
 # Split-K of the banded route's small band (experts with <= MMA_SMALL_BAND_ROWS rows: every decode step at
 # 1-16 tokens; issue 11, NOTES_gemm.md "decode split-K (grouped)"): the ``splits`` argument of that launch.
-# MEGAMOE_DECODE_SPLITK (read at import): "1" (default) planned from host shapes
-# (nvfp4_mma_decode.plan_decode_splits: S > 1 only at 1-2 tokens), "0" off (the kernel as before, for A/B
-# timing), N >= 2 forces N splits (sweeps). Read at every call (a captured CUDA graph keeps its launches).
-_SPLITK_ENV = os.environ.get("MEGAMOE_DECODE_SPLITK", "1").strip()
-DECODE_SPLITK = None if _SPLITK_ENV in ("", "1") else max(1, int(_SPLITK_ENV))
+# MEGAMOE_DECODE_SPLITK (read at import): "0" (default) off (the kernel as before), "1" planned from host
+# shapes (nvfp4_mma_decode.plan_decode_splits: S > 1 only at 1-2 tokens), N >= 2 forces N splits (sweeps).
+# Off by default: on the H100 (results/decode_splitk_v1.md) S = 3 did not speed up the V4-Flash GEMMs at 1
+# token (gate_up 42.5 vs 43.6 us, down 27.5 vs 25.4), S = 2 made the V4-Pro ones 8% faster, and the MoE layer
+# was slower with it on (V4-Flash 84.6 vs 80.9 us, V4-Pro 154.6 vs 142.5): more programs do not raise the
+# streaming rate of this kernel at 1 token. Read at every call (a captured CUDA graph keeps its launches).
+_SPLITK_ENV = os.environ.get("MEGAMOE_DECODE_SPLITK", "0").strip()
+DECODE_SPLITK = None if _SPLITK_ENV == "1" else max(1, int(_SPLITK_ENV or "0"))
 
 
 def _check_x(x, k: int | None, name: str = "x") -> None:

@@ -60,11 +60,12 @@ def test_plan_splits_where_the_gpu_is_short_of_programs(name, h, i, e):
 
 
 def test_only_the_small_band_splits(monkeypatch):
+    monkeypatch.setattr(ops_gemm, "DECODE_SPLITK", None)  # MEGAMOE_DECODE_SPLITK=1: planned
     for tokens in (1, 2, 8, 16):
-        assert _small_band_plan(tokens, 256, 4096)["splits"] is None  # planned
+        assert _small_band_plan(tokens, 256, 4096)["splits"] is None
     plan = ops_gemm.plan_row_bands(384, 256, 4096, 64)
     assert plan[0][1]["splits"] is None and "splits" not in plan[1][1]  # the 32-row band: no split-K
-    monkeypatch.setattr(ops_gemm, "DECODE_SPLITK", 1)  # MEGAMOE_DECODE_SPLITK=0
+    monkeypatch.setattr(ops_gemm, "DECODE_SPLITK", 1)  # MEGAMOE_DECODE_SPLITK=0, the default
     assert _small_band_plan(1, 256, 4096)["splits"] == 1
 
 

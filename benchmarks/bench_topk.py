@@ -207,7 +207,9 @@ def run_grid(args, dev, t_start: float, save):
 def sweep(args, dev):
     """Top-k alone per knob, coordinate by coordinate from the current plan (batch 1 and 8)."""
     t0 = time.time()
-    batches, contexts, ks = [1, 8], [4096, 32768, 131072], [512, 1024]
+    batches = [int(v) for v in args.sweep_batches.split(",")]
+    contexts = [int(v) for v in args.sweep_contexts.split(",")]
+    ks = [512, 1024]
     st = Setup(max(batches), max(contexts), dev)
     nsm = kt._num_sms(dev)
     best_rows, lines = [], []
@@ -219,7 +221,10 @@ def sweep(args, dev):
                 K = min(k, T)
                 out = torch.empty((B, K), dtype=torch.int32, device=dev)
                 want = select_topk(scores, k)
-                ws = torch.zeros((B, kt.workspace_entries(T, k)), dtype=torch.int32, device=dev)
+                # room for every candidate's workspace (the split path's grows with its programs; K == T has none)
+                width = max([kt.workspace_entries(T, k)] + [kt.workspace_entries(T, k, programs=P)
+                                                            for P in (8, 16, 32, 64, 128) if P <= T // 256])
+                ws = torch.zeros((B, width), dtype=torch.int32, device=dev)
                 results = {}
 
                 def time_plan(plan: kt.Plan):
@@ -229,7 +234,8 @@ def sweep(args, dev):
                     kw = dict(path=plan.path, fin=plan.fin, bins=plan.bins, num_warps=plan.warps or None)
                     if plan.path == "split":
                         kw["programs"] = plan.programs
-                    ws[:, 6] = -1
+                    if ws.shape[1] > 6:
+                        ws[:, 6] = -1
                     kt.launch_topk(scores, out, ws, **kw)
                     ok = torch.equal(out, want)
                     diag = ws[0, :8].tolist() if plan.path == "split" else None
@@ -290,6 +296,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-batches", default="1,8", help="--sweep: comma-separated batch sizes")
+    ap.add_argument("--sweep-contexts", default="4096,32768,131072", help="--sweep: comma-separated contexts")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds before timing stops (default: 540 for the grid, 170 for the sweep)")
     ap.add_argument("--out", default="benchmarks/results/topk_v5")

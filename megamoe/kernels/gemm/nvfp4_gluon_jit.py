@@ -73,10 +73,11 @@ def _device_guard() -> bool:
 
 
 def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, grouped=True, row_index=True,
-                 bias=False, swiglu=False, swiglu_limit=True):
+                 bias=False, swiglu=False, swiglu_limit=True, extra_constants=None):
     """Compile a Gluon GEMM kernel of this family for sm_90 without a GPU (for tests and offline SASS).
 
-    ``scalars``: the kernel's i32 arguments (``swiglu_limit`` is fp32);
+    ``scalars``: the kernel's i32 arguments (``swiglu_limit`` is fp32); ``extra_constants``: further
+    constexpr arguments of the kernel (e.g. ``STAGES``);
     ``block_sizes``: (BLOCK_M, BLOCK_N, BLOCK_K). The pointers, N, K and the
     row strides are specialised as 16-byte aligned, as a launch on aligned
     tensors specialises them.
@@ -87,7 +88,7 @@ def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, g
     block_m, block_n, block_k = block_sizes
     constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=512, GROUPED=grouped,
                      HAS_ROW_INDEX=row_index, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=swiglu_limit,
-                     ERR_FLAG=1 if _device_guard() else 0, num_warps=num_warps)
+                     ERR_FLAG=1 if _device_guard() else 0, num_warps=num_warps, **(extra_constants or {}))
     signature = dict(POINTER_ARGS, **{name: "i32" for name in scalars + ["num_src_rows"]}, swiglu_limit="fp32",
                      **{name: "constexpr" for name in constants})
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED_ARGS}

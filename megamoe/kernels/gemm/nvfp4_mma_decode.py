@@ -40,6 +40,8 @@ aligned rows; other shapes use the Triton kernels.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -49,7 +51,7 @@ from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
     from .nvfp4_gluon_jit import (
         add_i32,
@@ -79,6 +81,13 @@ MMA_DECODE_CONFIGS = {
     4: (8, 128, 256, 4),
     1 << 62: (32, 128, 128, 4),
 }
+# Prototype (benchmarks/NOTES_peer_study.md, not yet measured): env MEGAMOE_MMA_STAGES=S (S >= 2, read at
+# import) gives the BLOCK_M 32 config a 5th element: stream the weight words and scale bytes through an
+# S-stage cp.async ring in shared memory (S - 1 steps in flight per program) instead of one step of register
+# double-buffering. A config may carry this 5th element (stages) in any call; absent or < 2: registers.
+MMA_RING_STAGES = int(os.environ.get("MEGAMOE_MMA_STAGES", "0") or 0)
+if MMA_RING_STAGES >= 2:
+    MMA_DECODE_CONFIGS[1 << 62] = MMA_DECODE_CONFIGS[1 << 62] + (MMA_RING_STAGES,)
 
 # Routing bounds (megamoe/ops/gemm.py: decode_route). Grouped: up to 32 rows per expert on average
 # (top-8 of 256 experts: 1024 tokens); measured faster than the Triton tensor-core kernel at 1, 8, 64
@@ -224,6 +233,7 @@ if GLUON_AVAILABLE:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
+        STAGES: gl.constexpr = 0,
     ):
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 8])
@@ -249,6 +259,19 @@ if GLUON_AVAILABLE:
         s_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_layout))
         s_offs = s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
         x_cols = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
+        if STAGES >= 2:
+            # weight-stream ring (peer study, benchmarks/NOTES_peer_study.md): the weight words and scale
+            # bytes of STAGES - 1 steps ahead are in flight as cp.async copies into shared memory instead of
+            # one step in registers. Words: 16-byte copies in the weight layout (read back with the same
+            # layout: one LDS.128 per 16 bytes, conflict-free rows of BLOCK_K/2 bytes); scales: one row's
+            # BLOCK_K/16 bytes per thread (cp.async needs >= 4 bytes), read back in the scale layout.
+            ring_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+            w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], ring_layout)
+            s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BLOCK_K // 16], ring_layout)
+            s_copy_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_K // 16], [32, 1], [num_warps, 1], [1, 0])
+            sc_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_copy_layout)), N - 1)
+            sc_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_copy_layout))
+            sc_offs = sc_rows.to(gl.int64)[:, None] * stride_sn + sc_cols[None, :]
 
         # persistent walk over this n-tile's chunks of at most BLOCK_M rows of one expert
         chunk = gl.program_id(1)
@@ -281,16 +304,43 @@ if GLUON_AVAILABLE:
             x_ptrs = x_ptr + src_rows[:, None] * stride_xm + x_cols[None, :]
             x_mask = row_mask[:, None]
             acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-            # register double-buffering: step i+1's loads are in flight while step i is decoded;
-            # the load past the end re-reads the last step (in bounds) and is discarded
-            words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
-            x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
-            for step in range(0, k_steps):
-                nxt = gl.minimum((step + 1) * BLOCK_K, last)
-                words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
-                x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
-                acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M, BLOCK_K)
-                words, scale_bytes, x_pairs = words_n, scale_n, x_next
+            if STAGES >= 2:
+                sc_ptrs = scale_ptr + expert * stride_se + sc_offs
+                # every thread has read the previous chunk's last slots before they are refilled
+                gl.thread_barrier()
+                for j in gl.static_range(STAGES - 1):
+                    if j < k_steps:
+                        async_copy.async_copy_global_to_shared(w_ring.index(j), w_ptrs + j * (BLOCK_K // 8))
+                        async_copy.async_copy_global_to_shared(s_ring.index(j), sc_ptrs + j * (BLOCK_K // 16))
+                    async_copy.commit_group()
+                x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+                for step in range(0, k_steps):
+                    nxt = gl.minimum((step + 1) * BLOCK_K, last)
+                    x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+                    async_copy.wait_group(STAGES - 2)  # this thread's copies of `step` have landed
+                    gl.thread_barrier()  # everyone's have; everyone has read slot (step - 1) % STAGES
+                    ahead = step + STAGES - 1
+                    if ahead < k_steps:  # refill the slot read at step - 1; past the end: an empty group
+                        slot_a = ahead % STAGES
+                        async_copy.async_copy_global_to_shared(w_ring.index(slot_a), w_ptrs + ahead * (BLOCK_K // 8))
+                        async_copy.async_copy_global_to_shared(s_ring.index(slot_a), sc_ptrs + ahead * (BLOCK_K // 16))
+                    async_copy.commit_group()
+                    slot = step % STAGES
+                    words = w_ring.index(slot).load(w_layout)
+                    scale_bytes = s_ring.index(slot).load(s_layout)
+                    acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M, BLOCK_K)
+                    x_pairs = x_next
+            else:
+                # register double-buffering: step i+1's loads are in flight while step i is decoded;
+                # the load past the end re-reads the last step (in bounds) and is discarded
+                words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+                x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+                for step in range(0, k_steps):
+                    nxt = gl.minimum((step + 1) * BLOCK_K, last)
+                    words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+                    x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+                    acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M, BLOCK_K)
+                    words, scale_bytes, x_pairs = words_n, scale_n, x_next
             # padding rows (the bias included) are zeros
             store_epilogue(acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge,
                            stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
@@ -306,8 +356,10 @@ def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=Tr
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
                "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+    stages = config[4] if len(config) > 4 else 0
     return compile_sm90(_nvfp4_mma_decode_kernel, scalars, config[:3], config[3], grouped=grouped,
-                        row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit)
+                        row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                        extra_constants=dict(STAGES=stages))
 
 
 def launch_nvfp4_mma_decode(
@@ -333,7 +385,7 @@ def launch_nvfp4_mma_decode(
 
     Same contract as :func:`megamoe.kernels.gemm.nvfp4_gemm.launch_nvfp4_gemm`;
     additionally ``gluon_supports(x, data)`` must hold (sm_90, K % 128 == 0,
-    16-byte aligned rows). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps),
+    16-byte aligned rows). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, stages]),
     else :func:`select_mma_decode_config`. ``interpreter`` must be False.
     Grouped only: ``row_band`` (lo, hi): compute only the experts with
     ``lo < rows <= hi`` (their output rows; other experts' rows are left
@@ -350,7 +402,8 @@ def launch_nvfp4_mma_decode(
         return out
     rows_per_expert = triton.cdiv(num_rows, min(num_experts, num_rows)) if grouped else num_rows
     config = tuple(config or select_mma_decode_config(rows_per_expert, k))
-    block_m, block_n, block_k, num_warps = config
+    block_m, block_n, block_k, num_warps = config[:4]
+    stages = config[4] if len(config) > 4 else 0
     if k % block_k:
         raise ValueError(f"data: K={k} must be a multiple of BLOCK_K={block_k} for this kernel")
     row_lo, row_hi = row_band if grouped else (0, ROW_HI_UNBOUNDED)
@@ -364,6 +417,7 @@ def launch_nvfp4_mma_decode(
     consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
                   num_warps=num_warps, **flags)
+    consts["STAGES"] = stages
     n_tiles = triton.cdiv(n, block_n)
     args = (*head, 1, row_lo, row_hi, int(own_pad), *strides)
     resident = compiled_residency(_nvfp4_mma_decode_kernel, (n_tiles, 1), args, consts)

@@ -103,6 +103,16 @@ MMA_SMALL_BAND_ROWS = 8
 MMA_MAX_BAND_ROWS = 64
 
 
+def ring_stages(stages: int, scale_address: int, scale_strides) -> int:
+    """The ring depth a launch can use: ``stages`` when the scale rows it copies with ``cp.async`` (8 or 16
+    bytes per row and step) are provably 16-byte aligned (base address and every byte stride a multiple of 16,
+    as the JIT specialises them; e.g. K % 256 == 0), else 0 (register double-buffering: a copy the compiler
+    cannot prove aligned would be split below cp.async's 4-byte minimum and fail to compile)."""
+    if stages < 2 or scale_address % 16 or any(int(v) % 16 for v in scale_strides):
+        return 0
+    return stages
+
+
 def select_mma_decode_config(rows_per_expert: int, k: int):
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for ``rows_per_expert`` average rows and K
     (BLOCK_K drops to 128 when it does not divide K)."""
@@ -417,7 +427,7 @@ def launch_nvfp4_mma_decode(
     consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
                   num_warps=num_warps, **flags)
-    consts["STAGES"] = stages
+    consts["STAGES"] = ring_stages(stages, block_scale.data_ptr(), strides[3:5])
     n_tiles = triton.cdiv(n, block_n)
     args = (*head, 1, row_lo, row_hi, int(own_pad), *strides)
     resident = compiled_residency(_nvfp4_mma_decode_kernel, (n_tiles, 1), args, consts)

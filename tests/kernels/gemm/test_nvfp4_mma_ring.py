@@ -54,6 +54,17 @@ def test_env_switch_adds_stages_to_the_band_config():
         assert out.count(wide) == 2, out  # the band plan uses it too
 
 
+def test_ring_needs_16_byte_aligned_scale_rows():
+    """cp.async copies of scale rows need provable 16-byte alignment; otherwise the launch keeps registers."""
+    from megamoe.kernels.gemm.nvfp4_mma_decode import ring_stages
+
+    assert ring_stages(4, 1 << 20, (4096 * 256, 256)) == 4  # V4: K = 4096 -> 256 scale bytes per row
+    assert ring_stages(4, 1 << 20, (0, 448)) == 4  # dense (no expert stride), K = 7168
+    assert ring_stages(4, 1 << 20, (200 * 24, 24)) == 0  # K = 384: rows 8-byte aligned only
+    assert ring_stages(4, (1 << 20) + 8, (4096 * 256, 256)) == 0  # base address not 16-byte aligned
+    assert ring_stages(1, 1 << 20, (4096 * 256, 256)) == 0 and ring_stages(0, 0, (0, 0)) == 0
+
+
 @pytest.mark.skipif(not GLUON_AVAILABLE or _cuobjdump() is None, reason="needs Gluon and cuobjdump")
 @pytest.mark.parametrize("swiglu", [True, False])
 def test_sm90_ring_k_loop(tmp_path, swiglu):
@@ -150,7 +161,7 @@ def test_cuda_ring_swiglu_interleaved_small():
     from gemm_helpers import random_weight
 
     device = torch.device("cuda")
-    e, i, k = 3, 96, 384
+    e, i, k = 3, 96, 512  # K % 256 == 0: 16-byte aligned scale rows, so the ring is used
     plain = random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1))
     counts = [9, 40, 0]
     t = sum(counts) + 1
@@ -161,6 +172,21 @@ def test_cuda_ring_swiglu_interleaved_small():
     inter = torch.stack((y[:, :i], y[:, i:]), dim=-1).reshape(t, 2 * i)
     assert rel_err(out[:49], swiglu_reference(inter, 0.5)[:49]) < 4e-3
     assert (out[49:] == 0).all()
+
+
+@pytest.mark.cuda
+def test_cuda_ring_falls_back_when_scale_rows_are_unaligned():
+    """K = 384 (24 scale bytes per row): a ring config runs the register path, same bits, correct."""
+    from gemm_helpers import random_weight
+
+    device = torch.device("cuda")
+    counts = [9, 40, 0, 2]
+    w = random_weight((4, 136, 384), device, scale_shape=(4, 1, 1))
+    x = torch.randn(sum(counts) + 1, 384, device=device).bfloat16()
+    outs = [_launch(x, w, torch.empty(x.shape[0], 136, dtype=torch.bfloat16, device=device),
+                    offsets_of(counts, device), cfg) for cfg in (RING[:4], RING)]
+    assert torch.equal(outs[0], outs[1])
+    assert rel_err(outs[1][:51], grouped_f32(x, w, offsets_of(counts, "cpu"))[:51]) < 4e-3
 
 
 @pytest.mark.cuda

@@ -40,6 +40,8 @@ aligned rows; other shapes use the Triton kernels.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -49,7 +51,7 @@ from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
     from .nvfp4_gluon_jit import (
         add_i32,
@@ -79,6 +81,13 @@ MMA_DECODE_CONFIGS = {
     4: (8, 128, 256, 4),
     1 << 62: (32, 128, 128, 4),
 }
+# Prototype (benchmarks/NOTES_peer_study.md, not yet measured): env MEGAMOE_MMA_STAGES=S (S >= 2, read at
+# import) gives the BLOCK_M 32 config a 5th element: stream the weight words and scale bytes through an
+# S-stage cp.async ring in shared memory (S - 1 steps in flight per program) instead of one step of register
+# double-buffering. A config may carry this 5th element (stages) in any call; absent or < 2: registers.
+MMA_RING_STAGES = int(os.environ.get("MEGAMOE_MMA_STAGES", "0") or 0)
+if MMA_RING_STAGES >= 2:
+    MMA_DECODE_CONFIGS[1 << 62] = MMA_DECODE_CONFIGS[1 << 62] + (MMA_RING_STAGES,)
 
 # Routing bounds (megamoe/ops/gemm.py: decode_route). Grouped: up to 32 rows per expert on average
 # (top-8 of 256 experts: 1024 tokens); measured faster than the Triton tensor-core kernel at 1, 8, 64
@@ -101,6 +110,16 @@ MMA_MAX_BAND_ROWS = 64
 DECODE_SPLITK_PROGRAMS_PER_SM = 4
 DECODE_SPLITK_MIN_STEPS = 2
 DECODE_SPLITK_MAX_SPLITS = 8
+
+
+def ring_stages(stages: int, scale_address: int, scale_strides) -> int:
+    """The ring depth a launch can use: ``stages`` when the scale rows it copies with ``cp.async`` (8 or 16
+    bytes per row and step) are provably 16-byte aligned (base address and every byte stride a multiple of 16,
+    as the JIT specialises them; e.g. K % 256 == 0), else 0 (register double-buffering: a copy the compiler
+    cannot prove aligned would be split below cp.async's 4-byte minimum and fail to compile)."""
+    if stages < 2 or scale_address % 16 or any(int(v) % 16 for v in scale_strides):
+        return 0
+    return stages
 
 
 def select_mma_decode_config(rows_per_expert: int, k: int):
@@ -254,7 +273,7 @@ if GLUON_AVAILABLE:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
-        num_warps: gl.constexpr,
+        num_warps: gl.constexpr, STAGES: gl.constexpr = 0,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
@@ -291,6 +310,19 @@ if GLUON_AVAILABLE:
         s_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_layout))
         s_offs = s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
         x_cols = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
+        if STAGES >= 2:
+            # weight-stream ring (peer study, benchmarks/NOTES_peer_study.md): the weight words and scale
+            # bytes of STAGES - 1 steps ahead are in flight as cp.async copies into shared memory instead of
+            # one step in registers. Words: 16-byte copies in the weight layout (read back with the same
+            # layout: one LDS.128 per 16 bytes, conflict-free rows of BLOCK_K/2 bytes); scales: one row's
+            # BLOCK_K/16 bytes per thread (cp.async needs >= 4 bytes), read back in the scale layout.
+            ring_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+            w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], ring_layout)
+            s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BLOCK_K // 16], ring_layout)
+            s_copy_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_K // 16], [32, 1], [num_warps, 1], [1, 0])
+            sc_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_copy_layout)), N - 1)
+            sc_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_copy_layout))
+            sc_offs = sc_rows.to(gl.int64)[:, None] * stride_sn + sc_cols[None, :]
 
         # persistent walk over this n-tile's chunks of at most BLOCK_M rows of one expert
         chunk = gl.program_id(1)
@@ -337,17 +369,47 @@ if GLUON_AVAILABLE:
             x_mask = row_mask[:, None]
             acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
             if SPLIT != 3:
-                # register double-buffering: step i+1's loads are in flight while step i is decoded;
-                # the load past the end re-reads the last step (in bounds) and is discarded
-                words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
-                x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
-                for step in range(0, k_steps):
-                    nxt = gl.minimum((step + 1) * BLOCK_K, last)
-                    words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
-                    x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
-                    acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
-                                    BLOCK_K)
-                    words, scale_bytes, x_pairs = words_n, scale_n, x_next
+                if STAGES >= 2:  # the cp.async ring (launcher: only without split-K)
+                    sc_ptrs = scale_ptr + expert * stride_se + sc_offs
+                    # every thread has read the previous chunk's last slots before they are refilled
+                    gl.thread_barrier()
+                    for j in gl.static_range(STAGES - 1):
+                        if j < k_steps:
+                            async_copy.async_copy_global_to_shared(w_ring.index(j), w_ptrs + j * (BLOCK_K // 8))
+                            async_copy.async_copy_global_to_shared(s_ring.index(j), sc_ptrs + j * (BLOCK_K // 16))
+                        async_copy.commit_group()
+                    x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+                    for step in range(0, k_steps):
+                        nxt = gl.minimum((step + 1) * BLOCK_K, last)
+                        x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+                        async_copy.wait_group(STAGES - 2)  # this thread's copies of `step` have landed
+                        gl.thread_barrier()  # everyone's have; everyone has read slot (step - 1) % STAGES
+                        ahead = step + STAGES - 1
+                        if ahead < k_steps:  # refill the slot read at step - 1; past the end: an empty group
+                            slot_a = ahead % STAGES
+                            async_copy.async_copy_global_to_shared(w_ring.index(slot_a),
+                                                                   w_ptrs + ahead * (BLOCK_K // 8))
+                            async_copy.async_copy_global_to_shared(s_ring.index(slot_a),
+                                                                   sc_ptrs + ahead * (BLOCK_K // 16))
+                        async_copy.commit_group()
+                        slot = step % STAGES
+                        words = w_ring.index(slot).load(w_layout)
+                        scale_bytes = s_ring.index(slot).load(s_layout)
+                        acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
+                                        BLOCK_K)
+                        x_pairs = x_next
+                else:
+                    # register double-buffering: step i+1's loads are in flight while step i is decoded;
+                    # the load past the end re-reads the last step (in bounds) and is discarded
+                    words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+                    x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+                    for step in range(0, k_steps):
+                        nxt = gl.minimum((step + 1) * BLOCK_K, last)
+                        words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+                        x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+                        acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
+                                        BLOCK_K)
+                        words, scale_bytes, x_pairs = words_n, scale_n, x_next
             if SPLIT == 0:
                 # padding rows (the bias included) are zeros
                 store_epilogue(acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge,
@@ -397,7 +459,8 @@ def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=Tr
                "splits", "chunk_steps", "slot_chunks"]
     return compile_sm90(_nvfp4_mma_decode_kernel, scalars, config[:3], config[3], grouped=grouped,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
-                        extra_signature=dict(ws_ptr="*fp32", cnt_ptr="*i32"), extra_constants=dict(SPLIT=split))
+                        extra_signature=dict(ws_ptr="*fp32", cnt_ptr="*i32"),
+                        extra_constants=dict(SPLIT=split, STAGES=config[4] if len(config) > 4 else 0))
 
 
 def plan_decode_splits(items: int, k: int, block_k: int, num_sms: int, splits: int | None = None) -> tuple[int, int]:
@@ -459,7 +522,7 @@ def launch_nvfp4_mma_decode(
 
     Same contract as :func:`megamoe.kernels.gemm.nvfp4_gemm.launch_nvfp4_gemm`;
     additionally ``gluon_supports(x, data)`` must hold (sm_90, K % 128 == 0,
-    16-byte aligned rows). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps),
+    16-byte aligned rows). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, stages]),
     else :func:`select_mma_decode_config`. ``interpreter`` must be False.
     Grouped only: ``row_band`` (lo, hi): compute only the experts with
     ``lo < rows <= hi`` (their output rows; other experts' rows are left
@@ -480,7 +543,8 @@ def launch_nvfp4_mma_decode(
         return out
     rows_per_expert = triton.cdiv(num_rows, min(num_experts, num_rows)) if grouped else num_rows
     config = tuple(config or select_mma_decode_config(rows_per_expert, k))
-    block_m, block_n, block_k, num_warps = config
+    block_m, block_n, block_k, num_warps = config[:4]
+    stages = config[4] if len(config) > 4 else 0
     if k % block_k:
         raise ValueError(f"data: K={k} must be a multiple of BLOCK_K={block_k} for this kernel")
     row_lo, row_hi = row_band if grouped else (0, ROW_HI_UNBOUNDED)
@@ -494,6 +558,7 @@ def launch_nvfp4_mma_decode(
     consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
                   num_warps=num_warps, **flags)
+    consts["STAGES"] = ring_stages(stages, block_scale.data_ptr(), strides[3:5])
     n_tiles = triton.cdiv(n, block_n)
     num_sms = _num_sms(x.device.index or 0)
     if grouped and splits != 1:
@@ -515,6 +580,8 @@ def launch_nvfp4_mma_decode(
             cnt = ws
     else:
         slot_chunks = 0
+    if splits > 1:  # the ring reads whole-K slabs from the chunk's start: split-K keeps register buffering
+        consts["STAGES"] = 0
     pointers, scalars = head[:9], head[9:]
 
     def arguments(num_programs):

@@ -582,6 +582,10 @@ PLAN = {
     "gpu": (
         # b_max, t_max, ks,  plan
         (None, 2048, None, Plan("sort", warps=8)),
+        # batch 1 above the sort path: 8 warps and 128 first-histogram buckets (H100 sweep at 32768 entries,
+        # results/topk_v5b_sweep.json: k 512 / 1024 12.8 / 13.7 us vs 13.5 / 14.8 with the row below; 8192 entries
+        # checked by bench_topk --quick, results/gpu_check_v13b)
+        (1, None, None, Plan("split", warps=8, fin=4, bins=128)),
         # auto programs; "row" once the batch fills the SMs. v5: fin=4 (U <= 4 * K_P2 ranked by S4: a row whose
         # K-th best is a small positive score has a coarse threshold bucket; the workspace holds FIN_MAX)
         (None, None, None, Plan("split", fin=4)),

@@ -103,7 +103,7 @@ def test_bands_partition_every_routing():
             assert _covered(items, t) == [1] * t
 
 
-def test_band_plan_keeps_decode_and_adds_launches_only_where_needed():
+def test_band_plan_keeps_decode_and_adds_launches_only_where_needed(monkeypatch):
     decode = mma.select_mma_decode_config(1, 4096)
     # 1-8 tokens of a top-k layer (hint = tokens <= 8): one launch, the previous decode kernel and config
     for tokens in (1, 2, 8):
@@ -111,10 +111,16 @@ def test_band_plan_keeps_decode_and_adds_launches_only_where_needed():
         assert len(plan) == 1 and plan[0][0] == "mma" and plan[0][1]["config"] == decode
     # 64 tokens: decode band + the 32-row band (hot experts up to 64 rows), no wgmma launch
     assert [r for r, _ in ops_gemm.plan_row_bands(384, 256, 4096, 64)] == ["mma", "mma"]
-    # 512 / 4096 tokens: 32-row chunks up to 64 rows, wgmma above
-    for t in (3072, 24576):
-        plan = ops_gemm.plan_row_bands(t, 256, 4096, t // 6)
-        assert [r for r, _ in plan] == ["mma", "wgmma"] and plan[1][1]["row_lo"] == mma.MMA_MAX_BAND_ROWS
+    # 512 tokens (12 rows per expert on average): 16-row tiles up to 16 rows (MMA16_BAND), 32-row chunks up to 64,
+    # wgmma above; 4096 tokens (96 on average): no 16-row band
+    plan = ops_gemm.plan_row_bands(3072, 256, 4096, 512)
+    assert [r for r, _ in plan] == ["mma", "mma", "wgmma"] and plan[2][1]["row_lo"] == mma.MMA_MAX_BAND_ROWS
+    assert plan[0][1]["config"][0] == 16 and plan[0][1]["row_band"] == (0, mma.MMA16_BAND_ROWS)
+    assert plan[1][1]["row_band"] == (mma.MMA16_BAND_ROWS, mma.MMA_MAX_BAND_ROWS)
+    plan = ops_gemm.plan_row_bands(24576, 256, 4096, 4096)
+    assert [r for r, _ in plan] == ["mma", "wgmma"] and plan[1][1]["row_lo"] == mma.MMA_MAX_BAND_ROWS
+    monkeypatch.setattr(ops_gemm, "MMA16_BAND", False)  # MEGAMOE_MMA16_BAND=0: the previous plan
+    assert [r for r, _ in ops_gemm.plan_row_bands(3072, 256, 4096, 512)] == ["mma", "wgmma"]
 
 
 def test_resident_programs():

@@ -122,6 +122,18 @@ def ring_stages(stages: int, scale_address: int, scale_strides) -> int:
     return stages
 
 
+#: The BLOCK_M 16 band (megamoe/ops/gemm.py: MMA16_BAND): experts with at most this many rows, tile config
+#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, ring stages) measured on the H100 at 512 tokens (results/gpu_check_v13b/
+#: mma_ring_v1.md: V4-Flash gate_up + down 2096 vs 2263 us uniform, 2148 vs 2322 zipf, same bits as registers).
+MMA16_BAND_ROWS = 16
+MMA16_CONFIG = (16, 128, 128, 4, 4)
+
+
+def select_mma16_config(k: int):
+    """The BLOCK_M 16 band's config for K (BLOCK_K 128 divides every K the Gluon kernels take)."""
+    return MMA16_CONFIG
+
+
 def select_mma_decode_config(rows_per_expert: int, k: int):
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for ``rows_per_expert`` average rows and K
     (BLOCK_K drops to 128 when it does not divide K)."""

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import grid_dependency_prologue, pdl_enabled
+
 # BLOCK_H / num_warps: one program reads k rows of BLOCK_H bf16 (k*BLOCK_H*2 bytes);
 # 1024 columns keep the grid >= 4 programs per row at H = 4096 and the loads 16-byte wide.
 COMBINE_CONFIG = {"BLOCK_H": 1024, "num_warps": 4}
@@ -56,7 +58,9 @@ def _moe_combine_kernel(
     BLOCK_H: tl.constexpr,
     INTERPRET: tl.constexpr,
     ERR_FLAG: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_mask = cols < H
@@ -109,6 +113,7 @@ def launch_moe_combine(
     block_h = min(cfg["BLOCK_H"], triton.next_power_of_2(hidden))
     grid = (num_tokens, triton.cdiv(hidden, block_h))
     has_shared = shared is not None
+    pdl = pdl_enabled(out)
     _moe_combine_kernel[grid](
         expert_out,
         inv_perm,
@@ -127,5 +132,7 @@ def launch_moe_combine(
         INTERPRET=interpreter,
         ERR_FLAG=errors.kernel_flag("combine", "inv_perm"),
         num_warps=cfg["num_warps"],
+        PDL=pdl,
+        launch_pdl=pdl,
     )
     return out

@@ -51,6 +51,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import grid_dependency_prologue, pdl_enabled
+
 COUNTER_SLOTS = 1024
 _COUNTERS: dict = {}
 SCORING_CODES = {"sigmoid": 0, "softmax": 1, "sqrtsoftplus": 2}
@@ -241,8 +243,9 @@ def _route_dispatch_kernel(
     T_PAD: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr, TB: tl.constexpr, SPLIT: tl.constexpr,
     SPLITS_PAD: tl.constexpr, TBR: tl.constexpr, USE_DOT: tl.constexpr, BT: tl.constexpr, BINS: tl.constexpr,
     SCORING: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr, HASH: tl.constexpr,
-    FLAG_TOKENS: tl.constexpr, FLAG_TABLE: tl.constexpr, FLAG_IDS: tl.constexpr,
+    FLAG_TOKENS: tl.constexpr, FLAG_TABLE: tl.constexpr, FLAG_IDS: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     pid_e = tl.program_id(0)
     pid_s = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -343,6 +346,7 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
                      device=device)
     word = error_word if error_word is not None else errors.error_word(device)
     hashed = tid2eid is not None
+    pdl = pdl_enabled(hidden_states)
     _route_dispatch_kernel[(p["e_blocks"], p["splits"])](
         hidden_states, hidden_states.stride(0), gate_weight, gate_weight.stride(0),
         bias if bias is not None else gate_weight, ws, counters,
@@ -360,4 +364,5 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
         FLAG_TOKENS=errors.kernel_flag("route", "token_ids") if hashed else 0,
         FLAG_TABLE=errors.kernel_flag("route", "tid2eid") if hashed else 0,
         FLAG_IDS=errors.kernel_flag("dispatch", "topk_ids"), num_warps=p["num_warps"],
+        PDL=pdl, launch_pdl=pdl,
     )

@@ -45,6 +45,7 @@ import os
 import torch
 import triton
 
+from ..pdl import gl_grid_dependency_prologue, pdl_enabled
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
 
@@ -285,7 +286,7 @@ if GLUON_AVAILABLE:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
-        num_warps: gl.constexpr, STAGES: gl.constexpr = 0,
+        num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
@@ -294,6 +295,7 @@ if GLUON_AVAILABLE:
         chunks c < ``slot_chunks``; work item (c, pid_n) owns workspace tiles and counter ``c * n_tiles +
         pid_n``. Chunks at or past ``slot_chunks`` (only a routing beyond the host's hint) and the padding
         chunks are computed whole by the pid_s == 0 program, as with SPLIT 0."""
+        gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
@@ -607,8 +609,10 @@ def launch_nvfp4_mma_decode(
     else:
         resident = compiled_residency(_nvfp4_mma_decode_kernel, (n_tiles, 1, 1), args, consts)
         grid = (*mma_decode_grid(num_sms, resident, n, chunks, block_n), 1)
-    _nvfp4_mma_decode_kernel[grid](*arguments(grid[1]), **consts)
+    pdl = pdl_enabled(x)
+    consts["PDL"] = pdl
+    _nvfp4_mma_decode_kernel[grid](*arguments(grid[1]), **consts, launch_pdl=pdl)
     if mode == 2:
         consts["SPLIT"] = 3
-        _nvfp4_mma_decode_kernel[(grid[0], grid[1], 1)](*arguments(grid[1]), **consts)
+        _nvfp4_mma_decode_kernel[(grid[0], grid[1], 1)](*arguments(grid[1]), **consts, launch_pdl=pdl)
     return out

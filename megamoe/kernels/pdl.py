@@ -1,0 +1,57 @@
+"""Programmatic dependent launch (PDL, Hopper+) for the decode-path kernels: the one switch and the prologue.
+
+A kernel launched with ``launch_pdl=True`` may be scheduled while the previous kernel on the stream is still
+running; its CTAs start and then block in ``griddepcontrol.wait`` until that kernel has completed and its
+writes are visible. It hides the launch latency and the previous kernel's tail, which dominate 1-token
+decode (~10-30 small kernels per layer, issue 11).
+
+Contract of a PDL kernel: :func:`grid_dependency_prologue` (Triton) or :func:`gl_grid_dependency_prologue`
+(Gluon) is its FIRST statement, before any global load, store or atomic (error words and counters included),
+so nothing it touches can race with earlier kernels. The prologue then lets the next kernel launch at once
+(``griddepcontrol.launch_dependents``): the decode grids this is used on fit in one wave, so all of their CTAs
+are resident when the trigger fires, and early dependents only take free SM slots while they wait. With the
+flag off the constexpr branch emits nothing and the launch is an ordinary one (bit-for-bit today's kernel).
+
+Switch: env ``MEGAMOE_PDL`` read at import, "1" on, anything else off (default off until measured).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+PDL_ENABLED = os.environ.get("MEGAMOE_PDL", "0").strip() == "1"
+
+
+def pdl_enabled(t: torch.Tensor) -> bool:
+    """Whether a launch on ``t``'s device uses PDL: the switch, a CUDA device of compute capability >= 9,
+    not the Triton interpreter (host decision from metadata only)."""
+    if not (PDL_ENABLED and t.is_cuda) or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    return torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+@triton.jit
+def grid_dependency_prologue(ENABLED: tl.constexpr):
+    """Wait for the previous kernel (its writes visible), then allow the next one to launch."""
+    if ENABLED:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+try:  # the Gluon twin (the same PTX through Gluon's inline asm)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def gl_grid_dependency_prologue(ENABLED: gl.constexpr):
+        if ENABLED:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+except ImportError:  # no Gluon in this Triton: only the Triton kernels use PDL
+    gl_grid_dependency_prologue = None

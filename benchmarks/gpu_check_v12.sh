@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NOT RUN in the 2026-11-23 (part 3) session: the device time ran out; run it first next session.
+# Ran 2026-11-23 (part 4) on the H100: results/gpu_check_v12 (the pytest step hit its timeout in the W4A8 V4-Pro test, since fixed; see gpu_check_v13a).
 # Before: mkdir -p .peers && cp -r ../shared/peers/triton_kernels .peers/ (ignored via .git/info/exclude), then run with carry [".peers"].
 # Closing device call of the 2026-11-23 (part 3) session: the CUDA tests fixed after gpu_check_v10/v11 (RoPE /
 # swa_append graph check without the scratch row, hc_head checked with the mix bound, hc_post_pre unfused above

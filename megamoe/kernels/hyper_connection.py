@@ -57,6 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import grid_dependency_prologue, pdl_enabled
 from .v4_elementwise import _bf16_bits, _bf16_round, _load_bf16
 
 #: Tokens per program of the standalone Sinkhorn kernel.
@@ -116,7 +117,9 @@ def _sinkhorn(m_pre, m_post, c, s0, s1, s2, base_ptr, eps, HC: tl.constexpr, ITE
 
 @triton.jit
 def _hc_split_sinkhorn_kernel(mixes_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, n_rows,
-                              eps, HC: tl.constexpr, ITERS: tl.constexpr, ROWS: tl.constexpr):
+                              eps, HC: tl.constexpr, ITERS: tl.constexpr, ROWS: tl.constexpr,
+                              PDL: tl.constexpr = False):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     rmask = rows < n_rows
@@ -142,8 +145,10 @@ def launch_hc_split_sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_bas
     post = torch.empty((T, hc), dtype=torch.float32, device=mixes.device)
     comb = torch.empty((T, hc, hc), dtype=torch.float32, device=mixes.device)
     if T:
+        pdl = pdl_enabled(mixes)
         _hc_split_sinkhorn_kernel[(triton.cdiv(T, ROWS),)](
-            mixes, hc_scale, hc_base, pre, post, comb, T, eps, HC=hc, ITERS=iters, ROWS=ROWS)
+            mixes, hc_scale, hc_base, pre, post, comb, T, eps, HC=hc, ITERS=iters, ROWS=ROWS, PDL=pdl,
+            launch_pdl=pdl)
     return pre, post, comb
 
 
@@ -170,7 +175,7 @@ def mix_plan(T: int, D: int) -> tuple[int, bool, int, int, int, int]:
 @triton.jit
 def _hc_mix_partial_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, x_ptr, fn_ptr, ws_ptr, T, D,
                            HC: tl.constexpr, M: tl.constexpr, MP: tl.constexpr, BT: tl.constexpr, CH: tl.constexpr,
-                           BDI: tl.constexpr, POST: tl.constexpr, DOT: tl.constexpr):
+                           BDI: tl.constexpr, POST: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr = False):
     """Program (pid_t, s): tokens [pid_t * BT, + BT), hidden positions d in [s * CH, (s + 1) * CH) of all HC copies.
 
     POST: h[t, k, d] = bf16(post[t, k] * y[t, d] + sum_j comb[t, j, k] * res[t, j, d]) (``_hc_post_kernel``'s
@@ -178,6 +183,7 @@ def _hc_mix_partial_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, x_ptr, f
     ws[s, t, :M] = sum over the slice of x[t, k, d] * fn[:, k * D + d], ws[s, t, M] = sum of x[t, k, d]^2 (float32,
     inner steps of BDI positions in order). x / y / res / out: bf16 bits (int16); fn (M, HC * D) float32.
     """
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     pid_t = tl.program_id(0)
     s = tl.program_id(1)
     KC: tl.constexpr = HC * BDI
@@ -281,10 +287,11 @@ def _normalize_columns(c, eps, HC: tl.constexpr):
 def _hc_pre_finish_kernel(ws_ptr, x_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, pre_ptr, post_ptr, comb_ptr,
                           T, S, D, hc_eps, norm_eps, rms_eps, HC: tl.constexpr, ITERS: tl.constexpr,
                           M: tl.constexpr, S_P2: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                          HAS_NORM: tl.constexpr, MP: tl.constexpr, HOIST: tl.constexpr):
+                          HAS_NORM: tl.constexpr, MP: tl.constexpr, HOIST: tl.constexpr, PDL: tl.constexpr = False):
     """One token: (HOIST) its x rows and norm weight loaded first; the (S, MP) partials summed over s, the M + 1
     columns as scalars; pre (then y and the optional RMSNorm), then the Sinkhorn (or the head's sigmoid) on
     scalars: every thread holds them all, no shuffles or shared memory in the 20 iterations."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     K = HC * D
     d = tl.arange(0, BLOCK_D)
@@ -356,6 +363,7 @@ def _launch_mix_and_finish(x, hc_fn, hc_scale, hc_base, norm_weight, post_args, 
     bt, dot, bdi, ch, S, warps = mix_plan(T, D)
     ws = torch.empty((S, T, MP), dtype=torch.float32, device=dev)
     x16 = x.view(torch.int16)
+    pdl = pdl_enabled(hc_fn)
     if post_args is None:
         y16, res16, p_in, c_in = x16, x16, hc_fn, hc_fn  # unused (POST=False)
     else:
@@ -363,13 +371,13 @@ def _launch_mix_and_finish(x, hc_fn, hc_scale, hc_base, norm_weight, post_args, 
             post_args[3]
     _hc_mix_partial_kernel[(triton.cdiv(T, bt), S)](
         y16, res16, p_in, c_in, x16, x16, hc_fn, ws, T, D, HC=hc, M=M, MP=MP, BT=bt, CH=ch, BDI=bdi,
-        POST=post_args is not None, DOT=dot, num_warps=warps, **_EXACT)
+        POST=post_args is not None, DOT=dot, num_warps=warps, PDL=pdl, launch_pdl=pdl, **_EXACT)
     has_norm = norm_weight is not None
     _hc_pre_finish_kernel[(T,)](
         ws, x16, hc_scale, hc_base, norm_weight if has_norm else hc_base, out.view(torch.int16), pre,
         pre if head else post, pre if head else comb, T, S, D, hc_eps, norm_eps, rms_eps, HC=hc, ITERS=iters, M=M,
         S_P2=triton.next_power_of_2(S), BLOCK_D=triton.next_power_of_2(D), HEAD=head, HAS_NORM=has_norm, MP=MP,
-        HOIST=finish_hoist(D), num_warps=finish_warps(D), **_EXACT)
+        HOIST=finish_hoist(D), num_warps=finish_warps(D), PDL=pdl, launch_pdl=pdl, **_EXACT)
     return x, out, pre, post, comb
 
 
@@ -402,8 +410,10 @@ def launch_hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tens
 
 # ------------------------------------------------------------------------------------------------ hc_post
 @triton.jit
-def _hc_post_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, D, HC: tl.constexpr, BLOCK_D: tl.constexpr):
+def _hc_post_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, D, HC: tl.constexpr, BLOCK_D: tl.constexpr,
+                    PDL: tl.constexpr = False):
     """out[t, k, d] = bf16(post[t, k] * y[t, d] + sum_j comb[t, j, k] * res[t, j, d]) (reference order)."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = d < D
@@ -425,9 +435,10 @@ def launch_hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, 
     out = torch.empty((T, hc, D), dtype=torch.bfloat16, device=y.device)
     if T:
         block_d = min(POST_BLOCK_D, triton.next_power_of_2(D))
+        pdl = pdl_enabled(y)
         _hc_post_kernel[(T, triton.cdiv(D, block_d))](
             y.view(torch.int16), residual.view(torch.int16), post, comb, out.view(torch.int16), D, HC=hc,
-            BLOCK_D=block_d, num_warps=POST_WARPS, **_EXACT)
+            BLOCK_D=block_d, num_warps=POST_WARPS, PDL=pdl, launch_pdl=pdl, **_EXACT)
     return out
 
 
@@ -444,10 +455,10 @@ _SIGNATURES = {
 
 
 def compile_sm90(T: int = 1, dim: int = 4096, hc: int = 4, *, head: bool = False, iters: int = 20,
-                 post: bool = True):
+                 post: bool = True, pdl: bool = False):
     """Compile the hc kernels for sm_90 without a GPU, as launched for (T, hc, dim) (default: V4-Flash decode at
     T = 1; ``post``: the mixes-partial kernel fused with hc_post, else standalone). Returns {kernel name:
-    ``CompiledKernel``} (``asm["ptx"]``, ``asm["cubin"]``)."""
+    ``CompiledKernel``} (``asm["ptx"]``, ``asm["cubin"]``). ``pdl``: the programmatic-dependent-launch build."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -464,7 +475,9 @@ def compile_sm90(T: int = 1, dim: int = 4096, hc: int = 4, *, head: bool = False
     }
     out = {}
     for name, (constexprs, nw) in consts.items():
+        constexprs = dict(constexprs, PDL=pdl)
         sig = dict(_SIGNATURES[name], **{k: "constexpr" for k in constexprs})
         out[name] = triton.compile(ASTSource(globals()[name], signature=sig, constexprs=constexprs),
-                                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=nw, **_EXACT))
+                                   target=GPUTarget("cuda", 90, 32),
+                                   options=dict(num_warps=nw, launch_pdl=pdl, **_EXACT))
     return out

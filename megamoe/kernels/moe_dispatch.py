@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import grid_dependency_prologue, pdl_enabled
+
 DISPATCH_CONFIG = {"BLOCK": 32, "num_warps": 4}
 
 
@@ -44,7 +46,9 @@ def _moe_dispatch_kernel(
     BINS: tl.constexpr,  # power of two > num_groups; bin BINS-1 collects masked lanes
     BLOCK: tl.constexpr,
     ERR_FLAG: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     bins = tl.arange(0, BINS)
     lanes = tl.arange(0, BLOCK)
     counts = tl.zeros((BINS,), dtype=tl.int32)
@@ -96,9 +100,10 @@ def launch_moe_dispatch(ids: torch.Tensor, top_k: int, num_groups: int, offsets:
 
     num_pairs = ids.shape[0]
     bins = triton.next_power_of_2(num_groups + 1)
+    pdl = pdl_enabled(ids)
     _moe_dispatch_kernel[(1,)](
         ids, offsets, sorted_expert, row_index, inv_perm,
         error_word if error_word is not None else errors.error_word(ids.device), num_pairs, num_groups,
         TOP_K=top_k, BINS=bins, BLOCK=DISPATCH_CONFIG["BLOCK"], ERR_FLAG=errors.kernel_flag("dispatch", "topk_ids"),
-        num_warps=DISPATCH_CONFIG["num_warps"],
+        num_warps=DISPATCH_CONFIG["num_warps"], PDL=pdl, launch_pdl=pdl,
     )

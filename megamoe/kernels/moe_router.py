@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import grid_dependency_prologue, pdl_enabled
+
 
 @triton.jit
 def _keep_top_groups(key, E_PAD: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr):
@@ -89,7 +91,9 @@ def _moe_topk_kernel(
     err_ptr=None,  # (1,) int32 error word (megamoe/ops/errors.py; used if HASH and a flag is non-zero)
     FLAG_TOKENS: tl.constexpr = 0,
     FLAG_TABLE: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     token = tl.program_id(0).to(tl.int64)
     slots = tl.arange(0, K_PAD)
     keep = slots < TOP_K
@@ -165,6 +169,7 @@ def launch_moe_topk(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int,
                          f"n_group={n_group}")
     if num_tokens == 0:
         return
+    pdl = pdl_enabled(scores)
     _moe_topk_kernel[(num_tokens,)](
         scores, bias if bias is not None else scores, weights_out, ids_out, num_experts,
         scores.stride(0), weights_out.stride(0), ids_out.stride(0), float(routed_scaling_factor),
@@ -176,4 +181,5 @@ def launch_moe_topk(scores: torch.Tensor, bias: torch.Tensor | None, top_k: int,
         err_ptr=(error_word if error_word is not None else errors.error_word(scores.device)) if hashed else ids_out,
         FLAG_TOKENS=errors.kernel_flag("route", "token_ids") if hashed else 0,
         FLAG_TABLE=errors.kernel_flag("route", "tid2eid") if hashed else 0, num_warps=1 if hashed else 4,
+        PDL=pdl, launch_pdl=pdl,
     )

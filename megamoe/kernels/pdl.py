@@ -9,19 +9,27 @@ Contract of a PDL kernel: :func:`grid_dependency_prologue` (Triton) or :func:`gl
 (Gluon) is its FIRST statement, before any global load, store or atomic (error words and counters included),
 so nothing it touches can race with earlier kernels. The prologue then lets the next kernel launch at once
 (``griddepcontrol.launch_dependents``): the decode grids this is used on fit in one wave, so all of their CTAs
-are resident when the trigger fires, and early dependents only take free SM slots while they wait. With the
-flag off the constexpr branch emits nothing and the launch is an ordinary one (bit-for-bit today's kernel).
+are resident when the trigger fires, and early dependents only take free SM slots while they wait. The trigger
+counts once EVERY CTA of the grid has executed it (or exited), so a grid of more than one wave triggers when its
+last wave starts; its dependents' waiting CTAs then hold SM slots (registers, shared memory) while that wave
+runs. For large multi-wave grids (prefill) trigger late or not at all: there is nothing to hide there. Chains
+stay one deep: a kernel triggers only after its own wait returned, so at most the next kernel is early. With
+the flag off the constexpr branch emits nothing and the launch is an ordinary one (bit-for-bit today's kernel).
+
+In the Triton interpreter the prologue is a no-op (the PTX has no CPU meaning; the interpreter runs kernels one
+after another anyway), so interpreter tests can force the flag on.
 
 Switch: env ``MEGAMOE_PDL`` read at import, "1" on, anything else off (default off until measured).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language import core
 
 PDL_ENABLED = os.environ.get("MEGAMOE_PDL", "0").strip() == "1"
 
@@ -34,12 +42,38 @@ def pdl_enabled(t: torch.Tensor) -> bool:
     return torch.cuda.get_device_capability(t.device)[0] >= 9
 
 
+def _compiled_only(fn):
+    """A Triton builtin that the interpreter (which calls non-``tl`` builtins without a semantic) runs as a
+    no-op instead of raising."""
+    @functools.wraps(fn)
+    def wrapper(*args, _semantic=None, **kwargs):
+        if _semantic is None:
+            return None
+        return fn(*args, _semantic=_semantic, **kwargs)
+
+    setattr(wrapper, core.TRITON_BUILTIN, True)
+    return wrapper
+
+
+@_compiled_only
+def _gdc_wait(_semantic=None):  # the PTX of triton.language.extra.cuda.gdc_wait
+    core.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=core.int32, is_pure=False,
+                                pack=1, _semantic=_semantic)
+
+
+@_compiled_only
+def _gdc_launch_dependents(_semantic=None):  # ... and of gdc_launch_dependents
+    core.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=core.int32,
+                                is_pure=False, pack=1, _semantic=_semantic)
+
+
 @triton.jit
 def grid_dependency_prologue(ENABLED: tl.constexpr):
-    """Wait for the previous kernel (its writes visible), then allow the next one to launch."""
+    """Wait for the previous kernel (its writes visible), then allow the next one to launch. Call it as the
+    kernel's first statement with the kernel's ``PDL`` constexpr; ``ENABLED`` False emits nothing."""
     if ENABLED:
-        gdc_wait()
-        gdc_launch_dependents()
+        _gdc_wait()
+        _gdc_launch_dependents()
 
 
 try:  # the Gluon twin (the same PTX through Gluon's inline asm)

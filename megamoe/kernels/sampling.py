@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..reference.sampling import MIX_MUL_1, MIX_MUL_2, SEED_OFFSET, TOKEN_OFFSET
+from .pdl import grid_dependency_prologue, pdl_enabled
 
 # 2048-wide chunks with 8 warps: 8 fp32 per thread per chunk, 64 chunks for V = 129280; rows split over parts
 # so that the grid holds about SAMPLE_TARGET_PROGRAMS programs (a fixed constant: the split is a shape decision).
@@ -64,8 +65,10 @@ def _sample_partial_kernel(
     SORTED: tl.constexpr,
     BLOCK_V: tl.constexpr,
     CHUNKS_PER_PART: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Program (row, part): the best key over columns [part * CHUNKS_PER_PART * BLOCK_V, + CHUNKS_PER_PART * BLOCK_V)."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     temp = tl.load(temperature_ptr + row)
@@ -118,8 +121,10 @@ def _sample_merge_kernel(
     P,
     SORTED: tl.constexpr,
     P_P2: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Row r: the parts' best in part order (the lowest column on ties, as one pass over the row would pick)."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, P_P2)
     valid = j < P
@@ -165,13 +170,14 @@ def launch_sample(values: torch.Tensor, ids: torch.Tensor | None, n_keep: torch.
         parts = triton.cdiv(chunks, per)
     part_best = torch.empty((num_rows, parts), dtype=torch.float32, device=values.device)
     part_at = torch.empty((num_rows, parts), dtype=torch.int32, device=values.device)
+    pdl = pdl_enabled(values)
     _sample_partial_kernel[(num_rows, parts)](
         values, ids if sorted_ else seed, n_keep if sorted_ else seed, temperature, seed, step, part_best, part_at,
         n, values.stride(0), ids.stride(0) if sorted_ else 0, parts, SORTED=sorted_, BLOCK_V=cfg["BLOCK_V"],
-        CHUNKS_PER_PART=per, num_warps=cfg["num_warps"],
+        CHUNKS_PER_PART=per, num_warps=cfg["num_warps"], PDL=pdl, launch_pdl=pdl,
     )
     _sample_merge_kernel[(num_rows,)](
         part_best, part_at, ids if sorted_ else seed, ids.stride(0) if sorted_ else 0, step, out, parts,
-        SORTED=sorted_, P_P2=max(triton.next_power_of_2(parts), 2), num_warps=1,
+        SORTED=sorted_, P_P2=max(triton.next_power_of_2(parts), 2), num_warps=1, PDL=pdl, launch_pdl=pdl,
     )
     return out

@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from .nvfp4_jit import e4m3_decode
+from .pdl import grid_dependency_prologue, pdl_enabled
 
 # sm_90 tiles. BLOCK_H = 64: the wgmma M of one warpgroup; the 64 x 512 fp32 accumulator at 8 warps is 128
 # registers per thread (2 warpgroups split D). BLOCK_N = 32 gathered rows per iteration: the staged K tile is
@@ -237,7 +238,9 @@ def _sparse_mqa_kernel(
     SB: tl.constexpr, C: tl.constexpr, NC_P2: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
     FLAG_WINDOW: tl.constexpr, FLAG_ENTRY: tl.constexpr, FLAG_SLOTS: tl.constexpr, FLAG_TABLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     n = tl.program_id(0).to(tl.int64)
     head0 = tl.program_id(1) * BLOCK_H
     split = tl.program_id(2)
@@ -316,9 +319,10 @@ def _sparse_mqa_kernel(
 def _combine_kernel(
     sink_ptr, ws_acc_ptr, ws_ml_ptr, out_ptr, H,
     NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Merge the splits of one (token, head block, column block) in the fixed order 0..NUM_SPLITS-1."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = h < H
@@ -413,28 +417,29 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
 
         use_ws = sparse_attention_ws.supports(q, D, nope, rope, sb)
     word = error_word if error_word is not None else errors.error_word(q.device)
+    pdl = pdl_enabled(q)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
     if use_ws:
         sparse_attention_ws.launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,
                                       entries_rope, block_table, slots, entry_idx, out, splits=splits, per=per,
-                                      ws_acc=ws_acc, ws_ml=ws_ml, error_word=word)
+                                      ws_acc=ws_acc, ws_ml=ws_ml, error_word=word, pdl=pdl)
     else:
         _launch_v1(grid, q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,
                    entries_rope, block_table, slots, entry_idx, out, ws_acc, ws_ml, word, splits, per, split, c,
-                   nc_p2, cfg, interpreter)
+                   nc_p2, cfg, interpreter, pdl)
     if split:
         bd = min(combine_cfg["BLOCK_D"], triton.next_power_of_2(D))
         _combine_kernel[(N, triton.cdiv(H, combine_cfg["BLOCK_H"]), triton.cdiv(D, bd))](
             attn_sink, ws_acc, ws_ml, out, H,
             NUM_SPLITS=splits, D=D, BLOCK_H=combine_cfg["BLOCK_H"], BLOCK_D=bd, INTERPRET=interpreter,
-            num_warps=combine_cfg["num_warps"],
+            num_warps=combine_cfg["num_warps"], PDL=pdl, launch_pdl=pdl,
         )
     return out
 
 
 def _launch_v1(grid, q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
                block_table, slots, entry_idx, out, ws_acc, ws_ml, word, splits, per, split, c, nc_p2, cfg,
-               interpreter):
+               interpreter, pdl):
     N, H, D = q.shape
     W, K = window_idx.shape[1], entry_idx.shape[1]
     P, EPB, nope = entries_fp8.shape
@@ -448,7 +453,7 @@ def _launch_v1(grid, q, attn_sink, softmax_scale, window_kv, window_idx, entries
         float(softmax_scale) * LOG2E,
         D=D, NOPE=nope, ROPE=rope, EPB=EPB, NSC=nsc, SB=sb, C=c, NC_P2=nc_p2,
         BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], SPLIT=split, INTERPRET=interpreter,
-        **error_flags(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **error_flags(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], PDL=pdl, launch_pdl=pdl,
     )
 
 
@@ -459,11 +464,12 @@ _MAIN_SCALARS = ("H", "R", "W", "K", "P", "S", "L", "blocks_per_split", "num_spl
 
 
 def compile_sm90(*, head_dim: int = 512, rope_dim: int = 64, scale_block: int = 64, entries_per_block: int = 64,
-                 split: bool = False, config: dict | None = None):
+                 split: bool = False, config: dict | None = None, pdl: bool = False):
     """Compile the main kernel for sm_90 without a GPU (tests / offline register and spill counts).
 
     Pointers are specialised 16-byte aligned as a launch on fresh torch tensors would be; the returned
-    ``CompiledKernel`` has ``n_regs``, ``n_spills``, ``metadata.shared`` and ``asm["ptx"]``.
+    ``CompiledKernel`` has ``n_regs``, ``n_spills``, ``metadata.shared`` and ``asm["ptx"]``. ``pdl``: the
+    programmatic-dependent-launch build (``megamoe.kernels.pdl``).
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -473,7 +479,7 @@ def compile_sm90(*, head_dim: int = 512, rope_dim: int = 64, scale_block: int = 
     c = chunk_width(nope, rope_dim, scale_block)
     constants = dict(D=head_dim, NOPE=nope, ROPE=rope_dim, EPB=entries_per_block, NSC=nope // scale_block,
                      SB=scale_block, C=c, NC_P2=triton.next_power_of_2(head_dim // c), BLOCK_H=cfg["BLOCK_H"],
-                     BLOCK_N=cfg["BLOCK_N"], SPLIT=split, INTERPRET=False, **error_flags())
+                     BLOCK_N=cfg["BLOCK_N"], SPLIT=split, INTERPRET=False, PDL=pdl, **error_flags())
     signature = dict(_MAIN_POINTERS, **{name: "i32" for name in _MAIN_SCALARS}, qk_scale="fp32",
                      **{name: "constexpr" for name in constants})
     kernel = _sparse_mqa_kernel
@@ -481,4 +487,4 @@ def compile_sm90(*, head_dim: int = 512, rope_dim: int = 64, scale_block: int = 
              if name != "err_ptr"}
     source = ASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+                          options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "launch_pdl": pdl})

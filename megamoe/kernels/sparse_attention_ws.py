@@ -43,6 +43,7 @@ import torch
 import triton
 
 from . import sparse_attention as v1
+from .pdl import gl_grid_dependency_prologue, pdl_enabled
 
 try:
     from triton.experimental import gluon
@@ -295,9 +296,10 @@ if GLUON_AVAILABLE:
         SB: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
         WARP_SPECIALIZE: gl.constexpr, PW: gl.constexpr, PRODUCER_REGS: gl.constexpr, STAGES: gl.constexpr,
         FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr, FLAG_SLOTS: gl.constexpr, FLAG_TABLE: gl.constexpr,
-        num_warps: gl.constexpr,
+        num_warps: gl.constexpr, PDL: gl.constexpr = False,
     ):
         """Arguments as v1's ``_sparse_mqa_kernel`` (fp8_ptr: the uint8 view). Grid (N, cdiv(H, 64), splits)."""
+        gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
         n = gl.program_id(0).to(gl.int64)
         head0 = gl.program_id(1) * BLOCK_H
         split = gl.program_id(2)
@@ -393,9 +395,10 @@ def _constants(nope, rope, scale_block, entries_per_block, split, warp_spec, con
 
 def launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
               block_table, slots, entry_idx, out, *, splits: int, per: int, ws_acc, ws_ml, error_word,
-              warp_spec: bool | None = None, compile_only: bool = False):
+              warp_spec: bool | None = None, compile_only: bool = False, pdl: bool | None = None):
     """Launch the v2 main kernel (v1's launcher calls this with its split layout and workspace).
-    ``compile_only``: compile (``warmup``) without launching (benchmarks/validate_attention_ws.py)."""
+    ``compile_only``: compile (``warmup``) without launching (benchmarks/validate_attention_ws.py). ``pdl``:
+    programmatic dependent launch (None: ``megamoe.kernels.pdl.pdl_enabled(q)``)."""
     N, H, D = q.shape
     W, K = window_idx.shape[1], entry_idx.shape[1]
     P, EPB, nope = entries_fp8.shape
@@ -404,29 +407,32 @@ def launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, e
     ws = warp_specialized() if warp_spec is None else warp_spec
     cfg, constants = _constants(nope, rope, sb, EPB, splits > 1, ws)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
+    pdl = pdl_enabled(q) if pdl is None else pdl
     launcher = functools.partial(_sparse_mqa_ws_kernel.warmup, grid=grid) if compile_only else \
         _sparse_mqa_ws_kernel[grid]
     launcher(
         q, attn_sink, window_kv, window_idx, entries_fp8.view(torch.uint8), entries_scale, entries_rope,
         block_table, slots, entry_idx, out, ws_acc, ws_ml, error_word,
         H, window_kv.shape[0], W, K, P, block_table.shape[0], block_table.shape[1], per, splits,
-        float(softmax_scale) * v1.LOG2E, **constants, num_warps=cfg["num_warps"])
+        float(softmax_scale) * v1.LOG2E, **constants, num_warps=cfg["num_warps"], PDL=pdl, launch_pdl=pdl)
 
 
 def compile_sm90(*, head_dim: int = 512, rope_dim: int = 64, scale_block: int = 64, entries_per_block: int = 64,
-                 split: bool = False, warp_spec: bool = True, config: dict | None = None):
+                 split: bool = False, warp_spec: bool = True, config: dict | None = None, pdl: bool = False):
     """Compile the v2 kernel for sm_90 without a GPU; returns the ``CompiledKernel`` (n_regs, n_spills,
-    metadata.shared, asm)."""
+    metadata.shared, asm). ``pdl``: the programmatic-dependent-launch build."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     cfg, constants = _constants(head_dim - rope_dim, rope_dim, scale_block, entries_per_block, split, warp_spec,
                                 config)
     constants["num_warps"] = cfg["num_warps"]
+    constants["PDL"] = pdl
     signature = dict(v1._MAIN_POINTERS, **{name: "i32" for name in v1._MAIN_SCALARS}, qk_scale="fp32",
                      **{name: "constexpr" for name in constants})
     kernel = _sparse_mqa_ws_kernel
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in v1._MAIN_POINTERS
              if name != "err_ptr"}
     source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": cfg["num_warps"], "launch_pdl": pdl})

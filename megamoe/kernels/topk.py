@@ -45,6 +45,8 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
+from .pdl import grid_dependency_prologue, pdl_enabled
+
 #: The order-preserving int32 key of -inf (``0xFF800000 ^ 0x7FFFFFFF`` as int32; literal in the kernels).
 NEG_INF_KEY = -2139095041
 #: v5 first-histogram buckets: negative scores of a row whose reference is positive are bucketed by binades
@@ -302,9 +304,10 @@ def _row_topk(src, dst, sel_ptr, cand_ptr, T, K,
 @triton.jit(do_not_specialize=["T", "scratch_stride", "K"])
 def _topk_kernel(scores_ptr, out_ptr, scratch_ptr, T, scratch_stride, K,
                  K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
-                 SORT_N: tl.constexpr, NB: tl.constexpr = 128, FIN: tl.constexpr = 0):
+                 SORT_N: tl.constexpr, NB: tl.constexpr = 128, FIN: tl.constexpr = 0, PDL: tl.constexpr = False):
     """One program per row. ``SORT_N > 0`` (v3 "sort" path, T <= SORT_N): the whole row packed and sorted
     in registers, the first K stored (no scratch). Else the v1 bucket select (K < T)."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     src = scores_ptr + row * T
     dst = out_ptr + row * K
@@ -341,8 +344,9 @@ def _span_bounds(p, T, SPAN):
 
 
 @triton.jit(do_not_specialize=["T", "ws_stride", "SPAN"])
-def _split_max_kernel(scores_ptr, ws_ptr, T, ws_stride, SPAN, CHUNK: tl.constexpr):
+def _split_max_kernel(scores_ptr, ws_ptr, T, ws_stride, SPAN, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
     """S1, grid (B, P): the maximum key of each program's span of the row."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     src = scores_ptr + row * T
@@ -373,7 +377,8 @@ def _max_of(ptr, n, MCH: tl.constexpr):
 @triton.jit(do_not_specialize=["T", "ws_stride", "SPAN", "P", "NMAX", "MREG", "K", "UCAP"])
 def _split_hist_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, NMAX, MREG, K, UCAP,
                        K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, ROW_CHUNK: tl.constexpr,
-                       NB: tl.constexpr, MCH: tl.constexpr, PCH: tl.constexpr, PV: tl.constexpr):
+                       NB: tl.constexpr, MCH: tl.constexpr, PCH: tl.constexpr, PV: tl.constexpr,
+                       PDL: tl.constexpr = False):
     """S2, grid (B, P): NB-bin histogram of each span below the exact row maximum (the maximum of the NMAX
     maxima at ws[16:]: S1's span maxima or the indexer's tile maxima); the last program of the row to
     arrive merges them in program order (PCH spans at a time): b*, need, the mode, and per-program output
@@ -381,6 +386,7 @@ def _split_hist_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, NMAX,
     the -inf bucket) has at most UCAP entries: offsets of U per span. Else as v3: offsets of sure entries
     and candidates in index order (mode 2), or, with more than CAP candidates in b* (dense ties, not the
     -inf bucket), the merging program runs the whole v1 selection of the row (mode 1)."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     src = scores_ptr + row * T
@@ -453,11 +459,13 @@ def _split_hist_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, NMAX,
 
 @triton.jit(do_not_specialize=["T", "ws_stride", "SPAN", "P", "MREG", "K", "UOFF", "UMAX"])
 def _split_select_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, MREG, K, UOFF, UMAX,
-                         K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, NB: tl.constexpr):
+                         K_P2: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, NB: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """S3, grid (B, P). Mode 0 (v4): each span appends the keys and indices of its U entries at its offset
     (no ordering needed: S4 ranks unique packed keys). Mode 2 (v3): each span appends its sure entries and
     candidates at the offsets of S2 (index order, as v1); the last program of the row to arrive runs v1's
     D + E. Mode 1: nothing (S2 finished the row)."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     src = scores_ptr + row * T
@@ -504,12 +512,14 @@ def _split_select_kernel(scores_ptr, out_ptr, ws_ptr, T, ws_stride, SPAN, P, MRE
 
 
 @triton.jit(do_not_specialize=["T", "K", "ws_stride", "UOFF", "UMAX"])
-def _split_rank_kernel(out_ptr, ws_ptr, T, K, ws_stride, UOFF, UMAX, RCH: tl.constexpr, UT: tl.constexpr):
+def _split_rank_kernel(out_ptr, ws_ptr, T, K, ws_stride, UOFF, UMAX, RCH: tl.constexpr, UT: tl.constexpr,
+                       PDL: tl.constexpr = False):
     """S4 (v4), grid (B, cdiv(UCAP, RCH)), mode 0 only: program r ranks U entries [r * RCH, (r + 1) * RCH)
     against all n_U of U (count of larger unique packed keys, UT at a time) and stores each one whose rank
     is below K at ``out[rank]`` (-1 for -inf). U holds every entry better than any of its members, so its
     ranks are the row's ranks and the K best come out sorted (best first, ties to the lower index). Slots
     [n_U, K) (fewer finite entries than K: the K-th best is -inf) are set to -1."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     r = tl.program_id(1)
     ws = ws_ptr + row * ws_stride
@@ -747,10 +757,11 @@ def launch_topk(scores, out, scratch=None, *, interpreter: bool = False, cap: in
     k_p2, cap = _k_cap(K, interpreter, cap)
     plan = resolve_plan(B, T, K, scores.device, interpreter=interpreter, programs=programs, path=path, fin=fin,
                         bins=bins, num_warps=num_warps)
+    pdl = pdl_enabled(scores)
     if plan.path == "sort":
         sort_n = max(16, triton.next_power_of_2(T))
         _topk_kernel[(B,)](scores, out, out, T, 0, K, K_P2=16, CAP=16, CHUNK=16, SORT_N=sort_n,
-                           num_warps=plan.warps or cfg["num_warps"])
+                           num_warps=plan.warps or cfg["num_warps"], PDL=pdl, launch_pdl=pdl)
         return out
     fin_n = plan.fin * k_p2
     if plan.path == "row":
@@ -767,7 +778,8 @@ def launch_topk(scores, out, scratch=None, *, interpreter: bool = False, cap: in
     if plan.path == "row":
         chunk = min(chunk or cfg["chunk"], max(16, triton.next_power_of_2(T)))
         _topk_kernel[(B,)](scores, out, scratch, T, scratch.shape[1], K, K_P2=k_p2, CAP=cap, CHUNK=chunk,
-                           SORT_N=0, NB=plan.bins, FIN=fin_n, num_warps=plan.warps or cfg["num_warps"])
+                           SORT_N=0, NB=plan.bins, FIN=fin_n, num_warps=plan.warps or cfg["num_warps"],
+                           PDL=pdl, launch_pdl=pdl)
         return out
     scfg = SPLIT[mode]
     schunk = chunk or scfg["chunk"]
@@ -779,15 +791,17 @@ def launch_topk(scores, out, scratch=None, *, interpreter: bool = False, cap: in
         nmax = triton.cdiv(T, _tile_block(interpreter))
     else:
         nmax = P
-        _split_max_kernel[grid](scores, scratch, T, stride, span, CHUNK=schunk, num_warps=nw)
+        _split_max_kernel[grid](scores, scratch, T, stride, span, CHUNK=schunk, num_warps=nw, PDL=pdl,
+                                launch_pdl=pdl)
     ucap = fin_n if fin_n > 0 else -1  # mode 0 (rank finish) needs U <= ucap
     _split_hist_kernel[grid](scores, out, scratch, T, stride, span, P, nmax, mreg, K, ucap, K_P2=k_p2, CAP=cap,
                              CHUNK=schunk, ROW_CHUNK=row_chunk, NB=plan.bins, MCH=256 if not interpreter else 16,
-                             PCH=scfg["pch"], PV=scfg["pv"], num_warps=nw)
+                             PCH=scfg["pch"], PV=scfg["pv"], num_warps=nw, PDL=pdl, launch_pdl=pdl)
     _split_select_kernel[grid](scores, out, scratch, T, stride, span, P, mreg, K, uoff, umax, K_P2=k_p2, CAP=cap,
-                               CHUNK=schunk, NB=plan.bins, num_warps=nw)
+                               CHUNK=schunk, NB=plan.bins, num_warps=nw, PDL=pdl, launch_pdl=pdl)
     if ucap > 0:
         rk = RANK[mode]
         _split_rank_kernel[(B, triton.cdiv(max(ucap, K), rk["rch"]))](
-            out, scratch, T, K, stride, uoff, umax, RCH=rk["rch"], UT=rk["ut"], num_warps=rk["num_warps"])
+            out, scratch, T, K, stride, uoff, umax, RCH=rk["rch"], UT=rk["ut"], num_warps=rk["num_warps"], PDL=pdl,
+            launch_pdl=pdl)
     return out

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from .nvfp4_jit import e2m1_decode, e2m1_magnitude_code, e4m3_decode, e4m3_encode, sign_bit
+from .pdl import grid_dependency_prologue, pdl_enabled
 
 #: FP8 block of the window kv (official ``act_quant(kv[..., :-rd], 64)``) and FP4 block of the indexer query.
 FP8_BLOCK = 64
@@ -158,7 +159,9 @@ def _rotate(y, yp, c, s, even, INVERSE: tl.constexpr):
 
 # ------------------------------------------------------------------------------------------------ RMSNorm
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, N_P2: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, N_P2: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, N_P2)
     m = offs < N
@@ -175,9 +178,10 @@ def launch_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) ->
     R, N = x.shape
     out = torch.empty_like(x)
     if R:
+        pdl = pdl_enabled(x)
         _rms_norm_kernel[(R,)](x.view(torch.int16), weight if weight is not None else x, out.view(torch.int16),
                                float(eps), N=N, N_P2=triton.next_power_of_2(N), HAS_WEIGHT=weight is not None,
-                               num_warps=RMS_NORM_WARPS, **_EXACT)
+                               num_warps=RMS_NORM_WARPS, PDL=pdl, launch_pdl=pdl, **_EXACT)
     return out
 
 
@@ -237,7 +241,8 @@ def _kv_row(kv_ptr, w_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, eps, D: tl.conste
 @triton.jit
 def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, freqs_ptr, pos_ptr, q_out_ptr, kv_out_ptr, err_ptr, n_pos, eps,
                  H: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, D_P2: tl.constexpr, FB: tl.constexpr,
-                 HAS_Q: tl.constexpr, HAS_KV: tl.constexpr, FLAG: tl.constexpr = 0):
+                 HAS_Q: tl.constexpr, HAS_KV: tl.constexpr, FLAG: tl.constexpr = 0, PDL: tl.constexpr = False):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -272,13 +277,15 @@ def launch_q_kv(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torc
     if T:
         n_prog = (num_heads if q is not None else 0) + (1 if kv is not None else 0)
         d_p2 = max(triton.next_power_of_2(D), FP8_BLOCK)
+        pdl = pdl_enabled(src)
         _q_kv_kernel[(T, n_prog)](
             (q if q is not None else kv).view(torch.int16), (kv if kv is not None else q).view(torch.int16),
             kv_weight if kv_weight is not None else freqs, freqs, positions,
             (q_out if q is not None else kv_out).view(torch.int16),
             (kv_out if kv is not None else q_out).view(torch.int16), _error_word(src.device, error_word),
             freqs.shape[0], float(eps), H=num_heads, D=D, RD=rd, D_P2=d_p2, FB=FP8_BLOCK, HAS_Q=q is not None,
-            HAS_KV=kv is not None, FLAG=_kernel_flag("q_kv_path"), num_warps=Q_KV_WARPS, **_EXACT)
+            HAS_KV=kv is not None, FLAG=_kernel_flag("q_kv_path"), num_warps=Q_KV_WARPS, PDL=pdl,
+            launch_pdl=pdl, **_EXACT)
     return q_out, kv_out
 
 
@@ -295,7 +302,9 @@ def _butterfly(x, R: tl.constexpr, N: tl.constexpr, STRIDE: tl.constexpr):
 @triton.jit
 def _index_q_kernel(q_ptr, w_ptr, freqs_ptr, pos_ptr, q_out_ptr, w_out_ptr, err_ptr, n_pos, w_scale,
                     NH: tl.constexpr, DI: tl.constexpr, LOG2_DI: tl.constexpr, RD: tl.constexpr,
-                    H_SCALE: tl.constexpr, FB: tl.constexpr, BLOCK_H: tl.constexpr, FLAG: tl.constexpr = 0):
+                    H_SCALE: tl.constexpr, FB: tl.constexpr, BLOCK_H: tl.constexpr, FLAG: tl.constexpr = 0,
+                    PDL: tl.constexpr = False):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = hh < NH
@@ -343,18 +352,22 @@ def launch_index_q(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, 
     q_out = torch.empty((T, n_heads, DI), dtype=torch.bfloat16, device=q.device)
     w_out = torch.empty((T, n_heads), dtype=torch.float32, device=q.device)
     if T:
+        pdl = pdl_enabled(q)
         _index_q_kernel[(T, triton.cdiv(n_heads, INDEX_BLOCK_H))](
             q.view(torch.int16), weights.view(torch.int16), freqs, positions, q_out.view(torch.int16), w_out,
             _error_word(q.device, error_word), freqs.shape[0], float(weight_scale), NH=n_heads, DI=DI,
             LOG2_DI=DI.bit_length() - 1, RD=2 * freqs.shape[1], H_SCALE=DI ** -0.5, FB=FP4_BLOCK,
-            BLOCK_H=INDEX_BLOCK_H, FLAG=_kernel_flag("index_q_path"), num_warps=INDEX_WARPS, **_EXACT)
+            BLOCK_H=INDEX_BLOCK_H, FLAG=_kernel_flag("index_q_path"), num_warps=INDEX_WARPS, PDL=pdl,
+            launch_pdl=pdl, **_EXACT)
     return q_out, w_out
 
 
 # ------------------------------------------------------------------------------------------------ output
 @triton.jit
 def _output_kernel(o_ptr, freqs_ptr, pos_ptr, out_ptr, err_ptr, T, n_pos, H: tl.constexpr, D: tl.constexpr,
-                   RD: tl.constexpr, G: tl.constexpr, D_P2: tl.constexpr, FLAG: tl.constexpr = 0):
+                   RD: tl.constexpr, G: tl.constexpr, D_P2: tl.constexpr, FLAG: tl.constexpr = 0,
+                   PDL: tl.constexpr = False):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -384,10 +397,11 @@ def launch_output(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor,
     T, H, D = o.shape
     out = torch.empty((groups, T, H * D // groups), dtype=torch.bfloat16, device=o.device)
     if T:
+        pdl = pdl_enabled(o)
         _output_kernel[(T, H)](o.view(torch.int16), freqs, positions, out.view(torch.int16),
                                _error_word(o.device, error_word), T, freqs.shape[0], H=H, D=D, RD=2 * freqs.shape[1],
                                G=groups, D_P2=triton.next_power_of_2(D), FLAG=_kernel_flag("output_path"),
-                               num_warps=OUTPUT_WARPS, **_EXACT)
+                               num_warps=OUTPUT_WARPS, PDL=pdl, launch_pdl=pdl, **_EXACT)
     return out
 
 
@@ -395,9 +409,10 @@ def launch_output(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor,
 @triton.jit
 def _post_pool_kernel(x_ptr, w_ptr, freqs_ptr, pos_ptr, out_ptr, err_ptr, n_pos, eps, shift,
                       D: tl.constexpr, D_P2: tl.constexpr, RD: tl.constexpr, LOG2_D: tl.constexpr,
-                      H_SCALE: tl.constexpr, ROTATE: tl.constexpr, FLAG: tl.constexpr = 0):
+                      H_SCALE: tl.constexpr, ROTATE: tl.constexpr, FLAG: tl.constexpr = 0, PDL: tl.constexpr = False):
     """One pooled row: bf16 -> RMSNorm(weight) -> RoPE (row ``clamp(pos + shift, 0, n_pos - 1)``) -> Hadamard;
     ``pos + shift >= n_pos`` flags."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64) + shift
     _flag(err_ptr, pos >= n_pos, True, FLAG)
@@ -431,11 +446,12 @@ def launch_post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Te
     the word ``positions + shift >= n_positions`` flags (default: the device's)."""
     N, D = pooled.shape
     if N:
+        pdl = pdl_enabled(pooled)
         _post_pool_kernel[(N,)](pooled, weight, freqs, positions, out.view(torch.int16),
                                 _error_word(pooled.device, error_word), freqs.shape[0], float(eps),
                                 int(shift), FLAG=_kernel_flag("post_pool"), D=D, D_P2=triton.next_power_of_2(D), RD=2 * freqs.shape[1],
                                 LOG2_D=D.bit_length() - 1, H_SCALE=D ** -0.5, ROTATE=bool(rotate),
-                                num_warps=POST_POOL_WARPS, **_EXACT)
+                                num_warps=POST_POOL_WARPS, PDL=pdl, launch_pdl=pdl, **_EXACT)
     return out
 
 
@@ -459,9 +475,10 @@ _SIGNATURES = {
 
 
 def compile_sm90(family: str, *, num_heads: int = 64, head_dim: int = 512, rope_dim: int = 64, q_lora: int = 1024,
-                 index_heads: int = 64, index_dim: int = 128, groups: int = 8):
+                 index_heads: int = 64, index_dim: int = 128, groups: int = 8, pdl: bool = False):
     """Compile one family's kernel for sm_90 without a GPU (default: V4-Flash shapes), as launched
-    (``enable_fp_fusion=False``). Returns the ``CompiledKernel`` (``asm["ptx"]``, ``asm["cubin"]``)."""
+    (``enable_fp_fusion=False``). Returns the ``CompiledKernel`` (``asm["ptx"]``, ``asm["cubin"]``). ``pdl``: the
+    programmatic-dependent-launch build."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -484,6 +501,7 @@ def compile_sm90(family: str, *, num_heads: int = 64, head_dim: int = 512, rope_
     if family != "rms_norm":  # as launched: with the flag code of its op (device guard on)
         op = {"q_kv": "q_kv_path", "index_q": "index_q_path", "output": "output_path"}.get(family, "post_pool")
         constexprs = dict(constexprs, FLAG=_kernel_flag(op))
+    constexprs = dict(constexprs, PDL=pdl)
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
     return triton.compile(ASTSource(kernel, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=warps, **_EXACT))
+                          options=dict(num_warps=warps, launch_pdl=pdl, **_EXACT))

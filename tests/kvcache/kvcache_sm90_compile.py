@@ -23,7 +23,8 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 
 
 def compile_sm90(kernel, types: dict, constexprs: dict, num_warps: int = 4):
-    sig = {name: ("constexpr" if name in constexprs else types[name]) for name in kernel.arg_names}
+    sig = {name: ("constexpr" if name in constexprs else types[name]) for name in kernel.arg_names
+           if name in constexprs or name in types}  # defaulted constexprs left out (e.g. PDL) keep their default
     consts = {(kernel.arg_names.index(k),): v for k, v in constexprs.items()}
     return triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps})

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ..nvfp4_jit import decode_e2m1_pairs_portable, decode_e2m1_pairs_sm90, e4m3_scale_factor_2p118
+from ..pdl import grid_dependency_prologue, pdl_enabled
 from ..topk import _ordered
 
 #: Entries per tile (GPU, interpreter).
@@ -102,7 +103,9 @@ def _indexer_scores_kernel(
     tile_max_ptr=None, tile_max_stride=0, EMIT_MAX: tl.constexpr = False,
     err_ptr=None,                 # (1,) int32 error word (megamoe/ops/errors.py)
     FLAG_SLOTS: tl.constexpr = 0, FLAG_ENTRIES: tl.constexpr = 0, FLAG_TABLE: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0)
     HALF: tl.constexpr = KEY_DIM // 2
     slot = tl.load(slots_ptr + row).to(tl.int64)
@@ -206,6 +209,7 @@ def launch_indexer_scores(q, weights, slots, n_entries, block_table, index_keys,
         tiles = tiles_per_program(B, max_entries, interpreter=interpreter,
                                   num_sms=DEFAULT_SMS if interpreter else _num_sms(q.device))
     grid = (B, triton.cdiv(triton.cdiv(max_entries, block), tiles))
+    pdl = pdl_enabled(q)
     _indexer_scores_kernel[grid](
         q, weights, slots, n_entries, block_table, index_keys, index_key_scale_u8, scores,
         max_entries, block_table.shape[0], block_table.shape[1], index_keys.shape[0] // entries_per_block,
@@ -216,5 +220,5 @@ def launch_indexer_scores(q, weights, slots, n_entries, block_table, index_keys,
         FLAG_SLOTS=errors.kernel_flag("indexer_scores", "slots"),
         FLAG_ENTRIES=errors.kernel_flag("indexer_scores", "n_entries"),
         FLAG_TABLE=errors.kernel_flag("indexer_scores", "block_table"),
-        num_warps=4 if interpreter else 8,
+        num_warps=4 if interpreter else 8, PDL=pdl, launch_pdl=pdl,
     )

@@ -99,6 +99,26 @@ def topk():
 
 
 @_case
+def indexer_then_topk():
+    from megamoe.kernels.kvcache.indexer import launch_indexer_scores
+    from megamoe.kernels.topk import launch_topk, tile_maxima_offset, workspace_entries
+
+    B, H, D, epb, pages, T, k = 2, 16, 128, 16, 6, 64, 8
+    q = (torch.randn(B, H, D) * 0.5).to(torch.bfloat16)
+    keys = torch.randint(0, 256, (pages * epb, D // 2), dtype=torch.uint8)
+    sb = torch.randint(118, 130, (pages * epb, D // 32), dtype=torch.uint8)
+    table = torch.tensor([[2, 0, 4, -1], [1, 3, 5, 0]], dtype=torch.int32)
+    scores = torch.empty(B, T)
+    scratch = torch.zeros(B, workspace_entries(T, k, interpreter=True), dtype=torch.int32)
+    launch_indexer_scores(q, torch.randn(B, H), torch.tensor([1, 0], dtype=torch.int32),
+                          torch.tensor([60, 45], dtype=torch.int32), table, keys, sb, scores, entries_per_block=epb,
+                          official=True, interpreter=True, tile_max=scratch[:, tile_maxima_offset():])
+    out = launch_topk(scores, torch.empty(B, k, dtype=torch.int32), scratch, interpreter=True, path="split",
+                      tile_maxima=True)
+    return [scores, out, scratch]
+
+
+@_case
 def moe_route_dispatch_combine():
     from megamoe.kernels.moe_combine import launch_moe_combine
     from megamoe.kernels.moe_dispatch import launch_moe_dispatch

@@ -7,10 +7,11 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/megamoe-gpu-check-v14}
 mkdir -p "$OUT"
-timeout 150 python -m pytest -q -p no:cacheprovider -m cuda --tb=short tests/kernels/test_pdl.py 2>&1 \
+timeout 400 python -m pytest -q -p no:cacheprovider -m cuda --tb=short tests/kernels/test_pdl.py 2>&1 \
   | grep -v "^\s*$" | tail -8 | tee "$OUT/gpu_tests.txt"
-timeout 200 python benchmarks/bench_pdl.py --configs v4-flash,v4-pro --tokens 1,8 --out "$OUT/pdl_v1" 2>&1 \
-  | grep -v Warn | tail -6
+# PDL on every decode-path family now (MoE layer, split top-k, sparse attention, tiny decode step): ~2-3 min
+timeout 300 python benchmarks/bench_pdl.py --tokens 1,8 --out "$OUT/pdl_v2" 2>&1 \
+  | grep -v Warn | tail -14
 timeout 120 python benchmarks/bench_moe.py --configs v4-pro --tokens 1,8 --out-dir "$OUT" --tag moe_v8_pro 2>&1 \
   | grep -v Warn | tail -6
 timeout 120 python benchmarks/validate_wgmma_ws.py --only flash-gate_up --time --sweep --out "$OUT/ws_sweep.json" 2>&1 \

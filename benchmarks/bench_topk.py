@@ -221,10 +221,8 @@ def sweep(args, dev):
                 K = min(k, T)
                 out = torch.empty((B, K), dtype=torch.int32, device=dev)
                 want = select_topk(scores, k)
-                # room for every candidate's workspace (the split path's grows with its programs; K == T has none)
-                width = max([kt.workspace_entries(T, k)] + [kt.workspace_entries(T, k, programs=P)
-                                                            for P in (8, 16, 32, 64, 128) if P <= T // 256])
-                ws = torch.zeros((B, width), dtype=torch.int32, device=dev)
+                # no programs / batch: room for any plan's workspace (K == T has none)
+                ws = torch.zeros((B, kt.workspace_entries(T, k)), dtype=torch.int32, device=dev)
                 results = {}
 
                 def time_plan(plan: kt.Plan):

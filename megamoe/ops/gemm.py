@@ -253,7 +253,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         bands.append(("mma", dict(config=small, row_band=(0, lo), splits=DECODE_SPLITK)))
     if MMA16_BAND and not bands and avg <= mma.MMA16_BAND_ROWS and most > lo:
         hi = mma.MMA16_BAND_ROWS if most > mma.MMA16_BAND_ROWS else mma.ROW_HI_UNBOUNDED
-        bands.append(("mma", dict(config=mma.select_mma16_config(k), row_band=(lo, hi))))
+        bands.append(("mma", dict(config=mma.MMA16_CONFIG, row_band=(lo, hi))))
         lo = hi
     if most > lo:
         hi = mma.MMA_MAX_BAND_ROWS if most > mma.MMA_MAX_BAND_ROWS else mma.ROW_HI_UNBOUNDED

@@ -127,12 +127,7 @@ def ring_stages(stages: int, scale_address: int, scale_strides) -> int:
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps, ring stages) measured on the H100 at 512 tokens (results/gpu_check_v13b/
 #: mma_ring_v1.md: V4-Flash gate_up + down 2096 vs 2263 us uniform, 2148 vs 2322 zipf, same bits as registers).
 MMA16_BAND_ROWS = 16
-MMA16_CONFIG = (16, 128, 128, 4, 4)
-
-
-def select_mma16_config(k: int):
-    """The BLOCK_M 16 band's config for K (BLOCK_K 128 divides every K the Gluon kernels take)."""
-    return MMA16_CONFIG
+MMA16_CONFIG = (16, 128, 128, 4, 4)  # BLOCK_K 128 divides every K the Gluon kernels take
 
 
 def select_mma_decode_config(rows_per_expert: int, k: int):

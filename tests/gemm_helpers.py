@@ -3,6 +3,7 @@ import torch
 
 from megamoe.format.tensor import NVFP4Tensor
 from megamoe.reference.quantize import dequantize, quantize
+from sync_helpers import no_host_syncs
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -70,11 +71,8 @@ def sync_free_graph(launch):
     """``launch()`` once eagerly under sync debug mode "error" (a host sync raises), then captured in a CUDA
     graph; returns (graph, the captured call's return value, i.e. its output buffer)."""
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         launch()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = launch()

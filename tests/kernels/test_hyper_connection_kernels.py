@@ -24,6 +24,7 @@ import torch
 from megamoe.kernels.hyper_connection import launch_hc_post, launch_hc_post_pre, launch_hc_pre, mix_plan
 from megamoe.ops import hyper_connection as hc_ops
 from megamoe.reference import v4_numerics as nx
+from sync_helpers import no_host_syncs
 
 HC, ITERS, EPS = 4, 20, 1e-6
 FLIP_FRACTION = 1e-3
@@ -369,11 +370,8 @@ def test_cuda_graph_replay_equals_eager_sync_free_deterministic(T):
         return y, post, comb, h, hc_ops.hc_head(h, fh, sh, bh, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
 
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         eager = step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     again = step()
     for a, b in zip(eager, again):
         assert torch.equal(a, b)  # fixed-order partial sums: deterministic
@@ -414,11 +412,8 @@ def test_cuda_hc_post_pre_fused_equals_unfused_graph_sync_free(T, dim):
         return h, x, p, c, h2, hc_ops.hc_head(h2, fh, sh, bh, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
 
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         eager = fused()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     for a, b in zip(eager, unfused()):
         assert torch.equal(a, b)
     s = torch.cuda.Stream()

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from megamoe.kernels import pdl
+from sync_helpers import no_host_syncs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -266,11 +267,8 @@ def _on_off_graph(monkeypatch, fn, *, capture=True):
     monkeypatch.setattr(pdl, "PDL_ENABLED", True)
     fn()  # compile outside the sync check
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         eager = [t.clone() for t in fn()]
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     graphed = None
     if capture:
         graph = torch.cuda.CUDAGraph()
@@ -307,11 +305,8 @@ def test_cuda_moe_layer_pdl_equals_plain_graph_and_sync_free(monkeypatch, tokens
     monkeypatch.setattr(pdl, "PDL_ENABLED", True)
     layer.forward(x)  # compile outside the sync check
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         eager = layer.forward(x).clone()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     run = layer.capture(tokens)
     replayed = run(x).clone()
     torch.cuda.synchronize()

@@ -11,6 +11,7 @@ from megamoe.layers.moe import Nvfp4SharedExpert
 from megamoe.models import MoEConfig
 from megamoe.models.config import PRESETS
 from megamoe.ops.gemm import w4a8_kernel_mode
+from sync_helpers import no_host_syncs
 
 TINY128 = MoEConfig(hidden_size=128, intermediate_size=128, num_experts=4, top_k=2, shared_intermediate_size=128,
                     scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="tiny128")
@@ -82,11 +83,8 @@ def test_cuda_w4a8_graph_and_no_host_syncs(preset, tokens):
     fp8 = w4a8_kernel_mode(x, tokens * c.top_k, c.num_experts + 1) == "w4a8"
     assert fp8 == (tokens >= 4096)  # prefill: the FP8 kernels; decode: the w4a16 kernels (host rule)
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         lay.forward(x)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     replay = lay.capture(tokens)
     assert torch.equal(replay(x), eager)
     x2 = torch.randn_like(x)

@@ -9,6 +9,7 @@ from megamoe.ops import gemm as gemm_ops
 from megamoe.ops import moe as moe_ops
 from gemm_helpers import offsets_of, random_weight  # tests/gemm_helpers.py (tests/ is on sys.path)
 from guard_helpers import on_both_backends
+from sync_helpers import no_host_syncs
 
 
 def test_error_word_cached_and_check_names_op_and_argument():
@@ -256,12 +257,9 @@ def test_cuda_guard_graph_replay_equals_eager_and_no_sync():
     ids[1, 1] = e
     errors.clear_errors(dev)
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         eager = gemm_ops.nvfp4_grouped_mm(x, w, offsets, row_index=row_index)
         d = moe_ops.dispatch(ids, e, backend="triton")
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert errors.peek_errors(dev) == errors.flag("nvfp4_grouped_mm", "row_index") | errors.flag("dispatch",
                                                                                                    "topk_ids")
     assert bool((eager[3] == 0).all()) and bool((eager[7] == 0).all())
@@ -350,11 +348,8 @@ def test_cuda_kvcache_kernels_flag_without_sync_and_in_graph():
     st, pool = cache.state.clone(), cache.pool.map(torch.clone)
     errors.clear_errors(dev)
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         step(st, pool)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert errors.peek_errors(dev) == expected
     eager = (st.tail_len.clone(), [t.clone() for t in pool.tensors()], scores.clone())
     # torch path on CPU: the same bits
@@ -440,11 +435,8 @@ def test_cuda_rope_and_swa_append_flag_without_sync_and_in_graph():
     word = errors.error_word(dev)
     errors.clear_errors(dev)
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         step(eager)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert errors.peek_errors(dev) == expected
     eager += [pp_out.clone(), swa.clone()]
     for t in (1, 2):                                     # the bad tokens: RoPE dims zeros

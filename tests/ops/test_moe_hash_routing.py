@@ -8,6 +8,7 @@ from megamoe.ops import moe as moe_ops
 from megamoe.reference import moe as moe_ref
 
 from test_moe_ops import score_oracle  # noqa: E402  (tests/ops is on sys.path under pytest's rootdir-based import)
+from sync_helpers import no_host_syncs
 
 
 def _oracle(x, gate, table, tokens, scoring, norm, scale):
@@ -209,11 +210,8 @@ def test_cuda_hash_route_sync_free_and_graph():
     kw = dict(top_k=k, routed_scaling_factor=1.5, token_ids=tokens, tid2eid=table, backend="triton", out=out)
     ref = moe_ops.route(x, gate, None, **{**kw, "backend": "torch", "out": None})
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         moe_ops.route(x, gate, None, **kw)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(out[1], ref[1])
     torch.testing.assert_close(out[0], ref[0], rtol=4e-7, atol=0)
     graph = torch.cuda.CUDAGraph()
@@ -246,11 +244,8 @@ def test_cuda_hash_route_flags_without_sync_and_in_graph():
     errors.check_errors("cuda")  # valid ids: clean
     tokens[3], tokens[9] = vocab, -1
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_syncs():
         moe_ops.route(x, gate, None, **kw)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     eager = (out[0].clone(), out[1].clone())
     assert errors.peek_errors("cuda") == errors.flag("route", "token_ids")
     errors.clear_errors("cuda")

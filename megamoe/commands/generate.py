@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
 
 
 def register(subparsers) -> None:
@@ -28,6 +29,10 @@ def register(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--ep", action="store_true",
+                   help="expert parallelism over the ranks of 'torchrun --nproc-per-node N -m megamoe generate --ep' "
+                        "(NCCL on GPUs, gloo on CPU): each rank holds E/N routed experts per layer, the rest is "
+                        "replicated; every rank must produce the same tokens (checked)")
     p.set_defaults(func=main)
 
 
@@ -43,8 +48,9 @@ def _batch_sizes(text, default):
     return sizes
 
 
-def _layers_that_fit(cfg, device) -> int:
-    """Layers whose experts fit in ~85% of the free GPU memory next to embed/head and caches (host estimate)."""
+def _layers_that_fit(cfg, device, world_size: int = 1) -> int:
+    """Layers whose experts fit in ~85% of the free GPU memory next to embed/head and caches (host estimate);
+    with expert parallelism over ``world_size`` ranks each rank holds 1/world_size of the routed experts."""
     from ..models.v4_weights import weight_specs
 
     per_layer = 0
@@ -54,7 +60,8 @@ def _layers_that_fit(cfg, device) -> int:
             n = 1
             for d in spec.shape:
                 n *= d
-            per_layer += n * (9 / 16 if spec.kind == "nvfp4" else 2 if spec.kind == "bf16" else 4)
+            share = 1 / world_size if ".ffn.experts." in spec.name else 1
+            per_layer += share * n * (9 / 16 if spec.kind == "nvfp4" else 2 if spec.kind == "bf16" else 4)
     free, _ = torch.cuda.mem_get_info(device)
     fixed = 2 * cfg.vocab_size * cfg.hidden_size * 2 + 8 * 2**30  # embed + head, caches, one layer being built
     return max(1, min(cfg.num_layers, int((0.85 * free - fixed) // (per_layer * 1.1))))
@@ -72,6 +79,16 @@ def main(args) -> int:
         device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device")
+    ep_group, rank, say = None, 0, print
+    if getattr(args, "ep", False):
+        from ..distributed.comm import init_from_env
+
+        try:
+            device = init_from_env(device.type)
+        except RuntimeError as error:
+            raise SystemExit(f"--ep: {error}")
+        ep_group, rank = dist.group.WORLD, dist.get_rank()
+        say = print if rank == 0 else (lambda *a, **k: None)
     gpu = device.type == "cuda"
     name = args.config or ("v4-flash" if gpu else "tiny")
     if name not in MODEL_PRESETS:
@@ -85,7 +102,10 @@ def main(args) -> int:
             raise SystemExit(f"{flag}: expected a positive int, got {v}")
     num_layers = args.layers
     if num_layers is None:
-        num_layers = _layers_that_fit(cfg, device) if gpu else cfg.num_layers
+        world = dist.get_world_size() if ep_group is not None else 1
+        num_layers = _layers_that_fit(cfg, device, world) if gpu else cfg.num_layers
+    if ep_group is not None and cfg.moe.num_experts % dist.get_world_size():
+        raise SystemExit(f"--ep: {cfg.moe.num_experts} routed experts do not split over {dist.get_world_size()} ranks")
     if not 1 <= num_layers <= cfg.num_layers:
         raise SystemExit(f"--layers: expected 1..{cfg.num_layers}, got {num_layers}")
     max_batch = max(batches)
@@ -93,11 +113,12 @@ def main(args) -> int:
     if max_context > cfg.max_seq_len:
         raise SystemExit(f"--prompt-len + --steps: {max_context} exceeds the config's max_seq_len={cfg.max_seq_len}")
 
-    print(f"model {cfg.name}: {num_layers}/{cfg.num_layers} layers on {device}; batches {batches}, prompt "
-          f"{prompt_len} tokens, {steps} decode steps")
+    ranks = f" x {dist.get_world_size()} ranks (expert parallel)" if ep_group is not None else ""
+    say(f"model {cfg.name}: {num_layers}/{cfg.num_layers} layers on {device}{ranks}; batches {batches}, prompt "
+        f"{prompt_len} tokens, {steps} decode steps")
     t0 = time.perf_counter()
     model = V4Model(cfg, num_layers=num_layers, max_batch=max_batch, max_prefill_tokens=prompt_len,
-                    max_slots=max_batch, max_context=max_context, device=device)
+                    max_slots=max_batch, max_context=max_context, device=device, ep_group=ep_group)
     if args.checkpoint:
         from ..checkpoint.sharded import ShardedCheckpoint
 
@@ -108,7 +129,7 @@ def main(args) -> int:
         for i, layer in enumerate(model.layers):  # one layer's random weights at a time (peak memory)
             layer.load_weights(random_state_dict(model.cfg, seed=args.seed, device=device, layers=[i]))
         model.load_weights_top(random_state_dict(model.cfg, seed=args.seed, device=device, layers=[]))
-    print(f"weights ready in {time.perf_counter() - t0:.1f} s; memory: "
+    say(f"weights ready in {time.perf_counter() - t0:.1f} s; memory: "
           + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in model.memory_bytes().items()))
 
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
@@ -152,7 +173,7 @@ def main(args) -> int:
                     outputs[r].append(host[r])
         times.sort()
         median = times[len(times) // 2]
-        print(f"batch {B}: prefill {prefill_s * 1e3:.1f} ms total; decode {median * 1e3:.2f} ms/token (median of "
+        say(f"batch {B}: prefill {prefill_s * 1e3:.1f} ms total; decode {median * 1e3:.2f} ms/token (median of "
               f"{steps}), {B / median:.1f} tokens/s")
         # per-layer-kind breakdown: one eager profiled step (synchronizes between phases)
         pbatch = DecodeBatch.allocate(B, device)
@@ -162,9 +183,19 @@ def main(args) -> int:
         model.decode(pbatch, torch.tensor([o[-1] for o in outputs], dtype=torch.int64, device=device), timer=timer)
         timer("other")
         total = sum(timer.totals.values())
-        print("  eager step breakdown: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({100 * v / total:.0f}%)"
+        say("  eager step breakdown: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({100 * v / total:.0f}%)"
                                                     for k, v in sorted(timer.totals.items())))
-        print(f"  tokens of request 0: {outputs[0][:16]}{' ...' if len(outputs[0]) > 16 else ''}")
+        say(f"  tokens of request 0: {outputs[0][:16]}{' ...' if len(outputs[0]) > 16 else ''}")
         for slot in range(B):
             model.leave(slot)
+        if ep_group is not None:  # replicated layers + exact EP: every rank must have sampled the same tokens
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, outputs)
+            differ = [r for r, o in enumerate(everyone) if o != everyone[0]]
+            if differ:
+                raise SystemExit(f"--ep: ranks {differ} generated other tokens than rank 0 (batch {B})")
+            say(f"  all {len(everyone)} ranks generated the same tokens")
+    if ep_group is not None:
+        dist.barrier()
+        dist.destroy_process_group()
     return 0

@@ -304,7 +304,7 @@ class ExpertParallelMoE:
         return token_ids
 
     def forward(self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None, *,
-                capacity: bool = False) -> torch.Tensor:
+                capacity: bool = False, combine_tokens: int | None = None) -> torch.Tensor:
         """(T, H) bf16 -> (T, H) bf16 (a view of the layer's output buffer) for this rank's T tokens.
 
         A collective: every rank of the group calls it for the same step with the same ``capacity`` (its own
@@ -312,6 +312,9 @@ class ExpertParallelMoE:
         capturable). capacity=True: fixed ``capacity_tokens * top_k`` rows per rank pair, no host reads,
         CUDA-graph capturable; needs T <= capacity_tokens. Both give identical outputs.
         token_ids: (T,) int32/int64, required by a hash-routed layer.
+        combine_tokens: the token count whose combine order to follow (default T): the single-process layer
+        puts the shared expert last (fused) up to ``fuse_shared_max_tokens`` tokens, first above; a caller that
+        splits one batch of N tokens over the ranks passes N so that every rank matches the N-token layer.
         """
         if self._w13_kernel is None:
             raise RuntimeError("ExpertParallelMoE: call load_weights() first")
@@ -323,7 +326,8 @@ class ExpertParallelMoE:
             raise ValueError(f"hidden_states: {t} tokens exceed capacity_tokens={self.capacity_tokens} (the "
                              "capacity-mode exchange buffers); use capacity=False or a larger capacity_tokens")
         k, w, el, e = c.top_k, self.world_size, self.num_local_experts, c.num_experts
-        shared_last = self.shared is not None and self.fused_shared and t <= self.fuse_shared_max_tokens
+        order_tokens = t if combine_tokens is None else combine_tokens
+        shared_last = self.shared is not None and self.fused_shared and order_tokens <= self.fuse_shared_max_tokens
         pairs = t * k
         # 1. routing (local)
         if t == 0:

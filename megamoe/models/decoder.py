@@ -55,15 +55,16 @@ def attention_weights(tensors, cfg: V4Config, layer: int) -> dict:
     return w
 
 
-def moe_weights(tensors, cfg: V4Config, layer: int):
-    """Checkpoint tensors of ``layers.{layer}.ffn.`` -> (gate (E, H), bias or None, tid2eid or None, w13 (E, 2I, H),
-    w2 (E, H, I), shared_w13 (2Is, H), shared_w2 (H, Is)); official names w1 = gate, w3 = up, w2 = down."""
+def moe_weights(tensors, cfg: V4Config, layer: int, experts=None):
+    """Checkpoint tensors of ``layers.{layer}.ffn.`` -> (gate (E, H), bias or None, tid2eid or None, w13 (n, 2I, H),
+    w2 (n, H, I), shared_w13 (2Is, H), shared_w2 (H, Is)); official names w1 = gate, w3 = up, w2 = down.
+    experts: the routed expert ids to read (default all E; an expert-parallel rank reads its own, n of them)."""
     m = cfg.moe
     p = f"layers.{layer}.ffn."
     h, i, e = m.hidden_size, m.intermediate_size, m.num_experts
 
     names = ("w1", "w3", "w2")  # official Expert: w1 = gate, w3 = up, w2 = down
-    w13, w2, _, _ = read_experts(tensors, p, range(e), h, i, names)
+    w13, w2, _, _ = read_experts(tensors, p, range(e) if experts is None else experts, h, i, names)
     shared_w13, shared_w2, _ = read_shared_expert(tensors, p, h, m.shared_intermediate_size, names)
     hashed = layer < cfg.num_hash_layers
     gate = tensors[p + "gate.weight"]
@@ -76,12 +77,18 @@ class V4DecoderLayer:
     """Attention + MoE with hyper-connections; buffers for ``max_batch`` decode rows / ``max_prefill_tokens``."""
 
     def __init__(self, cfg: V4Config, layer: int, *, max_batch: int, max_prefill_tokens: int, max_slots: int,
-                 max_context: int, device="cpu", mode: str = "w4a16"):
+                 max_context: int, device="cpu", mode: str = "w4a16", ep_group=None):
         self.cfg, self.layer, self.device = cfg, layer, resolve_device(device)
         self.hashed = layer < cfg.num_hash_layers
         self.attn = Nvfp4Attention(cfg, layer, max_batch=max_batch, max_prefill_tokens=max_prefill_tokens,
                                    max_slots=max_slots, max_context=max_context, device=device)
-        self.moe = Nvfp4MoE(cfg.moe, max_num_tokens=max(max_batch, max_prefill_tokens), device=device, mode=mode)
+        if ep_group is None:
+            self.moe = Nvfp4MoE(cfg.moe, max_num_tokens=max(max_batch, max_prefill_tokens), device=device, mode=mode)
+        else:  # expert parallel: this rank's routed experts, the step's tokens split over the ranks
+            from ..distributed.ep_block import TokenSplitMoE
+
+            self.moe = TokenSplitMoE(cfg.moe, max_num_tokens=max(max_batch, max_prefill_tokens), max_batch=max_batch,
+                                     group=ep_group, device=device, mode=mode)
         self._loaded = False
 
     def load_weights(self, tensors) -> None:
@@ -104,7 +111,8 @@ class V4DecoderLayer:
         self.ffn_norm = fp32("ffn_norm.weight", (dim,))
         self.attn.load_weights({k: (v.to(dev) if isinstance(v, (torch.Tensor, NVFP4Tensor)) else v)
                                 for k, v in attention_weights(tensors, cfg, self.layer).items()})
-        gate, bias, tid2eid, w13, w2, sw13, sw2 = moe_weights(tensors, cfg, self.layer)
+        gate, bias, tid2eid, w13, w2, sw13, sw2 = moe_weights(tensors, cfg, self.layer,
+                                                              getattr(self.moe, "local_experts", None))
         extra = {"tid2eid": tid2eid.to(dev)} if self.hashed else {}
         self.moe.load_weights(gate.to(dev), None if bias is None else bias.to(dev), w13.to(dev), w2.to(dev),
                               sw13.to(dev), sw2.to(dev), **extra)

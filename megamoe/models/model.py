@@ -36,12 +36,15 @@ class V4Model:
     cfg: :class:`V4Config` (``num_layers`` may be cut to run a prefix of the model on one GPU: pass
     ``num_layers``); max_batch: largest decode batch; max_prefill_tokens: longest prompt; max_slots: concurrent
     requests; max_context: longest request (prompt + generated tokens). head_dtype: float32 (the official
-    float32 head; default on CPU) or bfloat16 (half the bytes; default on CUDA).
+    float32 head; default on CPU) or bfloat16 (half the bytes; default on CUDA). ep_group: a torch.distributed
+    process group for expert parallelism (every rank builds the model with the same arguments and runs the same
+    calls on the same tokens; each holds E / world_size routed experts per layer,
+    :class:`~megamoe.distributed.ep_block.TokenSplitMoE`); None: one process holds everything.
     """
 
     def __init__(self, cfg: V4Config, *, num_layers: int | None = None, max_batch: int = 8,
                  max_prefill_tokens: int = 512, max_slots: int | None = None, max_context: int | None = None,
-                 device="cpu", mode: str = "w4a16", head_dtype: torch.dtype | None = None):
+                 device="cpu", mode: str = "w4a16", head_dtype: torch.dtype | None = None, ep_group=None):
         if not isinstance(cfg, V4Config):
             raise TypeError(f"cfg: expected a V4Config, got {type(cfg).__name__}")
         if num_layers is not None:
@@ -59,7 +62,8 @@ class V4Model:
             raise ValueError(f"max_slots: expected >= max_batch={max_batch}, got {self.max_slots}")
         self.head_dtype = head_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.layers = [V4DecoderLayer(cfg, i, max_batch=max_batch, max_prefill_tokens=max_prefill_tokens,
-                                      max_slots=self.max_slots, max_context=self.max_context, device=device, mode=mode)
+                                      max_slots=self.max_slots, max_context=self.max_context, device=device, mode=mode,
+                                      ep_group=ep_group)
                        for i in range(cfg.num_layers)]
         self.positions = [0] * self.max_slots  # host mirror: tokens held by each slot (outside graphs)
         self.embed = self.norm = self.head = None

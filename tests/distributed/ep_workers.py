@@ -243,3 +243,40 @@ def cuda_checks(rank: int, world: int, *, preset: str, tokens: int, seed: int) -
     return {"capacity_vs_exact": torch.equal(cap, exact), "graph_vs_eager": torch.equal(graph, cap),
             "synced": synced, "rel_vs_single_gpu": rel, "bit_equal_single_gpu": torch.equal(exact.float(), want),
             "rel_vs_reference": rel_ref}
+
+
+def generate_tokens(rank: int, world: int, *, seed: int, batch: int, prompt_len: int, steps: int,
+                    single: bool, device: str = "cpu") -> dict:
+    """Greedy prefill + decode of the tiny V4 model with expert parallelism (and, with ``single``, the
+    single-process model on the same seed in this rank, after the EP run): tokens and last logits."""
+    from megamoe.kvcache import DecodeBatch
+    from megamoe.models.config import MODEL_PRESETS
+    from megamoe.models.model import V4Model
+    from megamoe.models.v4_weights import random_state_dict
+
+    cfg = MODEL_PRESETS["tiny"]
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen)
+
+    def run(group) -> dict:
+        model = V4Model(cfg, max_batch=batch, max_prefill_tokens=prompt_len, max_slots=batch,
+                        max_context=prompt_len + steps + 1, ep_group=group, device=device)
+        for i, layer in enumerate(model.layers):
+            layer.load_weights(random_state_dict(model.cfg, seed=seed, layers=[i]))
+        model.load_weights_top(random_state_dict(model.cfg, seed=seed, layers=[]))
+        prefill_logits = torch.stack([model.prefill(s, prompts[s].to(device)) for s in range(batch)])
+        tokens = prefill_logits.argmax(-1)
+        seen, d = [tokens], DecodeBatch.allocate(batch, device)
+        for _ in range(steps):
+            model.prepare_decode(d, list(range(batch)))
+            logits = model.decode(d, tokens)
+            tokens = logits.argmax(-1)
+            seen.append(tokens)
+        experts = [(l.moe.expert_start, l.moe.expert_stop) if group is not None else None for l in model.layers]
+        return {"tokens": torch.stack(seen).cpu(), "prefill_logits": prefill_logits.cpu(), "logits": logits.cpu(),
+                "experts": experts, "hashed": [l.hashed for l in model.layers]}
+
+    out = {"ep": run(dist.group.WORLD)}
+    if single:
+        out["single"] = run(None)
+    return out

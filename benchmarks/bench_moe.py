@@ -71,7 +71,8 @@ def _graph(fn, static_in):
     return g, out
 
 
-def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=None, modes=("w4a16",)):
+def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=None, modes=("w4a16",),
+                 shared_overlap=False):
     import triton.testing
 
     from megamoe.layers.moe import DISPATCH_KERNEL_MAX_PAIRS, Nvfp4MoE
@@ -79,7 +80,7 @@ def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=
 
     max_tokens = max(token_counts)
     layer = Nvfp4MoE.random(config, seed=seed, max_num_tokens=max_tokens, device="cuda",
-                            fuse_shared_max_tokens=fuse_shared_max_tokens)
+                            fuse_shared_max_tokens=fuse_shared_max_tokens, shared_overlap=shared_overlap)
     bf16_forward = _bf16_layer(layer)
     rows = []
     c = config
@@ -138,7 +139,9 @@ def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=
         rows.append({
             "config": c.name, "mode": mode, "tokens": t, "experts_touched": touched,
             "nvfp4_eager_us": eager_ms * 1e3, "nvfp4_graph_us": graph_ms * 1e3, "bf16_graph_us": bf16_ms * 1e3,
-            "route_dispatch_combine_graph_us": overhead_ms * 1e3, "shared_expert_fused": layer.fused_shared and t <= layer.fuse_shared_max_tokens,
+            "route_dispatch_combine_graph_us": overhead_ms * 1e3,
+            "shared_expert_fused": layer.fused_shared and t <= layer.fuse_shared_max_tokens and not layer.shared_overlap,
+            "shared_overlap": layer.shared_overlap,
             "hbm_roofline_us": hbm_us, "tc_roofline_us": tc_us,
             "pct_of_roofline": 100.0 * roof_us / (graph_ms * 1e3),
             "speedup_vs_bf16": bf16_ms / graph_ms,
@@ -165,7 +168,9 @@ def write_results(rows, out_dir, tag, command):
     lines = [
         "# NVFP4 MoE layer benchmark (routed experts + shared expert)", "",
         "- shared expert fused into the routed grouped GEMMs at token counts: "
-        f"{sorted({r['tokens'] for r in rows if r['shared_expert_fused']})}",
+        f"{sorted({r['tokens'] for r in rows if r['shared_expert_fused']})}"
+        + ("; shared expert on a side stream beside the router (shared_overlap)"
+           if any(r.get("shared_overlap") for r in rows) else ""),
         f"- date: {meta['date']}; device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}",
         f"- command: `{command}`",
         "- times: do_bench medians in microseconds, 4 rotating input batches; bf16 = same router/dispatch, "
@@ -215,6 +220,8 @@ def main(argv=None) -> int:
     p.add_argument("--tag", default="moe_v1")
     p.add_argument("--fuse-shared-max-tokens", type=int, default=None,
                    help="run the shared expert inside the routed GEMMs up to this many tokens (default: the layer's)")
+    p.add_argument("--shared-overlap", action="store_true",
+                   help="Nvfp4MoE(shared_overlap=True): the shared expert apart, on a side stream beside the router")
     p.add_argument("--modes", default="w4a16",
                    help="comma-separated activation modes timed per token count, e.g. w4a16,w4a8 (issue 13)")
     args = p.parse_args(argv)
@@ -250,7 +257,8 @@ def run(args, command: str) -> int:
     rows = []
     for config in configs:
         rows += bench_config(config, token_counts, progress,
-                             fuse_shared_max_tokens=getattr(args, "fuse_shared_max_tokens", None), modes=_modes(args))
+                             fuse_shared_max_tokens=getattr(args, "fuse_shared_max_tokens", None), modes=_modes(args),
+                             shared_overlap=bool(getattr(args, "shared_overlap", False)))
         path = write_results(rows, args.out_dir, args.tag, command)  # after each config: partial results survive
     progress.close()
     print(open(path).read())

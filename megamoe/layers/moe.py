@@ -218,7 +218,7 @@ class Nvfp4MoE:
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
                  fuse_shared_expert: bool = True, fuse_shared_max_tokens: int | None = None,
-                 dispatch_backend: str = "auto", router_backend: str = "triton"):
+                 dispatch_backend: str = "auto", router_backend: str = "triton", shared_overlap: bool = False):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
         if mode not in MODES:
@@ -243,6 +243,14 @@ class Nvfp4MoE:
         self.fused_shared = bool(fuse_shared_expert and c.shared_intermediate_size == c.intermediate_size)
         self.fuse_shared_max_tokens = (FUSE_SHARED_MAX_TOKENS if fuse_shared_max_tokens is None
                                        else fuse_shared_max_tokens)
+        # shared_overlap (CUDA): the shared expert runs apart (never fused), on a side stream forked before the
+        # routing and joined before the combine, so its two GEMMs fill the SMs the router and the small routed
+        # GEMMs leave idle at decode sizes. The same kernels and order as the unfused path: the same bits.
+        # Off by default until measured (benchmarks/NOTES_moe_decode.md, "shared expert beside the router").
+        if not isinstance(shared_overlap, bool):
+            raise TypeError(f"shared_overlap: expected a bool, got {type(shared_overlap).__name__}")
+        self.shared_overlap = shared_overlap
+        self._side_stream = None  # created on the first overlapped CUDA forward
         self._slots = c.top_k + (1 if self.fused_shared else 0)  # rows per token in the grouped GEMMs
         self._groups = c.num_experts + (1 if self.fused_shared else 0)
         pairs = max_num_tokens * self._slots
@@ -412,11 +420,12 @@ class Nvfp4MoE:
         _check_hidden(hidden_states, c.hidden_size, self.max_num_tokens, self.device)
         t = hidden_states.shape[0]
         token_ids = self._token_ids(token_ids, t)
-        fuse = self.fused_shared and t <= self.fuse_shared_max_tokens
+        fuse = self.fused_shared and t <= self.fuse_shared_max_tokens and not self.shared_overlap
         pairs = t * (self._slots if fuse else c.top_k)
         out = self._out[:t]
         if t == 0:
             return out
+        side = self._fork_shared(hidden_states) if self.shared_overlap and self.shared is not None else None
         # routing + dispatch: one launch for decode-sized batches (megamoe.ops.moe.route_dispatch picks it from
         # the token count), the router kernel + dispatch otherwise
         c_out = (self._weights_ext, self._ids_ext) if fuse else (self._route_weights, self._route_ids)
@@ -446,13 +455,36 @@ class Nvfp4MoE:
             inter = _quant_roundtrip(inter, row_scale, self._inter_q[:pairs])
         expert_out = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, offsets, mode=gemm_mode,
                                                out=self._expert_out[:pairs], max_rows_per_expert=t)
-        shared = self.shared.forward(hidden_states) if self.shared is not None and not fuse else None
+        if side is not None:
+            shared = self._join_shared(side)
+        else:
+            shared = self.shared.forward(hidden_states) if self.shared is not None and not fuse else None
         result = moe_ops.combine(expert_out, d["inv_perm"], topk_weights, shared, out=out)
         # eager only: raises if a kernel masked an out-of-range index (no-op while capturing / sync-debugging)
         errors.check_errors_eager(self.device)
         return result
 
     __call__ = forward
+
+    def _fork_shared(self, hidden_states: torch.Tensor):
+        """Start the shared expert on the side stream (CUDA; graph-capturable fork). Returns the handle for
+        :meth:`_join_shared`; on CPU runs it in place (sequential)."""
+        if self.device.type != "cuda":
+            return self.shared.forward(hidden_states)
+        main = torch.cuda.current_stream(self.device)
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(self.device)
+        side = self._side_stream
+        side.wait_stream(main)  # hidden_states is ready
+        with torch.cuda.stream(side):
+            shared = self.shared.forward(hidden_states)
+        return shared
+
+    def _join_shared(self, shared: torch.Tensor) -> torch.Tensor:
+        """The shared expert's (T, H) output, visible to the current stream (joins the side stream)."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
+        return shared
 
     def compiled_forward(self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``forward`` through the ``megamoe::moe_layer_forward`` custom op (opaque to torch.compile; returns a copy)."""
@@ -473,7 +505,7 @@ class Nvfp4MoE:
         mode, shared_mode = self.mode, None
         if mode == "w4a8":  # the same host rule as forward's GEMMs (w4a16 kernels at decode sizes on CUDA)
             t = hidden_states.shape[0]
-            fuse = self.fused_shared and t <= self.fuse_shared_max_tokens
+            fuse = self.fused_shared and t <= self.fuse_shared_max_tokens and not self.shared_overlap
             pairs = t * (self._slots if fuse else self.config.top_k)
             mode = gemm_ops.w4a8_kernel_mode(hidden_states, pairs, self._groups)  # the stacked weights' groups
             shared_mode = mode if fuse or self.shared is None else self.shared.effective_mode(hidden_states)

@@ -122,3 +122,41 @@ def test_fused_and_separate_shared_expert_agree():
     ref = fused.reference_forward(x, fused.last_routing)
     assert _rel(a, ref) < 1e-2 and _rel(b, ref) < 1e-2
     assert _rel(a, b.float()) < 4e-3  # same GEMMs, only the combine's summation order differs
+
+
+def test_shared_overlap_is_the_separate_path_bit_for_bit():
+    """shared_overlap runs the unfused shared expert (on CUDA beside the router, on a side stream): the same
+    kernels and combine order as fuse_shared_expert=False, so the same bits; never the fused order."""
+    overlap = Nvfp4MoE.random(TINY, seed=22, max_num_tokens=8, shared_overlap=True)
+    separate = Nvfp4MoE.random(TINY, seed=22, max_num_tokens=8, fuse_shared_expert=False)
+    fused = Nvfp4MoE.random(TINY, seed=22, max_num_tokens=8)
+    x = torch.randn(3, TINY.hidden_size).bfloat16()  # a decode size: the default layer fuses here
+    calls = []
+    for lay in (overlap, fused):  # count the separate shared-expert runs
+        inner = lay.shared.forward
+        lay.shared.forward = lambda h, out=None, inner=inner, lay=lay: calls.append(lay) or inner(h, out)
+    a, b = overlap.forward(x).clone(), separate.forward(x).clone()
+    fused.forward(x)
+    assert torch.equal(a, b)
+    assert calls == [overlap]  # the option really unfuses (the default layer fuses at 3 tokens)
+    assert _rel(a, overlap.reference_forward(x, overlap.last_routing)) < 1e-2
+    with pytest.raises(TypeError, match="shared_overlap"):
+        Nvfp4MoE(TINY, max_num_tokens=4, shared_overlap=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_cuda_shared_overlap_graph_sync_free_same_bits(tokens):
+    overlap = Nvfp4MoE.random(TINY, seed=5, max_num_tokens=16, device="cuda", shared_overlap=True)
+    separate = Nvfp4MoE.random(TINY, seed=5, max_num_tokens=16, device="cuda", fuse_shared_expert=False)
+    x = torch.randn(tokens, TINY.hidden_size, device="cuda").bfloat16()
+    eager = overlap.forward(x).clone()
+    assert torch.equal(eager, separate.forward(x))
+    assert overlap._side_stream is not None  # the shared expert went to the side stream
+    torch.cuda.synchronize()
+    with no_host_syncs():
+        overlap.forward(x)
+    replay = overlap.capture(tokens)
+    assert torch.equal(replay(x), eager)
+    x2 = torch.randn_like(x)
+    assert torch.equal(replay(x2), separate.forward(x2))

@@ -1,0 +1,42 @@
+"""The MMA K order of the activations (megamoe/format/mma_order.py): exact, inverse, and the same order the
+Gluon kernels' decode produces (the reshape/permute of ``nvfp4_gluon_jit.x_kappa_order``, mirrored in torch)."""
+import pytest
+import torch
+
+from megamoe.format.mma_order import from_mma_k_order, mma_k_permutation, to_mma_k_order
+
+
+def test_permutation_formula():
+    perm = mma_k_permutation()
+    assert sorted(perm.tolist()) == list(range(128))
+    for q in range(4):
+        for i in range(4):
+            for c1 in range(2):
+                for c0 in range(2):
+                    for nib in range(2):
+                        kappa = c0 + 2 * q + 8 * c1 + 16 * nib + 32 * i
+                        assert perm[kappa] == 32 * q + 8 * i + 4 * c1 + 2 * c0 + nib
+
+
+def test_matches_the_kernels_register_permutation():
+    """x_kappa_order: (M, BLOCK_K) memory order -> reshape (m, q, i, c1, c0, nib) -> permute to (m, i, nib, c1,
+    q, c0); per 128-K step of the wgmma kernel (BLOCK_K = 128)."""
+    x = torch.randn(5, 384).bfloat16()
+    steps = [x[:, s:s + 128].reshape(5, 4, 4, 2, 2, 2).permute(0, 2, 5, 3, 1, 4).reshape(5, 128)
+             for s in range(0, 384, 128)]
+    assert torch.equal(to_mma_k_order(x), torch.cat(steps, 1))
+
+
+def test_roundtrip_out_buffer_and_edges():
+    x = torch.randn(7, 256)
+    y = to_mma_k_order(x)
+    assert not torch.equal(y, x) and torch.equal(from_mma_k_order(y), x)
+    out = torch.empty_like(x)
+    assert to_mma_k_order(x, out=out) is out and torch.equal(out, y)
+    assert to_mma_k_order(torch.empty(0, 128)).shape == (0, 128)
+    strided = torch.randn(3, 512)[:, :256]  # rows not contiguous
+    assert torch.equal(to_mma_k_order(strided), to_mma_k_order(strided.contiguous()))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        to_mma_k_order(torch.randn(2, 64))
+    with pytest.raises(TypeError, match="2-D"):
+        to_mma_k_order(torch.randn(128))

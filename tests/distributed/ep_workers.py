@@ -280,3 +280,40 @@ def generate_tokens(rank: int, world: int, *, seed: int, batch: int, prompt_len:
     if single:
         out["single"] = run(None)
     return out
+
+
+def load_model_from_checkpoint(rank: int, world: int, *, path: str, prompt_len: int) -> dict:
+    """Build the tiny V4 model with expert parallelism from a sharded checkpoint (recording the tensor names
+    this rank reads) and, in the same rank, the single-process model from the same files: prefill logits."""
+    from megamoe.checkpoint.sharded import ShardedCheckpoint
+    from megamoe.models.config import MODEL_PRESETS
+    from megamoe.models.model import V4Model
+
+    class Recording(ShardedCheckpoint):
+        def __init__(self, p):
+            super().__init__(p)
+            self.read = set()
+
+        def get(self, name, *args):
+            self.read.add(name)
+            return super().get(name, *args)
+
+        __getitem__ = get
+
+        def get_many(self, prefix):
+            out = super().get_many(prefix)
+            self.read.update(out)
+            return out
+
+    cfg = MODEL_PRESETS["tiny"]
+    prompt = torch.arange(prompt_len, dtype=torch.int64) % cfg.vocab_size
+    logits = {}
+    for name, group in (("ep", dist.group.WORLD), ("single", None)):
+        model = V4Model(cfg, max_batch=1, max_prefill_tokens=prompt_len, max_context=prompt_len + 1, ep_group=group)
+        ckpt = Recording(path)
+        model.load_weights(ckpt)
+        logits[name] = model.prefill(0, prompt)
+        if name == "ep":
+            read = sorted(ckpt.read)
+            ranges = [(l.moe.expert_start, l.moe.expert_stop) for l in model.layers]
+    return {"read": read, "ranges": ranges, "equal": bool(torch.equal(logits["ep"], logits["single"]))}

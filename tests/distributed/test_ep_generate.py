@@ -89,3 +89,22 @@ def test_cuda_generate_ep_world_one_nccl():
                                           "--prompt-len", "8", "--steps", "4"], extra_env={"TRITON_INTERPRET": "0"})
     assert rc == 0, err[-3000:]
     assert "all 1 ranks generated the same tokens" in out, out
+
+
+def test_checkpoint_each_rank_reads_only_its_experts(tmp_path, monkeypatch):
+    import re
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "checkpoint"))
+    from ckpt_helpers import write_sharded_checkpoint
+    from megamoe.models.v4_weights import random_state_dict
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cfg = MODEL_PRESETS["tiny"]
+    write_sharded_checkpoint(tmp_path / "ckpt", random_state_dict(cfg, seed=5), max_shard_bytes=256 * 1024)
+    results = workers.launch(2, workers.load_model_from_checkpoint, tmp_path / "out", timeout_s=240,
+                             path=str(tmp_path / "ckpt"), prompt_len=9)
+    for rank, r in enumerate(results):
+        assert r["equal"], f"rank {rank}: the EP model from the checkpoint differs from the single-process one"
+        start, stop = r["ranges"][0]
+        experts = {int(m.group(1)) for m in (re.search(r"\.experts\.(\d+)\.", n) for n in r["read"]) if m}
+        assert experts == set(range(start, stop)), f"rank {rank} read experts {sorted(experts)}"
+        assert any(".shared_experts." in n for n in r["read"]) and "embed.weight" in r["read"]

@@ -40,6 +40,7 @@ import triton
 try:  # Gluon ships with Triton >= 3.5; this code uses its 3.6 API
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
     GLUON_AVAILABLE = True
 except ImportError:  # pragma: no cover - older Triton
@@ -268,6 +269,29 @@ if GLUON_AVAILABLE:
         K range) -> (BLOCK_M, BLOCK_K) bf16 in the MMA K order of :func:`decode_a_operand`."""
         x = pair_halves(x_pairs).reshape([BLOCK_M, 4, BLOCK_K // 32, 2, 2, 2])  # m, q, i, c1, c0, nib
         return x.permute([0, 2, 5, 3, 1, 4]).reshape([BLOCK_M, BLOCK_K])
+
+    @gluon.jit
+    def wgmma_k_loop(acc, w_ptrs, s_ptrs, x_ptrs, x_mask, x_smem, k_steps, a_layout: gl.constexpr,
+                     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr):
+        """The synchronous wgmma K loop of the Gluon prefill kernels: per step the weight words decoded into the
+        A registers, the x^T tile (registers, permuted to the MMA K order) through ``x_smem``, one wgmma chain
+        waited for; step i+1's words and x are loaded while step i runs (past the end: the last step again,
+        discarded). Returns ``acc`` (BLOCK_N, BLOCK_M) fp32."""
+        last = gl.maximum(k_steps - 1, 0) * BLOCK_K
+        words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+        x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+        for step in range(0, k_steps):
+            nxt = gl.minimum((step + 1) * BLOCK_K, last)
+            words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+            x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+            a = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)
+            gl.thread_barrier()  # every warpgroup's (synchronous) wgmma of the previous step has read x_smem
+            x_smem.store(x_kappa_order(x_pairs, BLOCK_M, BLOCK_K))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(a, x_smem.permute([1, 0]), acc)
+            words, scale_bytes, x_pairs = words_n, scale_n, x_next
+        return acc
 
     @gluon.jit
     def add_i32(a, b):

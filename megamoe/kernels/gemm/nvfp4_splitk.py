@@ -76,17 +76,13 @@ from ..nvfp4_jit import round_to_bf16
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
     from .nvfp4_gluon_jit import (
-        decode_a_operand,
         load_weights,
         scale_layout,
         store_epilogue,
         weight_layout,
-        x_kappa_order,
+        wgmma_k_loop,
         x_operand_layout,
         x_split_layout,
     )
@@ -524,21 +520,8 @@ if GLUON_AVAILABLE:
         x_cols = k_begin // 2 + gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
         x_ptrs = x_ptr + rows.to(gl.int64)[:, None] * stride_xm + x_cols[None, :]
         x_mask = (rows < num_rows)[:, None]
-        last = gl.maximum(k_steps - 1, 0) * BLOCK_K
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-        words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
-        x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
-        for step in range(0, k_steps):
-            nxt = gl.minimum((step + 1) * BLOCK_K, last)
-            words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
-            x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
-            a = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)
-            gl.thread_barrier()  # every warpgroup's (synchronous) wgmma of the previous step has read x_smem
-            x_smem.store(x_kappa_order(x_pairs, BLOCK_M, BLOCK_K))
-            fence_async_shared()
-            gl.thread_barrier()
-            acc = warpgroup_mma(a, x_smem.permute([1, 0]), acc)
-            words, scale_bytes, x_pairs = words_n, scale_n, x_next
+        acc = wgmma_k_loop(acc, w_ptrs, s_ptrs, x_ptrs, x_mask, x_smem, k_steps, a_layout, BLOCK_N, BLOCK_M, BLOCK_K)
         if DIRECT:
             store_epilogue(acc, row_start, row_end, k_steps > 0, n_start, N, global_scale_ptr, 0, 0, stride_gn,
                            bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, False, False,

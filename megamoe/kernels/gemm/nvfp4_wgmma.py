@@ -46,7 +46,7 @@ if GLUON_AVAILABLE:
         scale_layout,
         store_epilogue,
         weight_layout,
-        x_kappa_order,
+        wgmma_k_loop,
         x_split_layout,
     )
 
@@ -224,18 +224,8 @@ if GLUON_AVAILABLE:
                         a_cur = a_next
                 acc = warpgroup_mma_wait(0, deps=[acc, a_cur, a_prev])[0]
             else:
-                x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
-                for step in range(0, k_steps):
-                    nxt = gl.minimum((step + 1) * BLOCK_K, last)
-                    words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
-                    x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
-                    a = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)
-                    gl.thread_barrier()  # every warpgroup's (synchronous) wgmma of the previous step has read x_smem
-                    x_smem.store(x_kappa_order(x_pairs, BLOCK_M, BLOCK_K))
-                    fence_async_shared()
-                    gl.thread_barrier()
-                    acc = warpgroup_mma(a, x_smem.permute([1, 0]), acc)
-                    words, scale_bytes, x_pairs = words_n, scale_n, x_next
+                acc = wgmma_k_loop(acc, w_ptrs, s_ptrs, x_ptrs, x_mask, x_smem, k_steps, a_layout, BLOCK_N, BLOCK_M,
+                                   BLOCK_K)
             store_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
                       stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU,
                       HAS_LIMIT, num_warps)

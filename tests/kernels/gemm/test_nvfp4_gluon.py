@@ -319,7 +319,8 @@ def test_cuda_wgmma_decode_is_exact():
 
 
 @pytest.mark.cuda
-def test_cuda_wgmma_sync_free_and_graph():
+@pytest.mark.parametrize("x_ring", [0, 4])  # today's loop and the x ring (test_nvfp4_wgmma_x_ring.py)
+def test_cuda_wgmma_sync_free_and_graph(x_ring):
     device = torch.device("cuda")
     e, n, k, t = 16, 256, 512, 1500
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
@@ -329,7 +330,8 @@ def test_cuda_wgmma_sync_free_and_graph():
     out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
 
     def launch():
-        return wgmma.launch_nvfp4_wgmma(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets)
+        return wgmma.launch_nvfp4_wgmma(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                        x_ring=x_ring)
 
     launch()
     check_sync_free_and_graph(launch, x, offsets, t)

@@ -3,48 +3,53 @@
 The kernels decode each thread's contiguous packed weight bytes straight into MMA A-operand registers, so
 the MMA's K axis runs in a permuted order within every 128-element K group (``nvfp4_gluon_jit.decode_a_operand``):
 MMA position ``kappa = c0 + 2q + 8*c1 + 16*nib + 32*i`` holds memory element ``m = 32q + 8i + 4*c1 + 2*c0 + nib``
-(q, i in 0..3; c0, c1, nib in 0..1). The activations must run in the same order. Today's kernels permute x in
+(q, i in 0..3; c0, c1, nib in 0..1). The activations must run in the same order. A kernel with K steps of
+``block_k`` (128 or 256 here) permutes within groups of that size: i in 0..block_k/32-1 and
+``m = (block_k/4) q + 8i + 4*c1 + 2*c0 + nib``. Today's kernels permute x in
 registers every K step; :func:`to_mma_k_order` does it once per GEMM, outside the K loop, so x tiles can go
 by ``cp.async`` straight into the shared-memory operand.
 
-x (M, K) with K a multiple of 128 -> (M, K): ``out[:, 128*g + kappa] = x[:, 128*g + m(kappa)]``; exact (a
-permutation of columns), any dtype.
+x (M, K) with K a multiple of block_k -> (M, K): ``out[:, block_k*g + kappa] = x[:, block_k*g + m(kappa)]``; exact
+(a permutation of columns), any dtype.
 """
 from __future__ import annotations
 
 import torch
 
-MMA_K_GROUP = 128  # the BLOCK_K of the kernels this order belongs to
+MMA_K_GROUP = 128  # the default group: the wgmma kernel's BLOCK_K
 
 
-def mma_k_permutation(device=None) -> torch.Tensor:
-    """(128,) int64: position kappa of the MMA K order -> memory index m within a 128-element group."""
-    m = torch.arange(MMA_K_GROUP, device=device).reshape(4, 4, 2, 2, 2)  # memory (q, i, c1, c0, nib)
+def mma_k_permutation(device=None, block_k: int = MMA_K_GROUP) -> torch.Tensor:
+    """(block_k,) int64: position kappa of the MMA K order -> memory index m within a block_k group."""
+    if block_k not in (128, 256):
+        raise ValueError(f"block_k: expected 128 or 256, got {block_k!r}")
+    m = torch.arange(block_k, device=device).reshape(4, block_k // 32, 2, 2, 2)  # memory (q, i, c1, c0, nib)
     return m.permute(1, 4, 2, 0, 3).reshape(-1)  # read in MMA order (i, nib, c1, q, c0)
 
 
-def _check(x: torch.Tensor) -> None:
+def _check(x: torch.Tensor, block_k: int) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise TypeError(f"x: expected a 2-D torch.Tensor, got {getattr(x, 'shape', type(x).__name__)}")
-    if x.shape[1] % MMA_K_GROUP:
-        raise ValueError(f"x: K={x.shape[1]} must be a multiple of {MMA_K_GROUP} for the MMA K order")
+    if x.shape[1] % block_k:
+        raise ValueError(f"x: K={x.shape[1]} must be a multiple of {block_k} for the MMA K order")
 
 
-def to_mma_k_order(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(M, K) -> (M, K) contiguous in MMA K order (see module docstring); ``out`` optional (M, K) buffer."""
-    _check(x)
+def to_mma_k_order(x: torch.Tensor, out: torch.Tensor | None = None, block_k: int = MMA_K_GROUP) -> torch.Tensor:
+    """(M, K) -> (M, K) contiguous in the MMA K order of ``block_k`` steps (see module docstring); ``out``
+    optional (M, K) buffer."""
+    perm = mma_k_permutation(getattr(x, "device", None), block_k)
+    _check(x, block_k)
     m, k = x.shape
-    perm = mma_k_permutation(x.device)
-    src = x.reshape(m, k // MMA_K_GROUP, MMA_K_GROUP)
+    src = x.reshape(m, k // block_k, block_k)
     if out is None:
         return src.index_select(2, perm).reshape(m, k)
-    torch.index_select(src, 2, perm, out=out.view(m, k // MMA_K_GROUP, MMA_K_GROUP))
+    torch.index_select(src, 2, perm, out=out.view(m, k // block_k, block_k))
     return out
 
 
-def from_mma_k_order(x_mma: torch.Tensor) -> torch.Tensor:
+def from_mma_k_order(x_mma: torch.Tensor, block_k: int = MMA_K_GROUP) -> torch.Tensor:
     """The inverse of :func:`to_mma_k_order`: (M, K) in MMA K order -> memory order."""
-    _check(x_mma)
+    inverse = torch.argsort(mma_k_permutation(getattr(x_mma, "device", None), block_k))
+    _check(x_mma, block_k)
     m, k = x_mma.shape
-    inverse = torch.argsort(mma_k_permutation(x_mma.device))
-    return x_mma.reshape(m, k // MMA_K_GROUP, MMA_K_GROUP).index_select(2, inverse).reshape(m, k)
+    return x_mma.reshape(m, k // block_k, block_k).index_select(2, inverse).reshape(m, k)

@@ -18,13 +18,17 @@ def test_permutation_formula():
                         assert perm[kappa] == 32 * q + 8 * i + 4 * c1 + 2 * c0 + nib
 
 
-def test_matches_the_kernels_register_permutation():
+@pytest.mark.parametrize("block_k", [128, 256])
+def test_matches_the_kernels_register_permutation(block_k):
     """x_kappa_order: (M, BLOCK_K) memory order -> reshape (m, q, i, c1, c0, nib) -> permute to (m, i, nib, c1,
-    q, c0); per 128-K step of the wgmma kernel (BLOCK_K = 128)."""
-    x = torch.randn(5, 384).bfloat16()
-    steps = [x[:, s:s + 128].reshape(5, 4, 4, 2, 2, 2).permute(0, 2, 5, 3, 1, 4).reshape(5, 128)
-             for s in range(0, 384, 128)]
-    assert torch.equal(to_mma_k_order(x), torch.cat(steps, 1))
+    q, c0); per K step of the Gluon kernels (BLOCK_K 128: wgmma and mma.sync; 256: the mma.sync decode config)."""
+    x = torch.randn(5, 3 * block_k).bfloat16()
+    steps = [x[:, s:s + block_k].reshape(5, 4, block_k // 32, 2, 2, 2).permute(0, 2, 5, 3, 1, 4).reshape(5, block_k)
+             for s in range(0, 3 * block_k, block_k)]
+    assert torch.equal(to_mma_k_order(x, block_k=block_k), torch.cat(steps, 1))
+    assert torch.equal(from_mma_k_order(to_mma_k_order(x, block_k=block_k), block_k=block_k), x)
+    if block_k == 256:  # a different permutation from the 128 one
+        assert not torch.equal(to_mma_k_order(x, block_k=256), to_mma_k_order(x))
 
 
 def test_roundtrip_out_buffer_and_edges():
@@ -40,3 +44,5 @@ def test_roundtrip_out_buffer_and_edges():
         to_mma_k_order(torch.randn(2, 64))
     with pytest.raises(TypeError, match="2-D"):
         to_mma_k_order(torch.randn(128))
+    with pytest.raises(ValueError, match="block_k"):
+        to_mma_k_order(x, block_k=64)

@@ -45,6 +45,7 @@ import os
 import torch
 import triton
 
+from ...format.mma_order import to_mma_k_order
 from ..pdl import gl_grid_dependency_prologue, pdl_enabled
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
@@ -86,6 +87,11 @@ MMA_DECODE_CONFIGS = {
 # import) gives the BLOCK_M 32 config a 5th element: stream the weight words and scale bytes through an
 # S-stage cp.async ring in shared memory (S - 1 steps in flight per program) instead of one step of register
 # double-buffering. A config may carry this 5th element (stages) in any call; absent or < 2: registers.
+# x through shared memory (X_SMEM; NOTES_gemm.md v16): the BLOCK_M values whose launches copy the MMA-K-ordered x
+# by cp.async and read it back with ldmatrix instead of holding it in registers. Offline sm_90 at (32, 128, 128, 4)
+# + SwiGLU: 4.66 -> 3.84 instructions per weight, 255 -> 187 registers; no gain at BLOCK_M 8 / 16. Opt-in
+# (env MEGAMOE_MMA_X_SMEM="32", a comma list, read at import) until measured on the H100.
+MMA_X_SMEM_BLOCK_M = frozenset(int(v) for v in os.environ.get("MEGAMOE_MMA_X_SMEM", "").split(",") if v.strip())
 MMA_RING_STAGES = int(os.environ.get("MEGAMOE_MMA_STAGES", "0") or 0)
 if MMA_RING_STAGES >= 2:
     MMA_DECODE_CONFIGS[1 << 62] = MMA_DECODE_CONFIGS[1 << 62] + (MMA_RING_STAGES,)
@@ -281,7 +287,7 @@ if GLUON_AVAILABLE:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
-        num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False,
+        num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False, X_SMEM: gl.constexpr = False,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
@@ -333,6 +339,18 @@ if GLUON_AVAILABLE:
             sc_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_copy_layout))
             sc_offs = sc_rows.to(gl.int64)[:, None] * stride_sn + sc_cols[None, :]
 
+        if X_SMEM:
+            # x tiles (already in the MMA K order, megamoe/format/mma_order.py) by cp.async into two shared
+            # buffers, one step ahead, read back as the B operand (ldmatrix): no x registers held across steps
+            # and no K-order PRMTs (launcher: SPLIT 0, no weight ring)
+            xs_ring = gl.allocate_shared_memory(
+                gl.bfloat16, [2, BLOCK_M, BLOCK_K],
+                gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+            xs_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8],
+                                                       [num_warps, 1], [1, 0])
+            xs_cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, xs_layout))
+            x_bf16 = x_ptr.to(gl.pointer_type(gl.bfloat16), bitcast=True)
+
         # persistent walk over this n-tile's chunks of at most BLOCK_M rows of one expert
         chunk = gl.program_id(1)
         bad_rows = 0  # row_index values outside [0, num_src_rows) (masked once per chunk, flagged once)
@@ -377,7 +395,33 @@ if GLUON_AVAILABLE:
                 x_ptrs += k_begin // 2
             x_mask = row_mask[:, None]
             acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-            if SPLIT != 3:
+            if X_SMEM:
+                xs_rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xs_layout))
+                xs_ok = xs_rows < row_end
+                if HAS_ROW_INDEX:  # rows past the chunk or out of range read row 0 (never stored)
+                    xs_src = gl.load(row_index_ptr + xs_rows, mask=xs_ok, other=0).to(gl.int64)
+                    xs_src = gl.where((xs_src >= 0) & (xs_src < num_src_rows) & xs_ok, xs_src, 0)
+                else:
+                    xs_src = gl.where(xs_ok, xs_rows, 0).to(gl.int64)
+                xs_ptrs = x_bf16 + xs_src[:, None] * (2 * stride_xm) + xs_cols[None, :]
+                gl.thread_barrier()  # every warp has read the previous chunk's buffers
+                if k_steps > 0:
+                    async_copy.async_copy_global_to_shared(xs_ring.index(0), xs_ptrs)
+                async_copy.commit_group()
+                words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+                for step in range(0, k_steps):
+                    nxt = gl.minimum((step + 1) * BLOCK_K, last)
+                    words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+                    async_copy.wait_group(0)  # this thread's copy of `step` has landed
+                    gl.thread_barrier()  # everyone's has; everyone has read the other buffer (step - 1)
+                    if step + 1 < k_steps:
+                        async_copy.async_copy_global_to_shared(xs_ring.index((step + 1) % 2), xs_ptrs + nxt)
+                    async_copy.commit_group()
+                    a = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)
+                    b = xs_ring.index(step % 2).permute([1, 0]).load(b_layout)
+                    acc = mma_v2(a, b, acc)
+                    words, scale_bytes = words_n, scale_n
+            elif SPLIT != 3:
                 if STAGES >= 2:  # the cp.async ring (launcher: only without split-K)
                     sc_ptrs = scale_ptr + expert * stride_se + sc_offs
                     # every thread has read the previous chunk's last slots before they are refilled
@@ -460,7 +504,7 @@ if GLUON_AVAILABLE:
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
-                     swiglu_limit=True, split=0):
+                     swiglu_limit=True, split=0, x_smem=False):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
     ``split``: the SPLIT mode (0 no split-K, 1 single launch, 2 partials, 3 reduction)."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
@@ -469,7 +513,8 @@ def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=Tr
     return compile_sm90(_nvfp4_mma_decode_kernel, scalars, config[:3], config[3], grouped=grouped,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=dict(ws_ptr="*fp32", cnt_ptr="*i32"),
-                        extra_constants=dict(SPLIT=split, STAGES=config[4] if len(config) > 4 else 0))
+                        extra_constants=dict(SPLIT=split, STAGES=config[4] if len(config) > 4 else 0,
+                                             X_SMEM=x_smem))
 
 
 def plan_decode_splits(items: int, k: int, block_k: int, num_sms: int, splits: int | None = None) -> tuple[int, int]:
@@ -526,6 +571,7 @@ def launch_nvfp4_mma_decode(
     own_pad: bool = True,
     max_rows_per_expert: int | None = None,
     splits: int | None = 1,
+    x_smem=None,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -541,6 +587,8 @@ def launch_nvfp4_mma_decode(
     host shapes (:func:`plan_decode_splits`), an int > 1 forces it. With S > 1 the partial sums go to an
     fp32 workspace and the last program of each work item reduces them in split order (deterministic;
     equal to S = 1 up to fp32 summation order); the tile counters are ``nvfp4_splitk.splitk_counters``.
+    ``x_smem``: the BLOCK_M values that stream x through shared memory (default :data:`MMA_X_SMEM_BLOCK_M`;
+    without split-K and the weight ring only); the same MMAs in the same K order, so the same bits.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -591,6 +639,12 @@ def launch_nvfp4_mma_decode(
         slot_chunks = 0
     if splits > 1:  # the ring reads whole-K slabs from the chunk's start: split-K keeps register buffering
         consts["STAGES"] = 0
+    x_smem = MMA_X_SMEM_BLOCK_M if x_smem is None else x_smem
+    consts["X_SMEM"] = block_m in x_smem and splits == 1 and consts["STAGES"] == 0
+    if consts["X_SMEM"]:  # x in the kernel's MMA K order (a (S, K) temporary), streamed by cp.async
+        x32 = to_mma_k_order(x, block_k=block_k).view(torch.int32)
+        head = (x32, *head[1:])
+        strides = (x32.stride(0), *strides[1:])
     pointers, scalars = head[:9], head[9:]
 
     def arguments(num_programs):

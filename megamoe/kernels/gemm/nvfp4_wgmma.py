@@ -59,7 +59,7 @@ WGMMA_CONFIG = (128, 128, 128, 8, 1)
 # 7380 vs 8704 us), slower at 512 (gate_up 23851 vs 23515, down 14103 vs 11501); NOTES_gemm.md has the
 # points in between.
 WGMMA_MAX_ROWS_PER_EXPERT = 256
-# v8 (NOTES_gemm.md, "v15: wgmma x ring"): x permuted to the MMA K order once per GEMM (megamoe/format/mma_order.py),
+# The x ring (NOTES_gemm.md, v16): x permuted to the MMA K order once per GEMM (megamoe/format/mma_order.py),
 # its tiles by cp.async into a ring of this many slots, asynchronous wgmma chain; 0 = today's kernel. Opt-in
 # (env MEGAMOE_WGMMA_X_RING=4, read at import) until measured on the H100. Needs BLOCK_K = 128 and K a multiple
 # of X_RING * 128 (else the launcher runs today's loop).
@@ -79,7 +79,7 @@ if GLUON_AVAILABLE:
     def _ring_step(acc, a_cur, a_prev, words, scale_bytes, x_ring, xr_ptrs, w_ptrs, s_ptrs, step, k_steps, last,
                    slot: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                    X_RING: gl.constexpr):
-        """One K step of the v8 loop: issue the async MMA of ``step`` (A = ``a_cur``, x from ring ``slot``),
+        """One K step of the x-ring loop: issue the async MMA of ``step`` (A = ``a_cur``, x from ring ``slot``),
         refill the slot read two steps ago, wait for the MMA of ``step - 1`` (``a_prev`` is free after it), decode
         step + 1 and load the words of step + 2. Returns (acc, A of step + 1, words, scale bytes)."""
         async_copy.wait_group(X_RING - 3)  # this thread's copies of `step` have landed
@@ -107,10 +107,11 @@ if GLUON_AVAILABLE:
     ):
         """Prefill-shaped NVFP4 GEMM: weight tile decoded into wgmma A registers, x^T tile through shared memory.
 
-        X_RING = S >= 3 (v8): x is already in MMA K order in memory (:func:`mma_k_order`); its tiles go by cp.async
-        straight into an S-slot shared-memory ring (S - 2 steps ahead, no x in registers) and the wgmma chain is
-        asynchronous (step i's MMA runs while step i+1 is decoded; one CTA barrier per step). The K loop is
-        unrolled S times: K must be a multiple of S * BLOCK_K (the launcher checks), S even."""
+        X_RING = S (even, >= 4; NOTES_gemm.md v16): x is already in the MMA K order in memory
+        (``megamoe.format.mma_order.to_mma_k_order``); its tiles go by cp.async straight into an S-slot shared-memory
+        ring (S - 2 steps ahead, no x in registers) and the wgmma chain is asynchronous (step i's MMAs run while
+        step i+1 is decoded). The K loop is unrolled S times: K must be a multiple of S * BLOCK_K (the launcher
+        checks)."""
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
@@ -238,7 +239,7 @@ if GLUON_AVAILABLE:
 def compile_for_sm90(config=WGMMA_CONFIG, *, grouped=True, row_index=True, bias=False, swiglu=False,
                      swiglu_limit=True, x_ring=0):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
-    ``x_ring``: the v8 x ring stages (0: today's kernel)."""
+    ``x_ring``: the x ring slots (0: today's kernel)."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we", "stride_wn",
                "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
     return compile_sm90(_nvfp4_wgmma_kernel, scalars, config[:3], config[3], grouped=grouped,
@@ -275,7 +276,7 @@ def launch_nvfp4_wgmma(
 
     Persistent grid of ``min(work upper bound, SMs * programs_per_sm)`` programs
     over (m-tile, n-tile) work items; the work count is only known on the device.
-    ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm). ``x_ring``: v8's ring slots (default
+    ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm). ``x_ring``: the x ring slots (default
     :data:`WGMMA_X_RING`; 0 = today's loop; used when BLOCK_K = 128 and K % (x_ring * 128) == 0): x is copied
     once into the MMA K order (a (S, K) bf16 temporary) and streamed by cp.async.
     """

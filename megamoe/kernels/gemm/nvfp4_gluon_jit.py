@@ -90,6 +90,11 @@ def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, g
     constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=512, GROUPED=grouped,
                      HAS_ROW_INDEX=row_index, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=swiglu_limit,
                      ERR_FLAG=1 if _device_guard() else 0, num_warps=num_warps, **(extra_constants or {}))
+    # constexpr parameters with defaults that the caller left out get their defaults: a missing one shifts the
+    # specialisation silently (a PDL=True build without the later X_SMEM came out without griddepcontrol)
+    for param in kernel.params:
+        if param.is_constexpr and param.has_default and param.name not in constants:
+            constants[param.name] = param.default
     signature = dict(POINTER_ARGS, **{name: "i32" for name in scalars + ["num_src_rows"]}, swiglu_limit="fp32",
                      **(extra_signature or {}), **{name: "constexpr" for name in constants})
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED_ARGS}

@@ -22,11 +22,14 @@ import torch
 import torch.distributed as dist
 
 
-def _time(fn, iters: int = 20, warmup: int = 3) -> float:
+def _time(fn, iters: int = 20, warmup: int = 3, collective: bool = True) -> float:
+    """collective: every rank times ``fn`` together (a barrier first); False for one rank's own timing (a
+    barrier there would pair with another collective of the other ranks and desynchronise the group)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    dist.barrier()
+    if collective:
+        dist.barrier()
     times = []
     for _ in range(iters):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -92,9 +95,9 @@ def main() -> None:
                 xs = torch.randn(n, h, device=dev).to(torch.bfloat16)
                 if n <= graph_max:
                     run = single.capture(n)
-                    row[name] = _time(lambda: run(xs))
+                    row[name] = _time(lambda: run(xs), collective=False)
                 else:
-                    row[name] = _time(lambda: single.forward(xs))
+                    row[name] = _time(lambda: single.forward(xs), collective=False)
         dist.barrier()
         rows.append(row)
         if rank == 0:

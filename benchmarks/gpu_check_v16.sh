@@ -67,5 +67,27 @@ elif [ "$part" = b ]; then
   ) > "$OUT/gpu1_moe.log" 2>&1 &
   wait
   tar czf "$OUT/b.tgz" -C "$OUT" ep moe
+elif [ "$part" = c ]; then
+  # follow-up of a and b: which family breaks the PDL decode graph (GPU 0) beside V4-Pro (GPU 1), then the EP
+  # programs again with whole logs (b's were cut by tail) and Python stacks on a hang (faulthandler, SIGABRT)
+  export PYTHONFAULTHANDLER=1
+  mkdir -p "$OUT/c"
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python benchmarks/pdl_bisect.py --repeats 2 > "$OUT/pdl_bisect.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 timeout 200 python benchmarks/bench_moe.py --configs v4-pro --tokens 1,8 --out-dir "$OUT/c" \
+    --tag moe_pro > "$OUT/moe_pro.log" 2>&1 &
+  wait
+  timeout 150 torchrun --nproc-per-node 2 benchmarks/bench_ep.py --tokens 1,8,64,256,1024,4096 \
+    --out "$OUT/c/ep_v1_x2.json" > "$OUT/ep_bench.log" 2>&1
+  timeout 90 torchrun --nproc-per-node 2 -m megamoe run --ep > "$OUT/ep_run.log" 2>&1
+  ( sleep 160; pkill -ABRT -f "megamoe generate" ) > /dev/null 2>&1 &
+  watchdog=$!
+  timeout 180 torchrun --nproc-per-node 2 -m megamoe generate --ep --layers 8 --batch 1,8 --steps 16 \
+    > "$OUT/ep_generate.log" 2>&1
+  kill "$watchdog" 2> /dev/null; pkill -f "sleep 160" 2> /dev/null
+  for f in pdl_bisect moe_pro ep_bench ep_run ep_generate; do
+    echo "=== $f"; grep -v "Warn\|^\s*$" "$OUT/$f.log" | grep -i -m 12 "error\|exception\|Traceback" ; tail -30 "$OUT/$f.log"
+  done
+  tar czf "$OUT/c.tgz" -C "$OUT" c && rm -rf "$OUT/c"
+  exit 0
 fi
 for f in "$OUT"/*.log; do echo "=== $f"; cat "$f"; done

@@ -47,8 +47,12 @@ def main_ep(args) -> int:
     x = x_all[rank * tokens:(rank + 1) * tokens]
     exact = layer.forward(x).clone()
     capacity = layer.forward(x, capacity=True).clone()
-    ok = torch.equal(exact, capacity)
-    report = {"capacity == exact": ok}
+    # the GEMM tiling is chosen by the receive buffer's row count, which is the exchanged rows in exact mode and
+    # the fixed capacity in capacity mode: on CUDA the two may take other kernels (same math, other summation
+    # order), so there they must agree to 1e-2; on CPU (one reference path) bit for bit
+    cap_rel = ((capacity.float() - exact.float()).norm() / exact.float().norm().clamp(min=1e-30)).item()
+    ok = torch.equal(exact, capacity) or (cuda and cap_rel < 1e-2)
+    report = {"capacity == exact (bit for bit)": bool(torch.equal(exact, capacity)), "capacity rel diff": cap_rel}
     if not getattr(args, "no_check", False):
         if args.checkpoint:
             from ..checkpoint import load_moe_layer

@@ -1,0 +1,98 @@
+"""Which kernel family makes the PDL decode graph differ from eager? (diagnostic for test_pdl.py's tiny-model test)
+
+The tiny V4 model (seed 7, two prompts), 12 greedy decode steps: eager with PDL off is the reference; then the
+captured decode graph with PDL on for ALL families, for NONE, for each family ALONE and for all BUT each family.
+A family is a kernel module that launches with ``pdl_enabled``; it is switched off by replacing that module's
+``pdl_enabled`` with a function returning False (the launch is then an ordinary one). Prints one line per setting:
+tokens equal to the reference or the first differing step.
+
+Usage: python benchmarks/pdl_bisect.py [--steps 12] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FAMILIES = ["kvcache.indexer", "topk", "sampling", "moe_route_dispatch", "v4_elementwise", "moe_combine",
+            "gemm.nvfp4_mma_decode", "sparse_attention_ws", "sparse_attention", "moe_router", "hyper_connection",
+            "moe_dispatch"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--repeats", type=int, default=3, help="graph runs per setting (a race may not show every time)")
+    args = p.parse_args()
+    from megamoe.kernels import pdl
+    from megamoe.kvcache import DecodeBatch
+    from megamoe.models.config import V4_TINY_MODEL
+    from megamoe.models.model import V4Model
+    from megamoe.models.v4_weights import random_state_dict
+    from megamoe.ops.sampling import SamplingParams, sample
+
+    modules = {f: importlib.import_module(f"megamoe.kernels.{f}") for f in FAMILIES}
+    original = {f: m.pdl_enabled for f, m in modules.items()}
+    dev = torch.device("cuda")
+    cfg = V4_TINY_MODEL
+    sd = random_state_dict(cfg, seed=7, device=dev)
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4]]
+
+    def setting(on: set):
+        pdl.PDL_ENABLED = bool(on)
+        for f, m in modules.items():
+            m.pdl_enabled = original[f] if f in on else (lambda t: False)
+
+    def run(graphed: bool):
+        m = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
+        m.load_weights(sd)
+        first = [int(torch.argmax(m.prefill(s, torch.tensor(q, device=dev)))) for s, q in enumerate(prompts)]
+        seen = []
+        if graphed:
+            step = m.capture_decode(2)
+            step.tokens.copy_(torch.tensor(first))
+            for _ in range(args.steps):
+                seen.append(step([0, 1]).clone())
+        else:
+            params = SamplingParams.allocate(2, dev)
+            params.set(range(2), temperature=0.0)
+            batch = DecodeBatch.allocate(2, dev)
+            tokens = torch.tensor(first, device=dev)
+            for _ in range(args.steps):
+                m.prepare_decode(batch, [0, 1])
+                tokens = sample(m.decode(batch, tokens), params)
+                seen.append(tokens.clone())
+        torch.cuda.synchronize()
+        return torch.stack(seen).cpu()
+
+    setting(set())
+    ref = run(False)
+    print(f"reference (eager, PDL off): {ref[:, 0].tolist()}", flush=True)
+
+    def report(name: str, on: set, graphed: bool = True):
+        setting(on)
+        verdicts = []
+        for _ in range(args.repeats):
+            got = run(graphed)
+            bad = (got != ref).any(dim=1).nonzero().flatten().tolist()
+            verdicts.append("same" if not bad else f"differs from step {bad[0]}")
+        print(f"{name:40s} {'graph' if graphed else 'eager'}: {', '.join(verdicts)}", flush=True)
+
+    every = set(FAMILIES)
+    report("eager, PDL on (all)", every, graphed=False)
+    report("graph, PDL off", set())
+    report("graph, PDL on (all)", every)
+    for f in FAMILIES:
+        report(f"graph, only {f}", {f})
+    for f in FAMILIES:
+        report(f"graph, all but {f}", every - {f})
+    setting(set())
+
+
+if __name__ == "__main__":
+    main()

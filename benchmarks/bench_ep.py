@@ -18,8 +18,12 @@ import json
 import os
 import statistics
 
+import sys
+
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout (torchrun)
 
 
 def _time(fn, iters: int = 20, warmup: int = 3, collective: bool = True) -> float:

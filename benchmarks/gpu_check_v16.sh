@@ -89,5 +89,25 @@ elif [ "$part" = c ]; then
   done
   tar czf "$OUT/c.tgz" -C "$OUT" c && rm -rf "$OUT/c"
   exit 0
+elif [ "$part" = d ]; then
+  # after c: the decode graph vs eager with teacher forcing (logit diffs per step, PDL off/on) beside the model's
+  # graph test; then bench_ep (import fixed) and generate --ep (graphs released before destroy_process_group)
+  export PYTHONFAULTHANDLER=1
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/pdl_bisect.py --teacher > "$OUT/graph_teacher.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 timeout 200 python -m pytest -q -p no:cacheprovider -m cuda --tb=short \
+    tests/models/test_v4_model.py -k "graph" > "$OUT/model_graph_test.log" 2>&1 &
+  wait
+  timeout 170 torchrun --nproc-per-node 2 benchmarks/bench_ep.py --tokens 1,8,64,256,1024,4096 \
+    --out "$OUT/ep_v1_x2.json" > "$OUT/ep_bench.log" 2>&1
+  ( sleep 150; pkill -ABRT -f "megamoe generate" ) > /dev/null 2>&1 &
+  watchdog=$!
+  timeout 170 torchrun --nproc-per-node 2 -m megamoe generate --ep --layers 8 --batch 1,8 --steps 16 \
+    > "$OUT/ep_generate.log" 2>&1
+  echo "generate --ep exit code $?" >> "$OUT/ep_generate.log"
+  kill "$watchdog" 2> /dev/null; pkill -f "sleep 150" 2> /dev/null
+  for f in graph_teacher model_graph_test ep_bench ep_generate; do
+    echo "=== $f"; grep -v "^W11\|^\s*$" "$OUT/$f.log" | tail -24
+  done
+  exit 0
 fi
 for f in "$OUT"/*.log; do echo "=== $f"; cat "$f"; done

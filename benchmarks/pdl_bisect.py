@@ -28,6 +28,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--repeats", type=int, default=3, help="graph runs per setting (a race may not show every time)")
+    p.add_argument("--teacher", action="store_true",
+                   help="instead: feed every setting the reference's tokens and print the max |logit diff| per step")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the eager paths only")
     args = p.parse_args()
     from megamoe.kernels import pdl
     from megamoe.kvcache import DecodeBatch
@@ -38,7 +41,8 @@ def main() -> None:
 
     modules = {f: importlib.import_module(f"megamoe.kernels.{f}") for f in FAMILIES}
     original = {f: m.pdl_enabled for f, m in modules.items()}
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     cfg = V4_TINY_MODEL
     sd = random_state_dict(cfg, seed=7, device=dev)
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4]]
@@ -67,8 +71,54 @@ def main() -> None:
                 m.prepare_decode(batch, [0, 1])
                 tokens = sample(m.decode(batch, tokens), params)
                 seen.append(tokens.clone())
-        torch.cuda.synchronize()
+        sync()
         return torch.stack(seen).cpu()
+
+    def forced(graphed: bool, inputs: torch.Tensor):
+        """Teacher forcing: step i decodes inputs[i] (2,) whatever the previous step sampled -> logits (steps, 2, V)."""
+        m = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
+        m.load_weights(sd)
+        for s_, q in enumerate(prompts):
+            m.prefill(s_, torch.tensor(q, device=dev))
+        out = []
+        if graphed:
+            step = m.capture_decode(2)
+            for i in range(args.steps):
+                step.tokens.copy_(inputs[i])  # device to device, stream-ordered
+                step([0, 1])
+                out.append(step.logits.clone())
+        else:
+            batch = DecodeBatch.allocate(2, dev)
+            for i in range(args.steps):
+                m.prepare_decode(batch, [0, 1])
+                out.append(m.decode(batch, inputs[i].clone()).clone())
+        sync()
+        return torch.stack(out).float()
+
+    if args.teacher:
+        setting(set())
+        ref = run(False).to(dev)
+        # step 0 decodes each prompt's own first token (argmax of its prefill), step i > 0 the reference's token i-1
+        m0 = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
+        m0.load_weights(sd)
+        first = torch.tensor([int(torch.argmax(m0.prefill(s_, torch.tensor(q, device=dev))))
+                              for s_, q in enumerate(prompts)], device=dev)
+        del m0
+        inputs = torch.cat([first[None], ref[:-1]])
+        eager_a = forced(False, inputs)
+        eager_b = forced(False, inputs)
+        print(f"eager vs eager (two models): max |diff| per step {(eager_a - eager_b).abs().amax(dim=(1, 2)).tolist()}")
+        scale = eager_a.abs().amax().item()
+        if dev.type != "cuda":
+            return
+        for name, on in (("graph, PDL off", set()), ("graph, PDL off (again)", set()), ("graph, PDL on", set(FAMILIES))):
+            setting(on)
+            g = forced(True, inputs)
+            d = (g - eager_a).abs().amax(dim=(2,))
+            print(f"{name:24s} max |logit diff| per step (rows 0/1; logits up to {scale:.3g}): "
+                  + " ".join(f"{a:.2g}/{b:.2g}" for a, b in d.tolist()), flush=True)
+        setting(set())
+        return
 
     setting(set())
     ref = run(False)

@@ -282,6 +282,11 @@ class V4Model:
         self._graphs[batch_size] = step
         return step
 
+    def release_graphs(self) -> None:
+        """Drop the captured decode graphs (their memory pools and, under expert parallelism, the collectives
+        captured on the process group: release them before ``destroy_process_group``)."""
+        self._graphs.clear()
+
     # ------------------------------------------------------------------ accounting
     def memory_bytes(self) -> dict:
         """Device bytes per component: experts (routed + shared), attention projections, caches, embed/head."""

@@ -14,6 +14,7 @@ Per tokens-per-rank T (medians of CUDA-event timings, rank 0 prints, every rank 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -87,9 +88,15 @@ def main() -> None:
                                              dist.all_to_all_single(send, recv, in_splits, out_splits)))
         row["a2a_exact_note"] = "even split of this rank's T*k rows over the peers (routing-independent)"
         if t <= graph_max:
-            replay = ep.capture(t)
+            # a decode deployment sizes the capacity to its batch: a layer with capacity_tokens = t for the graph
+            # (the shared one's capacity is graph_max: at t = 1 it would exchange and multiply 256x the rows)
+            ep_t = ep if t == graph_max else ExpertParallelMoE.random(c, seed=0, max_num_tokens=t, capacity_tokens=t,
+                                                                        device=dev)
+            replay = ep_t.capture(t)
             row["ep_graph_us"] = _time(lambda: replay(x))
-            cap = world * ep.capacity_rows
+            replay = None
+            cap = world * ep_t.capacity_rows
+            ep_t = None
             cs, cr = torch.empty(cap, h, dtype=torch.bfloat16, device=dev), torch.empty(cap, h, dtype=torch.bfloat16,
                                                                                        device=dev)
             row["a2a_capacity_us"] = _time(lambda: (dist.all_to_all_single(cr, cs), dist.all_to_all_single(cs, cr)))
@@ -100,6 +107,7 @@ def main() -> None:
                 if n <= graph_max:
                     run = single.capture(n)
                     row[name] = _time(lambda: run(xs), collective=False)
+                    run = None
                 else:
                     row[name] = _time(lambda: single.forward(xs), collective=False)
         dist.barrier()
@@ -111,6 +119,11 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"config": c.name, "world": world, "device": torch.cuda.get_device_name(),
                        "torch": torch.__version__, "rows": rows}, f, indent=2)
+    # the captured graphs hold collectives of this communicator: gone before it is destroyed (with them alive,
+    # destroy_process_group hung on 2 H100s, torch 2.11)
+    gc.collect()
+    torch.cuda.synchronize()
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -30,6 +30,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="graph runs per setting (a race may not show every time)")
     p.add_argument("--teacher", action="store_true",
                    help="instead: feed every setting the reference's tokens and print the max |logit diff| per step")
+    p.add_argument("--trace", action="store_true",
+                   help="instead: free-running graph (PDL off) recording each replay's input tokens, logits and "
+                        "sampled tokens; then an eager model fed the graph's own inputs, step by step")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the eager paths only")
     args = p.parse_args()
     from megamoe.kernels import pdl
@@ -94,6 +97,37 @@ def main() -> None:
                 out.append(m.decode(batch, inputs[i].clone()).clone())
         sync()
         return torch.stack(out).float()
+
+    if args.trace:
+        setting(set())
+        ref = run(False)
+        for attempt in range(args.repeats):
+            m = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
+            m.load_weights(sd)
+            first = [int(torch.argmax(m.prefill(s_, torch.tensor(q, device=dev)))) for s_, q in enumerate(prompts)]
+            step = m.capture_decode(2)
+            step.tokens.copy_(torch.tensor(first))
+            g_in, g_logits, g_out = [], [], []
+            for _ in range(args.steps):
+                g_in.append(step.tokens.clone())  # before the replay (step() syncs in prepare_decode, then replays)
+                g_out.append(step([0, 1]).clone())
+                g_logits.append(step.logits.clone())
+            sync()
+            g_in, g_out, g_logits = torch.stack(g_in), torch.stack(g_out), torch.stack(g_logits).float()
+            e_logits = forced(False, g_in)
+            diff = (g_logits - e_logits).abs().amax(dim=2)
+            argmax_ok = torch.equal(g_logits.argmax(dim=2), g_out)
+            bad = (g_out.cpu() != ref).any(dim=1).nonzero().flatten().tolist()
+            print(f"trace {attempt}: tokens vs reference: {'same' if not bad else f'differ from step {bad[0]}'}; "
+                  f"graph tokens == argmax(graph logits): {argmax_ok}; inputs == [first, outputs[:-1]]: "
+                  f"{torch.equal(g_in[1:], g_out[:-1])}; max |graph - eager logits| given the graph's inputs "
+                  f"(rows 0/1) per step: " + " ".join(f"{a:.2g}/{b:.2g}" for a, b in diff.tolist()), flush=True)
+            if not argmax_ok:
+                where = (g_logits.argmax(dim=2) != g_out).nonzero().tolist()
+                print(f"  sampled != argmax at (step, row) {where[:6]}: sampled {[g_out[i, r].item() for i, r in where[:6]]}"
+                      f", argmax {[g_logits[i, r].argmax().item() for i, r in where[:6]]}", flush=True)
+            del m, step
+        return
 
     if args.teacher:
         setting(set())

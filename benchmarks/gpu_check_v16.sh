@@ -109,5 +109,16 @@ elif [ "$part" = d ]; then
     echo "=== $f"; grep -v "^W11\|^\s*$" "$OUT/$f.log" | tail -24
   done
   exit 0
+elif [ "$part" = e ]; then
+  # after d: the free-running decode graph traced against eager on the graph's own inputs; bench_ep with a
+  # capacity sized to each T and the graphs released before destroy_process_group
+  CUDA_VISIBLE_DEVICES=0 timeout 100 python benchmarks/pdl_bisect.py --trace --repeats 3 > "$OUT/graph_trace.log" 2>&1
+  timeout 180 torchrun --nproc-per-node 2 benchmarks/bench_ep.py --tokens 1,8,64,256,1024,4096 \
+    --out "$OUT/ep_v2_x2.json" > "$OUT/ep_bench.log" 2>&1
+  echo "bench_ep exit code $?" >> "$OUT/ep_bench.log"
+  for f in graph_trace ep_bench; do
+    echo "=== $f"; grep -v "^W11\|^\s*$" "$OUT/$f.log" | tail -14
+  done
+  exit 0
 fi
 for f in "$OUT"/*.log; do echo "=== $f"; cat "$f"; done

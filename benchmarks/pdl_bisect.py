@@ -6,7 +6,13 @@ A family is a kernel module that launches with ``pdl_enabled``; it is switched o
 ``pdl_enabled`` with a function returning False (the launch is then an ordinary one). Prints one line per setting:
 tokens equal to the reference or the first differing step.
 
-Usage: python benchmarks/pdl_bisect.py [--steps 12] [--repeats 3]
+Two more modes (results/gpu_check_v16, NOTES_moe_decode.md "The decode graph returns a wrong token"):
+``--teacher`` feeds every setting eager's tokens and prints the max |logit diff| per step; ``--trace`` records the
+free-running graph's inputs, logits and returned tokens (even attempts: a fresh clone per read, odd: rows of a
+buffer allocated before the replays), replays its inputs eagerly, and with ``--history`` prints the allocator's
+events on a corrupted clone's address (who owned that memory before).
+
+Usage: python benchmarks/pdl_bisect.py [--steps 12] [--repeats 3] [--teacher | --trace [--history]]
 """
 from __future__ import annotations
 
@@ -24,6 +30,22 @@ FAMILIES = ["kvcache.indexer", "topk", "sampling", "moe_route_dispatch", "v4_ele
             "moe_dispatch"]
 
 
+def _previous_owner(addr: int) -> None:
+    """Print the allocator events (torch.cuda.memory._snapshot's device traces) that touched ``addr``: the last
+    free before the clone's allocation names the tensor that owned the memory before it, with its Python stack."""
+    snap = torch.cuda.memory._snapshot()
+    events = [e for trace in snap.get("device_traces", []) for e in trace
+              if e.get("action") in ("alloc", "free_requested", "free_completed", "segment_free")
+              and e.get("addr", -1) <= addr < e.get("addr", -1) + max(e.get("size", 0), 1)]
+    print(f"    allocator events covering {addr:#x}: {len(events)}", flush=True)
+    for e in events[-6:]:
+        frames = [f"{f.get('filename', '?').split('/')[-1]}:{f.get('line', '?')} {f.get('name', '?')}"
+                  for f in e.get("frames", []) if "megamoe" in f.get("filename", "") or "pdl_bisect" in
+                  f.get("filename", "")][:6]
+        print(f"    {e['action']} addr {e['addr']:#x} size {e.get('size')} stream {e.get('stream')}: {frames}",
+              flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
@@ -33,6 +55,8 @@ def main() -> None:
     p.add_argument("--trace", action="store_true",
                    help="instead: free-running graph (PDL off) recording each replay's input tokens, logits and "
                         "sampled tokens; then an eager model fed the graph's own inputs, step by step")
+    p.add_argument("--history", action="store_true",
+                   help="--trace: record the allocator's history and print who owned a corrupted clone's memory before")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the eager paths only")
     args = p.parse_args()
     from megamoe.kernels import pdl
@@ -101,31 +125,44 @@ def main() -> None:
     if args.trace:
         setting(set())
         ref = run(False)
+        if args.history:
+            torch.cuda.memory._record_memory_history(max_entries=200000)
         for attempt in range(args.repeats):
             m = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
             m.load_weights(sd)
             first = [int(torch.argmax(m.prefill(s_, torch.tensor(q, device=dev)))) for s_, q in enumerate(prompts)]
             step = m.capture_decode(2)
             step.tokens.copy_(torch.tensor(first))
+            # variant "prealloc": copy into rows of buffers allocated before the replays (no eager allocation
+            # between replays), else a fresh clone per read (what the failing test does)
+            prealloc = attempt % 2 == 1
+            out_buf = torch.empty((args.steps, 2), dtype=torch.int64, device=dev) if prealloc else None
             g_in, g_logits, g_out = [], [], []
-            for _ in range(args.steps):
+            for i in range(args.steps):
                 g_in.append(step.tokens.clone())  # before the replay (step() syncs in prepare_decode, then replays)
-                g_out.append(step([0, 1]).clone())
+                tok = step([0, 1])
+                if prealloc:
+                    out_buf[i].copy_(tok)
+                else:
+                    g_out.append(tok.clone())
                 g_logits.append(step.logits.clone())
             sync()
-            g_in, g_out, g_logits = torch.stack(g_in), torch.stack(g_out), torch.stack(g_logits).float()
+            outs = out_buf if prealloc else torch.stack(g_out)
+            g_in, g_logits = torch.stack(g_in), torch.stack(g_logits).float()
             e_logits = forced(False, g_in)
             diff = (g_logits - e_logits).abs().amax(dim=2)
-            argmax_ok = torch.equal(g_logits.argmax(dim=2), g_out)
-            bad = (g_out.cpu() != ref).any(dim=1).nonzero().flatten().tolist()
-            print(f"trace {attempt}: tokens vs reference: {'same' if not bad else f'differ from step {bad[0]}'}; "
-                  f"graph tokens == argmax(graph logits): {argmax_ok}; inputs == [first, outputs[:-1]]: "
-                  f"{torch.equal(g_in[1:], g_out[:-1])}; max |graph - eager logits| given the graph's inputs "
+            wrong = (g_logits.argmax(dim=2) != outs).any(dim=1).nonzero().flatten().tolist()
+            bad = (outs.cpu() != ref).any(dim=1).nonzero().flatten().tolist()
+            print(f"trace {attempt} ({'preallocated rows' if prealloc else 'a clone per read'}): first tokens "
+                  f"{first}; tokens vs reference: {'same' if not bad else f'differ from step {bad[0]}'}; steps whose "
+                  f"tokens != argmax(logits): {wrong}; inputs == [first, outputs[:-1]]: "
+                  f"{torch.equal(g_in[1:], outs[:-1])}; max |graph - eager logits| given the graph's inputs "
                   f"(rows 0/1) per step: " + " ".join(f"{a:.2g}/{b:.2g}" for a, b in diff.tolist()), flush=True)
-            if not argmax_ok:
-                where = (g_logits.argmax(dim=2) != g_out).nonzero().tolist()
-                print(f"  sampled != argmax at (step, row) {where[:6]}: sampled {[g_out[i, r].item() for i, r in where[:6]]}"
-                      f", argmax {[g_logits[i, r].argmax().item() for i, r in where[:6]]}", flush=True)
+            for i in wrong[:3]:
+                print(f"  step {i}: tokens {outs[i].tolist()}, argmax {g_logits[i].argmax(dim=1).tolist()}, "
+                      f"next step's input {g_in[i + 1].tolist() if i + 1 < args.steps else '-'}", flush=True)
+                if args.history and not prealloc:
+                    _previous_owner(g_out[i].data_ptr())
             del m, step
         return
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# NOT RUN yet (written 2026-11-25 after gpu_check_v16; the session's device time was spent). One GPU, one call
+# (< 10 min): first the decode-graph token bug (NOTES_moe_decode.md), then what v16 could not finish.
+#   1. pdl_bisect --trace --history: who owned the memory a corrupted clone landed in (the dangling owner)
+#   2. the graph tests that read tokens right after a replay (test_pdl tiny model: fails until the bug is fixed)
+#   3. V4-Pro layer on 80 GB (bench_moe now skips the bf16 baseline when it does not fit)
+#   4. x smem on the 32-row band between 512 and 2048 tokens (does it earn a default for a token range?)
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/megamoe-gpu-check-v17}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+timeout 150 python benchmarks/pdl_bisect.py --trace --history --repeats 4 > "$OUT/graph_trace.log" 2>&1
+grep -v "^\s*$" "$OUT/graph_trace.log" | tail -30
+timeout 150 python -m pytest -q -p no:cacheprovider -m cuda --tb=line tests/kernels/test_pdl.py \
+  tests/models/test_v4_model.py -k "tiny_model or graph" 2>&1 | tail -4 | tee "$OUT/graph_tests.txt"
+timeout 120 python benchmarks/bench_moe.py --configs v4-pro --tokens 1,8 --out-dir "$OUT" --tag moe_pro 2>&1 \
+  | grep "^| deepseek\|does not fit"
+timeout 150 python benchmarks/bench_x_operand.py --tokens 640,768,1024,1536,2048 --out-dir "$OUT" \
+  --tag x_operand_band32 2>&1 | grep -v Warn | tail -22

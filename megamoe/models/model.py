@@ -279,6 +279,10 @@ class V4Model:
             return tokens
 
         step.graph, step.batch, step.tokens, step.params, step.logits = graph, batch, tokens, params, logits
+        # every tensor the graph writes must live as long as the graph: ``sampled`` was a local, freed when this
+        # method returned, and each replay then wrote the sampled tokens into whatever the caching allocator
+        # handed that block to next (results/gpu_check_v16, NOTES_moe_decode.md)
+        step.sampled = sampled
         self._graphs[batch_size] = step
         return step
 

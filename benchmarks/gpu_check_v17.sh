@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # NOT RUN yet (written 2026-11-25 after gpu_check_v16; the session's device time was spent). One GPU, one call
 # (< 10 min): first the decode-graph token bug (NOTES_moe_decode.md), then what v16 could not finish.
-#   1. pdl_bisect --trace --history: who owned the memory a corrupted clone landed in (the dangling owner)
-#   2. the graph tests that read tokens right after a replay (test_pdl tiny model: fails until the bug is fixed)
+#   1. pdl_bisect --trace --history: with capture_decode's fix (step.sampled kept) no step may be corrupted;
+#      if one is, --history names the block's previous owner
+#   2. the graph tests that read tokens right after a replay (test_pdl's tiny model, the new free-running test)
 #   3. V4-Pro layer on 80 GB (bench_moe now skips the bf16 baseline when it does not fit)
 #   4. x smem on the 32-row band between 512 and 2048 tokens (does it earn a default for a token range?)
 set -o pipefail

@@ -5,7 +5,8 @@
 
 Per tokens-per-rank T (medians of CUDA-event timings, rank 0 prints, every rank measures):
 * ``ep_exact``: eager EP forward with exact split sizes (host reads the counts);
-* ``ep_graph``: CUDA-graph replay of the capacity-mode forward (T <= --graph-max);
+* ``ep_graph``: CUDA-graph replay of the capacity-mode forward (T <= --graph-max), on a layer whose capacity is T
+  (as a decode deployment sizes it; the other columns use one layer with capacity --graph-max);
 * ``a2a_exact`` / ``a2a_capacity``: the two row all-to-alls alone (dispatch + return, same byte counts as the
   layer: exact = this step's received rows, capacity = W * T * k rows per direction), timed in isolation;
 * ``single_T`` / ``single_WT``: one GPU holding every expert (Nvfp4MoE, graph replay up to --graph-max, else

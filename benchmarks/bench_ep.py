@@ -28,22 +28,28 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout (torchrun)
 
 
-def _time(fn, iters: int = 20, warmup: int = 3, collective: bool = True) -> float:
-    """collective: every rank times ``fn`` together (a barrier first); False for one rank's own timing (a
+def _time(fn, iters: int = 10, warmup: int = 3, collective: bool = True, calls: int = 10) -> float:
+    """Median over ``iters`` batches of the per-call time of ``calls`` back-to-back calls (us).
+
+    collective: every rank times ``fn`` together, with a barrier before each batch; back-to-back calls keep the
+    ranks in step through their collectives, as consecutive decode steps do (one call per batch measured each
+    rank's host skew as well: the first run's ~73 us per all-to-all of 49 KB). False: one rank's own timing (a
     barrier there would pair with another collective of the other ranks and desynchronise the group)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    if collective:
-        dist.barrier()
     times = []
     for _ in range(iters):
+        if collective:
+            dist.barrier()
+            torch.cuda.synchronize()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         stop.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3)
+        times.append(start.elapsed_time(stop) * 1e3 / calls)
     return statistics.median(times)
 
 

@@ -6,6 +6,7 @@
 #   2. the graph tests that read tokens right after a replay (test_pdl's tiny model, the new free-running test)
 #   3. V4-Pro layer on 80 GB (bench_moe now skips the bf16 baseline when it does not fit)
 #   4. x smem on the 32-row band between 512 and 2048 tokens (does it earn a default for a token range?)
+#   5. issue 10: ncu stall breakdown, our banded route vs the peer at 4096 tokens (carry=[".peers"])
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/megamoe-gpu-check-v17}
@@ -19,3 +20,10 @@ timeout 120 python benchmarks/bench_moe.py --configs v4-pro --tokens 1,8 --out-d
   | grep "^| deepseek\|does not fit"
 timeout 150 python benchmarks/bench_x_operand.py --tokens 640,768,1024,1536,2048 --out-dir "$OUT" \
   --tag x_operand_band32 2>&1 | grep -v Warn | tail -22
+# 5. issue 10: Nsight Compute stall breakdown of our banded route vs the peer at 4096 tokens (needs carry=[".peers"]
+#    and MEGAMOE_PEERS=$PWD/.peers); the CSV comes back whole, the summary lines here
+MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers} timeout 200 ncu --kernel-name regex:'nvfp4_wgmma|nvfp4_mma_decode|matmul_ogs' \
+  --launch-count 12 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+  --section MemoryWorkloadAnalysis --section LaunchStats --csv --page details \
+  python benchmarks/probe_prefill_ncu.py --tokens 4096 --calls 1 > "$OUT/prefill_ncu.csv" 2> "$OUT/prefill_ncu.err"
+grep -c . "$OUT/prefill_ncu.csv"; tail -3 "$OUT/prefill_ncu.err"

@@ -19,7 +19,8 @@ hot expert gets wide tiles and many programs whatever the routing: the Gluon
 ``mma.sync`` kernel (``nvfp4_mma_decode.py``, 8- and 32-row chunks) for small
 experts, the Gluon wgmma kernel (``nvfp4_wgmma.py``) above 64 rows; dense GEMMs with decode-sized M to the
 split-K kernel (``nvfp4_splitk.py``: K splits fill the GPU for small N; the M bound per shape class is the
-table ``nvfp4_splitk.DENSE_SPLITK_MAX_ROWS``, today 64 for every class), grouped shapes those kernels
+table ``nvfp4_splitk.DENSE_SPLITK_MAX_ROWS``, 64 for every class, raised to 256 for K >= 4096:
+``nvfp4_splitk.splitk_max_rows``), grouped shapes those kernels
 cannot take to the CUDA-core kernel (``nvfp4_gemv.py``);
 everything else to the Triton tensor-core GEMM (``nvfp4_gemm.py``). The interpreter (CPU) path
 keeps the Triton tensor-core kernel, whose CPU tests stay meaningful; the

@@ -595,6 +595,13 @@ DENSE_SPLITK_MAX_ROWS = (
     ("small", 1 << 24, 64),
     ("large", 1 << 62, 64),
 )
+# Above the class bound, up to DENSE_SPLITK_LONG_K_ROWS rows where K >= DENSE_SPLITK_LONG_K: measured at M = 128
+# and 256 (gemm_dense_v16, H100, graph replay) split-K's wgmma kind beat the route taken before on every shape with
+# K >= 4096 (4096x4096 21.1 / 32.9 us vs 59.6 / 57.4; 1024x4096 19.0 / 31.5 vs 59.1 / 57.4; 18432x7168 186.9 /
+# 277.2 vs 201.2 / 307.8; 4096x8192 32.1 / 54.3 vs 112.5 / 111.7) and lost on 32768x1024 (38.0 / 73.6 vs 27.8 /
+# 54.9: one split, a short K loop per tile).
+DENSE_SPLITK_LONG_K = 4096
+DENSE_SPLITK_LONG_K_ROWS = 256
 SPLITK_MAX_ROWS = 256  # overall cap (benchmarks set it to 0 to time the route the op took before split-K)
 
 
@@ -606,9 +613,18 @@ def dense_shape_class(n: int, k: int) -> tuple[str, int]:
     return DENSE_SPLITK_MAX_ROWS[-1][0], DENSE_SPLITK_MAX_ROWS[-1][2]
 
 
+def splitk_max_rows(n: int, k: int) -> int:
+    """The largest M the dense route sends to split-K for an (N, K) weight: the shape class's bound, raised to
+    :data:`DENSE_SPLITK_LONG_K_ROWS` for K >= :data:`DENSE_SPLITK_LONG_K`, capped by :data:`SPLITK_MAX_ROWS`."""
+    rows = dense_shape_class(n, k)[1]
+    if k >= DENSE_SPLITK_LONG_K:
+        rows = max(rows, DENSE_SPLITK_LONG_K_ROWS)
+    return min(SPLITK_MAX_ROWS, rows)
+
+
 def splitk_preferred(num_rows: int, n: int, k: int) -> bool:
-    """Host-shape rule for dense GEMMs: decode-sized M for the shape class (any N, K % 16 == 0)."""
-    return 0 < num_rows <= min(SPLITK_MAX_ROWS, dense_shape_class(n, k)[1]) and k % 16 == 0
+    """Host-shape rule for dense GEMMs: decode-sized M for the shape (any N, K % 16 == 0)."""
+    return 0 < num_rows <= splitk_max_rows(n, k) and k % 16 == 0
 
 
 def splitk_supports(x: torch.Tensor, data: torch.Tensor) -> bool:

@@ -140,7 +140,11 @@ def test_dense_route_table():
         assert sk.dense_shape_class(1, max_elements) == (name, max_rows)
     assert sk.splitk_preferred(1, 4096, 4096) and sk.splitk_preferred(64, 18432, 7168)
     assert not sk.splitk_preferred(0, 4096, 4096) and not sk.splitk_preferred(8, 4096, 4104)
-    assert not sk.splitk_preferred(sk.dense_shape_class(4096, 4096)[1] + 1, 4096, 4096)
+    # above the class bound only for a long K loop (measured: gemm_dense_v16), never above the overall cap
+    assert sk.splitk_preferred(128, 4096, 4096) and sk.splitk_preferred(256, 18432, 7168)
+    assert not sk.splitk_preferred(sk.dense_shape_class(32768, 1024)[1] + 1, 32768, 1024)
+    assert not sk.splitk_preferred(sk.SPLITK_MAX_ROWS + 1, 4096, 4096)
+    assert sk.splitk_max_rows(32768, 1024) == 64 and sk.splitk_max_rows(4096, 8192) == 256
     for m in (17, 32, 64, 128, 256):
         config = sk.select_splitk_config(m, False, True)
         assert config[0] == "wgmma" and config[2] == 16 * config[4] and config[1] >= 8 * config[4], config
@@ -292,15 +296,16 @@ V4_DENSE = [(1536, 7168), (7168, 1024), (512, 7168), (4096, 7168), (7168, 2048)]
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("n,k", V4_DENSE)
-@pytest.mark.parametrize("m", [1, 8, 24, 64])
+@pytest.mark.parametrize("m", [1, 8, 24, 64, 96, 256])
 def test_cuda_v4_shapes_through_the_op(n, k, m):
-    """nvfp4_linear (decode_route -> split-K for M <= 64) on DeepSeek-V4 dense projection shapes."""
+    """nvfp4_linear (decode_route -> split-K up to the shape's bound, sk.splitk_max_rows) on DeepSeek-V4 dense
+    projection shapes; above the bound the op's other route."""
     from megamoe.ops import gemm as ops_gemm
 
     device = torch.device("cuda")
     w = random_weight((n, k), device, scale_shape=(n, 1))
     x = torch.randn(m, k, device=device).bfloat16()
-    assert ops_gemm.decode_route(x, w.data, m, None, n, k) == "splitk"
+    assert (ops_gemm.decode_route(x, w.data, m, None, n, k) == "splitk") == (m <= sk.splitk_max_rows(n, k))
     out = ops_gemm.nvfp4_linear(x, w)
     assert rel_err(out, _f32(x, w)) < 1e-2
     assert torch.equal(out, ops_gemm.nvfp4_linear(x, w))

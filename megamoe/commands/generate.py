@@ -198,7 +198,8 @@ def main(args) -> int:
             say(f"  all {len(everyone)} ranks generated the same tokens")
     if ep_group is not None:
         # the decode graphs hold this communicator's captured collectives: free them before the communicator
-        # (with them alive, destroy_process_group hung on 2 H100s, torch 2.11: results/gpu_check_v16/c_ep_generate_hang.log)
+        # (with them alive, destroy_process_group hung on 2 H100s, torch 2.11:
+        # benchmarks/results/gpu_check_v16/c_ep_generate_hang.log)
         step = None  # noqa: F841
         model.release_graphs()
         gc.collect()

@@ -79,10 +79,14 @@ def main() -> None:
         for f, m in modules.items():
             m.pdl_enabled = original[f] if f in on else (lambda t: False)
 
-    def run(graphed: bool):
+    def prefilled():
+        """A fresh tiny model with both prompts prefilled -> (model, each prompt's first token (argmax))."""
         m = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
         m.load_weights(sd)
-        first = [int(torch.argmax(m.prefill(s, torch.tensor(q, device=dev)))) for s, q in enumerate(prompts)]
+        return m, [int(torch.argmax(m.prefill(s, torch.tensor(q, device=dev)))) for s, q in enumerate(prompts)]
+
+    def run(graphed: bool):
+        m, first = prefilled()
         seen = []
         if graphed:
             step = m.capture_decode(2)
@@ -103,10 +107,7 @@ def main() -> None:
 
     def forced(graphed: bool, inputs: torch.Tensor):
         """Teacher forcing: step i decodes inputs[i] (2,) whatever the previous step sampled -> logits (steps, 2, V)."""
-        m = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
-        m.load_weights(sd)
-        for s_, q in enumerate(prompts):
-            m.prefill(s_, torch.tensor(q, device=dev))
+        m, _ = prefilled()
         out = []
         if graphed:
             step = m.capture_decode(2)
@@ -128,9 +129,7 @@ def main() -> None:
         if args.history:
             torch.cuda.memory._record_memory_history(max_entries=200000)
         for attempt in range(args.repeats):
-            m = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
-            m.load_weights(sd)
-            first = [int(torch.argmax(m.prefill(s_, torch.tensor(q, device=dev)))) for s_, q in enumerate(prompts)]
+            m, first = prefilled()
             step = m.capture_decode(2)
             step.tokens.copy_(torch.tensor(first))
             # variant "prealloc": copy into rows of buffers allocated before the replays (no eager allocation
@@ -170,11 +169,7 @@ def main() -> None:
         setting(set())
         ref = run(False).to(dev)
         # step 0 decodes each prompt's own first token (argmax of its prefill), step i > 0 the reference's token i-1
-        m0 = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
-        m0.load_weights(sd)
-        first = torch.tensor([int(torch.argmax(m0.prefill(s_, torch.tensor(q, device=dev))))
-                              for s_, q in enumerate(prompts)], device=dev)
-        del m0
+        first = torch.tensor(prefilled()[1], device=dev)
         inputs = torch.cat([first[None], ref[:-1]])
         eager_a = forced(False, inputs)
         eager_b = forced(False, inputs)

@@ -15,11 +15,9 @@ Per tokens-per-rank T (medians of CUDA-event timings, rank 0 prints, every rank 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
-
 import sys
 
 import torch
@@ -54,7 +52,7 @@ def _time(fn, iters: int = 10, warmup: int = 3, collective: bool = True, calls: 
 
 
 def main() -> None:
-    from megamoe.distributed import ExpertParallelMoE, init_from_env
+    from megamoe.distributed import ExpertParallelMoE, init_from_env, shutdown
     from megamoe.layers import Nvfp4MoE
     from megamoe.models.config import PRESETS
 
@@ -126,12 +124,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"config": c.name, "world": world, "device": torch.cuda.get_device_name(),
                        "torch": torch.__version__, "rows": rows}, f, indent=2)
-    # the captured graphs hold collectives of this communicator: gone before it is destroyed (with them alive,
-    # destroy_process_group hung on 2 H100s, torch 2.11)
-    gc.collect()
-    torch.cuda.synchronize()
-    dist.barrier()
-    dist.destroy_process_group()
+    shutdown(dev)  # every graph closure above is dropped: shutdown collects them before destroying the group
 
 
 if __name__ == "__main__":

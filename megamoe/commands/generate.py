@@ -10,7 +10,6 @@ MoE / other, from one eager profiled step) and the device memory of each compone
 """
 from __future__ import annotations
 
-import gc
 import time
 
 import torch
@@ -197,14 +196,9 @@ def main(args) -> int:
                 raise SystemExit(f"--ep: ranks {differ} generated other tokens than rank 0 (batch {B})")
             say(f"  all {len(everyone)} ranks generated the same tokens")
     if ep_group is not None:
-        # the decode graphs hold this communicator's captured collectives: free them before the communicator
-        # (with them alive, destroy_process_group hung on 2 H100s, torch 2.11:
-        # benchmarks/results/gpu_check_v16/c_ep_generate_hang.log)
-        step = None  # noqa: F841
+        from ..distributed.comm import shutdown
+
+        step = None  # noqa: F841  (the decode graphs hold captured collectives: gone before the group)
         model.release_graphs()
-        gc.collect()
-        if gpu:
-            torch.cuda.synchronize(device)
-        dist.barrier()
-        dist.destroy_process_group()
+        shutdown(device)
     return 0

@@ -6,7 +6,7 @@ only its experts from a ModelOpt checkpoint; :class:`TokenSplitMoE`: the model's
 parallelism (``V4Model(..., ep_group=...)``, ``generate --ep``); :func:`init_from_env`: the process group under
 ``torchrun``.
 """
-from .comm import backend_for, check_same_across_ranks, init_from_env  # noqa: F401
+from .comm import backend_for, check_same_across_ranks, init_from_env, shutdown  # noqa: F401
 from .ep_block import TokenSplitMoE  # noqa: F401
 from .ep_moe import ExpertParallelMoE, expert_range, slice_experts  # noqa: F401
 from .loading import load_expert_parallel_moe  # noqa: F401

@@ -3,6 +3,8 @@
 * :func:`backend_for` -- "nccl" for CUDA devices, "gloo" for CPU.
 * :func:`init_from_env` -- ``init_process_group`` from the ``torchrun`` environment (RANK, WORLD_SIZE,
   LOCAL_RANK, MASTER_ADDR/PORT) with a finite timeout; on CUDA binds the process to ``cuda:LOCAL_RANK``.
+* :func:`shutdown` -- the matching teardown: frees what is no longer referenced (captured CUDA graphs hold
+  NCCL work of the communicator), waits for the device and the other ranks, destroys the group.
 * :func:`check_same_across_ranks` -- every rank contributes a small dict (config, sizes, checksums, or the
   error it hit locally); every rank raises the same clear ``ValueError`` naming the fields and ranks that
   differ, instead of hanging later in a mismatched all-to-all.
@@ -14,6 +16,7 @@ Hangs: a collective that one rank never joins blocks the others until the group'
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 
 import torch
@@ -50,6 +53,18 @@ def init_from_env(device_type: str | None = None, *, timeout_s: float = DEFAULT_
         dist.init_process_group(backend_for(device), timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
     return device
+
+
+def shutdown(device: torch.device) -> None:
+    """Destroy the default process group after every rank's last collective. Drop the CUDA graphs that captured
+    collectives first (``V4Model.release_graphs()``, the closures of ``capture``): with them alive,
+    ``destroy_process_group`` hung on 2 H100s (torch 2.11, benchmarks/results/gpu_check_v16). Collects the
+    unreferenced ones here, synchronises the device, then a barrier."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def check_backend(group, device: torch.device) -> None:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 def main_ep(args) -> int:
     from ..layers.moe import Nvfp4MoE
     from ..models.config import PRESETS
-    from .comm import init_from_env
+    from .comm import init_from_env, shutdown
     from .ep_moe import ExpertParallelMoE
     from .loading import load_expert_parallel_moe
 
@@ -94,6 +94,5 @@ def main_ep(args) -> int:
     dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
     status = 0 if int(all_ok.item()) else 1
     say("ok" if status == 0 else "MISMATCH")
-    dist.barrier()
-    dist.destroy_process_group()
+    shutdown(device)
     return status

@@ -13,6 +13,11 @@ import torch
 import torch.distributed as dist
 
 
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float32 (a host read)."""
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30)).item()
+
+
 def main_ep(args) -> int:
     from ..layers.moe import Nvfp4MoE
     from ..models.config import PRESETS
@@ -50,7 +55,7 @@ def main_ep(args) -> int:
     # the GEMM tiling is chosen by the receive buffer's row count, which is the exchanged rows in exact mode and
     # the fixed capacity in capacity mode: on CUDA the two may take other kernels (same math, other summation
     # order), so there they must agree to 1e-2; on CPU (one reference path) bit for bit
-    cap_rel = ((capacity.float() - exact.float()).norm() / exact.float().norm().clamp(min=1e-30)).item()
+    cap_rel = _rel(capacity, exact)
     ok = torch.equal(exact, capacity) or (cuda and cap_rel < 1e-2)
     report = {"capacity == exact (bit for bit)": bool(torch.equal(exact, capacity)), "capacity rel diff": cap_rel}
     if not getattr(args, "no_check", False):
@@ -65,7 +70,7 @@ def main_ep(args) -> int:
         single.fuse_shared_max_tokens = layer.fuse_shared_max_tokens
         want = single.forward(x_all)[rank * tokens:(rank + 1) * tokens]
         diff = (exact.float() - want.float()).abs().max().item()
-        rel = ((exact.float() - want.float()).norm() / want.float().norm().clamp(min=1e-30)).item()
+        rel = _rel(exact, want)
         report["== single-process (bit for bit)"] = bool(torch.equal(exact, want))
         report["max |diff|"] = diff
         report["rel diff"] = rel

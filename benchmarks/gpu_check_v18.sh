@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# 2026-11-25 (session 7). One GPU. `bash benchmarks/gpu_check_v18.sh a` (carry=[".peers"]):
+#   1. a fresh decode-step profile (4 layers, batch 1 / 8 / 64): where a token's time goes today
+#   2. issue 10: stall reasons (ncu metrics) of today's wgmma route, the x ring and x smem variants, and the peer,
+#      at 4096 tokens: does moving x to cp.async lower the L1/TEX load (72% busy in gpu_check_v17)?
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/megamoe-gpu-check-v18}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+python -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee -a "$OUT/device.txt"
+part=${1:-a}
+if [ "$part" = a ]; then
+  timeout 240 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8,64 --out "$OUT" > "$OUT/profile.log" 2>&1
+  grep -v Warn "$OUT/profile.log" | grep "^## \|^| \`" | head -40
+  STALLS=$(for s in barrier long_scoreboard short_scoreboard mio_throttle lg_throttle math_pipe_throttle wait \
+      not_selected selected dispatch_stall no_instruction imc_miss branch_resolving tex_throttle membar sleeping; do
+      printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," "$s"; done)
+  METRICS="${STALLS}l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed.sum,l1tex__throughput.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum"
+  for v in today ring smem; do
+    case $v in today) E="";; ring) E="MEGAMOE_WGMMA_X_RING=4";; smem) E="MEGAMOE_MMA_X_SMEM=32";; esac
+    NP="--no-peer"; [ $v = today ] && NP=""
+    env $E MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers} timeout 150 ncu --kernel-name regex:'nvfp4_wgmma|nvfp4_mma_decode|matmul_ogs' \
+      --launch-count 12 --metrics "$METRICS" --csv --page raw \
+      python benchmarks/probe_prefill_ncu.py --tokens 4096 --calls 1 $NP > "$OUT/ncu_$v.csv" 2> "$OUT/ncu_$v.err"
+    echo "$v: $(grep -c . "$OUT/ncu_$v.csv") lines"; tail -2 "$OUT/ncu_$v.err"
+  done
+fi

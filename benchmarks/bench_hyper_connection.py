@@ -7,6 +7,11 @@ and the single ops (hc_pre, hc_post, hc_post_pre). Each graph holds REPS copies 
 median over replays divided by REPS (GPU time incl. the launch gaps of a graph replay).
 
     python benchmarks/bench_hyper_connection.py [--batch 1,8,64] [--dims flash,pro] [--reps 20] [--iters 50]
+        [--finish-variants v2,v3,v3h,v2rcp]
+
+``--finish-variants``: a second table timing hc_pre and the fused layer per finish-kernel variant
+(:data:`FINISH_VARIANTS`: positions per thread, reciprocal Sinkhorn, hoist bound of
+``megamoe.kernels.hyper_connection``), with each variant's largest |difference| of post / comb from v2's.
 """
 from __future__ import annotations
 
@@ -21,6 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from megamoe.ops import hyper_connection as hc_ops  # noqa: E402
 
 DIMS = {"flash": 4096, "pro": 7168}
+#: name -> (FINISH_POSITIONS_PER_THREAD, FINISH_RCP, FINISH_HOIST_MAX): v2 = the kernel before 2026-11-25 part 7
+#: (8 warps at 4096, divisions, x hoisted), v3 = today's default.
+FINISH_VARIANTS = {"v2": (16, False, 16), "v2rcp": (16, True, 16), "v3": (32, True, 16), "v3h": (32, True, 32)}
 HC, ITERS, EPS = 4, 20, 1e-6
 
 
@@ -71,6 +79,7 @@ def main():
     ap.add_argument("--dims", default="flash,pro")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--finish-variants", default="")
     args = ap.parse_args()
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | graph of {args.reps} chains, median of "
@@ -98,6 +107,39 @@ def main():
                    time_graph(lambda: hc_ops.hc_post(y, h, post0, comb0), args.reps, args.iters),
                    time_graph(lambda: hc_ops.hc_post_pre(y, h, post0, comb0, **pf), args.reps, args.iters)]
             print(f"| {name} ({D}) | {T} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
+    if args.finish_variants:
+        finish_variants(args, dev)
+
+
+def finish_variants(args, dev):
+    from megamoe.kernels import hyper_connection as hk
+
+    saved = (hk.FINISH_POSITIONS_PER_THREAD, hk.FINISH_RCP, hk.FINISH_HOIST_MAX)
+    names = args.finish_variants.split(",")
+    print("\n| dims | batch | variant | warps | hoist | hc_pre us | fused layer us | max abs diff post / comb vs v2 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.dims.split(","):
+        D = DIMS[name]
+        for T in (int(b) for b in args.batch.split(",")):
+            h, y, (pa, pf) = inputs(T, D, dev)
+            base = None
+            for v in ["v2"] + [n for n in names if n != "v2"]:
+                hk.FINISH_POSITIONS_PER_THREAD, hk.FINISH_RCP, hk.FINISH_HOIST_MAX = FINISH_VARIANTS[v]
+                x0, post0, comb0 = pre(h, pa)
+                if base is None:
+                    base = (post0.clone(), comb0.clone())
+                diff = f"{(post0 - base[0]).abs().max().item():.1e} / {(comb0 - base[1]).abs().max().item():.1e}"
+
+                def fused():
+                    h1, x, post, comb = hc_ops.hc_post_pre(y, h, post0, comb0, **pf)
+                    return hc_ops.hc_post_pre(y, h1, post, comb, **pa)
+
+                t_pre = time_graph(lambda: pre(h, pa), args.reps, args.iters)
+                t_layer = time_graph(fused, args.reps, args.iters)
+                if v in names:
+                    print(f"| {name} ({D}) | {T} | {v} | {hk.finish_warps(D)} | {hk.finish_hoist(D)} | {t_pre:.1f} | "
+                          f"{t_layer:.1f} | {diff} |")
+    hk.FINISH_POSITIONS_PER_THREAD, hk.FINISH_RCP, hk.FINISH_HOIST_MAX = saved
 
 
 if __name__ == "__main__":

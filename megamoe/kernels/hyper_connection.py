@@ -33,8 +33,10 @@ each product is rounded as in the reference; ``tl.dot`` above 4 tokens uses FMAs
   (absolute; they are O(1)), and a bf16 output that depends on them moves by one bf16 ulp only where its float32
   value sits within that distance of a rounding boundary (measured: a few 1e-4 of the elements);
 * the RMSNorm's sum of squares has another order than PyTorch's mean (a few float32 ulps of the factor);
-* the Sinkhorn's 4-term row / column sums are sequential (index order) and ``/`` is the platform's float32 division
-  (``div.full.f32`` on the GPU, ~2 ulps), within the same ~1e-6 of pre / post / comb;
+* the Sinkhorn's 4-term row / column sums are sequential (index order); the standalone kernel divides (the
+  platform's float32 division, ``div.full.f32`` on the GPU, ~2 ulps), the finish kernel multiplies by one
+  reciprocal per sum (``FINISH_RCP``: ``rcp.approx.ftz.f32`` on the GPU, <= 1 ulp, then a rounded product;
+  ``1.0 / x`` in the interpreter): within the same ~1e-6 of pre / post / comb;
 * the partials' order (version 2, this file): per hidden slice of ``CH`` positions, inner steps of ``BDI`` positions
   x ``hc`` copies summed in step order (``tl.dot`` / a product-and-sum tree inside a step), then the S slices in
   the finish's reduction tree; version 1 split ``hc * dim`` into contiguous column chunks. A function of
@@ -73,8 +75,15 @@ MIX_SMALL_COLS = 32
 MIX_DOT_BDI = 16
 MIX_WARPS = 4
 MIX_DOT_WARPS = 8
-#: Finish kernel (one token per program): warps up to a 4096 hidden dim (16 lanes per thread), twice that above.
-FINISH_WARPS = 8
+#: Finish kernel (one token per program): hidden positions per thread and copy (the warps follow: 4 at D = 4096, 8
+#: at 7168). Every thread runs the whole scalar Sinkhorn chain, so each extra warp per scheduler adds the chain's
+#: ~1500 instructions to the issue slots of the kernel's critical path (v2: 16 per thread, 8 / 16 warps). x is
+#: loaded before the partial sums (HOIST) when a thread holds at most FINISH_HOIST_MAX positions per copy.
+FINISH_POSITIONS_PER_THREAD = 32
+FINISH_HOIST_MAX = 16
+#: Finish kernel's Sinkhorn: one reciprocal per row / column sum and products (4 + 4 reciprocals per iteration at
+#: hc = 4) instead of 32 divisions (:func:`finish_rcp`).
+FINISH_RCP = True
 POST_BLOCK_D = 512
 POST_WARPS = 4
 
@@ -83,13 +92,19 @@ _EXACT = dict(enable_fp_fusion=False)
 
 
 def finish_warps(D: int) -> int:
-    return FINISH_WARPS if triton.next_power_of_2(D) <= 4096 else 2 * FINISH_WARPS
+    """Warps of the finish kernel: FINISH_POSITIONS_PER_THREAD positions of each copy per thread, 1 to 16 warps."""
+    return max(1, min(16, triton.next_power_of_2(D) // (32 * FINISH_POSITIONS_PER_THREAD)))
+
+
+def finish_rcp(x: torch.Tensor) -> int:
+    """The finish kernel's Sinkhorn reciprocal mode (:func:`_reciprocal`): 0 without FINISH_RCP, else the GPU's
+    ``rcp.approx`` on CUDA and ``1.0 / x`` in the interpreter."""
+    return 0 if not FINISH_RCP else (2 if x.is_cuda else 1)
 
 
 def finish_hoist(D: int) -> bool:
-    """Load x before the partial sums when its lanes fit the registers (<= 8 per thread and copy; the 16-warp
-    launch above D = 4096 is capped at 128 registers)."""
-    return triton.next_power_of_2(D) <= 4096
+    """Load x before the partial sums when a thread holds <= FINISH_HOIST_MAX positions per copy (registers)."""
+    return triton.next_power_of_2(D) // (32 * finish_warps(D)) <= FINISH_HOIST_MAX
 
 
 def mix_mp(M: int) -> int:
@@ -231,7 +246,18 @@ def _hc_mix_partial_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, x_ptr, f
 
 
 @triton.jit
-def _sinkhorn_scalars(comb, eps, HC: tl.constexpr, ITERS: tl.constexpr):
+def _reciprocal(x, RCP: tl.constexpr):
+    """1 / x for the Sinkhorn's sums (> eps > 0): RCP 1 = ``1.0 / x`` (the platform's division), 2 = one
+    ``rcp.approx.ftz.f32`` (GPU only; max 1 ulp, the sums are normal numbers)."""
+    if RCP == 2:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return 1.0 / x
+
+
+@triton.jit
+def _sinkhorn_scalars(comb, eps, HC: tl.constexpr, ITERS: tl.constexpr, RCP: tl.constexpr = 0):
     """The Sinkhorn of ``hc_split_sinkhorn`` on HC * HC float32 scalars (a row-major tuple, already ``mix * scale +
     base``): softmax over k, + eps, then column / row normalisations. Scalars: every thread holds the whole
     matrix, no shuffles or shared memory. Row / column sums are sequential in index order."""
@@ -246,40 +272,59 @@ def _sinkhorn_scalars(comb, eps, HC: tl.constexpr, ITERS: tl.constexpr):
         tot = e[0]
         for k in tl.static_range(1, HC):
             tot = tot + e[k]
+        if RCP:
+            tot = _reciprocal(tot, RCP)
         for k in tl.static_range(HC):
-            c = c + (e[k] / tot + eps,)
-    c = _normalize_columns(c, eps, HC)
+            if RCP:
+                c = c + (e[k] * tot + eps,)
+            else:
+                c = c + (e[k] / tot + eps,)
+    c = _normalize_columns(c, eps, HC, RCP)
     for _ in tl.static_range(ITERS - 1):
-        c = _normalize_rows(c, eps, HC)
-        c = _normalize_columns(c, eps, HC)
+        c = _normalize_rows(c, eps, HC, RCP)
+        c = _normalize_columns(c, eps, HC, RCP)
     return c
 
 
 @triton.jit
-def _normalize_rows(c, eps, HC: tl.constexpr):
+def _normalize_rows(c, eps, HC: tl.constexpr, RCP: tl.constexpr = 0):
+    """Rows divided by (their sum + eps); RCP 1 / 2 (:func:`_reciprocal`): one reciprocal per row times HC products
+    instead of HC divisions."""
     out = ()
     for j in tl.static_range(HC):
         tot = c[j * HC]
         for k in tl.static_range(1, HC):
             tot = tot + c[j * HC + k]
         tot = tot + eps
-        for k in tl.static_range(HC):
-            out = out + (c[j * HC + k] / tot,)
+        if RCP:
+            inv = _reciprocal(tot, RCP)
+            for k in tl.static_range(HC):
+                out = out + (c[j * HC + k] * inv,)
+        else:
+            for k in tl.static_range(HC):
+                out = out + (c[j * HC + k] / tot,)
     return out
 
 
 @triton.jit
-def _normalize_columns(c, eps, HC: tl.constexpr):
+def _normalize_columns(c, eps, HC: tl.constexpr, RCP: tl.constexpr = 0):
+    """Columns divided by (their sum + eps); RCP as :func:`_normalize_rows`."""
     tots = ()
     for k in tl.static_range(HC):
         tot = c[k]
         for j in tl.static_range(1, HC):
             tot = tot + c[j * HC + k]
-        tots = tots + (tot + eps,)
+        tot = tot + eps
+        if RCP:
+            tot = _reciprocal(tot, RCP)
+        tots = tots + (tot,)
     out = ()
     for j in tl.static_range(HC):
         for k in tl.static_range(HC):
-            out = out + (c[j * HC + k] / tots[k],)
+            if RCP:
+                out = out + (c[j * HC + k] * tots[k],)
+            else:
+                out = out + (c[j * HC + k] / tots[k],)
     return out
 
 
@@ -287,7 +332,8 @@ def _normalize_columns(c, eps, HC: tl.constexpr):
 def _hc_pre_finish_kernel(ws_ptr, x_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, pre_ptr, post_ptr, comb_ptr,
                           T, S, D, hc_eps, norm_eps, rms_eps, HC: tl.constexpr, ITERS: tl.constexpr,
                           M: tl.constexpr, S_P2: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                          HAS_NORM: tl.constexpr, MP: tl.constexpr, HOIST: tl.constexpr, PDL: tl.constexpr = False):
+                          HAS_NORM: tl.constexpr, MP: tl.constexpr, HOIST: tl.constexpr, PDL: tl.constexpr = False,
+                          RCP: tl.constexpr = 0):
     """One token: (HOIST) its x rows and norm weight loaded first; the (S, MP) partials summed over s, the M + 1
     columns as scalars; pre (then y and the optional RMSNorm), then the Sinkhorn (or the head's sigmoid) on
     scalars: every thread holds them all, no shuffles or shared memory in the 20 iterations."""
@@ -339,7 +385,7 @@ def _hc_pre_finish_kernel(ws_ptr, x_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, pr
         cm = ()
         for i in tl.static_range(HC * HC):
             cm = cm + (mix[2 * HC + i] * rs * s2 + tl.load(base_ptr + 2 * HC + i),)
-        comb = _sinkhorn_scalars(cm, hc_eps, HC, ITERS)
+        comb = _sinkhorn_scalars(cm, hc_eps, HC, ITERS, RCP)
         for i in tl.static_range(HC * HC):
             tl.store(comb_ptr + t * (HC * HC) + i, comb[i])
 
@@ -377,7 +423,7 @@ def _launch_mix_and_finish(x, hc_fn, hc_scale, hc_base, norm_weight, post_args, 
         ws, x16, hc_scale, hc_base, norm_weight if has_norm else hc_base, out.view(torch.int16), pre,
         pre if head else post, pre if head else comb, T, S, D, hc_eps, norm_eps, rms_eps, HC=hc, ITERS=iters, M=M,
         S_P2=triton.next_power_of_2(S), BLOCK_D=triton.next_power_of_2(D), HEAD=head, HAS_NORM=has_norm, MP=MP,
-        HOIST=finish_hoist(D), num_warps=finish_warps(D), PDL=pdl, launch_pdl=pdl, **_EXACT)
+        HOIST=finish_hoist(D), RCP=finish_rcp(x), num_warps=finish_warps(D), PDL=pdl, launch_pdl=pdl, **_EXACT)
     return x, out, pre, post, comb
 
 
@@ -469,7 +515,7 @@ def compile_sm90(T: int = 1, dim: int = 4096, hc: int = 4, *, head: bool = False
         "_hc_mix_partial_kernel": (dict(HC=hc, M=M, MP=MP, BT=bt, CH=ch, BDI=bdi, POST=post, DOT=dot), warps),
         "_hc_pre_finish_kernel": (dict(HC=hc, ITERS=iters, M=M, S_P2=triton.next_power_of_2(S),
                                        BLOCK_D=triton.next_power_of_2(dim), HEAD=head, HAS_NORM=True, MP=MP,
-                                       HOIST=finish_hoist(dim)),
+                                       HOIST=finish_hoist(dim), RCP=2 if FINISH_RCP else 0),
                                   finish_warps(dim)),
         "_hc_post_kernel": (dict(HC=hc, BLOCK_D=min(POST_BLOCK_D, triton.next_power_of_2(dim))), POST_WARPS),
     }

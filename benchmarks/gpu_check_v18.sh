@@ -9,6 +9,8 @@ OUT=${OUT:-/tmp/megamoe-gpu-check-v18}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee -a "$OUT/device.txt"
+# `bash benchmarks/gpu_check_v18.sh b`: issue 15, ncu of the sparse attention (WS kernel and its combine) at CSA
+#   batch 128 / 32, 32k context, plus the same with MEGAMOE_ATTN_WS=0 (no overlap) and impl v1 for contrast
 part=${1:-a}
 if [ "$part" = a ]; then
   timeout 240 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8,64 --out "$OUT" > "$OUT/profile.log" 2>&1
@@ -24,5 +26,17 @@ if [ "$part" = a ]; then
       --launch-count 12 --metrics "$METRICS" --csv --page raw \
       python benchmarks/probe_prefill_ncu.py --tokens 4096 --calls 1 $NP > "$OUT/ncu_$v.csv" 2> "$OUT/ncu_$v.err"
     echo "$v: $(grep -c . "$OUT/ncu_$v.csv") lines"; tail -2 "$OUT/ncu_$v.err"
+  done
+fi
+if [ "$part" = b ]; then
+  STALLS=$(for s in barrier long_scoreboard short_scoreboard mio_throttle lg_throttle math_pipe_throttle wait \
+      not_selected selected dispatch_stall no_instruction imc_miss branch_resolving tex_throttle membar sleeping; do
+      printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," "$s"; done)
+  METRICS="${STALLS}sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,l1tex__throughput.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum"
+  for v in ws ws0 v1; do
+    case $v in ws) E="";; ws0) E="MEGAMOE_ATTN_WS=0";; v1) E="MEGAMOE_ATTN_IMPL=v1";; esac
+    env $E timeout 150 ncu --kernel-name regex:'sparse_mqa|_combine_kernel' --metrics "$METRICS" --csv --page raw \
+      python benchmarks/probe_attention_ncu.py --cases csa:128:32768,csa:32:32768 --calls 1 > "$OUT/attn_ncu_$v.csv" 2> "$OUT/attn_ncu_$v.err"
+    echo "$v: $(grep -c . "$OUT/attn_ncu_$v.csv") lines"; tail -2 "$OUT/attn_ncu_$v.err"
   done
 fi

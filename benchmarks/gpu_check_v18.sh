@@ -11,6 +11,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee -a "$OUT/device.txt"
 # `bash benchmarks/gpu_check_v18.sh b`: issue 15, ncu of the sparse attention (WS kernel and its combine) at CSA
 #   batch 128 / 32, 32k context, plus the same with MEGAMOE_ATTN_WS=0 (no overlap) and impl v1 for contrast
+# `bash benchmarks/gpu_check_v18.sh c`: issue 15, S_REPLICATED (both consumer warpgroups compute the whole score tile,
+#   no cross-warpgroup softmax exchange): validation + timing with MEGAMOE_ATTN_S_REPLICATED=1, today's timing beside it
 part=${1:-a}
 if [ "$part" = a ]; then
   timeout 240 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8,64 --out "$OUT" > "$OUT/profile.log" 2>&1
@@ -39,4 +41,12 @@ if [ "$part" = b ]; then
       python benchmarks/probe_attention_ncu.py --cases csa:128:32768,csa:32:32768 --calls 1 > "$OUT/attn_ncu_$v.csv" 2> "$OUT/attn_ncu_$v.err"
     echo "$v: $(grep -c . "$OUT/attn_ncu_$v.csv") lines"; tail -2 "$OUT/attn_ncu_$v.err"
   done
+fi
+if [ "$part" = c ]; then
+  MEGAMOE_ATTN_S_REPLICATED=1 timeout 420 python benchmarks/validate_attention_ws.py --batches 32,128 --contexts 32768 \
+    --out "$OUT/attn_srep" > "$OUT/attn_srep.log" 2>&1
+  grep -E "^FAIL|correctness" "$OUT/attn_srep.log"; tail -6 "$OUT/attn_srep.log"
+  timeout 200 python benchmarks/validate_attention_ws.py --batches 32,128 --contexts 32768 --no-check \
+    --out "$OUT/attn_today" > "$OUT/attn_today.log" 2>&1
+  tail -6 "$OUT/attn_today.log"
 fi

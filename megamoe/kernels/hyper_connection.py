@@ -20,7 +20,9 @@ The PyTorch formulas (``megamoe.reference.v4_numerics``: ``hc_mixes``, ``hc_spli
 * :func:`launch_hc_post_pre`: ``hc_post`` fused with the next ``hc_pre`` / ``hc_head``: the partial kernel
   (``POST``) computes the new residual stream of its slice (``hc_post``'s arithmetic, stored), then the partial
   dots of those bf16 values; then the finish kernel. Two launches instead of three, and the same partial kernel
-  with the same split as :func:`launch_hc_pre`: bit for bit ``launch_hc_post`` then ``launch_hc_pre``.
+  with the same split as :func:`launch_hc_pre`: bit for bit ``launch_hc_post`` then ``launch_hc_pre`` (on the GPU
+  when ``dim % 16 == 0``, as V4's 4096 / 7168: otherwise the two partial kernels' x loads are aligned differently,
+  Triton picks other layouts and the partial sums differ in float32 order; measured at dim 72).
 * :func:`launch_hc_post`: ``out[k] = bf16(post_k * y + sum_j comb[j, k] * residual[j])``, grid
   ``(T, cdiv(dim, BLOCK_D))``.
 
@@ -449,7 +451,8 @@ def launch_hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tens
 
     y (T, D) bf16, residual (T, hc, D) bf16, post (T, hc), comb (T, hc, hc) float32 (all contiguous); the rest as
     :func:`launch_hc_pre`. -> (h (T, hc, D) bf16 = ``launch_hc_post(y, residual, post, comb)`` bit for bit, then
-    ``launch_hc_pre(h, ...)``'s (out, pre, post, comb), bit for bit)."""
+    ``launch_hc_pre(h, ...)``'s (out, pre, post, comb), bit for bit; on the GPU for ``D % 16 == 0`` only, see the
+    module docstring)."""
     return _launch_mix_and_finish(None, hc_fn, hc_scale, hc_base, norm_weight, (y, residual, post, comb),
                                   iters=iters, hc_eps=hc_eps, norm_eps=norm_eps, rms_eps=rms_eps, head=head)
 

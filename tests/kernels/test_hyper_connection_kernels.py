@@ -190,11 +190,14 @@ def _post_inputs(T, D, device, head=False):
 
 
 @pytest.mark.parametrize("head", [False, True])
-@pytest.mark.parametrize("T,D", [(0, 128), (1, 128), (3, 200), (5, 128), (17, 72)])
+@pytest.mark.parametrize("T,D", [(0, 128), (1, 128), (3, 200), (5, 128), (17, 72), (17, 80)])
 def test_hc_post_pre_equals_unfused(device, T, D, head):
     """The fused hc_post + next hc_pre (or hc_head) is bit for bit hc_post, then hc_pre of its output; h is the
     reference's hc_post exactly. T = 3: the broadcast-product partials, T = 5 / 17: tl.dot (ragged token block);
-    D = 200 / 72: ragged hidden slices."""
+    D = 200 / 72: ragged hidden slices. On the GPU the bit-for-bit part needs D % 16 == 0 (V4: 4096, 7168): the
+    two partial kernels load x from differently aligned addresses otherwise, Triton picks other register layouts
+    and the sums of squares / tl.dot partials come out in another float32 order (seen at T = 17, D = 72 on the
+    H100, results/gpu_check_v18/d_hc_post_pre_gpu.log); there the outputs agree within the mixes' bound."""
     y, res, post, comb, fn, scale, base, w = _post_inputs(T, D, device, head)
     kw = dict(iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w, head=head)
     h, x, post_n, comb_n = hc_ops.hc_post_pre(y, res, post, comb, fn, scale, base, **kw)
@@ -208,8 +211,13 @@ def test_hc_post_pre_equals_unfused(device, T, D, head):
                               h, w)
         return
     want = hc_ops.hc_pre(h, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
-    for g, r in zip((x, post_n, comb_n), want):
-        assert torch.equal(g.cpu(), r.cpu())
+    if device.type == "cuda" and D % 16:
+        torch.testing.assert_close(post_n.cpu(), want[1].cpu(), rtol=0, atol=MIX_ATOL)
+        torch.testing.assert_close(comb_n.cpu(), want[2].cpu(), rtol=0, atol=MIX_ATOL)
+        torch.testing.assert_close(x.cpu().float(), want[0].cpu().float(), rtol=2.0 ** -7, atol=1e-5)  # <= 2 ulps
+    else:
+        for g, r in zip((x, post_n, comb_n), want):
+            assert torch.equal(g.cpu(), r.cpu())
     ry, rn, rpost, rcomb = reference_pre(h.cpu(), fn.cpu(), scale.cpu(), base.cpu(), w.cpu())
     torch.testing.assert_close(post_n.cpu(), rpost, rtol=0, atol=MIX_ATOL)
     torch.testing.assert_close(comb_n.cpu(), rcomb, rtol=0, atol=MIX_ATOL)

@@ -13,6 +13,9 @@ python -c "import torch, triton; print(torch.__version__, triton.__version__)" |
 #   batch 128 / 32, 32k context, plus the same with MEGAMOE_ATTN_WS=0 (no overlap) and impl v1 for contrast
 # `bash benchmarks/gpu_check_v18.sh c`: issue 15, S_REPLICATED (both consumer warpgroups compute the whole score tile,
 #   no cross-warpgroup softmax exchange): validation + timing with MEGAMOE_ATTN_S_REPLICATED=1, today's timing beside it
+# `bash benchmarks/gpu_check_v18.sh d` (< 7 min): the helpers' work of this session, trimmed to the device time left:
+#   MegaMoE v1 (issue 11) CUDA tests + V4-Flash bench at 1/2/4/8/16 tokens; the fused attention projections' CUDA
+#   tests + the batch-1 decode-step profile; the GPU failure of test_hc_post_pre_equals_unfused[17-72] with its traceback
 part=${1:-a}
 if [ "$part" = a ]; then
   timeout 240 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8,64 --out "$OUT" > "$OUT/profile.log" 2>&1
@@ -49,4 +52,24 @@ if [ "$part" = c ]; then
   timeout 200 python benchmarks/validate_attention_ws.py --batches 32,128 --contexts 32768 --no-check \
     --out "$OUT/attn_today" > "$OUT/attn_today.log" 2>&1
   tail -6 "$OUT/attn_today.log"
+fi
+if [ "$part" = d ]; then
+  timeout 130 python -m pytest -q -p no:cacheprovider tests/kernels/test_moe_fused_decode.py \
+    "tests/layers/test_moe_layer.py::test_cuda_fused_decode_graph_sync_free" > "$OUT/megamoe_tests.log" 2>&1
+  echo "megamoe tests rc=$?"; tail -4 "$OUT/megamoe_tests.log"
+  timeout 60 python benchmarks/bench_moe_fused_decode.py --configs v4-flash --tokens 1,2,4,8,16 --iters 30 \
+    --out-dir "$OUT" --tag moe_fused_decode_v1 > "$OUT/megamoe_bench.log" 2>&1
+  echo "megamoe bench rc=$?"; grep "^| " "$OUT/megamoe_bench.log" | tail -8
+  timeout 100 python -m pytest -q -p no:cacheprovider -m cuda tests/layers/test_attention_layer.py \
+    tests/layers/test_fused_projections.py "tests/models/test_v4_model.py::test_decode_graph_replay_equals_eager_and_is_sync_free" \
+    > "$OUT/fused_proj_tests.log" 2>&1
+  echo "fused-proj cuda tests rc=$?"; tail -3 "$OUT/fused_proj_tests.log"
+  timeout 40 python -m pytest -q -p no:cacheprovider tests/layers/test_fused_projections.py -k strided \
+    > "$OUT/fused_proj_strided.log" 2>&1
+  echo "strided rc=$?"; tail -2 "$OUT/fused_proj_strided.log"
+  timeout 40 python -m pytest -q -p no:cacheprovider --tb=long "tests/kernels/test_hyper_connection_kernels.py::test_hc_post_pre_equals_unfused" \
+    > "$OUT/hc_post_pre_gpu.log" 2>&1
+  echo "hc post_pre rc=$?"; grep -E "^E |passed|failed" "$OUT/hc_post_pre_gpu.log" | head -12
+  timeout 80 python benchmarks/profile_decode_step.py --layers 4 --batch 1 --replays 5 --out "$OUT" > "$OUT/profile.log" 2>&1
+  echo "profile rc=$?"; grep "^## " "$OUT/profile.log"
 fi

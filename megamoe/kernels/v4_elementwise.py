@@ -159,13 +159,13 @@ def _rotate(y, yp, c, s, even, INVERSE: tl.constexpr):
 
 # ------------------------------------------------------------------------------------------------ RMSNorm
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, N_P2: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                     PDL: tl.constexpr = False):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, stride_x, N: tl.constexpr, N_P2: tl.constexpr,
+                     HAS_WEIGHT: tl.constexpr, PDL: tl.constexpr = False):
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, N_P2)
     m = offs < N
-    x = _load_bf16(x_ptr + row * N + offs, m)
+    x = _load_bf16(x_ptr + row * stride_x + offs, m)
     r = tl.math.rsqrt(tl.div_rn(tl.sum(x * x, axis=0), N * 1.0) + eps)
     y = x * r
     if HAS_WEIGHT:
@@ -174,33 +174,36 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, N_P2: tl.const
 
 
 def launch_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x (R, N) bf16 contiguous, weight (N,) float32 or None -> (R, N) bf16: ``nx.rms_norm``."""
+    """x (R, N) bf16 with unit stride along N (rows may be strided: a column view of a wider projection output),
+    weight (N,) float32 or None -> (R, N) bf16 contiguous: ``nx.rms_norm``."""
     R, N = x.shape
-    out = torch.empty_like(x)
+    out = torch.empty((R, N), dtype=x.dtype, device=x.device)
     if R:
         pdl = pdl_enabled(x)
         _rms_norm_kernel[(R,)](x.view(torch.int16), weight if weight is not None else x, out.view(torch.int16),
-                               float(eps), N=N, N_P2=triton.next_power_of_2(N), HAS_WEIGHT=weight is not None,
-                               num_warps=RMS_NORM_WARPS, PDL=pdl, launch_pdl=pdl, **_EXACT)
+                               float(eps), x.stride(0), N=N, N_P2=triton.next_power_of_2(N),
+                               HAS_WEIGHT=weight is not None, num_warps=RMS_NORM_WARPS, PDL=pdl, launch_pdl=pdl,
+                               **_EXACT)
     return out
 
 
 # ------------------------------------------------------------------------------------------------ q heads + kv
 @triton.jit
-def _q_head(q_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, H: tl.constexpr, D: tl.constexpr,
+def _q_head(q_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H: tl.constexpr, D: tl.constexpr,
             RD: tl.constexpr, D_P2: tl.constexpr):
     """One head: official bf16 per-head norm (every op rounded to bf16), then RoPE on the last RD dims."""
     offs = tl.arange(0, D_P2)
     m = offs < D
+    src = t * stride_q + h * D
     base = t * (H * D) + h * D
-    x = _load_bf16(q_ptr + base + offs, m)
+    x = _load_bf16(q_ptr + src + offs, m)
     sq = _bf16_round(x * x)
     mean = _bf16_round(tl.div_rn(tl.sum(sq, axis=0), D * 1.0))
     r = _bf16_round(tl.math.rsqrt(_bf16_round(mean + eps)))
     y = _bf16_round(x * r)
     NOPE: tl.constexpr = D - RD
     rope = m & (offs >= NOPE)
-    yp = _bf16_round(_load_bf16(q_ptr + base + (offs ^ 1), rope) * r)
+    yp = _bf16_round(_load_bf16(q_ptr + src + (offs ^ 1), rope) * r)
     c, s = _rope_cos_sin(freqs_ptr, pos, pos_ok, offs - NOPE, rope, RD)
     rot = _rotate(y, yp, c, s, (offs & 1) == 0, False)
     bits = tl.where(rope, _bf16_bits(rot), _bf16_bits(y))
@@ -208,21 +211,22 @@ def _q_head(q_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, H: tl.constexpr, 
 
 
 @triton.jit
-def _kv_row(kv_ptr, w_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, eps, D: tl.constexpr, RD: tl.constexpr,
+def _kv_row(kv_ptr, w_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, eps, stride_kv, D: tl.constexpr, RD: tl.constexpr,
             D_P2: tl.constexpr, FB: tl.constexpr):
     """The window kv row: RMSNorm(weight) -> RoPE -> FP8 simulation of the D - RD non-RoPE dims (FB-blocks)."""
     b = tl.arange(0, D_P2 // FB)[:, None]
     j = tl.arange(0, FB)[None, :]
     offs = b * FB + j                                   # (blocks, FB): one FP8 block per row
     m = offs < D
+    src = t * stride_kv
     base = t * D
-    x = _load_bf16(kv_ptr + base + offs, m)
+    x = _load_bf16(kv_ptr + src + offs, m)
     r = tl.math.rsqrt(tl.div_rn(tl.sum(tl.sum(x * x, axis=1), axis=0), D * 1.0) + eps)
     y = _bf16_round(tl.load(w_ptr + offs, mask=m, other=0.0) * (x * r))
     NOPE: tl.constexpr = D - RD
     rope = m & (offs >= NOPE)
     partner = offs ^ 1
-    yp = _bf16_round(tl.load(w_ptr + partner, mask=rope, other=0.0) * (_load_bf16(kv_ptr + base + partner, rope) * r))
+    yp = _bf16_round(tl.load(w_ptr + partner, mask=rope, other=0.0) * (_load_bf16(kv_ptr + src + partner, rope) * r))
     c, s = _rope_cos_sin(freqs_ptr, pos, pos_ok, offs - NOPE, rope, RD)
     rot = _rotate(y, yp, c, s, (offs & 1) == 0, False)
     # FP8 (E4M3) block simulation of the non-RoPE dims: NOPE % FB == 0, so a block is all-nope or all-rope.
@@ -240,8 +244,9 @@ def _kv_row(kv_ptr, w_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, eps, D: tl.conste
 
 @triton.jit
 def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, freqs_ptr, pos_ptr, q_out_ptr, kv_out_ptr, err_ptr, n_pos, eps,
-                 H: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, D_P2: tl.constexpr, FB: tl.constexpr,
-                 HAS_Q: tl.constexpr, HAS_KV: tl.constexpr, FLAG: tl.constexpr = 0, PDL: tl.constexpr = False):
+                 stride_q, stride_kv, H: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, D_P2: tl.constexpr,
+                 FB: tl.constexpr, HAS_Q: tl.constexpr, HAS_KV: tl.constexpr, FLAG: tl.constexpr = 0,
+                 PDL: tl.constexpr = False):
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -250,13 +255,13 @@ def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, freqs_ptr, pos_ptr, q_out_ptr, kv_out_
     _flag(err_ptr, ~pos_ok, h == 0, FLAG)
     if HAS_Q and HAS_KV:
         if h < H:
-            _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, H, D, RD, D_P2)
+            _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H, D, RD, D_P2)
         else:
-            _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, D, RD, D_P2, FB)
+            _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, stride_kv, D, RD, D_P2, FB)
     elif HAS_Q:
-        _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, H, D, RD, D_P2)
+        _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H, D, RD, D_P2)
     else:
-        _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, D, RD, D_P2, FB)
+        _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, stride_kv, D, RD, D_P2, FB)
 
 
 def launch_q_kv(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.Tensor | None,
@@ -264,16 +269,17 @@ def launch_q_kv(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torc
                 error_word: torch.Tensor | None = None):
     """One launch for the q heads and the window kv row of T tokens (either may be None).
 
-    q: (T, H * D) bf16 contiguous (``wq_b`` output) -> (T, H, D) bf16; kv: (T, D) bf16 contiguous (``wkv``
-    output), kv_weight (D,) float32 -> (T, D) bf16; freqs: (n_positions, RD // 2, 2) float32 contiguous (the
-    complex64 table as real); positions: (T,) int32/int64. D - RD must be a multiple of 64. error_word: the (1,)
-    int32 word an out-of-range position flags (default: the device's, ``megamoe.ops.errors``).
+    q: (T, H * D) bf16 (``wq_b`` output) -> (T, H, D) bf16; kv: (T, D) bf16 (``wkv`` output); q and kv with unit
+    stride along the last dim, rows may be strided (column views of a fused projection's output); kv_weight (D,)
+    float32 -> (T, D) bf16; freqs: (n_positions, RD // 2, 2) float32 contiguous (the complex64 table as real);
+    positions: (T,) int32/int64. D - RD must be a multiple of 64. error_word: the (1,) int32 word an out-of-range
+    position flags (default: the device's, ``megamoe.ops.errors``).
     """
     src = q if q is not None else kv
     T, D = src.shape[0], head_dim
     rd = 2 * freqs.shape[1]
     q_out = torch.empty((T, num_heads, D), dtype=torch.bfloat16, device=src.device) if q is not None else None
-    kv_out = torch.empty_like(kv) if kv is not None else None
+    kv_out = torch.empty((T, D), dtype=torch.bfloat16, device=src.device) if kv is not None else None
     if T:
         n_prog = (num_heads if q is not None else 0) + (1 if kv is not None else 0)
         d_p2 = max(triton.next_power_of_2(D), FP8_BLOCK)
@@ -283,7 +289,8 @@ def launch_q_kv(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torc
             kv_weight if kv_weight is not None else freqs, freqs, positions,
             (q_out if q is not None else kv_out).view(torch.int16),
             (kv_out if kv is not None else q_out).view(torch.int16), _error_word(src.device, error_word),
-            freqs.shape[0], float(eps), H=num_heads, D=D, RD=rd, D_P2=d_p2, FB=FP8_BLOCK, HAS_Q=q is not None,
+            freqs.shape[0], float(eps), q.stride(0) if q is not None else 0, kv.stride(0) if kv is not None else 0,
+            H=num_heads, D=D, RD=rd, D_P2=d_p2, FB=FP8_BLOCK, HAS_Q=q is not None,
             HAS_KV=kv is not None, FLAG=_kernel_flag("q_kv_path"), num_warps=Q_KV_WARPS, PDL=pdl,
             launch_pdl=pdl, **_EXACT)
     return q_out, kv_out
@@ -300,8 +307,8 @@ def _butterfly(x, R: tl.constexpr, N: tl.constexpr, STRIDE: tl.constexpr):
 
 
 @triton.jit
-def _index_q_kernel(q_ptr, w_ptr, freqs_ptr, pos_ptr, q_out_ptr, w_out_ptr, err_ptr, n_pos, w_scale,
-                    NH: tl.constexpr, DI: tl.constexpr, LOG2_DI: tl.constexpr, RD: tl.constexpr,
+def _index_q_kernel(q_ptr, w_ptr, freqs_ptr, pos_ptr, q_out_ptr, w_out_ptr, err_ptr, n_pos, w_scale, stride_q,
+                    stride_w, NH: tl.constexpr, DI: tl.constexpr, LOG2_DI: tl.constexpr, RD: tl.constexpr,
                     H_SCALE: tl.constexpr, FB: tl.constexpr, BLOCK_H: tl.constexpr, FLAG: tl.constexpr = 0,
                     PDL: tl.constexpr = False):
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
@@ -312,16 +319,17 @@ def _index_q_kernel(q_ptr, w_ptr, freqs_ptr, pos_ptr, q_out_ptr, w_out_ptr, err_
     pos_ok = (pos >= 0) & (pos < n_pos)
     _flag(err_ptr, ~pos_ok, tl.program_id(1) == 0, FLAG)
     # head weights: float(bf16(w * scale))
-    wv = _load_bf16(w_ptr + t * NH + hh, hm)
+    wv = _load_bf16(w_ptr + t * stride_w + hh, hm)
     tl.store(w_out_ptr + t * NH + hh, _bf16_round(wv * w_scale), mask=hm)
     # RoPE (bf16 out), in the natural layout with a partner load per rotated element
     k = tl.arange(0, DI)[None, :]
+    src = t * stride_q + hh[:, None] * DI
     base = t * (NH * DI) + hh[:, None] * DI
     m = hm[:, None] & (k < DI)
-    x = _load_bf16(q_ptr + base + k, m)
+    x = _load_bf16(q_ptr + src + k, m)
     NOPE: tl.constexpr = DI - RD
     rope = m & (k >= NOPE)
-    xp = _load_bf16(q_ptr + base + (k ^ 1), rope)
+    xp = _load_bf16(q_ptr + src + (k ^ 1), rope)
     c, s = _rope_cos_sin(freqs_ptr, pos, pos_ok, k - NOPE, rope, RD)
     x = tl.where(rope, _bf16_round(_rotate(x, xp, c, s, (k & 1) == 0, False)), x)
     # Hadamard: x @ H_DI (Sylvester) * DI**-0.5 as log2(DI) butterfly stages (a, b) -> (a + b, a - b), float32
@@ -343,10 +351,10 @@ def _index_q_kernel(q_ptr, w_ptr, freqs_ptr, pos_ptr, q_out_ptr, w_out_ptr, err_
 
 def launch_index_q(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
                    n_heads: int, weight_scale: float, error_word: torch.Tensor | None = None):
-    """q: (T, NH * DI) bf16 contiguous (``indexer.wq_b`` output), weights: (T, NH) bf16 contiguous
-    (``weights_proj`` output), freqs (n_positions, RD // 2, 2) float32, positions (T,) int ->
-    (q (T, NH, DI) bf16: FP4-simulated Hadamard of the rotated query, w (T, NH) float32: ``bf16(w * scale)``).
-    error_word: as :func:`launch_q_kv`."""
+    """q: (T, NH * DI) bf16 (``indexer.wq_b`` output), weights: (T, NH) bf16 (``weights_proj`` output), both with
+    unit stride along the last dim (rows may be strided: column views of a fused projection's output), freqs
+    (n_positions, RD // 2, 2) float32, positions (T,) int -> (q (T, NH, DI) bf16: FP4-simulated Hadamard of the
+    rotated query, w (T, NH) float32: ``bf16(w * scale)``). error_word: as :func:`launch_q_kv`."""
     T = q.shape[0]
     DI = q.shape[1] // n_heads
     q_out = torch.empty((T, n_heads, DI), dtype=torch.bfloat16, device=q.device)
@@ -355,7 +363,8 @@ def launch_index_q(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, 
         pdl = pdl_enabled(q)
         _index_q_kernel[(T, triton.cdiv(n_heads, INDEX_BLOCK_H))](
             q.view(torch.int16), weights.view(torch.int16), freqs, positions, q_out.view(torch.int16), w_out,
-            _error_word(q.device, error_word), freqs.shape[0], float(weight_scale), NH=n_heads, DI=DI,
+            _error_word(q.device, error_word), freqs.shape[0], float(weight_scale), q.stride(0), weights.stride(0),
+            NH=n_heads, DI=DI,
             LOG2_DI=DI.bit_length() - 1, RD=2 * freqs.shape[1], H_SCALE=DI ** -0.5, FB=FP4_BLOCK,
             BLOCK_H=INDEX_BLOCK_H, FLAG=_kernel_flag("index_q_path"), num_warps=INDEX_WARPS, PDL=pdl,
             launch_pdl=pdl, **_EXACT)
@@ -458,12 +467,13 @@ def launch_post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Te
 # ------------------------------------------------------------------------------------------------ offline build
 #: Kernel signatures for :func:`compile_sm90` (pointer and scalar types; the constexprs come from the family).
 _SIGNATURES = {
-    "rms_norm": ("_rms_norm_kernel", dict(x_ptr="*i16", w_ptr="*fp32", out_ptr="*i16", eps="fp32")),
+    "rms_norm": ("_rms_norm_kernel", dict(x_ptr="*i16", w_ptr="*fp32", out_ptr="*i16", eps="fp32", stride_x="i32")),
     "q_kv": ("_q_kv_kernel", dict(q_ptr="*i16", kv_ptr="*i16", kv_w_ptr="*fp32", freqs_ptr="*fp32", pos_ptr="*i32",
-                                  q_out_ptr="*i16", kv_out_ptr="*i16", err_ptr="*i32", n_pos="i32", eps="fp32")),
+                                  q_out_ptr="*i16", kv_out_ptr="*i16", err_ptr="*i32", n_pos="i32", eps="fp32",
+                                  stride_q="i32", stride_kv="i32")),
     "index_q": ("_index_q_kernel", dict(q_ptr="*i16", w_ptr="*i16", freqs_ptr="*fp32", pos_ptr="*i32",
                                         q_out_ptr="*i16", w_out_ptr="*fp32", err_ptr="*i32", n_pos="i32",
-                                        w_scale="fp32")),
+                                        w_scale="fp32", stride_q="i32", stride_w="i32")),
     "output": ("_output_kernel", dict(o_ptr="*i16", freqs_ptr="*fp32", pos_ptr="*i32", out_ptr="*i16",
                                       err_ptr="*i32", T="i32", n_pos="i32")),
     "post_pool": ("_post_pool_kernel", dict(x_ptr="*fp32", w_ptr="*fp32", freqs_ptr="*fp32", pos_ptr="*i32",

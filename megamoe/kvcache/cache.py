@@ -282,8 +282,9 @@ class CompressedKVCache:
 
         Call after ``join(slot)`` and ``prepare_forward([slot], [0], [T])``. kv, score: (T, C * head_dim)
         float32 compressor projections (score including ape); swa_kv: (T, head_dim) bf16 the tokens'
-        sliding-window kv; CSA: index_kv, index_score (T, C * index_head_dim) float32. Pools every complete
-        window (official prefill: ``overlap_transform`` for CSA), applies the post-pool steps, writes the
+        sliding-window kv; CSA: index_kv, index_score (T, C * index_head_dim) float32 (the four float32 inputs
+        may have strided rows, unit stride along the last dim: column views of a fused projection). Pools every
+        complete window (official prefill: ``overlap_transform`` for CSA), applies the post-pool steps, writes the
         ``T // ratio`` entries (and indexer keys) to the pool, leaves the compressor tails as the official
         state after prefill (a-stream: the unfinished window's tokens in rows ``pos % ratio``; CSA
         b-stream: the last complete window's overlap half) and fills the SWA ring with the last
@@ -297,14 +298,14 @@ class CompressedKVCache:
             raise ValueError("kv: expected a (T, C * head_dim) float32 tensor")
         T = kv.shape[0]
         C = 2 if c.overlap else 1
-        ops._check(kv, "kv", torch.float32, (T, C * c.head_dim), dev)
-        ops._check(score, "score", torch.float32, (T, C * c.head_dim), dev)
+        ops._check(kv, "kv", torch.float32, (T, C * c.head_dim), dev, rows=True)
+        ops._check(score, "score", torch.float32, (T, C * c.head_dim), dev, rows=True)
         ops._check(swa_kv, "swa_kv", torch.bfloat16, (T, c.head_dim), dev)
         if c.has_indexer:
             if index_kv is None or index_score is None:
                 raise ValueError("index_kv, index_score: required for a CSA cache")
-            ops._check(index_kv, "index_kv", torch.float32, (T, C * c.index_head_dim), dev)
-            ops._check(index_score, "index_score", torch.float32, (T, C * c.index_head_dim), dev)
+            ops._check(index_kv, "index_kv", torch.float32, (T, C * c.index_head_dim), dev, rows=True)
+            ops._check(index_score, "index_score", torch.float32, (T, C * c.index_head_dim), dev, rows=True)
         elif index_kv is not None or index_score is not None:
             raise ValueError("index_kv, index_score: expected None for an HCA cache (no indexer)")
         if T > c.max_context:
@@ -356,7 +357,8 @@ class CompressedKVCache:
                     ape: torch.Tensor | None = None, index_ape: torch.Tensor | None = None):
         """One decode step of the cache for ``batch`` (B rows, inactive rows are no-ops).
 
-        kv, score: (B, C * head_dim) float32 compressor projections of the new token (score includes ape);
+        kv, score: (B, C * head_dim) float32 compressor projections of the new token (score includes ape; these and
+        index_kv / index_score may have strided rows with unit stride along the last dim);
         swa_kv: (B, head_dim) bf16 the token's sliding-window kv;
         CSA only: index_kv, index_score (B, C * index_head_dim) float32 indexer-compressor projections,
         q (B, index_n_heads, index_head_dim) bf16 the indexer query as the official einsum sees it (RoPE'd,
@@ -383,14 +385,14 @@ class CompressedKVCache:
         ws = self.workspace = self.workspaces[kv.shape[0]]
         B, C = kv.shape[0], (2 if c.overlap else 1)
         ops._check_batch(batch.slots, batch.positions, batch.active, B, dev)
-        ops._check(kv, "kv", torch.float32, (B, C * c.head_dim), dev)
-        ops._check(score, "score", torch.float32, (B, C * c.head_dim), dev)
+        ops._check(kv, "kv", torch.float32, (B, C * c.head_dim), dev, rows=True)
+        ops._check(score, "score", torch.float32, (B, C * c.head_dim), dev, rows=True)
         ops._check(swa_kv, "swa_kv", torch.bfloat16, (B, c.head_dim), dev)
         if c.has_indexer:
             if index_kv is None or index_score is None or q is None or weights is None:
                 raise ValueError("index_kv, index_score, q, weights: required for a CSA cache")
-            ops._check(index_kv, "index_kv", torch.float32, (B, C * c.index_head_dim), dev)
-            ops._check(index_score, "index_score", torch.float32, (B, C * c.index_head_dim), dev)
+            ops._check(index_kv, "index_kv", torch.float32, (B, C * c.index_head_dim), dev, rows=True)
+            ops._check(index_score, "index_score", torch.float32, (B, C * c.index_head_dim), dev, rows=True)
             ops._check(q, "q", torch.bfloat16, (B, c.index_n_heads, c.index_head_dim), dev)
             ops._check(weights, "weights", torch.float32, (B, c.index_n_heads), dev)
         elif any(t is not None for t in (index_kv, index_score, q, weights)):

@@ -19,7 +19,9 @@ def _ref():
     return ref
 
 
-def _check(t, name: str, dtype, shape: tuple, device=None) -> None:
+def _check(t, name: str, dtype, shape: tuple, device=None, *, rows: bool = False) -> None:
+    """dtype, shape, device and layout of ``t``: contiguous, or with ``rows`` only unit stride along the last dim
+    (strided rows: column views of a fused projection's output)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
@@ -28,7 +30,10 @@ def _check(t, name: str, dtype, shape: tuple, device=None) -> None:
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected device {device}, got {t.device}")
-    if not t.is_contiguous():
+    if rows:
+        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected unit stride along the last dimension, got strides {t.stride()}")
+    elif not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor")
 
 
@@ -56,7 +61,8 @@ def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
                     flush: torch.Tensor, ape: torch.Tensor | None = None) -> None:
     """Append one token per active row to its slot's tail; rows reaching a multiple of m pool and rotate.
 
-    kv, score: (B, C * D) float32, C = 2 for CSA (``[:D]`` overlap half, ``[D:]`` main half), 1 for HCA.
+    kv, score: (B, C * D) float32, C = 2 for CSA (``[:D]`` overlap half, ``[D:]`` main half), 1 for HCA; unit
+    stride along C * D, rows may be strided (column views of the attention layer's fused projection output).
     slots, positions: (B,) int32 (position of the appended token); active: (B,) bool.
     pooled: (B, D) float32 output (rows that flush are written, others untouched).
     flush: (B,) bool output (active and ``(pos + 1) % m == 0``). ``state`` is mutated in place.
@@ -65,8 +71,8 @@ def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
     position embedding, one float32 add; inside the kernel on the Triton path, so ``score`` itself is unchanged).
     """
     B, dev = kv.shape[0], kv.device
-    _check(kv, "kv", torch.float32, (B, state.cols), dev)
-    _check(score, "score", torch.float32, (B, state.cols), dev)
+    _check(kv, "kv", torch.float32, (B, state.cols), dev, rows=True)
+    _check(score, "score", torch.float32, (B, state.cols), dev, rows=True)
     _check_batch(slots, positions, active, B, dev)
     _check(pooled, "pooled", torch.float32, (B, state.width), dev)
     _check(flush, "flush", torch.bool, (B,), dev)

@@ -17,6 +17,10 @@ Per token (official ``Attention.forward``; every formula of ``megamoe/reference/
 
 Weights (``load_weights``) by their official names relative to ``layers.{i}.attn.``; NVFP4 where the checkpoint
 holds NVFP4 (an :class:`NVFP4Tensor`), bf16/fp32 tensors otherwise (``megamoe/models/v4_weights.py`` lists which).
+Projections that read the same input run as one GEMM over their row-concatenated weights
+(:class:`~megamoe.layers.linear.FusedLinear`, outputs split as column views): ``x_proj`` = ``wq_a | wkv``,
+``qr_proj`` = ``wq_b | indexer.wq_b`` (CSA), ``comp_proj`` = the float32 ``compressor.wkv | compressor.wgate``
+(``| indexer.compressor.wkv | indexer.compressor.wgate`` on CSA layers).
 
 Host side (outside graphs): :meth:`join` / :meth:`leave` a request slot, :meth:`prepare` pages before a step,
 :meth:`forward_prefill` for a new request. Device side (capturable, sync-free, preallocated):
@@ -43,7 +47,7 @@ from ..ops._dispatch import resolve_device
 from ..ops import v4_elementwise as ew
 from ..ops.attention import sparse_mqa_attention
 from ..reference import v4_numerics as nx
-from .linear import DenseLinear
+from .linear import DenseLinear, FusedLinear
 
 #: Block of the FP8 simulation of the window kv and compressed entries (official ``act_quant(..., 64)``).
 KV_FP8_BLOCK = ew.KV_FP8_BLOCK
@@ -139,10 +143,15 @@ class Nvfp4Attention:
             return t.to(dtype).contiguous()
 
         H, D = cfg.num_heads, cfg.head_dim
-        self.wq_a = DenseLinear(get("wq_a.weight"), name="wq_a")
+        csa = self.kind == "csa"
+        # Projections that share an input run as one GEMM over their row-concatenated weights (FusedLinear; the
+        # outputs are column views): x -> wq_a | wkv (NVFP4); qr -> wq_b | indexer.wq_b (NVFP4, CSA); x.float()
+        # -> the compressor's wkv | wgate | the indexer compressor's wkv | wgate (float32, compressed layers).
+        # indexer.weights_proj (bf16, official bf16 linear) stays a separate launch.
+        self.x_proj = FusedLinear([("wq_a", get("wq_a.weight")), ("wkv", get("wkv.weight"))])
         self.q_norm = vec("q_norm.weight", cfg.q_lora_rank)
-        self.wq_b = DenseLinear(get("wq_b.weight"), name="wq_b")
-        self.wkv = DenseLinear(get("wkv.weight"), name="wkv")
+        self.qr_proj = FusedLinear([("wq_b", get("wq_b.weight"))]
+                                   + ([("indexer.wq_b", get("indexer.wq_b.weight"))] if csa else []))
         self.kv_norm = vec("kv_norm.weight", D)
         self.attn_sink = vec("attn_sink", H)
         wo_a = get("wo_a.weight")
@@ -160,24 +169,34 @@ class Nvfp4Attention:
         else:
             self.wo_a = wo_a.to(torch.bfloat16).reshape(cfg.o_groups, cfg.o_lora_rank, group_in).contiguous()
         self.wo_b = DenseLinear(get("wo_b.weight"), name="wo_b")
+        self.comp_proj = None
         if self.cache is not None:
-            C = 2 if self.kind == "csa" else 1
-            self.c_wkv = DenseLinear(get("compressor.wkv.weight").float(), name="compressor.wkv")
-            self.c_wgate = DenseLinear(get("compressor.wgate.weight").float(), name="compressor.wgate")
+            C = 2 if csa else 1
+            names = ["compressor.wkv", "compressor.wgate"]
+            if csa:
+                names += ["indexer.compressor.wkv", "indexer.compressor.wgate"]
+            self.comp_proj = FusedLinear([(n, get(n + ".weight").float()) for n in names])
             self.c_ape = get("compressor.ape").float().reshape(self.ratio, C * D).contiguous()
             index_norm = None
             if self.kind == "csa":
                 Di = cfg.index_head_dim
-                self.i_wq_b = DenseLinear(get("indexer.wq_b.weight"), name="indexer.wq_b")
                 self.i_weights = DenseLinear(get("indexer.weights_proj.weight").to(torch.bfloat16),
                                              name="indexer.weights_proj")
-                self.i_wkv = DenseLinear(get("indexer.compressor.wkv.weight").float(), name="indexer.compressor.wkv")
-                self.i_wgate = DenseLinear(get("indexer.compressor.wgate.weight").float(),
-                                           name="indexer.compressor.wgate")
                 self.i_ape = get("indexer.compressor.ape").float().reshape(self.ratio, 2 * Di).contiguous()
                 index_norm = vec("indexer.compressor.norm.weight", Di)
                 self.index_weight_scale = Di ** -0.5 * cfg.index_n_heads ** -0.5
             self.cache.set_post_pool(vec("compressor.norm.weight", D), self.freqs, index_norm)
+        # The single projections by their former names: DenseLinears over their rows of the fused weights (views,
+        # no extra memory; tests and diagnostics: the forward passes run the fused projections).
+        self.wq_a, self.wkv = self.x_proj.part("wq_a"), self.x_proj.part("wkv")
+        self.wq_b = self.qr_proj.part("wq_b")
+        if csa:
+            self.i_wq_b = self.qr_proj.part("indexer.wq_b")
+        if self.comp_proj is not None:
+            self.c_wkv, self.c_wgate = self.comp_proj.part("compressor.wkv"), self.comp_proj.part("compressor.wgate")
+            if csa:
+                self.i_wkv = self.comp_proj.part("indexer.compressor.wkv")
+                self.i_wgate = self.comp_proj.part("indexer.compressor.wgate")
         self._weights_loaded = True
 
     # ------------------------------------------------------------------ host side
@@ -199,24 +218,24 @@ class Nvfp4Attention:
     # The elementwise steps are the fused ops of ``megamoe.ops.v4_elementwise`` (one launch each on CUDA; the
     # PyTorch formulas ``*_reference`` there on the CPU).
     def _q_and_kv(self, x: torch.Tensor, pos: torch.Tensor):
-        """x (T, dim) bf16, pos (T,) int -> (qr (T, q_lora) bf16, q (T, H, D) bf16, kv (T, D) bf16).
+        """x (T, dim) bf16, pos (T,) int -> (q (T, H, D) bf16, kv (T, D) bf16, iq (T, index_n_heads *
+        index_head_dim) bf16 ``indexer.wq_b(qr)`` on CSA layers, else None).
 
         ``qr = q_norm(wq_a(x))``; q: official bf16 per-head norm + RoPE; kv: kv_norm + RoPE + FP8 simulation of
-        the non-RoPE dims (64-blocks)."""
+        the non-RoPE dims (64-blocks). Two GEMMs: ``wq_a | wkv`` on x, ``wq_b | indexer.wq_b`` on qr."""
         cfg = self.cfg
-        qr = ew.rms_norm(self.wq_a(x), self.q_norm, cfg.norm_eps)
-        q, kv = ew.q_kv_path(self.wq_b(qr), self.wkv(x), self.kv_norm, self.freqs, pos, num_heads=cfg.num_heads,
-                             eps=cfg.norm_eps)
-        return qr, q, kv
+        qa, kv = self.x_proj(x)
+        qr = ew.rms_norm(qa, self.q_norm, cfg.norm_eps)
+        qb, *iq = self.qr_proj(qr)
+        q, kv = ew.q_kv_path(qb, kv, self.kv_norm, self.freqs, pos, num_heads=cfg.num_heads, eps=cfg.norm_eps)
+        return q, kv, (iq[0] if iq else None)
 
     def _compressor_inputs(self, x: torch.Tensor, pos: torch.Tensor, add_ape: bool = True):
         """Float32 compressor projections with ``ape`` added to the gate scores (``add_ape=False``: without it; the
-        decode step adds it inside the compressor kernel)."""
-        xf = x.float()
-        kv, score = self.c_wkv(xf), self.c_wgate(xf)
-        ikv = iscore = None
-        if self.kind == "csa":
-            ikv, iscore = self.i_wkv(xf), self.i_wgate(xf)
+        decode step adds it inside the compressor kernel). One float32 GEMM for the two (HCA) or four (CSA)
+        projections; the outputs are column views of its output."""
+        kv, score, *index = self.comp_proj(x.float())
+        ikv, iscore = index if index else (None, None)
         if add_ape:
             phase = torch.remainder(pos.long(), self.ratio)
             score = score + self.c_ape[phase]
@@ -224,9 +243,10 @@ class Nvfp4Attention:
                 iscore = iscore + self.i_ape[phase]
         return kv, score, ikv, iscore
 
-    def _index_query(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor):
-        """Indexer query (T, n_heads, Di) bf16 (RoPE, Hadamard, FP4 simulated) and weights (T, n_heads) float32."""
-        return ew.index_q_path(self.i_wq_b(qr), self.i_weights(x), self.freqs, pos, n_heads=self.cfg.index_n_heads,
+    def _index_query(self, x: torch.Tensor, iq: torch.Tensor, pos: torch.Tensor):
+        """iq: ``indexer.wq_b(qr)`` (from :meth:`_q_and_kv`) -> indexer query (T, n_heads, Di) bf16 (RoPE, Hadamard,
+        FP4 simulated) and weights (T, n_heads) float32."""
+        return ew.index_q_path(iq, self.i_weights(x), self.freqs, pos, n_heads=self.cfg.index_n_heads,
                                weight_scale=self.index_weight_scale)
 
     def _output(self, o: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -274,7 +294,7 @@ class Nvfp4Attention:
         if not self._weights_loaded:
             raise RuntimeError("Nvfp4Attention: call load_weights() first")
         pos, slots = batch.positions, batch.slots
-        qr, q, kv = self._q_and_kv(x, pos)
+        q, kv, iq_raw = self._q_and_kv(x, pos)
         entry_idx = None
         # SWA append, window ring rows (and entry counts / the HCA entry list): one window_step launch per layer
         if self.cache is None:
@@ -287,7 +307,7 @@ class Nvfp4Attention:
             ckv, cscore, ikv, iscore = self._compressor_inputs(x, pos, add_ape=False)
             iq = iw = None
             if self.kind == "csa":
-                iq, iw = self._index_query(x, qr, pos)
+                iq, iw = self._index_query(x, iq_raw, pos)
             if x.shape[0] not in self.cache.workspaces:  # host decision on a shape (first call of a batch size)
                 self.cache.allocate_workspace(x.shape[0])
             topk = self.cache.decode_step(batch, ckv, cscore, kv, ikv, iscore, iq, iw, ape=self.c_ape,
@@ -312,7 +332,7 @@ class Nvfp4Attention:
             raise ValueError(f"x: {T} prompt tokens exceed max_prefill_tokens={self.max_prefill_tokens}")
         pos = torch.arange(T, dtype=torch.int32, device=dev)
         slots = torch.full((T,), slot, dtype=torch.int32, device=dev)
-        qr, q, kv = self._q_and_kv(x, pos)
+        q, kv, iq_raw = self._q_and_kv(x, pos)
         # the prompt's own rows are the window source (official prefill attends to the fresh kv)
         j = pos[:, None] - self._window_offsets[None, :]
         window_idx = torch.where(j >= 0, j, torch.full_like(j, -1))
@@ -325,7 +345,7 @@ class Nvfp4Attention:
             self.cache.prefill(slot, ckv, cscore, kv, ikv, iscore)
             n = torch.div(pos + 1, self.ratio, rounding_mode="floor").to(torch.int32)
             if self.kind == "csa":
-                iq, iw = self._index_query(x, qr, pos)
+                iq, iw = self._index_query(x, iq_raw, pos)
                 c = self.cache.config
                 scores = torch.full((T, max(c.max_entries, 1)), float("-inf"), dtype=torch.float32, device=dev)
                 kv_ops.indexer_scores(self.cache.pool, self.cache.block_table, iq, iw, slots, n, scores)
@@ -338,7 +358,9 @@ class Nvfp4Attention:
         return out
 
     def weight_bytes(self) -> int:
-        parts = [self.wq_a, self.wq_b, self.wkv, self.wo_b]
-        total = sum(p.nbytes() for p in parts)
+        """Device bytes of the layer's projection weights: the fused projections (their global scales included),
+        wo_a, wo_b and, on compressed layers, the compressor (and indexer) projections."""
+        parts = [self.x_proj, self.qr_proj, self.wo_b, self.comp_proj, getattr(self, "i_weights", None)]
+        total = sum(p.nbytes() for p in parts if p is not None)
         total += self.wo_a.nbytes() if isinstance(self.wo_a, NVFP4Tensor) else self.wo_a.numel() * 2
         return total

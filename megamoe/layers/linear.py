@@ -50,3 +50,112 @@ class DenseLinear:
         if self.nvfp4:
             return self.weight.nbytes()
         return self.weight.numel() * self.weight.element_size()
+
+
+def _kind(weight) -> str:
+    """The storage kind of a projection weight: "nvfp4" or the dense dtype's name."""
+    return "nvfp4" if isinstance(weight, NVFP4Tensor) else str(weight.dtype)
+
+
+def concat_rows(weights):
+    """Row-concatenate 2-D weights of one kind and one ``in_features`` into one weight of the same kind.
+
+    NVFP4: data and block scales concatenated; the global scale stays 0-d when every part has the same 0-d
+    value (a host read, load time only), else becomes per row (N, 1) float32 (each part's scale expanded over its
+    rows), which every dense NVFP4 GEMM route reads (``nvfp4_linear``: global_scale 0-d or (N, 1)).
+    Dense tensors: ``torch.cat`` (same dtype).
+    """
+    weights = list(weights)
+    if not weights:
+        raise ValueError("concat_rows: expected at least one weight")
+    if len(weights) == 1:
+        return weights[0]
+    if len({_kind(w) for w in weights}) != 1 or len({int(w.shape[1]) for w in weights}) != 1:
+        raise ValueError("concat_rows: expected weights of one kind and one in_features, got "
+                         + ", ".join(f"{_kind(w)} {tuple(w.shape)}" for w in weights))
+    if not isinstance(weights[0], NVFP4Tensor):
+        return torch.cat([w.contiguous() for w in weights])
+    n = sum(int(w.shape[0]) for w in weights)
+    k = int(weights[0].shape[1])
+    scales = [w.global_scale for w in weights]
+    if all(s.dim() == 0 for s in scales) and len({s.item() for s in scales}) == 1:
+        gs = scales[0].clone()
+    else:
+        gs = torch.cat([s.reshape(-1, 1).expand(int(w.shape[0]), 1) for s, w in zip(scales, weights)])
+    return NVFP4Tensor(torch.cat([w.data for w in weights]), torch.cat([w.block_scale for w in weights]),
+                       gs.contiguous(), (n, k))
+
+
+def row_slice(weight, start: int, stop: int):
+    """Rows [start, stop) of a 2-D weight as views (NVFP4: data, block scales and a per-row global scale)."""
+    if not isinstance(weight, NVFP4Tensor):
+        return weight[start:stop]
+    gs = weight.global_scale
+    if gs.dim() != 0 and gs.shape[0] != 1:
+        gs = gs[start:stop]
+    return NVFP4Tensor(weight.data[start:stop], weight.block_scale[start:stop], gs,
+                       (stop - start, int(weight.shape[1])))
+
+
+class FusedLinear:
+    """Projections that read the same input, run as ONE :class:`DenseLinear` over their row-concatenated weights.
+
+    parts: (name, weight) pairs with one ``in_features``; of one kind (all NVFP4, or all dense of one dtype) they
+    are fused (``concat_rows``); of mixed kinds (a checkpoint that left one unquantized) each runs alone, as
+    before fusion (:attr:`fused` False). A call returns one output per part, in order: column views ``y[:, a:b]``
+    of the fused (M, sum of out_features) output (no copies; rows keep their stride ``sum of out_features``, unit
+    stride along the last dim; at M == 1 every view is contiguous). ``part(name)``: that projection alone as a
+    DenseLinear over its rows of the fused weight (views, no extra memory; tests and diagnostics, not the hot path).
+
+    Numerics: each output element is the same dot product as the separate projection's; the GEMM route and its
+    split-K / tile choices follow the fused N, so float32 summation order (and thus the last bits) can differ.
+    """
+
+    def __init__(self, parts, *, name: str | None = None):
+        parts = list(parts)
+        if not parts:
+            raise ValueError("FusedLinear: expected at least one (name, weight) part")
+        self.names = tuple(n for n, _ in parts)
+        for n, w in parts:
+            if not isinstance(w, (torch.Tensor, NVFP4Tensor)) or len(w.shape) != 2:
+                raise ValueError(f"{n}: expected a 2-D tensor or NVFP4Tensor, got "
+                                 f"{getattr(w, 'shape', type(w).__name__)}")
+        self.sizes = tuple(int(w.shape[0]) for _, w in parts)
+        self.name = name or "+".join(self.names)
+        in_features = {n: int(w.shape[1]) for n, w in parts}
+        if len(set(in_features.values())) != 1:
+            raise ValueError(f"{self.name}: the parts read one input but have in_features {in_features}")
+        if len({_kind(w) for _, w in parts}) == 1:
+            self.linear, self.separate = DenseLinear(concat_rows(w for _, w in parts), name=self.name), None
+        else:  # mixed kinds (e.g. one part left unquantized by the checkpoint): one launch per part, as before
+            self.linear, self.separate = None, [DenseLinear(w, name=n) for n, w in parts]
+        starts = [0]
+        for s in self.sizes:
+            starts.append(starts[-1] + s)
+        self.ranges = {n: (starts[i], starts[i + 1]) for i, n in enumerate(self.names)}
+        self.in_features = int(parts[0][1].shape[1])
+        self.out_features = starts[-1]
+
+    @property
+    def fused(self) -> bool:
+        """True when one GEMM computes every part (False only for parts of mixed kinds)."""
+        return self.linear is not None
+
+    def __call__(self, x: torch.Tensor) -> tuple:
+        """x (M, in) -> one (M, out_features of the part) output per part (views of one GEMM's output)."""
+        if self.linear is None:
+            return tuple(p(x) for p in self.separate)
+        return tuple(self.linear(x).split(self.sizes, dim=1))
+
+    def part(self, name: str) -> DenseLinear:
+        if name not in self.ranges:
+            raise KeyError(f"{self.name}: no part {name!r} (parts: {', '.join(self.names)})")
+        if self.linear is None:
+            return self.separate[self.names.index(name)]
+        start, stop = self.ranges[name]
+        return DenseLinear(row_slice(self.linear.weight, start, stop), name=name)
+
+    def nbytes(self) -> int:
+        if self.linear is None:
+            return sum(p.nbytes() for p in self.separate)
+        return self.linear.nbytes()

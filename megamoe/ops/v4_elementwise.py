@@ -57,6 +57,12 @@ def _positive_int(v, name: str) -> None:
         raise ValueError(f"{name}: expected a positive int, got {v!r}")
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t itself when its last dim has unit stride (the kernels take any row stride: column views of a fused
+    projection's output need no copy), else a contiguous copy."""
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
 def _table(freqs: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(freqs.contiguous())
 
@@ -122,7 +128,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     if use_triton(x):
         from ..kernels.v4_elementwise import launch_rms_norm
 
-        return launch_rms_norm(x.contiguous(), None if weight is None else weight.contiguous(), eps)
+        return launch_rms_norm(_rows(x), None if weight is None else weight.contiguous(), eps)
     return nx.rms_norm(x, weight, eps)
 
 
@@ -161,7 +167,7 @@ def q_kv_path(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.
     if use_triton(src):
         from ..kernels.v4_elementwise import launch_q_kv
 
-        return launch_q_kv(None if q is None else q.contiguous(), None if kv is None else kv.contiguous(),
+        return launch_q_kv(None if q is None else _rows(q), None if kv is None else _rows(kv),
                            None if kv is None else kv_weight.contiguous(), _table(freqs), positions,
                            num_heads=num_heads, head_dim=D, eps=eps)
     flag_positions("q_kv_path", positions, freqs.shape[0])
@@ -189,7 +195,7 @@ def index_q_path(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, po
     if use_triton(q):
         from ..kernels.v4_elementwise import launch_index_q
 
-        return launch_index_q(q.contiguous(), weights.contiguous(), _table(freqs), positions, n_heads=n_heads,
+        return launch_index_q(_rows(q), _rows(weights), _table(freqs), positions, n_heads=n_heads,
                               weight_scale=float(weight_scale))
     flag_positions("index_q_path", positions, freqs.shape[0])
     return index_q_reference(q, weights, freqs, positions, n_heads=n_heads, weight_scale=weight_scale)

@@ -77,7 +77,7 @@ def main():
     compress_types = dict(kv_ptr="*fp32", score_ptr="*fp32", ape_ptr="*fp32", slots_ptr="*i32", positions_ptr="*i32",
                           active_ptr="*i8", tail_k_ptr="*fp32", tail_z_ptr="*fp32", tail_kb_ptr="*fp32",
                           tail_zb_ptr="*fp32", tail_len_ptr="*i32", pooled_ptr="*fp32", flush_ptr="*i8",
-                          err_ptr="*i32", num_slots="i32")
+                          err_ptr="*i32", num_slots="i32", stride_kv="i32", stride_z="i32")
     for m, overlap, width in ((4, True, 512), (4, True, 128), (128, False, 512)):
         bd = kvcache_compress._BLOCK_D["small_m" if m <= 16 else "large_m"]
         k = compile_sm90(kvcache_compress._compress_step_kernel, compress_types,

@@ -29,6 +29,7 @@ def _compress_step_kernel(
     flush_ptr,                    # (B,) int8
     err_ptr,                      # (1,) int32 error word (megamoe/ops/errors.py)
     num_slots,                    # S (rows of the state)
+    stride_kv, stride_z,          # row strides of kv and score (elements; unit stride along C*D)
     M: tl.constexpr, D: tl.constexpr, OVERLAP: tl.constexpr,
     M_P2: tl.constexpr, BLOCK_D: tl.constexpr, HAS_APE: tl.constexpr,
     FLAG_SLOTS: tl.constexpr = 0, FLAG_POSITIONS: tl.constexpr = 0,
@@ -57,16 +58,18 @@ def _compress_step_kernel(
 
     # New token: stored into the tail when the row does not flush; on flush it is used from registers
     # (the a-stream is cleared below, so it never needs to reach memory).
-    new_k_a = tl.load(kv_ptr + row * CD + A_OFF + cols, mask=cmask, other=0.0)
-    new_z_a = tl.load(score_ptr + row * CD + A_OFF + cols, mask=cmask, other=float("-inf"))
+    kv_row = kv_ptr + row.to(tl.int64) * stride_kv
+    z_row = score_ptr + row.to(tl.int64) * stride_z
+    new_k_a = tl.load(kv_row + A_OFF + cols, mask=cmask, other=0.0)
+    new_z_a = tl.load(z_row + A_OFF + cols, mask=cmask, other=float("-inf"))
     if HAS_APE:  # the official ``score + ape[pos % m]`` (one float32 add); cur is in [0, M) for active rows
         ape_row = tl.where(active, cur, 0) * CD
         new_z_a = new_z_a + tl.load(ape_ptr + ape_row + A_OFF + cols, mask=cmask, other=0.0)
     tl.store(tail_k_ptr + state_row + cur * CD + A_OFF + cols, new_k_a, mask=cmask & keep)
     tl.store(tail_z_ptr + state_row + cur * CD + A_OFF + cols, new_z_a, mask=cmask & keep)
     if OVERLAP:
-        new_k_b = tl.load(kv_ptr + row * CD + cols, mask=cmask, other=0.0)
-        new_z_b = tl.load(score_ptr + row * CD + cols, mask=cmask, other=float("-inf"))
+        new_k_b = tl.load(kv_row + cols, mask=cmask, other=0.0)
+        new_z_b = tl.load(z_row + cols, mask=cmask, other=float("-inf"))
         if HAS_APE:
             new_z_b = new_z_b + tl.load(ape_ptr + ape_row + cols, mask=cmask, other=0.0)
         tl.store(tail_k_ptr + state_row + cur * CD + cols, new_k_b, mask=cmask & keep)
@@ -122,9 +125,11 @@ def _compress_step_kernel(
 
 def launch_compress_step(kv, score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb, tail_len,
                          pooled, flush_i8, *, ratio: int, width: int, overlap: bool, ape=None, error_word=None):
-    """Launch the compressor step for B = kv.shape[0] rows (all tensors on one device, contiguous).
+    """Launch the compressor step for B = kv.shape[0] rows (all tensors on one device, contiguous except kv and
+    score, whose rows may be strided).
 
-    kv, score: (B, C*width) float32; slots, positions: (B,) int32; active_i8: (B,) int8;
+    kv, score: (B, C*width) float32 with unit stride along C*width (column views of the layer's fused compressor
+    projection output are read in place); slots, positions: (B,) int32; active_i8: (B,) int8;
     tail_*: the :class:`~megamoe.kvcache.state.CompressorState` tensors; pooled: (B, width) float32;
     flush_i8: (B,) int8 output; ape: (ratio, C*width) float32 or None, added to score at row ``pos % ratio``.
     error_word: the (1,) int32 word the out-of-range arguments of active rows flag (default: the device's,
@@ -143,7 +148,8 @@ def launch_compress_step(kv, score, slots, positions, active_i8, tail_k, tail_z,
     _compress_step_kernel[grid](
         kv, score, ape if ape is not None else score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb, tail_len, pooled, flush_i8,
         error_word if error_word is not None else errors.error_word(kv.device),
-        tail_len.shape[0], M=ratio, D=width, OVERLAP=overlap, M_P2=triton.next_power_of_2(ratio), BLOCK_D=block_d,
+        tail_len.shape[0], kv.stride(0), score.stride(0),
+        M=ratio, D=width, OVERLAP=overlap, M_P2=triton.next_power_of_2(ratio), BLOCK_D=block_d,
         HAS_APE=ape is not None, FLAG_SLOTS=errors.kernel_flag("compressor_step", "slots"),
         FLAG_POSITIONS=errors.kernel_flag("compressor_step", "positions"),
     )

@@ -26,6 +26,12 @@ Pipeline of :meth:`Nvfp4MoE.forward` (all on the device, no host syncs):
    grouped GEMMs (``fuse_shared_expert=True``, default); otherwise it runs as
    its own one-group pipeline and the combine adds its output.
 
+Opt-in single-launch decode (``fused_decode=True`` or ``MEGAMOE_MOE_FUSED_DECODE=1`` at construction; issue 11):
+for 1..16 tokens in mode w4a16 with the shared expert fused (or absent), steps 3-5 are ONE persistent launch
+(``megamoe/kernels/moe_fused_decode.py``: gate_up + SwiGLU, per-expert device counters, down with the combine
+folded in, slot order, one bf16 rounding; deterministic). Its down output stays float32 into the combine (the
+multi-launch path rounds it to bf16), so the two paths agree within the float32 bound, not bit for bit.
+
 Hash-routed layers (DeepSeek-V4's first ``num_hash_layers``): load the
 ``tid2eid`` (vocab, k) table with :meth:`Nvfp4MoE.load_weights` (``tid2eid=``)
 and pass the token ids to :meth:`Nvfp4MoE.forward` (``token_ids=``); step 1
@@ -57,6 +63,7 @@ the compiler, with a fake implementation).
 from __future__ import annotations
 
 import itertools
+import os
 import weakref
 from typing import Optional
 
@@ -67,6 +74,7 @@ from ..models.config import MoEConfig
 from ..ops import errors
 from ..ops import gemm as gemm_ops
 from ..ops import moe as moe_ops
+from ..ops import moe_fused_decode as fused_ops
 from ..ops._dispatch import resolve_device
 import importlib
 
@@ -214,11 +222,15 @@ class Nvfp4MoE:
     ``correction_bias`` (E,) fp32 or None, ``w13`` NVFP4Tensor (E, 2*I, H) rows
     ``[gate(I); up(I)]`` per expert, global scale 0-d, (E,1,1) or (E,2I,1);
     ``w2`` NVFP4Tensor (E, H, I); shared expert ``(2*Is, H)`` / ``(H, Is)``.
+
+    fused_decode: the single-launch decode MoE for 1..16 tokens (see the module docstring); None reads
+    ``MEGAMOE_MOE_FUSED_DECODE`` (``"1"``: on) once, here. Default off.
     """
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
                  fuse_shared_expert: bool = True, fuse_shared_max_tokens: int | None = None,
-                 dispatch_backend: str = "auto", router_backend: str = "triton", shared_overlap: bool = False):
+                 dispatch_backend: str = "auto", router_backend: str = "triton", shared_overlap: bool = False,
+                 fused_decode: bool | None = None):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
         if mode not in MODES:
@@ -250,6 +262,16 @@ class Nvfp4MoE:
         if not isinstance(shared_overlap, bool):
             raise TypeError(f"shared_overlap: expected a bool, got {type(shared_overlap).__name__}")
         self.shared_overlap = shared_overlap
+        # fused_decode (issue 11, opt-in): at 1..FUSED_DECODE_MAX_TOKENS tokens, mode "w4a16", the routed experts +
+        # shared expert + combine run as ONE persistent launch after the route + dispatch launch
+        # (megamoe/kernels/moe_fused_decode.py) on CUDA (and under the Triton interpreter, for tests). None: the
+        # environment variable MEGAMOE_MOE_FUSED_DECODE=1 (read here, once). Used only where the shared expert is
+        # fused as group E (or absent); otherwise the existing path.
+        if fused_decode is None:
+            fused_decode = os.environ.get("MEGAMOE_MOE_FUSED_DECODE", "0") == "1"
+        if not isinstance(fused_decode, bool):
+            raise TypeError(f"fused_decode: expected a bool, got {type(fused_decode).__name__}")
+        self.fused_decode = fused_decode
         self._side_stream = None  # created on the first overlapped CUDA forward
         self._slots = c.top_k + (1 if self.fused_shared else 0)  # rows per token in the grouped GEMMs
         self._groups = c.num_experts + (1 if self.fused_shared else 0)
@@ -274,6 +296,11 @@ class Nvfp4MoE:
         self._inter_q = torch.empty_like(self._inter)
         self._expert_out = torch.empty((pairs, c.hidden_size), dtype=torch.bfloat16, device=dev)
         self._out = torch.empty((max_num_tokens, c.hidden_size), dtype=torch.bfloat16, device=dev)
+        self._fused_ws = None
+        if self.fused_decode:  # h / y / counters of the fused decode launch (h shares the GEMMs' intermediate)
+            self._fused_ws = fused_ops.fused_decode_workspace(max_num_tokens, self._slots, self._groups,
+                                                             c.hidden_size, c.intermediate_size, dev)
+            self._fused_ws["h"] = self._inter[: self._fused_ws["h"].shape[0]]
         errors.error_word(dev)  # the device's error word exists before any graph capture
         if dev.type == "cuda":  # likewise the fused route + dispatch launch's counters (CUDA only: importing the
             from ..kernels.moe_route_dispatch import route_dispatch_counters  # kernel fixes its interpreter mode)
@@ -441,6 +468,12 @@ class Nvfp4MoE:
         if fuse:  # column k is the shared expert (id E, weight 1.0, preset once)
             topk_weights = self._weights_ext[:t]
         offsets = d["expert_offsets"]
+        if self._use_fused_decode(hidden_states, fuse):
+            fused_ops.moe_fused_decode(hidden_states, self._w13_kernel, self._w2_kernel, offsets, d["row_index"],
+                                       d["inv_perm"], topk_weights, swiglu_limit=c.swiglu_limit,
+                                       workspace=self._fused_ws, out=out)
+            errors.check_errors_eager(self.device)
+            return out
         x, gemm_mode = hidden_states, self.mode
         static = self.mode == "w4a4" and self.input_scales is not None
         if static:
@@ -465,6 +498,13 @@ class Nvfp4MoE:
         return result
 
     __call__ = forward
+
+    def _use_fused_decode(self, hidden_states: torch.Tensor, fuse: bool) -> bool:
+        """Host rule (shapes only): the single-launch decode MoE takes this batch (see ``fused_decode``)."""
+        return (self.fused_decode and self._fused_ws is not None and self.mode == "w4a16"
+                and not self.shared_overlap and (fuse or self.shared is None)
+                and hidden_states.shape[0] <= self._fused_ws["max_tokens"]
+                and fused_ops.fused_decode_supported(hidden_states, self._w13_kernel, self._w2_kernel))
 
     def _fork_shared(self, hidden_states: torch.Tensor):
         """Start the shared expert on the side stream (CUDA; graph-capturable fork). Returns the handle for

@@ -160,3 +160,58 @@ def test_cuda_shared_overlap_graph_sync_free_same_bits(tokens):
     assert torch.equal(replay(x), eager)
     x2 = torch.randn_like(x)
     assert torch.equal(replay(x2), separate.forward(x2))
+
+
+# ---------------------------------------------------------------- fused decode (issue 11, opt-in)
+def test_fused_decode_layer_within_bound_and_falls_back(monkeypatch):
+    """fused_decode=True: 1..16 tokens, w4a16 -> the single-launch kernel (interpreter on CPU), within the
+    element-wise float32 bound (tests/moe_fused_helpers.py); other batches / modes take the existing path."""
+    from moe_fused_helpers import fused_bound, within
+
+    from megamoe.ops import moe_fused_decode as fused_ops
+
+    lay = Nvfp4MoE.random(TINY, seed=31, max_num_tokens=24, fused_decode=True)
+    calls = []
+    inner = fused_ops.moe_fused_decode
+    monkeypatch.setattr(fused_ops, "moe_fused_decode", lambda *a, **k: calls.append(a[0].shape[0]) or inner(*a, **k))
+    for t in (1, 5):
+        x = torch.randn(t, TINY.hidden_size).bfloat16()
+        out = lay.forward(x).clone()
+        ref, bound, _ = fused_bound(lay, x, *lay.last_routing)
+        assert within(out, ref, bound)
+    assert calls == [1, 5]
+    x = torch.randn(20, TINY.hidden_size).bfloat16()  # above FUSED_DECODE_MAX_TOKENS: the existing path
+    out = lay.forward(x).clone()
+    assert calls == [1, 5] and _rel(out, lay.reference_forward(x, lay.last_routing)) < 1e-2
+    lay.set_mode("w4a4")  # w4a16 only
+    lay.forward(torch.randn(2, TINY.hidden_size).bfloat16())
+    assert calls == [1, 5]
+
+
+def test_fused_decode_switch(monkeypatch):
+    monkeypatch.setenv("MEGAMOE_MOE_FUSED_DECODE", "1")
+    assert Nvfp4MoE(TINY, max_num_tokens=4).fused_decode
+    assert not Nvfp4MoE(TINY, max_num_tokens=4, fused_decode=False).fused_decode
+    monkeypatch.setenv("MEGAMOE_MOE_FUSED_DECODE", "0")
+    assert not Nvfp4MoE(TINY, max_num_tokens=4).fused_decode
+    with pytest.raises(TypeError, match="fused_decode"):
+        Nvfp4MoE(TINY, max_num_tokens=4, fused_decode=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_cuda_fused_decode_graph_sync_free(tokens):
+    from moe_fused_helpers import fused_bound, within
+
+    lay = Nvfp4MoE.random(TINY, seed=6, max_num_tokens=16, device="cuda", fused_decode=True)
+    x = torch.randn(tokens, TINY.hidden_size, device="cuda").bfloat16()
+    eager = lay.forward(x).clone()
+    ref, bound, _ = fused_bound(lay, x, *lay.last_routing)
+    assert within(eager, ref, bound)
+    torch.cuda.synchronize()
+    with no_host_syncs():
+        lay.forward(x)
+    replay = lay.capture(tokens)
+    assert torch.equal(replay(x), eager)
+    x2 = torch.randn_like(x)
+    assert torch.equal(replay(x2), lay.forward(x2))

@@ -57,8 +57,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm.nvfp4_gemm import global_scale_strides
+from .gemm.nvfp4_gemm import _num_sms, global_scale_strides
 from .gemm.nvfp4_gemv import _fma_step
+from .gemm.nvfp4_mma_decode import compiled_residency
 from .nvfp4_jit import round_to_bf16
 
 # (ROWS, BLOCK_N, BLOCK_K, num_warps, maxnreg) by the most tokens of a launch. ROWS 1: at 1-16 tokens a routed
@@ -369,7 +370,9 @@ def launch_moe_fused_decode(
     if interpreter:
         programs = num_programs or INTERPRETER_PROGRAMS
     else:
-        programs = num_programs or min(items_bound, resident_grid(x.device, arguments(1), consts, phases))
+        resident = compiled_residency(_moe_fused_decode_kernel, (1,), arguments(1),
+                                      dict(consts, PHASE=0 if phases == 1 else 1))
+        programs = num_programs or min(items_bound, resident * _num_sms(x.device.index or 0))
     programs = max(1, programs)
     args = arguments(programs)
     if phases == 1:
@@ -378,36 +381,6 @@ def launch_moe_fused_decode(
         _moe_fused_decode_kernel[(programs,)](*args, PHASE=1, **consts)
         _moe_fused_decode_kernel[(programs,)](*args, PHASE=2, **consts)
     return out
-
-
-_RESIDENT: dict = {}
-
-
-def resident_grid(device: torch.device, args, consts, phases: int) -> int:
-    """Programs that fit on the GPU at once for this compiled kernel (all co-resident: deadlock freedom).
-
-    Compiled once per specialization without a launch (``kernel.warmup``); the cache key holds every argument's
-    value except the two unspecialized counts (num_tokens, num_programs), so a layer of other shapes (whose
-    binary may use other registers) gets its own residency."""
-    from .gemm.nvfp4_gemm import _num_sms
-    from .gemm.nvfp4_mma_decode import resident_programs
-
-    names = _moe_fused_decode_kernel.arg_names
-    assert names[_NUM_TOKENS_ARG] == "num_tokens" and names[_NUM_PROGRAMS_ARG] == "num_programs", names
-    kw = dict(consts, PHASE=0 if phases == 1 else 1)
-    values = tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
-                   for i, a in enumerate(args) if i not in (_NUM_TOKENS_ARG, _NUM_PROGRAMS_ARG))
-    key = (device, values, tuple(sorted(kw.items())))
-    if key not in _RESIDENT:
-        compiled = _moe_fused_decode_kernel.warmup(*args, grid=(1,), **kw)
-        if hasattr(compiled, "result"):  # asynchronous compilation mode
-            compiled = compiled.result()
-        compiled._init_handles()
-        _RESIDENT[key] = resident_programs(compiled.n_regs, kw["num_warps"], compiled.metadata.shared)
-    return _RESIDENT[key] * _num_sms(device.index or 0)
-
-
-_NUM_TOKENS_ARG, _NUM_PROGRAMS_ARG = 16, 20  # positions in launch_moe_fused_decode's argument tuple
 
 
 def sm90_build(config=FUSED_DECODE_CONFIGS[16], *, slots=7, num_groups=257, phase=0, even=True,

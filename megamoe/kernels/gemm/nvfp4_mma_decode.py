@@ -187,11 +187,22 @@ def resident_programs(n_regs: int, num_warps: int, shared_bytes: int = 0) -> int
 _RESIDENT: dict = {}
 
 
+def _specialization(arg):
+    """What Triton specializes a launch argument on (tensors: dtype and 16-byte alignment; ints: == 1, % 16 == 0
+    and 32 vs 64 bits; other scalars: their type): two launches with equal keys run the same binary."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        return int, arg == 1, arg % 16 == 0, -2 ** 31 <= arg < 2 ** 31
+    return type(arg)
+
+
 def compiled_residency(kernel, grid, args, kwargs) -> int:
     """resident_programs of the compiled ``kernel`` for these arguments (compiled once, without a launch;
-    cached per specialization, so the steady state costs one dictionary look-up)."""
-    key = (kernel, tuple(sorted((k, v) for k, v in kwargs.items())),
-           tuple(a.dtype if isinstance(a, torch.Tensor) else type(a) for a in args), torch.cuda.current_device())
+    cached per specialization (:func:`_specialization` of every argument, so layers whose binaries differ get
+    their own figure), so the steady state costs one dictionary look-up)."""
+    key = (kernel, tuple(sorted((k, v) for k, v in kwargs.items())), tuple(_specialization(a) for a in args),
+           torch.cuda.current_device())
     if key not in _RESIDENT:
         compiled = kernel.warmup(*args, grid=grid, **kwargs)
         if hasattr(compiled, "result"):  # asynchronous compilation mode

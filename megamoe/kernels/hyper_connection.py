@@ -99,7 +99,7 @@ def finish_warps(D: int) -> int:
 
 
 def finish_rcp(x: torch.Tensor) -> int:
-    """The finish kernel's Sinkhorn reciprocal mode (:func:`_reciprocal`): 0 without FINISH_RCP, else the GPU's
+    """The finish kernel's Sinkhorn reciprocal mode (:func:`_divisor`): 0 without FINISH_RCP, else the GPU's
     ``rcp.approx`` on CUDA and ``1.0 / x`` in the interpreter."""
     return 0 if not FINISH_RCP else (2 if x.is_cuda else 1)
 
@@ -248,21 +248,34 @@ def _hc_mix_partial_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, x_ptr, f
 
 
 @triton.jit
-def _reciprocal(x, RCP: tl.constexpr):
-    """1 / x for the Sinkhorn's sums (> eps > 0): RCP 1 = ``1.0 / x`` (the platform's division), 2 = one
-    ``rcp.approx.ftz.f32`` (GPU only; max 1 ulp, the sums are normal numbers)."""
+def _divisor(x, RCP: tl.constexpr):
+    """What the Sinkhorn's ``_divide`` takes for a sum ``x`` (> eps > 0): RCP 0 = x itself (divisions), 1 = ``1.0 /
+    x`` (the platform's division, once per sum), 2 = one ``rcp.approx.ftz.f32`` (GPU only; max 1 ulp, the sums are
+    normal numbers)."""
     if RCP == 2:
         return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
                                          pack=1)
-    else:
+    elif RCP == 1:
         return 1.0 / x
+    else:
+        return x
+
+
+@triton.jit
+def _divide(a, d, RCP: tl.constexpr):
+    """a / sum, given ``d = _divisor(sum, RCP)``: a product with the reciprocal (RCP 1 / 2) or a division (0)."""
+    if RCP:
+        return a * d
+    else:
+        return a / d
 
 
 @triton.jit
 def _sinkhorn_scalars(comb, eps, HC: tl.constexpr, ITERS: tl.constexpr, RCP: tl.constexpr = 0):
     """The Sinkhorn of ``hc_split_sinkhorn`` on HC * HC float32 scalars (a row-major tuple, already ``mix * scale +
     base``): softmax over k, + eps, then column / row normalisations. Scalars: every thread holds the whole
-    matrix, no shuffles or shared memory. Row / column sums are sequential in index order."""
+    matrix, no shuffles or shared memory. Row / column sums are sequential in index order. RCP (:func:`_divisor`):
+    one reciprocal per sum and HC products instead of HC divisions."""
     c = ()
     for j in tl.static_range(HC):
         mx = comb[j * HC]
@@ -274,13 +287,9 @@ def _sinkhorn_scalars(comb, eps, HC: tl.constexpr, ITERS: tl.constexpr, RCP: tl.
         tot = e[0]
         for k in tl.static_range(1, HC):
             tot = tot + e[k]
-        if RCP:
-            tot = _reciprocal(tot, RCP)
+        d = _divisor(tot, RCP)
         for k in tl.static_range(HC):
-            if RCP:
-                c = c + (e[k] * tot + eps,)
-            else:
-                c = c + (e[k] / tot + eps,)
+            c = c + (_divide(e[k], d, RCP) + eps,)
     c = _normalize_columns(c, eps, HC, RCP)
     for _ in tl.static_range(ITERS - 1):
         c = _normalize_rows(c, eps, HC, RCP)
@@ -290,43 +299,31 @@ def _sinkhorn_scalars(comb, eps, HC: tl.constexpr, ITERS: tl.constexpr, RCP: tl.
 
 @triton.jit
 def _normalize_rows(c, eps, HC: tl.constexpr, RCP: tl.constexpr = 0):
-    """Rows divided by (their sum + eps); RCP 1 / 2 (:func:`_reciprocal`): one reciprocal per row times HC products
-    instead of HC divisions."""
+    """Rows divided by (their sum + eps) (RCP: :func:`_divisor`)."""
     out = ()
     for j in tl.static_range(HC):
         tot = c[j * HC]
         for k in tl.static_range(1, HC):
             tot = tot + c[j * HC + k]
-        tot = tot + eps
-        if RCP:
-            inv = _reciprocal(tot, RCP)
-            for k in tl.static_range(HC):
-                out = out + (c[j * HC + k] * inv,)
-        else:
-            for k in tl.static_range(HC):
-                out = out + (c[j * HC + k] / tot,)
+        d = _divisor(tot + eps, RCP)
+        for k in tl.static_range(HC):
+            out = out + (_divide(c[j * HC + k], d, RCP),)
     return out
 
 
 @triton.jit
 def _normalize_columns(c, eps, HC: tl.constexpr, RCP: tl.constexpr = 0):
-    """Columns divided by (their sum + eps); RCP as :func:`_normalize_rows`."""
-    tots = ()
+    """Columns divided by (their sum + eps) (RCP: :func:`_divisor`)."""
+    ds = ()
     for k in tl.static_range(HC):
         tot = c[k]
         for j in tl.static_range(1, HC):
             tot = tot + c[j * HC + k]
-        tot = tot + eps
-        if RCP:
-            tot = _reciprocal(tot, RCP)
-        tots = tots + (tot,)
+        ds = ds + (_divisor(tot + eps, RCP),)
     out = ()
     for j in tl.static_range(HC):
         for k in tl.static_range(HC):
-            if RCP:
-                out = out + (c[j * HC + k] * tots[k],)
-            else:
-                out = out + (c[j * HC + k] / tots[k],)
+            out = out + (_divide(c[j * HC + k], ds[k], RCP),)
     return out
 
 

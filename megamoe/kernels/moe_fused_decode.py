@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from .gemm.nvfp4_gemm import _num_sms, global_scale_strides
-from .gemm.nvfp4_gemv import _fma_step
+from .gemm.nvfp4_gemv import _fma_step, _load_step
 from .gemm.nvfp4_mma_decode import compiled_residency
 from .nvfp4_jit import round_to_bf16
 
@@ -129,24 +129,6 @@ def _gemv_pass(w_ptrs, s_ptrs, x_ptrs, x_mask, K, ROWS: tl.constexpr, BLOCK_N: t
             acc = _fma_step(acc, words, scale_bytes, xt, BLOCK_N, BLOCK_K, False)
             words, scale_bytes, xt = words_n, scale_n, xt_n
     return tl.sum(acc, axis=2)
-
-
-@triton.jit
-def _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-               X_CACHE: tl.constexpr):
-    """nvfp4_gemv's ``_load_step`` with a cache modifier for x (``.cg`` for data other SMs wrote)."""
-    if EVEN_K:
-        xt = tl.load(x_ptrs + k0 // 2, mask=x_mask, other=0, cache_modifier=X_CACHE)
-        words = tl.load(w_ptrs + k0 // 8)
-        scale_bytes = tl.load(s_ptrs + k0 // 16)
-    else:
-        offs_w = tl.arange(0, BLOCK_K // 8)
-        offs_g = tl.arange(0, BLOCK_K // 16)
-        word_ok = (k0 // 8 + offs_w) < K // 8
-        xt = tl.load(x_ptrs + k0 // 2, mask=x_mask & word_ok[None, None, :, None], other=0, cache_modifier=X_CACHE)
-        words = tl.load(w_ptrs + k0 // 8, mask=word_ok[None, None, :], other=0)
-        scale_bytes = tl.load(s_ptrs + k0 // 16, mask=((k0 // 16 + offs_g) < K // 16)[None, None, :], other=0)
-    return words, scale_bytes, xt
 
 
 @triton.jit

@@ -298,18 +298,22 @@ def _nvfp4_gemv_kernel(
 
 
 @triton.jit
-def _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+def _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+               X_CACHE: tl.constexpr = None):
     """Weight words (1, BLOCK_N, BLOCK_K//8) int32, scale bytes (1, BLOCK_N, BLOCK_K//16) uint8,
-    x pairs (ROWS, 1, BLOCK_K//8, 4) int32 of the K chunk starting at ``k0``."""
+    x pairs (ROWS, 1, BLOCK_K//8, 4) int32 of the K chunk starting at ``k0``. X_CACHE: the x loads' cache
+    modifier (``".cg"`` for activations other SMs wrote during the same launch: megamoe/kernels/moe_fused_decode.py;
+    None: the default)."""
+    x_cache: tl.constexpr = "" if X_CACHE is None else X_CACHE
     if EVEN_K:
-        xt = tl.load(x_ptrs + k0 // 2, mask=x_mask, other=0)
+        xt = tl.load(x_ptrs + k0 // 2, mask=x_mask, other=0, cache_modifier=x_cache)
         words = tl.load(w_ptrs + k0 // 8)
         scale_bytes = tl.load(s_ptrs + k0 // 16)
     else:
         offs_w = tl.arange(0, BLOCK_K // 8)
         offs_g = tl.arange(0, BLOCK_K // 16)
         word_ok = (k0 // 8 + offs_w) < K // 8
-        xt = tl.load(x_ptrs + k0 // 2, mask=x_mask & word_ok[None, None, :, None], other=0)
+        xt = tl.load(x_ptrs + k0 // 2, mask=x_mask & word_ok[None, None, :, None], other=0, cache_modifier=x_cache)
         words = tl.load(w_ptrs + k0 // 8, mask=word_ok[None, None, :], other=0)
         scale_bytes = tl.load(s_ptrs + k0 // 16, mask=((k0 // 16 + offs_g) < K // 16)[None, None, :], other=0)
     return words, scale_bytes, xt

@@ -299,8 +299,7 @@ class Nvfp4MoE:
         self._fused_ws = None
         if self.fused_decode:  # h / y / counters of the fused decode launch (h shares the GEMMs' intermediate)
             self._fused_ws = fused_ops.fused_decode_workspace(max_num_tokens, self._slots, self._groups,
-                                                             c.hidden_size, c.intermediate_size, dev)
-            self._fused_ws["h"] = self._inter[: self._fused_ws["h"].shape[0]]
+                                                             c.hidden_size, c.intermediate_size, dev, h=self._inter)
         errors.error_word(dev)  # the device's error word exists before any graph capture
         if dev.type == "cuda":  # likewise the fused route + dispatch launch's counters (CUDA only: importing the
             from ..kernels.moe_route_dispatch import route_dispatch_counters  # kernel fixes its interpreter mode)

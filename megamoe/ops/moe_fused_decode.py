@@ -17,15 +17,17 @@ from ._dispatch import interpreter_enabled, use_triton
 
 
 def fused_decode_workspace(max_tokens: int, slots: int, num_groups: int, hidden: int, inter: int,
-                           device) -> dict:
+                           device, h: torch.Tensor | None = None) -> dict:
     """Preallocated buffers of :func:`moe_fused_decode` for up to ``max_tokens`` tokens of ``slots`` pairs:
-    ``h`` (T*S, I) bf16, ``y`` (T*S, H) fp32, ``counters`` int32 zeros (every launch leaves them zero)."""
+    ``h`` (T*S, I) bf16, ``y`` (T*S, H) fp32, ``counters`` int32 zeros (every launch leaves them zero).
+    h: a caller's (>= T*S, I) bf16 buffer to use for ``h`` (its first T*S rows; e.g. the layer's GEMM
+    intermediate), else a new one."""
     from ..kernels.moe_fused_decode import FUSED_DECODE_MAX_TOKENS, counter_slots
 
     max_tokens = min(max_tokens, FUSED_DECODE_MAX_TOKENS)
     pairs = max_tokens * slots
     return {
-        "h": torch.empty((pairs, inter), dtype=torch.bfloat16, device=device),
+        "h": h[:pairs] if h is not None else torch.empty((pairs, inter), dtype=torch.bfloat16, device=device),
         "y": torch.empty((pairs, hidden), dtype=torch.float32, device=device),
         "counters": torch.zeros(counter_slots(num_groups, max_tokens, hidden), dtype=torch.int32, device=device),
         "max_tokens": max_tokens,

@@ -65,6 +65,11 @@ ACTIVATIONS = _reference.ACTIVATIONS
 _WS_ENV = os.environ.get("MEGAMOE_WS_ROUTE", "1")
 WS_ROUTE = _WS_ENV not in ("", "0")
 WS_BANDED = _WS_ENV == "all"
+# The pipelined wgmma kernel (megamoe/kernels/gemm/nvfp4_wgmma_pipe.py, NOTES_gemm.md v17): when on (default),
+# it takes the banded route's top band (experts with > 64 rows) and the grouped GEMMs above 256 rows per
+# expert ("ws" before), for K % 256 == 0 on sm_90. Measured 1.13-1.8x faster than those wherever it runs
+# (benchmarks/results/gpu_check_v19). MEGAMOE_PIPE_ROUTE (read at import; the flag at every call): "0" off.
+PIPE_ROUTE = os.environ.get("MEGAMOE_PIPE_ROUTE", "1") not in ("", "0")
 # Split-K of the banded route's small band (experts with <= MMA_SMALL_BAND_ROWS rows: every decode step at
 # 1-16 tokens; issue 11, NOTES_gemm.md "decode split-K (grouped)"): the ``splits`` argument of that launch.
 # MEGAMOE_DECODE_SPLITK (read at import): "0" (default) off (the kernel as before), "1" planned from host
@@ -195,7 +200,8 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
 def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts, n: int, k: int) -> str:
     """Which kernel runs this GEMM: "splitk" (dense split-K decode), "banded" (grouped: Gluon mma.sync
     and wgmma launches by row bands, :func:`plan_row_bands`), "mma" (dense Gluon mma.sync decode),
-    "wgmma" (Gluon wgmma), "ws" (warp-specialized Gluon wgmma, only when :data:`WS_ROUTE`), "gemv"
+    "wgmma" (Gluon wgmma), "ws" (warp-specialized Gluon wgmma, only when :data:`WS_ROUTE`), "pipe" (pipelined
+    Gluon wgmma, grouped, more than 256 rows per expert, only when :data:`PIPE_ROUTE`), "gemv"
     (CUDA-core decode) or "tensor-core" (Triton).
 
     ``num_experts`` None means dense. Host metadata only (shapes, strides,
@@ -203,7 +209,8 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
     """
     if not x.is_cuda:
         return "tensor-core"
-    from ..kernels.gemm import nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_ws
+    from ..kernels.gemm import (nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_pipe,
+                                nvfp4_wgmma_ws)
 
     if (num_experts is None and nvfp4_splitk.splitk_preferred(num_rows, n, k)
             and nvfp4_splitk.splitk_supports(x, data)):
@@ -215,6 +222,8 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
         return "mma"
     if gluon_ok and nvfp4_wgmma.wgmma_preferred(num_rows, num_experts):
         return "wgmma"
+    if PIPE_ROUTE and gluon_ok and num_experts is not None and nvfp4_wgmma_pipe.pipe_supported(k):
+        return "pipe"
     if WS_ROUTE and gluon_ok and nvfp4_wgmma_ws.ws_preferred(num_rows, num_experts, k):
         return "ws"
     if nvfp4_gemv.gemv_preferred(num_rows, num_experts, n, k) and nvfp4_gemv.gemv_supports(x, data):
@@ -233,8 +242,8 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
       only when the average is <= 4 rows per touched expert (the previous decode bucket), split-K as
       :data:`DECODE_SPLITK` says (``splits``);
     * "mma" with BLOCK_M 32 chunks for r <= ``MMA_MAX_BAND_ROWS``;
-    * "wgmma" (BLOCK_M 128 tiles, persistent) above ("ws", the warp-specialized kernel, when
-      :data:`WS_BANDED` is on).
+    * "wgmma" (BLOCK_M 128 tiles, persistent) above ("pipe" when :data:`PIPE_ROUTE` is on, else "ws", the
+      warp-specialized kernel, when :data:`WS_BANDED` is on).
 
     A launch is planned only if some routing can reach its band: no expert has
     more than ``min(T, max_rows_per_expert)`` rows (the MoE layer passes its
@@ -261,7 +270,8 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))
         lo = hi
     if most > lo:
-        bands.append(("ws" if WS_BANDED else "wgmma", dict(row_lo=lo)))
+        top = "pipe" if PIPE_ROUTE and k % 256 == 0 else "ws" if WS_BANDED else "wgmma"
+        bands.append((top, dict(row_lo=lo)))
     for i, (route, kwargs) in enumerate(bands):
         kwargs["own_pad"] = i == 0
         if route == "mma":
@@ -279,9 +289,10 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
 
 
 def _launcher(route: str):
-    from ..kernels.gemm import nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_ws
+    from ..kernels.gemm import (nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_pipe,
+                                nvfp4_wgmma_ws)
 
-    return {"splitk": nvfp4_splitk.launch_nvfp4_splitk, "banded": _launch_banded,
+    return {"pipe": nvfp4_wgmma_pipe.launch_nvfp4_wgmma_pipe, "splitk": nvfp4_splitk.launch_nvfp4_splitk, "banded": _launch_banded,
             "mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "wgmma": nvfp4_wgmma.launch_nvfp4_wgmma,
             "ws": nvfp4_wgmma_ws.launch_nvfp4_wgmma_ws,
             "gemv": nvfp4_gemv.launch_nvfp4_gemv, "tensor-core": nvfp4_gemm.launch_nvfp4_gemm}[route]

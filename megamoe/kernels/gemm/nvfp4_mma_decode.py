@@ -45,8 +45,8 @@ import os
 import torch
 import triton
 
-from ...format.mma_order import to_mma_k_order
 from ..pdl import gl_grid_dependency_prologue, pdl_enabled
+from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
 
@@ -653,7 +653,7 @@ def launch_nvfp4_mma_decode(
     x_smem = MMA_X_SMEM_BLOCK_M if x_smem is None else x_smem
     consts["X_SMEM"] = block_m in x_smem and splits == 1 and consts["STAGES"] == 0
     if consts["X_SMEM"]:  # x in the kernel's MMA K order (a (S, K) temporary), streamed by cp.async
-        x32 = to_mma_k_order(x, block_k=block_k).view(torch.int32)
+        x32 = launch_to_mma_k_order(x, block_k=block_k).view(torch.int32)
         head = (x32, *head[1:])
         strides = (x32.stride(0), *strides[1:])
     pointers, scalars = head[:9], head[9:]

@@ -28,7 +28,8 @@ import os
 import torch
 import triton
 
-from ...format.mma_order import MMA_K_GROUP, to_mma_k_order
+from ...format.mma_order import MMA_K_GROUP
+from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
 from .nvfp4_mma_decode import MMA_DECODE_MAX_ROWS_PER_EXPERT
@@ -305,7 +306,7 @@ def launch_nvfp4_wgmma(
             raise ValueError(f"x_ring: expected 0 or an even number of slots >= 4, got {x_ring}")
         x_ring = 0  # this shape runs today's loop
     if x_ring:
-        x = to_mma_k_order(x)
+        x = launch_to_mma_k_order(x)
     head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)

@@ -115,6 +115,7 @@ def test_route_defaults_and_host_rules(monkeypatch):
     assert ws.select_ws_config(1024 * 256, 256) == ws.WS_CONFIG_LARGE
     if "MEGAMOE_WS_ROUTE" not in os.environ:  # large batches on by default, the banded top band off
         assert ops_gemm.WS_ROUTE is True and ops_gemm.WS_BANDED is False
+    monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", False)  # the pipelined kernel takes precedence when on
     monkeypatch.setattr(ops_gemm, "WS_BANDED", False)
     assert all(r != "ws" for r, _ in ops_gemm.plan_row_bands(6 * 4096, 256, 4096, 4096))
     monkeypatch.setattr(ops_gemm, "WS_BANDED", True)
@@ -274,6 +275,7 @@ def test_cuda_op_route_switch(monkeypatch):
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
     x = torch.randn(t, k, device=device).bfloat16()
     offsets = offsets_of([600] * e, device)
+    monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", False)  # the pipelined kernel takes precedence when on
     monkeypatch.setattr(ops_gemm, "WS_ROUTE", True)
     assert ops_gemm.decode_route(x, w.data, t, e, n, k) == "ws"
     out = ops_gemm.nvfp4_grouped_mm(x, w, offsets)

@@ -1,0 +1,304 @@
+"""Prefill-shaped NVFP4 x bf16 grouped GEMM on Hopper, shaped like the peer's (Gluon, async ``wgmma`` chain).
+
+One kernel, one launcher (:func:`launch_nvfp4_wgmma_pipe`). Issue 10; design, prediction and outcome in
+``benchmarks/NOTES_gemm.md`` (v17).
+
+Swap-AB as ``nvfp4_wgmma.py``: a program computes ``out^T`` tiles ``W (BLOCK_N = 256 weight rows) @ x^T
+(BLOCK_K x BLOCK_M tokens)`` with fp32 accumulation; each of the two warpgroups owns two m64 tiles of weight
+rows (128 accumulator registers per thread). What differs from ``nvfp4_wgmma.py``:
+
+* **One shared-memory ring for everything a K step reads** (``STAGES`` slots, ``STAGES - 2`` steps in flight):
+  the x tile (rows gathered by ``row_index``, already in the MMA K order: ``megamoe.format.mma_order``), the
+  packed FP4 words and the E4M3 scale bytes of the weight tile, all by 16-byte (scales: 8-byte) ``cp.async``.
+  The weights come back with one 16-byte shared load per row and step instead of a global load one step ahead.
+* **A fine-grained asynchronous wgmma chain:** each 128-K step is four 32-K sub-steps; sub-step ``i`` decodes
+  word ``i`` of every lane's 16 bytes (exactly the A fragments of MMA K slices ``2i`` and ``2i + 1``: the
+  "kappa" order of ``nvfp4_gluon_jit``) into 8 registers and issues its wgmma (two m64 x BLOCK_M x 32 per
+  warpgroup) without waiting for it; only the sub-step before is waited for. So the decode of sub-step
+  ``i + 1`` overlaps the tensor core's work on ``i``, and the A registers in flight are 16 per thread, which
+  is what leaves room for the 256-row tile (the whole-step A of ``nvfp4_wgmma.py`` would need 128).
+
+Exactness: the decode is bit-exact (the family's ``decode_words``); the products are the same bf16 x bf16
+values as ``nvfp4_wgmma.py`` in the same K order, accumulated in fp32 by wgmma in 32-K instead of 128-K
+groups: results agree with it to fp32 summation rounding (the CUDA tests bound it against float32).
+
+Schedule, bands and padding as ``nvfp4_wgmma.py`` (persistent, per-expert tile table built in registers from
+``expert_offsets``, no host sync, graph-capturable). Grouped only. Requirements: sm_90, K % 128 == 0.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from ...format.mma_order import MMA_K_GROUP
+from .mma_k_order import launch_to_mma_k_order
+from .nvfp4_gemm import _num_sms
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+    from .nvfp4_gluon_jit import add_i32, decode_words, scale_layout, store_epilogue, weight_layout, word_bytes
+    from .nvfp4_wgmma_ws import _store_plain
+
+# (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows, BLOCK_K, num_warps, STAGES).
+# Shared memory: STAGES * (BLOCK_M * BLOCK_K * 2 + BLOCK_N * BLOCK_K * 9 / 16) bytes (200 KB at the default).
+# MEGAMOE_PIPE_CONFIG="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,STAGES" (read at import) overrides it for sweeps.
+PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_PIPE_CONFIG", "128,256,128,8,4").split(","))
+SUB_K = 32  # K per wgmma of the chain: one packed word per lane
+_SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _decode_sub(words, scale_bytes, i: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Sub-step ``i`` of a 128-K step: word ``i`` of each lane's four (memory K ``32 q + 8 i ..``) and its
+        block scale -> the A operand (BLOCK_N, 32) bf16 ``e2m1 * scale * 2**-8`` in MMA K order
+        ``c0 + 2q + 8c1 + 16nib`` (the kappa order of ``decode_a_operand`` restricted to ``i``)."""
+        quads = words.reshape([BLOCK_N, 4, 2, 2])  # n, q, i >> 1, i & 1
+        even, odd = gl.split(quads)
+        half = odd if i % 2 == 1 else even
+        low, high = gl.split(half)
+        word = high if i // 2 == 1 else low  # (BLOCK_N, 4): one word per quad lane
+        sq = scale_bytes.reshape([BLOCK_N, 4, 2])  # n, q, block of the lane's two
+        s0, s1 = gl.split(sq)
+        scale = s1 if i // 2 == 1 else s0
+        factor = scale.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 3.3230699894622794e35  # * 2**118
+        factor = gl.join(factor, factor)
+        factor = gl.join(factor, factor).reshape([BLOCK_N, 16])
+        packed = word_bytes(word)
+        lo, hi = decode_words(packed, gl.convert_layout(factor, packed.type.layout))
+        w = gl.join(lo, hi).reshape([BLOCK_N, 4, 2, 2, 2])  # n, q, c1, c0, nib
+        w = w.permute([0, 4, 2, 1, 3]).reshape([BLOCK_N, 32])  # n, nib, c1, q, c0
+        return gl.convert_layout(w, a_layout)
+
+    @gluon.jit
+    def _fill(x_ring, w_ring, s_ring, slot, xr_ptrs, wr_ptrs, sr_ptrs, step, BLOCK_K: gl.constexpr):
+        """cp.async of K step ``step``'s x, weight words and scale bytes into ring ``slot``."""
+        async_copy.async_copy_global_to_shared(x_ring.index(slot), xr_ptrs + step * BLOCK_K)
+        async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (BLOCK_K // 8))
+        async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
+
+    @gluon.jit
+    def _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, wr_ptrs, sr_ptrs, step, k_tiles,
+                a_layout: gl.constexpr, w_layout: gl.constexpr, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+        """One 128-K step: wait for its ring slot, refill the slot of step - 2 with step + STAGES - 2, then four
+        32-K sub-steps (decode, async wgmma, wait for the sub-step before). Returns (acc, A in flight)."""
+        slot = step % STAGES
+        async_copy.wait_group(STAGES - 3)  # this thread's copies of `step` have landed
+        fence_async_shared()  # ... ordered before the async proxy's (wgmma's) reads
+        gl.thread_barrier()  # everyone's have; every warpgroup's MMAs of step - 2 are complete
+        ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
+        if ahead < k_tiles:
+            _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, wr_ptrs, sr_ptrs, ahead, BLOCK_K)
+        async_copy.commit_group()
+        words = w_ring.index(slot).load(w_layout)
+        scale_bytes = s_ring.index(slot).load(s_layout)
+        xs = x_ring.index(slot)
+        for i in gl.static_range(BLOCK_K // _SUB_K):
+            a = _decode_sub(words, scale_bytes, i, a_layout, BLOCK_N)
+            acc = warpgroup_mma(a, xs.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), acc, is_async=True)
+            acc, a_prev = warpgroup_mma_wait(1, deps=[acc, a_prev])
+            a_prev = a
+        return acc, a_prev
+
+    @gluon.jit
+    def _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, SWIGLU: gl.constexpr, num_warps: gl.constexpr):
+        """Zeros into a padding tile's output (rows ``[row_start, row_end)``, this n-tile's columns)."""
+        width: gl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N
+        n_out = N // 2 if SWIGLU else N
+        col0 = n_start // 2 if SWIGLU else n_start
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        cols = col0 + gl.arange(0, width, layout=gl.SliceLayout(0, layout))
+        zeros = gl.zeros([BLOCK_M, width], gl.bfloat16, layout=layout)
+        gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], zeros,
+                 mask=(rows < row_end)[:, None] & (cols < n_out)[None, :])
+
+    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "own_pad"])
+    def _nvfp4_wgmma_pipe_kernel(
+        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
+        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, row_lo, own_pad,
+        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
+        GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
+        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
+        STAGES: gl.constexpr = 4,
+    ):
+        """Grouped NVFP4 GEMM, x in the MMA K order: one cp.async ring for x, weights and scales, and a
+        32-K-grained async wgmma chain (module docstring)."""
+        gl.static_assert(BLOCK_K == 128)
+        gl.static_assert(STAGES >= 3)
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BLOCK_M, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
+        s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
+        x_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], x_smem_layout)
+        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], flat_layout)
+        s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BLOCK_K // 16], flat_layout)
+        # copy layouts: 16-byte chunks of x (8 bf16) and of weight words (4 int32), one 8-byte chunk of scales
+        xr_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [num_warps, 1],
+                                                   [1, 0])
+        wr_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_K // 32), BLOCK_K // 32], [num_warps, 1],
+                                                   [1, 0])
+        sr_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_K // 16], [32, 1], [num_warps, 1], [1, 0])
+        xr_cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, xr_layout))
+        wr_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, wr_layout))
+        sr_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, sr_layout))
+        x_bf16 = x_ptr.to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+
+        n_tiles = (N + BLOCK_N - 1) // BLOCK_N
+        # per-"expert" row ranges; lane E is the padding pseudo-expert [offsets[E-1], T)
+        lane = gl.arange(0, BLOCK_E, layout=lane_layout)
+        ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
+        prev = gl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
+        starts = gl.where(lane > num_experts, num_rows, prev)
+        ends = gl.minimum(gl.maximum(ends, 0), num_rows)
+        starts = gl.minimum(gl.maximum(starts, 0), num_rows)
+        counts = gl.maximum(ends - starts, 0)
+        # row band: only experts with more than row_lo rows; the padding lane only with own_pad
+        take = gl.where(lane < num_experts, counts > row_lo, (lane == num_experts) & (own_pad != 0))
+        tiles = gl.where(take, (counts + BLOCK_M - 1) // BLOCK_M, 0)
+        tile_ends = gl.associative_scan(tiles, 0, add_i32)
+        total_tiles = gl.sum(tiles, axis=0)
+        total_work = total_tiles * n_tiles
+        k_tiles = K // BLOCK_K
+
+        work = gl.program_id(0)
+        bad_rows = 0  # row_index values outside [0, num_src_rows) (flagged once)
+        while work < total_work:
+            tile = work // n_tiles
+            n_start = (work % n_tiles) * BLOCK_N
+            expert = gl.sum((tile_ends <= tile).to(gl.int32), axis=0)
+            here = lane == expert
+            first_tile = gl.sum(gl.where(here, tile_ends - tiles, 0), axis=0)
+            row_start = gl.sum(gl.where(here, starts, 0), axis=0) + (tile - first_tile) * BLOCK_M
+            row_end = gl.sum(gl.where(here, ends, 0), axis=0)
+            is_real = expert < num_experts
+            expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
+            # weight rows past N read row N - 1 (never stored); x rows past the tile end read a valid row
+            w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wr_layout)), N - 1)
+            wr_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + wr_cols[None, :]
+            s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sr_layout)), N - 1)
+            sr_ptrs = scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn + sr_cols[None, :]
+            r_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xr_layout))
+            r_ok = r_rows < row_end
+            if HAS_ROW_INDEX:
+                r_src = gl.load(row_index_ptr + r_rows, mask=r_ok, other=0).to(gl.int64)
+                src_ok = (r_src >= 0) & (r_src < num_src_rows)
+                if ERR_FLAG != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only)
+                    bad_rows += gl.sum((r_ok & ~src_ok & is_real).to(gl.int32), axis=0)
+                r_src = gl.where(src_ok & r_ok, r_src, 0)
+            else:
+                r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
+            xr_ptrs = x_bf16 + r_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
+            if is_real:
+                # (a path from the accumulator's zeroing to the final wait that skips every wgmma, e.g. a
+                # zero-trip K loop, makes ptxas serialise all wgmmas: C7515)
+                acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+                gl.thread_barrier()  # every warpgroup's MMAs of the previous tile have read the ring
+                for j in gl.static_range(STAGES - 2):
+                    if j < k_tiles:
+                        _fill(x_ring, w_ring, s_ring, j, xr_ptrs, wr_ptrs, sr_ptrs, j, BLOCK_K)
+                    async_copy.commit_group()
+                a_prev = gl.zeros([BLOCK_N, _SUB_K], gl.bfloat16, layout=a_layout)
+                # step 0 peeled: every path from the zeroing to the final wait passes a wgmma
+                acc, a_prev = _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, wr_ptrs, sr_ptrs, 0, k_tiles,
+                                      a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES)
+                for step in range(1, k_tiles):
+                    acc, a_prev = _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, wr_ptrs, sr_ptrs, step,
+                                          k_tiles, a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES)
+                acc = warpgroup_mma_wait(0, deps=[acc, a_prev])[0]
+                if SWIGLU:
+                    store_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
+                                   stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N,
+                                   HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
+                else:
+                    _store_plain(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
+                                 stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
+            else:
+                _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M, BLOCK_N, SWIGLU,
+                             num_warps)
+            work += num_programs
+        if HAS_ROW_INDEX:
+            if ERR_FLAG != 0:
+                gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+
+
+def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True):
+    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
+    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we",
+               "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+    return compile_sm90(_nvfp4_wgmma_pipe_kernel, scalars, config[:3], config[3], grouped=True, row_index=row_index,
+                        bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit, extra_constants=dict(STAGES=config[4]))
+
+
+def pipe_supported(k: int, config=PIPE_CONFIG) -> bool:
+    """Host-shape rule: K a multiple of 256 (the 128-K step, and scale rows of K / 16 bytes that the compiler can
+    prove 16-byte aligned, which the 8-byte scale copies need: K = 384 fails to lower). Every V4 shape qualifies."""
+    return k % 256 == 0 and config[2] == MMA_K_GROUP
+
+
+def launch_nvfp4_wgmma_pipe(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    block_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    expert_offsets: torch.Tensor,
+    row_index: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    swiglu: bool = False,
+    swiglu_limit: float | None = None,
+    interpreter: bool = False,
+    config=None,
+    error_word: torch.Tensor | None = None,
+    row_lo: int = 0,
+    own_pad: bool = True,
+    x_in_mma_order: bool = False,
+) -> torch.Tensor:
+    """Launch the pipelined wgmma grouped GEMM (contract of
+    :func:`megamoe.kernels.gemm.nvfp4_wgmma.launch_nvfp4_wgmma`, grouped only).
+
+    ``x``: (S, K) bf16 activations in memory K order (copied once into the MMA K order, a (S, K) temporary),
+    or already in it with ``x_in_mma_order=True``. ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES).
+    """
+    if interpreter:
+        raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
+    if expert_offsets is None:
+        raise ValueError("expert_offsets: this kernel is grouped only")
+    num_rows = out.shape[0]
+    n, k = data.shape[-2], 2 * data.shape[-1]
+    num_experts = data.shape[0]
+    if num_rows == 0 or n == 0:
+        return out
+    block_m, block_n, block_k, num_warps, stages = config or PIPE_CONFIG
+    if not pipe_supported(k, (block_m, block_n, block_k, num_warps, stages)):
+        raise ValueError(f"data: K={k} must be a multiple of 256 (and BLOCK_K={block_k} = {MMA_K_GROUP}) for this kernel")
+    m_tiles_bound = triton.cdiv(num_rows, block_m) + min(num_experts, num_rows // (row_lo + 1)) + 1
+    work_bound = m_tiles_bound * triton.cdiv(n, block_n)
+    programs = min(work_bound, _num_sms(x.device.index or 0))
+    if not x_in_mma_order:
+        x = launch_to_mma_k_order(x)
+    head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
+                                            row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                                            error_word=error_word)
+    _nvfp4_wgmma_pipe_kernel[(programs,)](
+        *head, programs, row_lo, int(own_pad), *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
+        **flags,
+    )
+    return out

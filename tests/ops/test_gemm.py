@@ -113,17 +113,18 @@ def test_decode_route_on_cpu_is_the_triton_gemm():
 @pytest.mark.cuda
 def test_cuda_ops_take_every_route(monkeypatch):
     """Grouped up to 256 rows per expert -> Gluon mma / wgmma launches by row band, K % 128 != 0 ->
-    CUDA-core kernel, dense M=1 -> split-K, more than 256 rows per expert -> the warp-specialized kernel (WS_ROUTE,
-    default on) and, with WS_ROUTE off, the Triton tensor-core GEMM; each route matches float32 math on the decoded
-    weights."""
+    CUDA-core kernel, dense M=1 -> split-K, more than 256 rows per expert -> the pipelined wgmma kernel (PIPE_ROUTE,
+    default on), with it off the warp-specialized kernel (WS_ROUTE), with both off the Triton tensor-core GEMM;
+    each route matches float32 math on the decoded weights."""
     from gemm_helpers import grouped_f32, rel_err  # tests/gemm_helpers.py (tests/ is on sys.path)
 
     device = torch.device("cuda")
     e = 64
     cases = [(40, 256, 512, "banded"), (40, 256, 480, "gemv"), (64 * 64, 256, 512, "banded"),
-             (64 * 300, 256, 512, "ws" if ops_gemm.WS_ROUTE else "tensor-core"), (64 * 300, 256, 512, "tensor-core")]
+             (64 * 300, 256, 512, "pipe"), (64 * 300, 256, 512, "ws"), (64 * 300, 256, 512, "tensor-core")]
     for t, n, k, route in cases:
         monkeypatch.setattr(ops_gemm, "WS_ROUTE", route == "ws")
+        monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", route in ("pipe", "banded"))
         w = quantize(torch.randn(e, n, k) * 0.05).to(device)
         counts = torch.bincount(torch.randint(0, e, (t - 3,)), minlength=e)
         offsets = counts.cumsum(0).to(torch.int32).to(device)
@@ -148,8 +149,10 @@ def test_cuda_ops_take_every_route(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.parametrize("m", [1, 2, 8, 64, 256])
 def test_cuda_dense_linear_routes(m):
-    """Dense decode sizes (M <= 64) take the split-K kernel (also for K % 128 != 0), larger M the
-    previous routes; every route matches float32 math on the decoded weights, with bias and w4a4."""
+    """Dense decode sizes take the split-K kernel (M <= 64, also for K % 128 != 0; up to 256 where K >= 4096:
+    ``nvfp4_splitk.splitk_max_rows``), larger M the previous routes; every route matches float32 math on the
+    decoded weights, with bias and w4a4."""
+    from megamoe.kernels.gemm.nvfp4_splitk import splitk_max_rows
     from gemm_helpers import rel_err  # tests/gemm_helpers.py (tests/ is on sys.path)
 
     device = torch.device("cuda")
@@ -158,7 +161,8 @@ def test_cuda_dense_linear_routes(m):
         x = torch.randn(m, k, device=device).bfloat16()
         bias = torch.randn(n, device=device)
         route = ops_gemm.decode_route(x, w.data, m, None, n, k)
-        assert (route == "splitk") == (m <= 64), route
+        assert (route == "splitk") == (m <= splitk_max_rows(n, k)), route
+        assert splitk_max_rows(n, k) >= 64
         ref = x.float().cpu() @ dequantize(w.to("cpu"), torch.float32).t() + bias.cpu()
         assert rel_err(nvfp4_linear(x, w, bias), ref) < 1e-2, route
         xa = ref_gemm.activations_for_mode(x.cpu(), "w4a4").float()

@@ -69,17 +69,46 @@ def _dequantize_chunked(t, chunk: int = 16):
 
 
 def _force_routing(layer, weights, ids):
-    """Replace layer.route by a device copy of fixed (weights, ids) (graph-capturable)."""
-    def route(hidden_states, out=None, token_ids=None):
+    """Make the layer use fixed (weights, ids): the layer's forward routes with ``megamoe.ops.moe.route_dispatch``
+    (one launch at decode sizes), so that op is replaced, while this benchmark runs, by a device copy of the fixed
+    tensors into the layer's routing buffers + ``dispatch`` on them (graph-capturable). ``layer.route`` is
+    replaced too (the reference path). Before 2026-11-26 only ``layer.route`` was replaced, which forward no longer
+    calls: every routing ran the router's own (near-uniform) choice (rel err 0.69 vs the forced bf16 layer)."""
+    from megamoe.ops import moe as moe_ops
+
+    original = getattr(moe_ops, "_unforced_route_dispatch", moe_ops.route_dispatch)
+    moe_ops._unforced_route_dispatch = original
+
+    def route_dispatch(hidden_states, gate_weight, correction_bias, *, top_k, slots=None, out=None, buffers=None,
+                       num_groups=None, dispatch_backend="auto", **unused):
         t, k = hidden_states.shape[0], ids.shape[1]
+        slots = top_k if slots is None else slots
+        num_groups = gate_weight.shape[0] if num_groups is None else num_groups
         if out is None:
-            return weights[:t], ids[:t]
-        # the first k columns, as the router writes them (column k of a fused layer is the shared expert)
-        out[0][:t, :k].copy_(weights[:t])
-        out[1][:t, :k].copy_(ids[:t])
-        return out[0][:t, :k], out[1][:t, :k]
+            w_out, i_out = weights[:t], ids[:t]
+        else:  # the first k columns, as the router writes them (column k of a fused layer is the shared expert)
+            out[0][:t, :k].copy_(weights[:t])
+            out[1][:t, :k].copy_(ids[:t])
+            w_out, i_out = out[0][:t, :k], out[1][:t, :k]
+        pair_ids = out[1][:t, :slots] if slots > top_k else i_out
+        backend = dispatch_backend if dispatch_backend != "auto" else "torch"
+        return w_out, i_out, moe_ops.dispatch(pair_ids, num_groups, buffers=buffers, backend=backend)
+
+    moe_ops.route_dispatch = route_dispatch
+
+    def route(hidden_states, out=None, token_ids=None):
+        t = hidden_states.shape[0]
+        return weights[:t], ids[:t]
 
     layer.route = route
+
+
+def _unforce_routing():
+    from megamoe.ops import moe as moe_ops
+
+    if hasattr(moe_ops, "_unforced_route_dispatch"):
+        moe_ops.route_dispatch = moe_ops._unforced_route_dispatch
+        del moe_ops._unforced_route_dispatch
 
 
 def bench_config(config, token_counts, routings, rep_ms, seed=0):
@@ -138,6 +167,7 @@ def bench_config(config, token_counts, routings, rep_ms, seed=0):
             print(f"  {kind:9s} {t:5d} tokens: ours {ours_us:8.1f} us, bf16 {bf16_us:8.1f}, floor {floor_us:7.1f}"
                   f" ({r['ours_over_floor']:.2f}x), rel {rel:.1e}, graph==eager {graph_equal}", flush=True)
             del g, gb, g_out, gb_out
+    _unforce_routing()
     del layer, bf16, w13, w2
     torch.cuda.empty_cache()
     return rows

@@ -33,10 +33,11 @@ with our rows (a CUDA fault stops the run after writing what was measured).
 
 Usage:
   python benchmarks/bench_peer.py [--configs v4-flash,v4-pro] [--tokens 1,8,64,512,4096,16384]
-      [--routings uniform,zipf,all-on-k] [--ws | --both-ws] [--no-peer] [--no-bf16] [--quick]
+      [--routings uniform,zipf,all-on-k] [--ws | --both-ws | --pipe | --both-pipe] [--no-peer] [--no-bf16] [--quick]
       [--rep-ms 20] [--budget-s 540] [--out-dir DIR (default $OUT or benchmarks/results)] [--tag peer_v1]
 Default tokens: V4-Flash 1..16384, V4-Pro 1..8192. ``--ws``: megamoe.ops.gemm.WS_ROUTE = True (the
-warp-specialized grouped GEMM); ``--both-ws``: ours with WS off and on in the same run. ``--budget-s``: no new
+warp-specialized grouped GEMM); ``--both-ws``: ours with WS off and on in the same run; ``--pipe`` /
+``--both-pipe``: the same for megamoe.ops.gemm.PIPE_ROUTE (the pipelined wgmma kernel, NOTES_gemm.md v17). ``--budget-s``: no new
 point starts after that many seconds (results so far are written after every point).
 Device time (guessed, not yet measured; the script prints this estimate per config and then the real times):
 V4-Flash default grid ~3 min (weights + bf16 copy ~30 s, first compiles ~100 s, 18 points ~45 s), V4-Pro ~3.5 min
@@ -461,7 +462,9 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
             t2 = time.time()
             bf16 = bf16_weights(c, w13k, w2)
             print(f"{name}: bf16 weights built in {time.time() - t2:.0f} s", flush=True)
-    ws_saved = gemm_ops.WS_ROUTE
+    switch = "PIPE_ROUTE" if args.pipe or args.both_pipe else "WS_ROUTE"  # the route flag the variants set
+    alt = "_pipe" if switch == "PIPE_ROUTE" else "_ws"
+    switch_saved = getattr(gemm_ops, switch)
     for ri, kind in enumerate(routings):
         for t in tokens:
             if fatal:
@@ -484,9 +487,9 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
             bufs = dispatch_buffers(t * c.top_k, c.num_experts, dev)
             d0 = None
             for v in variants:
-                suffix = "_ws" if (v and len(variants) > 1) else ""
+                suffix = alt if (v and len(variants) > 1) else ""
                 try:
-                    gemm_ops.WS_ROUTE = v
+                    setattr(gemm_ops, switch, v)
                     gemms, full, d0 = ours_forward_fns(c, w13k, w2, ids, weights, bufs)
                     g, out = _graph(gemms, x)
                     g.replay()
@@ -505,7 +508,7 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
                     row["errors"].append(f"ours{suffix}: {type(e).__name__}: {e}")
                     fatal = fatal or _is_cuda_fault(e)
                 finally:
-                    gemm_ops.WS_ROUTE = ws_saved
+                    setattr(gemm_ops, switch, switch_saved)
             if peer is not None and not fatal:
                 try:
                     rd, gi, si = peer_routing_objects(tk, ids, weights, c.num_experts)
@@ -555,7 +558,7 @@ def _routes(gemm_ops, x, w13k, w2, t, c):
 
 
 def _derive(row, variants):
-    for key in ("ours", "ours_ws"):
+    for key in ("ours", "ours_ws", "ours_pipe"):
         us = row.get(f"{key}_us")
         if us:
             row[f"{key}_tflops"] = row["flops"] / us / 1e6
@@ -566,7 +569,7 @@ def _derive(row, variants):
                     row[f"speedup{key[4:]}_disp"] = row["peer_us"] / disp
     if row.get("peer_us"):
         row["peer_tflops"] = row["flops"] / row["peer_us"] / 1e6
-    best = max((row.get(k) or 0.0) for k in ("speedup", "speedup_ws"))
+    best = max((row.get(k) or 0.0) for k in ("speedup", "speedup_ws", "speedup_pipe"))
     row["meets"] = bool(best >= row["target"]) if row.get("peer_us") else None
     if row.get("ours_us"):
         row["ours_over_floor"] = row["ours_us"] / row["floor_us"]
@@ -581,19 +584,20 @@ def write_results(rows, meta, out_dir, tag):
     with open(os.path.join(out_dir, f"{tag}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     both = meta["ws_variants"] == [False, True]
+    label, alt = ("pipe", "_pipe") if meta.get("switch") == "PIPE_ROUTE" else ("WS", "_ws")
     head = ["config", "routing", "tokens", "touched", "max rows/expert", "ours us", "ours+disp us"]
     if both:
-        head += ["ours WS us", "ours WS+disp us"]
+        head += [f"ours {label} us", f"ours {label}+disp us"]
     head += ["peer us", "bf16 us", "floor us", "ours TFLOP/s", "peer TFLOP/s", "ours/peer", "ours+disp/peer"]
     if both:
-        head += ["WS/peer"]
+        head += [f"{label}/peer"]
     head += ["target", "meets", "ours rel err", "peer rel err", "routes (L1, L2)", "errors"]
     lines = [
         "# MoE experts: megamoe NVFP4 vs triton_kernels MXFP4 (CUDA-graph replay, L2 flushed)", "",
         f"- date: {meta['date']}; device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}",
         f"- command: `{meta['command']}`",
         f"- peer: {meta['peer']}",
-        f"- ours WS_ROUTE: {meta['ws_variants']}",
+        f"- ours {meta.get('switch', 'WS_ROUTE')}: {meta['ws_variants']}",
         "- times: `triton.testing.do_bench(graph.replay, return_mode='median')` in us; do_bench clears L2 before "
         "every timed replay. ours = gate_up+SwiGLU (gather fused) + down + combine, dispatch precomputed as the "
         "peer's metadata is; ours+disp adds our dispatch from the ids; peer = matmul_ogs gate_up + swiglu (gather) "
@@ -608,12 +612,12 @@ def write_results(rows, meta, out_dir, tag):
         cells = [r["config"], r["routing"], str(r["tokens"]), str(r["experts_touched"]),
                  str(r["max_rows_per_expert"]), _fmt(r.get("ours_us")), _fmt(r.get("ours_disp_us"))]
         if both:
-            cells += [_fmt(r.get("ours_ws_us")), _fmt(r.get("ours_ws_disp_us"))]
+            cells += [_fmt(r.get(f"ours{alt}_us")), _fmt(r.get(f"ours{alt}_disp_us"))]
         cells += [_fmt(r.get("peer_us")), _fmt(r.get("bf16_us")), _fmt(r.get("floor_us")),
                   _fmt(r.get("ours_tflops")), _fmt(r.get("peer_tflops")), _fmt(r.get("speedup"), "{:.2f}x"),
                   _fmt(r.get("speedup_disp"), "{:.2f}x")]
         if both:
-            cells += [_fmt(r.get("speedup_ws"), "{:.2f}x")]
+            cells += [_fmt(r.get(f"speedup{alt}"), "{:.2f}x")]
         meets = {True: "yes", False: "no", None: "-"}[r.get("meets")]
         cells += [f"{r['target']:.2f}x", meets, _fmt(r.get("ours_rel_err"), "{:.1e}"),
                   _fmt(r.get("peer_rel_err"), "{:.1e}"), ", ".join(r.get("routes", [])),
@@ -635,6 +639,8 @@ def build_parser():
     ws = p.add_mutually_exclusive_group()
     ws.add_argument("--ws", action="store_true", help="time ours with megamoe.ops.gemm.WS_ROUTE = True")
     ws.add_argument("--both-ws", action="store_true", help="time ours with WS_ROUTE off and on")
+    ws.add_argument("--pipe", action="store_true", help="time ours with megamoe.ops.gemm.PIPE_ROUTE = True")
+    ws.add_argument("--both-pipe", action="store_true", help="time ours with PIPE_ROUTE off and on")
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-bf16", dest="bf16", action="store_false")
     p.add_argument("--quick", action="store_true", help="smoke run: v4-flash, 8 and 512 tokens, uniform")
@@ -670,7 +676,8 @@ def main(argv=None) -> int:
 
     start = time.time()
     deadline = start + args.budget_s
-    variants = [False, True] if args.both_ws else [bool(args.ws)]
+    variants = [False, True] if args.both_ws or args.both_pipe else [bool(args.ws or args.pipe)]
+    switch = "PIPE_ROUTE" if args.pipe or args.both_pipe else "WS_ROUTE"
     tk, where = (None, "disabled (--no-peer)") if args.no_peer else load_peer()
     peer_desc = f"triton_kernels from {where}" if tk is not None else f"not run: {where}"
     print(f"peer: {peer_desc}", flush=True)
@@ -678,7 +685,7 @@ def main(argv=None) -> int:
         sys.argv[1:] if argv is None else argv))
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "command": command, "peer": peer_desc, "ws_variants": variants, "rep_ms": args.rep_ms,
+            "command": command, "peer": peer_desc, "ws_variants": variants, "switch": switch, "rep_ms": args.rep_ms,
             "timing": "do_bench median of CUDA-graph replays, L2 cleared before each", "notes": [],
             "rooflines": {"hbm_bytes_per_s": HBM_BYTES_PER_S, "bf16_flops": BF16_FLOPS}, "config_s": {}}
     rows, path = [], None
@@ -687,7 +694,7 @@ def main(argv=None) -> int:
         nonlocal path
         print(f"  {r['routing']:9s} {r['tokens']:6d} tok: ours {_fmt(r.get('ours_us'))} us "
               f"(+disp {_fmt(r.get('ours_disp_us'))}"
-              + (f", WS {_fmt(r.get('ours_ws_us'))}" if len(variants) > 1 else "")
+              + (f", {switch} {_fmt(r.get('ours_ws_us') or r.get('ours_pipe_us'))}" if len(variants) > 1 else "")
               + f"), peer {_fmt(r.get('peer_us'))}, bf16 {_fmt(r.get('bf16_us'))}, floor {r['floor_us']:.1f}; "
               f"ours/peer {_fmt(r.get('speedup'), '{:.2f}x')} (target {r['target']:.2f}x); "
               f"rel ours {_fmt(r.get('ours_rel_err'), '{:.1e}')} peer {_fmt(r.get('peer_rel_err'), '{:.1e}')}; "

@@ -70,6 +70,14 @@ WS_BANDED = _WS_ENV == "all"
 # expert ("ws" before), for K % 256 == 0 on sm_90. Measured 1.13-1.8x faster than those wherever it runs
 # (benchmarks/results/gpu_check_v19). MEGAMOE_PIPE_ROUTE (read at import; the flag at every call): "0" off.
 PIPE_ROUTE = os.environ.get("MEGAMOE_PIPE_ROUTE", "1") not in ("", "0")
+# With PIPE_ROUTE: when the banded route has no decode band (more than ~4 rows per expert on average: from ~170
+# tokens of V4), the bands above the BLOCK_M 16 mma band (or from 0 rows without it) take the pipelined kernel, at
+# the smallest BLOCK_M holding the band's experts in one tile (32 / 64 / 128 rows), instead of the mma.sync
+# BLOCK_M 32 band. (A BLOCK_M 16 pipelined band measured slower than the mma one at 512 tokens: 2047 vs 1893 us,
+# gpu_check_v19/e_peer_pipe_bands.md.)
+# MEGAMOE_PIPE_BANDS (read at import; the flag at every call): "1" (default) on, "0" off. Measured 1.04-1.88x at
+# 512-4096 tokens where a band is populated, neutral elsewhere (gpu_check_v19/f_peer_pipe_{top,bands}.md).
+PIPE_BANDS = os.environ.get("MEGAMOE_PIPE_BANDS", "1") not in ("", "0")
 # Split-K of the banded route's small band (experts with <= MMA_SMALL_BAND_ROWS rows: every decode step at
 # 1-16 tokens; issue 11, NOTES_gemm.md "decode split-K (grouped)"): the ``splits`` argument of that launch.
 # MEGAMOE_DECODE_SPLITK (read at import): "0" (default) off (the kernel as before), "1" planned from host
@@ -261,10 +269,19 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     if small[0] < wide[0]:
         lo = mma.MMA_SMALL_BAND_ROWS if most > mma.MMA_SMALL_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=small, row_band=(0, lo), splits=DECODE_SPLITK)))
+    pipe_bands = PIPE_ROUTE and PIPE_BANDS and not bands and k % 256 == 0  # not with a decode band
     if MMA16_BAND and not bands and avg <= mma.MMA16_BAND_ROWS and most > lo:
         hi = mma.MMA16_BAND_ROWS if most > mma.MMA16_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=mma.MMA16_CONFIG, row_band=(lo, hi))))
         lo = hi
+    if pipe_bands:
+        from ..kernels.gemm.nvfp4_wgmma_pipe import PIPE_BAND_CONFIGS, PIPE_CONFIG
+
+        for hi, config in sorted(PIPE_BAND_CONFIGS.items()) + [(mma.ROW_HI_UNBOUNDED, PIPE_CONFIG)]:
+            if most > lo and hi > lo:
+                top = hi if most > hi else mma.ROW_HI_UNBOUNDED
+                bands.append(("pipe", dict(config=config, row_lo=lo, row_hi=top)))
+                lo = top
     if most > lo:
         hi = mma.MMA_MAX_BAND_ROWS if most > mma.MMA_MAX_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))
@@ -283,8 +300,18 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
     """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream."""
     out = args[4]
     data = args[1]
-    for route, band in plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert):
-        _launcher(route)(*args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
+    plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert)
+    pipe_args = args
+    if sum(route == "pipe" for route, _ in plan) > 1:  # the x copy in the MMA K order is made once for all of them
+        from ..kernels.gemm.mma_k_order import launch_to_mma_k_order
+
+        pipe_args = (launch_to_mma_k_order(args[0]),) + tuple(args[1:])
+    for route, band in plan:
+        if route == "pipe" and pipe_args is not args:
+            band = dict(band, x_in_mma_order=True)
+            _launcher(route)(*pipe_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
+        else:
+            _launcher(route)(*args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
     return out
 
 

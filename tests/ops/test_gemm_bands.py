@@ -81,21 +81,27 @@ def test_chunk_schedule_edge_cases():
     assert mma.chunk_schedule_reference([3, 12, 12, 40], 40, 8, 3, 9, False) == [(1, 3, 11), (1, 11, 12)]
 
 
-def test_bands_partition_every_routing():
+@pytest.mark.parametrize("pipe_bands", [False, True])
+def test_bands_partition_every_routing(monkeypatch, pipe_bands):
     """The launches of plan_row_bands take every expert exactly once (any row count up to T), the first
-    owns the padding, the last band is unbounded (a wrong max_rows_per_expert hint never drops rows)."""
+    owns the padding, the last band is unbounded (a wrong max_rows_per_expert hint never drops rows); with
+    PIPE_BANDS as well (pipelined bands by BLOCK_M)."""
+    monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", True)
+    monkeypatch.setattr(ops_gemm, "PIPE_BANDS", pipe_bands)
     rng = random.Random(0)
     for t, e, hint in [(7, 257, 1), (56, 257, 8), (56, 257, None), (384, 256, 64), (3072, 256, 512),
                        (24576, 256, 4096), (64, 1, None), (100, 8, 3)]:
         plan = ops_gemm.plan_row_bands(t, e, 4096, hint)
-        bands = [kw["row_band"] if route == "mma" else (kw["row_lo"], UNB) for route, kw in plan]
+        bands = [kw["row_band"] if route == "mma" else (kw["row_lo"], kw.get("row_hi", UNB)) for route, kw in plan]
+        if pipe_bands and t >= 3072:
+            assert [route for route, _ in plan][-3:] == ["pipe"] * 3
         assert bands[0][0] == 0 and bands[-1][1] == UNB
         assert all(a[1] == b[0] for a, b in zip(bands, bands[1:]))
         assert [kw["own_pad"] for _, kw in plan] == [True] + [False] * (len(plan) - 1)
         for counts in _routings(e, t, rng):
             items = []
             for (route, kw), (lo, hi) in zip(plan, bands):
-                bm = kw["config"][0] if route == "mma" else 128
+                bm = kw["config"][0] if "config" in kw else 128
                 mine = mma.chunk_schedule_reference(_offsets(counts), t, bm, lo, hi, kw["own_pad"])
                 if route == "mma" and max(counts) <= kw["max_rows_per_expert"]:  # the grid bound holds
                     assert len(mine) <= mma.chunk_bound(t, e, bm, lo, hi, kw["own_pad"], kw["max_rows_per_expert"])
@@ -171,10 +177,13 @@ def _skewed_counts(kind, e, t, gen):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("pipe_bands", [False, True])
 @pytest.mark.parametrize("kind", ["one", "top6", "zipf", "uniform"])
 @pytest.mark.parametrize("t,hint", [(56, 8), (56, None), (384, 64), (3000, 500), (9000, None)])
-def test_cuda_banded_skewed_matches_float32(kind, t, hint):
+def test_cuda_banded_skewed_matches_float32(monkeypatch, kind, t, hint, pipe_bands):
     from gemm_helpers import grouped_f32, random_weight, rel_err
+
+    monkeypatch.setattr(ops_gemm, "PIPE_BANDS", pipe_bands)
 
     device = torch.device("cuda")
     e, n, k = 40, 256, 512
@@ -196,12 +205,15 @@ def test_cuda_banded_skewed_matches_float32(kind, t, hint):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("pipe_bands", [False, True])
 @pytest.mark.parametrize("t,hint", [(384, 64), (3000, None)])
-def test_cuda_banded_graph_replay_with_routing_moved(t, hint):
+def test_cuda_banded_graph_replay_with_routing_moved(monkeypatch, t, hint, pipe_bands):
     """Captured under uniform routing, replayed after every row moved to one expert (and back to Zipf):
     equal to eager bit for bit, sync-free, and correct; SwiGLU epilogue."""
     from gemm_helpers import grouped_f32, random_weight, rel_err
     from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
+
+    monkeypatch.setattr(ops_gemm, "PIPE_BANDS", pipe_bands)
 
     device = torch.device("cuda")
     e, i, k = 40, 128, 512

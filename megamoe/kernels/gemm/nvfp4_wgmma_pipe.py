@@ -36,12 +36,13 @@ from ...format.mma_order import MMA_K_GROUP
 from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
+from .nvfp4_mma_decode import ROW_HI_UNBOUNDED
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
     from .nvfp4_gluon_jit import add_i32, decode_words, scale_layout, store_epilogue, weight_layout, word_bytes
     from .nvfp4_wgmma_ws import _store_plain
@@ -50,6 +51,11 @@ if GLUON_AVAILABLE:
 # Shared memory: STAGES * (BLOCK_M * BLOCK_K * 2 + BLOCK_N * BLOCK_K * 9 / 16) bytes (200 KB at the default).
 # MEGAMOE_PIPE_CONFIG="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,STAGES" (read at import) overrides it for sweeps.
 PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_PIPE_CONFIG", "128,256,128,8,4").split(","))
+# Band configs (megamoe.ops.gemm.plan_row_bands with PIPE_BANDS): the smallest BLOCK_M that holds the band's
+# experts in one tile; deeper rings where the x tile is small (offline sm_90: 180-244 registers, no spills,
+# 3.5 SASS per weight in the K loop).
+PIPE_BAND_CONFIGS = {32: (32, 256, 128, 8, 6), 64: (64, 256, 128, 8, 4)}
+PIPE_BM16_CONFIG = (16, 256, 128, 8, 6)  # compiles (161 registers) and is tested, but slower than mma.sync's 16
 SUB_K = 32  # K per wgmma of the chain: one packed word per lane
 _SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 
@@ -93,15 +99,15 @@ if GLUON_AVAILABLE:
         32-K sub-steps (decode, async wgmma, wait for the sub-step before). Returns (acc, A in flight)."""
         slot = step % STAGES
         async_copy.wait_group(STAGES - 3)  # this thread's copies of `step` have landed
-        fence_async_shared()  # ... ordered before the async proxy's (wgmma's) reads
-        gl.thread_barrier()  # everyone's have; every warpgroup's MMAs of step - 2 are complete
+        # the compiler's barrier after the wait: everyone's have, and every warpgroup's MMAs of step - 2 (waited
+        # for in step - 1) are complete
+        words = w_ring.index(slot).load(w_layout)
+        scale_bytes = s_ring.index(slot).load(s_layout)
+        xs = x_ring.index(slot)
         ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
         if ahead < k_tiles:
             _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, wr_ptrs, sr_ptrs, ahead, BLOCK_K)
         async_copy.commit_group()
-        words = w_ring.index(slot).load(w_layout)
-        scale_bytes = s_ring.index(slot).load(s_layout)
-        xs = x_ring.index(slot)
         for i in gl.static_range(BLOCK_K // _SUB_K):
             a = _decode_sub(words, scale_bytes, i, a_layout, BLOCK_N)
             acc = warpgroup_mma(a, xs.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), acc, is_async=True)
@@ -123,11 +129,11 @@ if GLUON_AVAILABLE:
         gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], zeros,
                  mask=(rows < row_end)[:, None] & (cols < n_out)[None, :])
 
-    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "own_pad"])
+    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "row_hi", "own_pad"])
     def _nvfp4_wgmma_pipe_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
         num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, row_lo, own_pad,
-        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
+        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om, row_hi,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
@@ -168,8 +174,9 @@ if GLUON_AVAILABLE:
         ends = gl.minimum(gl.maximum(ends, 0), num_rows)
         starts = gl.minimum(gl.maximum(starts, 0), num_rows)
         counts = gl.maximum(ends - starts, 0)
-        # row band: only experts with more than row_lo rows; the padding lane only with own_pad
-        take = gl.where(lane < num_experts, counts > row_lo, (lane == num_experts) & (own_pad != 0))
+        # row band: only experts with row_lo < rows <= row_hi; the padding lane only with own_pad
+        take = gl.where(lane < num_experts, (counts > row_lo) & (counts <= row_hi),
+                        (lane == num_experts) & (own_pad != 0))
         tiles = gl.where(take, (counts + BLOCK_M - 1) // BLOCK_M, 0)
         tile_ends = gl.associative_scan(tiles, 0, add_i32)
         total_tiles = gl.sum(tiles, axis=0)
@@ -240,7 +247,7 @@ if GLUON_AVAILABLE:
 def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we",
-               "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+               "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om", "row_hi"]
     return compile_sm90(_nvfp4_wgmma_pipe_kernel, scalars, config[:3], config[3], grouped=True, row_index=row_index,
                         bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit, extra_constants=dict(STAGES=config[4]))
 
@@ -267,6 +274,7 @@ def launch_nvfp4_wgmma_pipe(
     config=None,
     error_word: torch.Tensor | None = None,
     row_lo: int = 0,
+    row_hi: int | None = None,
     own_pad: bool = True,
     x_in_mma_order: bool = False,
 ) -> torch.Tensor:
@@ -275,6 +283,9 @@ def launch_nvfp4_wgmma_pipe(
 
     ``x``: (S, K) bf16 activations in memory K order (copied once into the MMA K order, a (S, K) temporary),
     or already in it with ``x_in_mma_order=True``. ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES).
+    ``row_lo`` / ``row_hi``: compute only the experts with ``row_lo < rows <= row_hi`` (a band of
+    :func:`megamoe.ops.gemm.plan_row_bands`; others' rows are left untouched); ``own_pad``: write zeros to the
+    padding rows ``[offsets[E-1], T)``.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -288,6 +299,7 @@ def launch_nvfp4_wgmma_pipe(
     block_m, block_n, block_k, num_warps, stages = config or PIPE_CONFIG
     if not pipe_supported(k, (block_m, block_n, block_k, num_warps, stages)):
         raise ValueError(f"data: K={k} must be a multiple of 256 (and BLOCK_K={block_k} = {MMA_K_GROUP}) for this kernel")
+    row_hi = ROW_HI_UNBOUNDED if row_hi is None else row_hi
     m_tiles_bound = triton.cdiv(num_rows, block_m) + min(num_experts, num_rows // (row_lo + 1)) + 1
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
     programs = min(work_bound, _num_sms(x.device.index or 0))
@@ -297,7 +309,7 @@ def launch_nvfp4_wgmma_pipe(
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
     _nvfp4_wgmma_pipe_kernel[(programs,)](
-        *head, programs, row_lo, int(own_pad), *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        *head, programs, row_lo, int(own_pad), *strides, row_hi, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
         **flags,
     )

@@ -35,7 +35,7 @@ def _compile(flags, tmp_path) -> bytes:
 def test_sm90_pipe_k_loop(tmp_path, swiglu):
     """Per 128-K step: 16 wgmma (4 sub-steps x 2 m64 tiles x 2 k16) in 4 groups, each group waited for only
     when the next is issued (a serialised chain has ``DEPBAR.LE gsb0, 0x0`` after every wgmma); loads are
-    cp.async into the ring and shared-memory loads, no spills; measured 3.60 instructions per weight."""
+    cp.async into the ring and shared-memory loads, no spills; measured 3.64 instructions per weight."""
     block_m, block_n, block_k, num_warps, _ = pipe.PIPE_CONFIG
     loops = _inner_loops(_compile(dict(swiglu=swiglu), tmp_path), tmp_path)
     k_loops = [(n, ops) for n, ops in loops if ops["HGMMA"]]
@@ -44,10 +44,13 @@ def test_sm90_pipe_k_loop(tmp_path, swiglu):
     assert ops["HGMMA"] == (block_n // 64 // (num_warps // 4)) * block_k // 16
     assert ops["WARPGROUP"] == 2 * block_k // pipe.SUB_K  # one arrive + one DEPBAR (for all but 1) per sub-step
     assert not ops["LDG"] and not ops["LDL"] and not ops["STL"] and not ops["STS"]
+    # two CTA barriers per step (the compiler's, after the cp.async wait and before the refill), no memory barrier
+    # or proxy fence (an explicit fence.proxy.async became MEMBAR.ALL.CTA + FENCE every step: the peer has none)
+    assert ops["BAR"] == 2 and not ops["MEMBAR"] and not ops["FENCE"], ops
     # x: 16-byte chunks of BLOCK_M x 128 bf16; weight words: 16-byte chunks of BLOCK_N x 64 B; scales: 8 B per row
     threads = 32 * num_warps
     assert ops["LDGSTS"] == (block_m * block_k * 2 + block_n * block_k // 2) // 16 // threads + block_n // threads
-    assert count / (block_n * block_k // threads) <= 3.6 * 1.05, (count, ops)
+    assert count / (block_n * block_k // threads) <= 3.64 * 1.05, (count, ops)
 
 
 def _run(x, w, out_shape, **kwargs):
@@ -162,3 +165,30 @@ def test_cuda_pipe_route(monkeypatch, rows_per_expert):
     out = ops_gemm.nvfp4_grouped_mm(x, w, offsets_of(counts, device))
     assert calls, "the pipelined kernel did not run"
     assert rel_err(out, grouped_f32(x, w, offsets_of(counts, "cpu"))) < 4e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+def test_cuda_pipe_band_configs_compute_only_their_band(block_m):
+    """A band launch (row_lo < rows <= row_hi, the band configs of PIPE_BAND_CONFIGS) writes exactly its experts'
+    rows (others keep their NaN), correct to the float32 bound; own_pad zeroes the padding rows."""
+    device = torch.device("cuda")
+    counts = [0, 5, 16, 17, 32, 33, 64, 65, 200]
+    e, n, k = len(counts), 512, 1024
+    lo, hi = block_m // 2 if block_m > 16 else 0, block_m
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    t = sum(counts) + 7
+    x = torch.randn(t, k, device=device).bfloat16()
+    offsets = offsets_of(counts, device)
+    config = pipe.PIPE_BAND_CONFIGS.get(block_m, pipe.PIPE_BM16_CONFIG)
+    out = _run(x, w, (t, n), expert_offsets=offsets, config=config, row_lo=lo, row_hi=hi)
+    ref = grouped_f32(x, w, offsets_of(counts, "cpu"))
+    start = 0
+    for c in counts:
+        rows = out[start:start + c]
+        if lo < c <= hi:
+            assert rel_err(rows, ref[start:start + c]) < 4e-3, c
+        else:
+            assert torch.isnan(rows.float()).all(), c
+        start += c
+    assert (out[start:] == 0).all()

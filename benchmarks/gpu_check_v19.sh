@@ -18,8 +18,8 @@ flash)
     --routings uniform,zipf,all-on-k --both-pipe --rep-ms 10 --budget-s 480 --out-dir "$OUT" --tag b_peer_pipe_flash \
     2>&1 | grep -v Warning | grep "tok:\|done\|Error" ;;
 pro)
-  MEGAMOE_PEERS=.peers timeout 560 python benchmarks/bench_peer.py --configs v4-pro --tokens 512,4096,8192 \
-    --routings uniform,zipf,all-on-k --both-pipe --rep-ms 10 --budget-s 480 --out-dir "$OUT" --tag c_peer_pipe_pro \
+  MEGAMOE_PEERS=.peers timeout 400 python benchmarks/bench_peer.py --configs v4-pro --tokens 512,2048,4096,8192 \
+    --routings uniform,zipf,all-on-k --both-pipe --rep-ms 10 --budget-s 330 --out-dir "$OUT" --tag c_peer_pipe_pro \
     2>&1 | grep -v Warning | grep "tok:\|done\|Error" ;;
 bands)
   # A/B in one call: .ab/old = the previous commit's package (git archive HEAD, carried by the device run: its
@@ -37,7 +37,7 @@ bands)
     --tag f_peer_pipe_bands 2>&1 | grep -v Warning | grep "tok:\|done\|Error" ;;
 skew)
   for pipe in 1 0; do
-    MEGAMOE_PIPE_ROUTE=$pipe timeout 280 python benchmarks/bench_moe_skew.py --configs v4-flash --tokens 512,4096 --rep-ms 15 \
+    MEGAMOE_PIPE_ROUTE=$pipe timeout 200 python benchmarks/bench_moe_skew.py --configs v4-flash --tokens 64,512,2048,4096 --rep-ms 15 \
       --out-dir "$OUT" --tag d_moe_skew_pipe$pipe 2>&1 | grep "tokens:"
   done ;;
 esac

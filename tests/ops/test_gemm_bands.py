@@ -115,11 +115,16 @@ def test_band_plan_keeps_decode_and_adds_launches_only_where_needed(monkeypatch)
     for tokens in (1, 2, 8):
         plan = ops_gemm.plan_row_bands(7 * tokens, 257, 4096, tokens)
         assert len(plan) == 1 and plan[0][0] == "mma" and plan[0][1]["config"] == decode
-    # 64 tokens: decode band + the 32-row band (hot experts up to 64 rows), no wgmma launch
+    # 64 tokens: decode band + one launch for hot experts up to 64 rows (the pipelined kernel's 64-row tiles; the
+    # mma.sync 32-row band with the pipelined kernel off), no 128-row launch
+    plan = ops_gemm.plan_row_bands(384, 256, 4096, 64)
+    assert [r for r, _ in plan] == ["mma", "pipe"] and plan[1][1]["config"][0] == 64
+    assert plan[1][1]["row_lo"] == mma.MMA_SMALL_BAND_ROWS and plan[1][1]["row_hi"] == UNB
+    monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", False)
     assert [r for r, _ in ops_gemm.plan_row_bands(384, 256, 4096, 64)] == ["mma", "mma"]
     # 512 tokens (12 rows per expert on average): 16-row tiles up to 16 rows (MMA16_BAND), 32-row chunks up to 64,
     # wgmma above; 4096 tokens (96 on average): no 16-row band
-    monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", False)  # MEGAMOE_PIPE_ROUTE=0: the synchronous wgmma top band
+    # MEGAMOE_PIPE_ROUTE=0: the synchronous wgmma top band
     plan = ops_gemm.plan_row_bands(3072, 256, 4096, 512)
     assert [r for r, _ in plan] == ["mma", "mma", "wgmma"] and plan[2][1]["row_lo"] == mma.MMA_MAX_BAND_ROWS
     assert plan[0][1]["config"][0] == 16 and plan[0][1]["row_band"] == (0, mma.MMA16_BAND_ROWS)
@@ -128,10 +133,14 @@ def test_band_plan_keeps_decode_and_adds_launches_only_where_needed(monkeypatch)
     assert [r for r, _ in plan] == ["mma", "wgmma"] and plan[1][1]["row_lo"] == mma.MMA_MAX_BAND_ROWS
     monkeypatch.setattr(ops_gemm, "MMA16_BAND", False)  # MEGAMOE_MMA16_BAND=0: the previous plan
     assert [r for r, _ in ops_gemm.plan_row_bands(3072, 256, 4096, 512)] == ["mma", "wgmma"]
-    # the pipelined kernel (default) takes the top band where K % 256 == 0, never a lower one
+    # the pipelined kernel (default, with PIPE_BANDS) takes every band above 16 rows where K % 256 == 0
     monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", True)
-    assert [r for r, _ in ops_gemm.plan_row_bands(24576, 256, 4096, 4096)] == ["mma", "pipe"]
+    monkeypatch.setattr(ops_gemm, "MMA16_BAND", True)
+    assert [r for r, _ in ops_gemm.plan_row_bands(24576, 256, 4096, 4096)] == ["pipe"] * 3
+    assert [r for r, _ in ops_gemm.plan_row_bands(3072, 256, 4096, 512)] == ["mma"] + ["pipe"] * 3
     assert [r for r, _ in ops_gemm.plan_row_bands(24576, 256, 4096 + 128, 4096)] == ["mma", "wgmma"]
+    monkeypatch.setattr(ops_gemm, "PIPE_BANDS", False)  # MEGAMOE_PIPE_BANDS=0: the top band only
+    assert [r for r, _ in ops_gemm.plan_row_bands(24576, 256, 4096, 4096)] == ["mma", "pipe"]
     assert [r for r, _ in ops_gemm.plan_row_bands(384, 256, 4096, 64)] == ["mma", "mma"]
 
 

@@ -41,3 +41,22 @@ skew)
       --out-dir "$OUT" --tag d_moe_skew_pipe$pipe 2>&1 | grep "tokens:"
   done ;;
 esac
+# final validation (H100): bash benchmarks/gpu_check_v19.sh final-tests | final-flash | final-pro | final-skew
+case "$1" in
+final-tests)
+  timeout 560 python -m pytest -q -m cuda tests/kernels/gemm tests/ops/test_gemm.py tests/ops/test_gemm_bands.py \
+    tests/layers/test_moe_layer.py 2>&1 | tail -4 | tee "$OUT/z_tests.log" ;;
+final-flash)
+  MEGAMOE_PEERS=.peers timeout 560 python benchmarks/bench_peer.py --configs v4-flash --tokens 512,1024,2048,4096,16384 \
+    --routings uniform,zipf,all-on-k --both-pipe --rep-ms 10 --budget-s 500 --out-dir "$OUT" --tag z_peer_flash \
+    2>&1 | grep -v Warning | grep "tok:\|done\|Error" ;;
+final-pro)
+  MEGAMOE_PEERS=.peers timeout 560 python benchmarks/bench_peer.py --configs v4-pro --tokens 512,2048,4096,8192 \
+    --routings uniform,zipf,all-on-k --both-pipe --rep-ms 10 --budget-s 480 --out-dir "$OUT" --tag z_peer_pro \
+    2>&1 | grep -v Warning | grep "tok:\|done\|Error\|skip" ;;
+final-skew)
+  for pipe in 1 0; do
+    MEGAMOE_PIPE_ROUTE=$pipe timeout 250 python benchmarks/bench_moe_skew.py --configs v4-flash --tokens 8,64,512,2048,4096 \
+      --rep-ms 15 --out-dir "$OUT" --tag z_moe_skew_pipe$pipe 2>&1 | grep "tokens:"
+  done ;;
+esac

@@ -77,6 +77,11 @@ PIPE_ROUTE = os.environ.get("MEGAMOE_PIPE_ROUTE", "1") not in ("", "0")
 # MEGAMOE_PIPE_BANDS (read at import; the flag at every call): "1" (default) on, "0" off. Measured 1.04-1.88x at
 # 512-4096 tokens where a band is populated, neutral elsewhere (gpu_check_v19/f_peer_pipe_{top,bands}.md).
 PIPE_BANDS = os.environ.get("MEGAMOE_PIPE_BANDS", "1") not in ("", "0")
+# With PIPE_BANDS and no decode band: the <= 16-row and 17-32-row bands take the one-warpgroup, two-programs-per-SM
+# pipelined configs (PIPE_SMALL_CONFIGS) instead of mma.sync BLOCK_M 16 and the 8-warp BLOCK_M 32 tiles: 1.04-1.15x
+# at 512-1024 tokens (gpu_check_v19/l_small*.md). MEGAMOE_PIPE_SMALL (read at import; the flag at every call):
+# "1" (default) on, "0" off.
+PIPE_SMALL = os.environ.get("MEGAMOE_PIPE_SMALL", "1") not in ("", "0")
 # Split-K of the banded route's small band (experts with <= MMA_SMALL_BAND_ROWS rows: every decode step at
 # 1-16 tokens; issue 11, NOTES_gemm.md "decode split-K (grouped)"): the ``splits`` argument of that launch.
 # MEGAMOE_DECODE_SPLITK (read at import): "0" (default) off (the kernel as before), "1" planned from host
@@ -270,6 +275,14 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         lo = mma.MMA_SMALL_BAND_ROWS if most > mma.MMA_SMALL_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=small, row_band=(0, lo), splits=DECODE_SPLITK)))
     pipe_bands = PIPE_ROUTE and PIPE_BANDS and k % 256 == 0
+    if pipe_bands and PIPE_SMALL and not bands and most > lo:
+        from ..kernels.gemm.nvfp4_wgmma_pipe import PIPE_SMALL_CONFIGS
+
+        for hi, config in sorted(PIPE_SMALL_CONFIGS.items()):
+            if most > lo and hi > lo:
+                top = hi if most > hi else mma.ROW_HI_UNBOUNDED
+                bands.append(("pipe", dict(config=config, row_lo=lo, row_hi=top)))
+                lo = top
     if MMA16_BAND and not bands and avg <= mma.MMA16_BAND_ROWS and most > lo:
         hi = mma.MMA16_BAND_ROWS if most > mma.MMA16_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=mma.MMA16_CONFIG, row_band=(lo, hi))))

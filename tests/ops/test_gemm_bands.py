@@ -133,9 +133,15 @@ def test_band_plan_keeps_decode_and_adds_launches_only_where_needed(monkeypatch)
     assert [r for r, _ in plan] == ["mma", "wgmma"] and plan[1][1]["row_lo"] == mma.MMA_MAX_BAND_ROWS
     monkeypatch.setattr(ops_gemm, "MMA16_BAND", False)  # MEGAMOE_MMA16_BAND=0: the previous plan
     assert [r for r, _ in ops_gemm.plan_row_bands(3072, 256, 4096, 512)] == ["mma", "wgmma"]
-    # the pipelined kernel (default, with PIPE_BANDS) takes every band above 16 rows where K % 256 == 0
+    # the pipelined kernel (default, with PIPE_BANDS and PIPE_SMALL) takes every band where K % 256 == 0 and there
+    # is no decode band: 16 / 32-row bands two programs per SM, then 64 / 128-row tiles
     monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", True)
     monkeypatch.setattr(ops_gemm, "MMA16_BAND", True)
+    for t, hint in ((24576, 4096), (3072, 512)):
+        plan = ops_gemm.plan_row_bands(t, 256, 4096, hint)
+        assert [(r, kw["config"][0], kw["row_lo"]) for r, kw in plan] == [
+            ("pipe", 16, 0), ("pipe", 32, 16), ("pipe", 64, 32), ("pipe", 128, 64)]
+    monkeypatch.setattr(ops_gemm, "PIPE_SMALL", False)  # MEGAMOE_PIPE_SMALL=0
     assert [r for r, _ in ops_gemm.plan_row_bands(24576, 256, 4096, 4096)] == ["pipe"] * 3
     assert [r for r, _ in ops_gemm.plan_row_bands(3072, 256, 4096, 512)] == ["mma"] + ["pipe"] * 3
     assert [r for r, _ in ops_gemm.plan_row_bands(24576, 256, 4096 + 128, 4096)] == ["mma", "wgmma"]

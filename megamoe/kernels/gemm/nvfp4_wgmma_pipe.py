@@ -56,6 +56,10 @@ PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_PIPE_CONFIG", "128,2
 # 3.5 SASS per weight in the K loop).
 PIPE_BAND_CONFIGS = {32: (32, 256, 128, 8, 6), 64: (64, 256, 128, 8, 4)}
 PIPE_BM16_CONFIG = (16, 256, 128, 8, 6)  # compiles (161 registers) and is tested, but slower than mma.sync's 16
+# One warpgroup, 128 weight rows, two programs per SM (188 / 215 registers x 128 threads, 78 / 102 KB of ring):
+# two independent rings per SM for the memory-bound small-row bands (megamoe.ops.gemm.PIPE_SMALL, NOTES_gemm.md
+# v17: 1.04-1.15x at 512-1024 tokens of V4-Flash / V4-Pro; the same for the 64-row band measured equal).
+PIPE_SMALL_CONFIGS = {16: (16, 128, 128, 4, 6, 2), 32: (32, 128, 128, 4, 6, 2)}
 SUB_K = 32  # K per wgmma of the chain: one packed word per lane
 _SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 
@@ -282,7 +286,8 @@ def launch_nvfp4_wgmma_pipe(
     :func:`megamoe.kernels.gemm.nvfp4_wgmma.launch_nvfp4_wgmma`, grouped only).
 
     ``x``: (S, K) bf16 activations in memory K order (copied once into the MMA K order, a (S, K) temporary),
-    or already in it with ``x_in_mma_order=True``. ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES).
+    or already in it with ``x_in_mma_order=True``. ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES[,
+    programs per SM (default 1)]).
     ``row_lo`` / ``row_hi``: compute only the experts with ``row_lo < rows <= row_hi`` (a band of
     :func:`megamoe.ops.gemm.plan_row_bands`; others' rows are left untouched); ``own_pad``: write zeros to the
     padding rows ``[offsets[E-1], T)``.
@@ -296,13 +301,14 @@ def launch_nvfp4_wgmma_pipe(
     num_experts = data.shape[0]
     if num_rows == 0 or n == 0:
         return out
-    block_m, block_n, block_k, num_warps, stages = config or PIPE_CONFIG
+    block_m, block_n, block_k, num_warps, stages = (config or PIPE_CONFIG)[:5]
+    per_sm = (config or PIPE_CONFIG)[5] if len(config or PIPE_CONFIG) > 5 else 1
     if not pipe_supported(k, (block_m, block_n, block_k, num_warps, stages)):
         raise ValueError(f"data: K={k} must be a multiple of 256 (and BLOCK_K={block_k} = {MMA_K_GROUP}) for this kernel")
     row_hi = ROW_HI_UNBOUNDED if row_hi is None else row_hi
     m_tiles_bound = triton.cdiv(num_rows, block_m) + min(num_experts, num_rows // (row_lo + 1)) + 1
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
-    programs = min(work_bound, _num_sms(x.device.index or 0))
+    programs = min(work_bound, _num_sms(x.device.index or 0) * per_sm)
     if not x_in_mma_order:
         x = launch_to_mma_k_order(x)
     head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,

@@ -302,6 +302,8 @@ def test_cuda_graph_replay_sync_free_and_fallback(name, h, i, e, monkeypatch):
     from megamoe.kernels.gemm import nvfp4_splitk
 
     dev = torch.device("cuda")
+    # planned split-K (MEGAMOE_DECODE_SPLITK=1); the default is off (splits=1) since it measured slower
+    monkeypatch.setattr(ops_gemm, "DECODE_SPLITK", None)
     w13, _ = _v4_weights(name, h, i, e)
     tokens, t = 1, 6
     offsets = _counts("random", e, tokens, torch.Generator().manual_seed(3)).cumsum(0).to(torch.int32).to(dev)

@@ -168,8 +168,8 @@ def test_cuda_pipe_route(monkeypatch, rows_per_expert):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("block_m", [16, 32, 64])
-def test_cuda_pipe_band_configs_compute_only_their_band(block_m):
+@pytest.mark.parametrize("block_m,small", [(16, False), (32, False), (64, False), (16, True), (32, True)])
+def test_cuda_pipe_band_configs_compute_only_their_band(block_m, small):
     """A band launch (row_lo < rows <= row_hi, the band configs of PIPE_BAND_CONFIGS) writes exactly its experts'
     rows (others keep their NaN), correct to the float32 bound; own_pad zeroes the padding rows."""
     device = torch.device("cuda")
@@ -180,7 +180,7 @@ def test_cuda_pipe_band_configs_compute_only_their_band(block_m):
     t = sum(counts) + 7
     x = torch.randn(t, k, device=device).bfloat16()
     offsets = offsets_of(counts, device)
-    config = pipe.PIPE_BAND_CONFIGS.get(block_m, pipe.PIPE_BM16_CONFIG)
+    config = pipe.PIPE_SMALL_CONFIGS[block_m] if small else pipe.PIPE_BAND_CONFIGS.get(block_m, pipe.PIPE_BM16_CONFIG)
     out = _run(x, w, (t, n), expert_offsets=offsets, config=config, row_lo=lo, row_hi=hi)
     ref = grouped_f32(x, w, offsets_of(counts, "cpu"))
     start = 0

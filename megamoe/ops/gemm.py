@@ -70,9 +70,9 @@ WS_BANDED = _WS_ENV == "all"
 # expert ("ws" before), for K % 256 == 0 on sm_90. Measured 1.13-1.8x faster than those wherever it runs
 # (benchmarks/results/gpu_check_v19). MEGAMOE_PIPE_ROUTE (read at import; the flag at every call): "0" off.
 PIPE_ROUTE = os.environ.get("MEGAMOE_PIPE_ROUTE", "1") not in ("", "0")
-# With PIPE_ROUTE: the bands above the decode band (8 rows) or the BLOCK_M 16 mma band (or from 0 rows without
-# either) take the pipelined kernel, at the smallest BLOCK_M holding the band's experts in one tile (32 / 64 / 128
-# rows; after a decode band 64 / 128: decode sizes keep two launches), instead of the mma.sync BLOCK_M 32 band. (A BLOCK_M 16 pipelined band measured slower than the mma one at 512 tokens: 2047 vs 1893 us,
+# With PIPE_ROUTE: when the banded route has no decode band (more than ~4 rows per expert on average: from ~170
+# tokens of V4), the bands take the pipelined kernel, at the smallest BLOCK_M holding the band's experts in one
+# tile (16 / 32 / 64 / 128 rows; see PIPE_SMALL), instead of the mma.sync BLOCK_M 16 / 32 bands. (A BLOCK_M 16 pipelined band measured slower than the mma one at 512 tokens: 2047 vs 1893 us,
 # gpu_check_v19/e_peer_pipe_bands.md.)
 # MEGAMOE_PIPE_BANDS (read at import; the flag at every call): "1" (default) on, "0" off. Measured 1.04-1.88x at
 # 512-4096 tokens where a band is populated, neutral elsewhere (gpu_check_v19/f_peer_pipe_{top,bands}.md).
@@ -274,7 +274,10 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     if decode_band:
         lo = mma.MMA_SMALL_BAND_ROWS if most > mma.MMA_SMALL_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=small, row_band=(0, lo), splits=DECODE_SPLITK)))
-    pipe_bands = PIPE_ROUTE and PIPE_BANDS and k % 256 == 0
+    # not with a decode band: decode sizes keep their mma.sync plan (a pipelined 64-row band after the decode band
+    # measured 3% / 9% slower layers at 64 uniform / Zipf tokens on the H100, gpu_check_v19/z_moe_skew_pipe*.md,
+    # though 14% faster when all 64 tokens pick the same experts)
+    pipe_bands = PIPE_ROUTE and PIPE_BANDS and k % 256 == 0 and not decode_band
     if pipe_bands and PIPE_SMALL and not bands and most > lo:
         from ..kernels.gemm.nvfp4_wgmma_pipe import PIPE_SMALL_CONFIGS
 
@@ -291,10 +294,6 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         from ..kernels.gemm.nvfp4_wgmma_pipe import PIPE_BAND_CONFIGS, PIPE_CONFIG
 
         for hi, config in sorted(PIPE_BAND_CONFIGS.items()) + [(mma.ROW_HI_UNBOUNDED, PIPE_CONFIG)]:
-            # after a decode band (8 rows) the 9-32-row experts join the 64-row tiles: no third launch at decode
-            # sizes, where such experts come only from skewed routing
-            if decode_band and hi < mma.MMA_MAX_BAND_ROWS:
-                continue
             if most > lo and hi > lo:
                 top = hi if most > hi else mma.ROW_HI_UNBOUNDED
                 bands.append(("pipe", dict(config=config, row_lo=lo, row_hi=top)))

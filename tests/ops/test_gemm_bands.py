@@ -115,11 +115,9 @@ def test_band_plan_keeps_decode_and_adds_launches_only_where_needed(monkeypatch)
     for tokens in (1, 2, 8):
         plan = ops_gemm.plan_row_bands(7 * tokens, 257, 4096, tokens)
         assert len(plan) == 1 and plan[0][0] == "mma" and plan[0][1]["config"] == decode
-    # 64 tokens: decode band + one launch for hot experts up to 64 rows (the pipelined kernel's 64-row tiles; the
-    # mma.sync 32-row band with the pipelined kernel off), no 128-row launch
-    plan = ops_gemm.plan_row_bands(384, 256, 4096, 64)
-    assert [r for r, _ in plan] == ["mma", "pipe"] and plan[1][1]["config"][0] == 64
-    assert plan[1][1]["row_lo"] == mma.MMA_SMALL_BAND_ROWS and plan[1][1]["row_hi"] == UNB
+    # 64 tokens: decode band + the 32-row band (hot experts up to 64 rows), no wgmma launch, with the pipelined
+    # kernel on (the default) or off
+    assert [r for r, _ in ops_gemm.plan_row_bands(384, 256, 4096, 64)] == ["mma", "mma"]
     monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", False)
     assert [r for r, _ in ops_gemm.plan_row_bands(384, 256, 4096, 64)] == ["mma", "mma"]
     # 512 tokens (12 rows per expert on average): 16-row tiles up to 16 rows (MMA16_BAND), 32-row chunks up to 64,

@@ -4,8 +4,9 @@
 evaluation order (row blocks, split-KV ranges, combine, P rounded to bf16 for P.V). Under the interpreter the two
 differ only by the float32 summation order of the two dots (numpy vs torch), which flips a bf16 P or output now
 and then: measured bit-identical on 16 of 24 random calls, <= 9.5e-5 relative otherwise, against 0.8-1.3e-3 for
-the float32-P reference. The bound below (2e-4 relative Frobenius) is far below what a wrong block size, split
-partition or P rounding gives (``test_mirror_rejects_another_partition``).
+the float32-P reference. The bound below (2e-4 relative Frobenius, or at most 2% of the elements differing) is
+below what a wrong block size, split partition or P rounding gives (``test_mirror_rejects_another_partition``).
+A Frobenius bound alone failed ~1 CI run in 10: a flip can move a whole head row (7.2e-4 measured).
 """
 import pytest
 import torch
@@ -15,6 +16,11 @@ from megamoe.reference import attention as ref
 from test_sparse_attention import make_inputs, run_op  # tests/kernels/ (pytest's rootdir-less import)
 
 MIRROR_FRO = 2e-4
+# ... or the flips are confined: at most this fraction of the output elements differ. Measured (2026-11-26, 360
+# random calls of the cases below): a flip moves up to ~1 head row of the output by more than 2e-4 relative
+# (worst 7.2e-4 with 81 of 2048 elements differing, when only one token is compared), while another partition
+# differs in >= 5.2% of the elements AND by >= 4.5e-4. Passing either bound, never both failing, separates them.
+MIRROR_FLIP_FRACTION = 0.02
 
 
 def _mirror(inputs, block_n, num_splits):
@@ -36,6 +42,15 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def _differing(a, b):
+    return float((a.float() != b.float()).float().mean())
+
+
+def _mirrors(got, want):
+    """Within the mirror's bound: the relative Frobenius distance, or the share of differing elements."""
+    return _rel(got, want) <= MIRROR_FRO or _differing(got, want) <= MIRROR_FLIP_FRACTION
+
+
 def _assert_mirrors(got, want):
     assert got.shape == want.shape
     zero = (want.float() == 0).all(dim=-1)
@@ -43,7 +58,8 @@ def _assert_mirrors(got, want):
     # elementwise: within one bf16 ulp of the output's largest magnitude (a flipped bf16 P moves an element of
     # small magnitude by more than its own ulp)
     assert float((got.float() - want.float()).abs().max()) <= float(want.float().abs().max()) * 2.0 ** -7
-    assert _rel(got, want) <= MIRROR_FRO, f"kernel vs mirror {_rel(got, want):.2e} > {MIRROR_FRO}"
+    assert _mirrors(got, want), (f"kernel vs mirror {_rel(got, want):.2e} > {MIRROR_FRO} and "
+                                 f"{_differing(got, want):.3f} of the elements differ > {MIRROR_FLIP_FRACTION}")
 
 
 @pytest.mark.parametrize("case", [
@@ -72,10 +88,11 @@ def test_per_row_split_counts():
     inputs = make_inputs(N=4, H=16, W=20, K=40)
     counts = [1, 3, 5, 2]
     want = _mirror(inputs, kernels.INTERPRETER_CONFIG["BLOCK_N"], torch.tensor(counts))
+    got = torch.empty_like(want)
     for c in sorted(set(counts)):
-        got = run_op(inputs, num_splits=c)
         rows = [i for i, v in enumerate(counts) if v == c]
-        _assert_mirrors(got[rows], want[rows])
+        got[rows] = run_op(inputs, num_splits=c)[rows]
+    _assert_mirrors(got, want)  # over the whole output (one token alone makes a single flip look large)
 
 
 def test_split_layout_matches_kernel():
@@ -90,4 +107,4 @@ def test_mirror_rejects_another_partition():
     got = run_op(inputs, num_splits=5)
     for block_n, splits in [(32, 5), (16, 1), (16, 2)]:
         other = _mirror(inputs, block_n, splits)
-        assert _rel(got, other) > MIRROR_FRO, (block_n, splits)
+        assert not _mirrors(got, other), (block_n, splits, _rel(got, other), _differing(got, other))

@@ -42,12 +42,13 @@ def _env():
 
 def test_env_switch_adds_stages_to_the_band_config():
     """MEGAMOE_MMA_STAGES=4: the BLOCK_M 32 config (the (8, 64] row band) carries 4 stages; the BLOCK_M 8
-    decode config and the default (unset) are unchanged."""
+    decode config and the default (unset) are unchanged. The plan is taken with the pipelined kernel off
+    (MEGAMOE_PIPE_ROUTE=0), which otherwise takes the 32-row band at 512 tokens."""
     code = ("from megamoe.kernels.gemm import nvfp4_mma_decode as m; from megamoe.ops.gemm import plan_row_bands; "
             "print(m.select_mma_decode_config(12, 4096), m.select_mma_decode_config(2, 4096), "
             "[b[1].get('config') for b in plan_row_bands(3072, 256, 4096, 512)])")
     for stages, wide in (("4", "(32, 128, 128, 4, 4)"), ("", "(32, 128, 128, 4)")):
-        env = dict(_env(), MEGAMOE_MMA_STAGES=stages)
+        env = dict(_env(), MEGAMOE_MMA_STAGES=stages, MEGAMOE_PIPE_ROUTE="0")
         out = subprocess.run([sys.executable, "-c", code], env=env, cwd=_ROOT, capture_output=True, text=True,
                              check=True, timeout=120).stdout
         assert out.startswith(wide + " (8, 128, 256, 4)"), out

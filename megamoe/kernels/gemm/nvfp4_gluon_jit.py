@@ -356,3 +356,25 @@ if GLUON_AVAILABLE:
             rows = pid_rows + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, epi_layout))
             gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], result.to(gl.bfloat16),
                      mask=(rows < row_end)[:, None] & col_mask[None, :])
+
+    @gluon.jit
+    def store_plain_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
+                             stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                             HAS_BIAS: gl.constexpr):
+        """The plain (no SwiGLU) epilogue of :func:`store_epilogue`, stored from the MMA layout with weight rows
+        2j, 2j+1 paired in a thread (one shuffle exchange, 4-byte stores), for the kernels whose accumulator tile
+        is too large for that epilogue's full-tile layout conversion (it spilled ~3800 instructions at BLOCK_M
+        256 in ``nvfp4_wgmma_ws.py``, and needs 128 KB of shared memory at 256 x 128 in ``nvfp4_wgmma_pipe.py``)."""
+        pair_layout: gl.constexpr = row_pairs_in_registers(gl.to_linear_layout(acc.type.layout,
+                                                                               [BLOCK_N, BLOCK_M]))
+        result = gl.convert_layout(acc, pair_layout)
+        cols = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pair_layout))
+        col_mask = cols < N
+        gscale = gl.load(global_scale_ptr + expert_c * stride_ge + gl.minimum(cols, N - 1).to(gl.int64) * stride_gn)
+        result = result * (gscale * 256.0)[:, None]
+        if HAS_BIAS:
+            result = result + gl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(gl.float32)[:, None]
+        result = gl.where(is_real, result, 0.0)
+        rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, pair_layout))
+        gl.store(out_ptr + rows.to(gl.int64)[None, :] * stride_om + cols[:, None], result.to(gl.bfloat16),
+                 mask=(rows < row_end)[None, :] & col_mask[:, None])

@@ -44,8 +44,8 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-    from .nvfp4_gluon_jit import add_i32, decode_words, scale_layout, store_epilogue, weight_layout, word_bytes
-    from .nvfp4_wgmma_ws import _store_plain
+    from .nvfp4_gluon_jit import (add_i32, decode_words, scale_layout, store_epilogue, store_plain_epilogue,
+                                  weight_layout, word_bytes)
 
 # (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows, BLOCK_K, num_warps, STAGES).
 # Shared memory: STAGES * (BLOCK_M * BLOCK_K * 2 + BLOCK_N * BLOCK_K * 9 / 16) bytes (200 KB at the default).
@@ -237,8 +237,8 @@ if GLUON_AVAILABLE:
                                    stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N,
                                    HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
                 else:
-                    _store_plain(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
-                                 stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
+                    store_plain_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
+                                         stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
             else:
                 _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M, BLOCK_N, SWIGLU,
                              num_warps)
@@ -304,7 +304,8 @@ def launch_nvfp4_wgmma_pipe(
     block_m, block_n, block_k, num_warps, stages = (config or PIPE_CONFIG)[:5]
     per_sm = (config or PIPE_CONFIG)[5] if len(config or PIPE_CONFIG) > 5 else 1
     if not pipe_supported(k, (block_m, block_n, block_k, num_warps, stages)):
-        raise ValueError(f"data: K={k} must be a multiple of 256 (and BLOCK_K={block_k} = {MMA_K_GROUP}) for this kernel")
+        raise ValueError(f"data: K={k} must be a multiple of 256 (and BLOCK_K={block_k} = {MMA_K_GROUP}) for this "
+                         "kernel")
     row_hi = ROW_HI_UNBOUNDED if row_hi is None else row_hi
     m_tiles_bound = triton.cdiv(num_rows, block_m) + min(num_experts, num_rows // (row_lo + 1)) + 1
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)

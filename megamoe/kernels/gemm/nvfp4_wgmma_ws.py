@@ -57,7 +57,7 @@ if GLUON_AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .nvfp4_gluon_jit import add_i32, decode_words, row_pairs_in_registers, store_epilogue, word_bytes
+    from .nvfp4_gluon_jit import add_i32, decode_words, store_epilogue, store_plain_epilogue, word_bytes
 
 # (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows (64 per consumer warpgroup), BLOCK_K, STAGES,
 #  consumer warps, producer warps, producer registers per thread).
@@ -176,27 +176,6 @@ if GLUON_AVAILABLE:
         dst.store(gl.join(lo, hi).reshape([BLOCK_N, BLOCK_K]))  # element 2i = low nibble of byte i
 
     @gluon.jit
-    def _store_plain(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge, stride_gn,
-                     bias_ptr, out_ptr, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     HAS_BIAS: gl.constexpr):
-        """The plain (no SwiGLU) epilogue of ``store_epilogue``, stored from the MMA layout with weight rows
-        2j, 2j+1 paired in a thread (one shuffle exchange, 4-byte stores): the shared epilogue's full-tile
-        layout conversion spills ~3800 instructions at BLOCK_M = 256."""
-        pair_layout: gl.constexpr = row_pairs_in_registers(gl.to_linear_layout(acc.type.layout,
-                                                                               [BLOCK_N, BLOCK_M]))
-        result = gl.convert_layout(acc, pair_layout)
-        cols = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pair_layout))
-        col_mask = cols < N
-        gscale = gl.load(global_scale_ptr + expert_c * stride_ge + gl.minimum(cols, N - 1).to(gl.int64) * stride_gn)
-        result = result * (gscale * 256.0)[:, None]
-        if HAS_BIAS:
-            result = result + gl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(gl.float32)[:, None]
-        result = gl.where(is_real, result, 0.0)
-        rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, pair_layout))
-        gl.store(out_ptr + rows.to(gl.int64)[None, :] * stride_om + cols[:, None], result.to(gl.bfloat16),
-                 mask=(rows < row_end)[None, :] & col_mask[:, None])
-
-    @gluon.jit
     def _producer(x_ptr, row_index_ptr, w_ptr, scale_ptr, offsets_ptr, err_ptr, x_desc, w_ring, x_ring, ready, empty,
                   num_rows, N, K, num_experts, num_src_rows, num_programs, row_lo, own_pad,
                   stride_xm, stride_we, stride_wn, stride_se, stride_sn,
@@ -292,8 +271,8 @@ if GLUON_AVAILABLE:
                                stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
                                SWIGLU, HAS_LIMIT, NW)
             else:
-                _store_plain(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
-                             stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
+                store_plain_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
+                                     stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
             work += num_programs
 
     @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "own_pad"])
@@ -385,8 +364,8 @@ if GLUON_AVAILABLE:
                                stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
                                SWIGLU, HAS_LIMIT, NW)
             else:
-                _store_plain(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
-                             stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
+                store_plain_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
+                                     stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
             work += num_programs
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:

@@ -302,6 +302,42 @@ if GLUON_AVAILABLE:
     def add_i32(a, b):
         return a + b
 
+
+    @gluon.jit
+    def grouped_tile_table(offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, BLOCK_M: gl.constexpr,
+                           BLOCK_E: gl.constexpr, LANES_PER_THREAD: gl.constexpr, num_warps: gl.constexpr):
+        """The persistent grouped kernels' schedule, built in registers from ``expert_offsets`` (no host sync):
+        per-"expert" row ranges, m-tile counts and their prefix sum over BLOCK_E lanes (lane E = the padding
+        pseudo-expert ``[offsets[E-1], T)``). Row band: only experts with ``row_lo < rows`` (and ``<= row_hi``
+        unless it is None); the padding lane only with ``own_pad``. Returns (lane, starts, ends, tiles,
+        tile_ends, total tiles)."""
+        lane_layout: gl.constexpr = gl.BlockedLayout([LANES_PER_THREAD], [32], [num_warps], [0])
+        lane = gl.arange(0, BLOCK_E, layout=lane_layout)
+        ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
+        prev = gl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
+        starts = gl.where(lane > num_experts, num_rows, prev)
+        ends = gl.minimum(gl.maximum(ends, 0), num_rows)
+        starts = gl.minimum(gl.maximum(starts, 0), num_rows)
+        counts = gl.maximum(ends - starts, 0)
+        if row_hi is None:
+            in_band = counts > row_lo
+        else:
+            in_band = (counts > row_lo) & (counts <= row_hi)
+        take = gl.where(lane < num_experts, in_band, (lane == num_experts) & (own_pad != 0))
+        tiles = gl.where(take, (counts + BLOCK_M - 1) // BLOCK_M, 0)
+        tile_ends = gl.associative_scan(tiles, 0, add_i32)
+        return lane, starts, ends, tiles, tile_ends, gl.sum(tiles, axis=0)
+
+    @gluon.jit
+    def locate_tile(tile, lane, starts, ends, tiles, tile_ends, BLOCK_M: gl.constexpr):
+        """m-tile ``tile`` of :func:`grouped_tile_table` -> (first row, row end, expert; E = padding)."""
+        expert = gl.sum((tile_ends <= tile).to(gl.int32), axis=0)
+        here = lane == expert
+        first_tile = gl.sum(gl.where(here, tile_ends - tiles, 0), axis=0)
+        row_start = gl.sum(gl.where(here, starts, 0), axis=0) + (tile - first_tile) * BLOCK_M
+        row_end = gl.sum(gl.where(here, ends, 0), axis=0)
+        return row_start, row_end, expert
+
     @gluon.constexpr_function
     def row_pairs_in_registers(layout):
         """``layout`` (a linear MMA accumulator layout over (weight rows, tokens)) with weight-row bit 0,

@@ -41,9 +41,10 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     from .nvfp4_gluon_jit import (
-        add_i32,
         decode_a_operand,
+        grouped_tile_table,
         load_weights,
+        locate_tile,
         scale_layout,
         store_epilogue,
         weight_layout,
@@ -131,23 +132,11 @@ if GLUON_AVAILABLE:
             x_bf16 = x_ptr.to(gl.pointer_type(gl.bfloat16), bitcast=True)
         else:
             x_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_K], x_smem_layout)
-        lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-
         n_tiles = (N + BLOCK_N - 1) // BLOCK_N
         if GROUPED:
-            # per-"expert" row ranges; lane E is the padding pseudo-expert [offsets[E-1], T)
-            lane = gl.arange(0, BLOCK_E, layout=lane_layout)
-            ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
-            prev = gl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
-            starts = gl.where(lane > num_experts, num_rows, prev)
-            ends = gl.minimum(gl.maximum(ends, 0), num_rows)
-            starts = gl.minimum(gl.maximum(starts, 0), num_rows)
-            counts = gl.maximum(ends - starts, 0)
             # row band: only experts with more than row_lo rows; the padding lane only with own_pad
-            take = gl.where(lane < num_experts, counts > row_lo, (lane == num_experts) & (own_pad != 0))
-            tiles = gl.where(take, (counts + BLOCK_M - 1) // BLOCK_M, 0)
-            tile_ends = gl.associative_scan(tiles, 0, add_i32)
-            total_tiles = gl.sum(tiles, axis=0)
+            lane, starts, ends, tiles, tile_ends, total_tiles = grouped_tile_table(
+                offsets_ptr, num_rows, num_experts, row_lo, None, own_pad, BLOCK_M, BLOCK_E, 1, num_warps)
         else:
             total_tiles = (num_rows + BLOCK_M - 1) // BLOCK_M
         total_work = total_tiles * n_tiles
@@ -164,11 +153,7 @@ if GLUON_AVAILABLE:
             tile = work // n_tiles
             n_start = (work % n_tiles) * BLOCK_N
             if GROUPED:
-                expert = gl.sum((tile_ends <= tile).to(gl.int32), axis=0)
-                here = lane == expert
-                first_tile = gl.sum(gl.where(here, tile_ends - tiles, 0), axis=0)
-                row_start = gl.sum(gl.where(here, starts, 0), axis=0) + (tile - first_tile) * BLOCK_M
-                row_end = gl.sum(gl.where(here, ends, 0), axis=0)
+                row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, BLOCK_M)
                 is_real = expert < num_experts
                 expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
             else:

@@ -44,8 +44,8 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-    from .nvfp4_gluon_jit import (add_i32, decode_words, scale_layout, store_epilogue, store_plain_epilogue,
-                                  weight_layout, word_bytes)
+    from .nvfp4_gluon_jit import (decode_words, grouped_tile_table, locate_tile, scale_layout, store_epilogue,
+                                  store_plain_epilogue, weight_layout, word_bytes)
 
 # (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows, BLOCK_K, num_warps, STAGES).
 # Shared memory: STAGES * (BLOCK_M * BLOCK_K * 2 + BLOCK_N * BLOCK_K * 9 / 16) bytes (200 KB at the default).
@@ -167,23 +167,10 @@ if GLUON_AVAILABLE:
         wr_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, wr_layout))
         sr_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, sr_layout))
         x_bf16 = x_ptr.to(gl.pointer_type(gl.bfloat16), bitcast=True)
-        lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-
         n_tiles = (N + BLOCK_N - 1) // BLOCK_N
-        # per-"expert" row ranges; lane E is the padding pseudo-expert [offsets[E-1], T)
-        lane = gl.arange(0, BLOCK_E, layout=lane_layout)
-        ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
-        prev = gl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
-        starts = gl.where(lane > num_experts, num_rows, prev)
-        ends = gl.minimum(gl.maximum(ends, 0), num_rows)
-        starts = gl.minimum(gl.maximum(starts, 0), num_rows)
-        counts = gl.maximum(ends - starts, 0)
-        # row band: only experts with row_lo < rows <= row_hi; the padding lane only with own_pad
-        take = gl.where(lane < num_experts, (counts > row_lo) & (counts <= row_hi),
-                        (lane == num_experts) & (own_pad != 0))
-        tiles = gl.where(take, (counts + BLOCK_M - 1) // BLOCK_M, 0)
-        tile_ends = gl.associative_scan(tiles, 0, add_i32)
-        total_tiles = gl.sum(tiles, axis=0)
+        # per-expert tiles of the band row_lo < rows <= row_hi (lane E: the padding pseudo-expert, with own_pad)
+        lane, starts, ends, tiles, tile_ends, total_tiles = grouped_tile_table(
+            offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, BLOCK_M, BLOCK_E, 1, num_warps)
         total_work = total_tiles * n_tiles
         k_tiles = K // BLOCK_K
 
@@ -192,11 +179,7 @@ if GLUON_AVAILABLE:
         while work < total_work:
             tile = work // n_tiles
             n_start = (work % n_tiles) * BLOCK_N
-            expert = gl.sum((tile_ends <= tile).to(gl.int32), axis=0)
-            here = lane == expert
-            first_tile = gl.sum(gl.where(here, tile_ends - tiles, 0), axis=0)
-            row_start = gl.sum(gl.where(here, starts, 0), axis=0) + (tile - first_tile) * BLOCK_M
-            row_end = gl.sum(gl.where(here, ends, 0), axis=0)
+            row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, BLOCK_M)
             is_real = expert < num_experts
             expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
             # weight rows past N read row N - 1 (never stored); x rows past the tile end read a valid row

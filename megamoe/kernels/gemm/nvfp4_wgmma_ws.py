@@ -57,7 +57,8 @@ if GLUON_AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .nvfp4_gluon_jit import add_i32, decode_words, store_epilogue, store_plain_epilogue, word_bytes
+    from .nvfp4_gluon_jit import (decode_words, grouped_tile_table, locate_tile, store_epilogue, store_plain_epilogue,
+                                  word_bytes)
 
 # (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows (64 per consumer warpgroup), BLOCK_K, STAGES,
 #  consumer warps, producer warps, producer registers per thread).
@@ -96,28 +97,14 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _tile_table(offsets_ptr, num_rows, num_experts, row_lo, own_pad, BLOCK_M: gl.constexpr,
                     BLOCK_E: gl.constexpr, NW: gl.constexpr):
-        """Per-expert row ranges and m-tile prefix sums in registers (lane E = the padding pseudo-expert)."""
-        lane_layout: gl.constexpr = gl.BlockedLayout([BLOCK_E // (32 * NW)], [32], [NW], [0])
-        lane = gl.arange(0, BLOCK_E, layout=lane_layout)
-        ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
-        prev = gl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
-        starts = gl.where(lane > num_experts, num_rows, prev)
-        ends = gl.minimum(gl.maximum(ends, 0), num_rows)
-        starts = gl.minimum(gl.maximum(starts, 0), num_rows)
-        counts = gl.maximum(ends - starts, 0)
-        take = gl.where(lane < num_experts, counts > row_lo, (lane == num_experts) & (own_pad != 0))
-        tiles = gl.where(take, (counts + BLOCK_M - 1) // BLOCK_M, 0)
-        tile_ends = gl.associative_scan(tiles, 0, add_i32)
-        return lane, starts, ends, tiles, tile_ends, gl.sum(tiles, axis=0)
+        """:func:`grouped_tile_table` with the lanes spread over the threads in contiguous runs."""
+        return grouped_tile_table(offsets_ptr, num_rows, num_experts, row_lo, None, own_pad, BLOCK_M, BLOCK_E,
+                                  BLOCK_E // (32 * NW), NW)
 
     @gluon.jit
     def _locate(tile, lane, starts, ends, tiles, tile_ends, num_experts, BLOCK_M: gl.constexpr):
         """(row_start, row_end, is_real, expert as int64) of m-tile ``tile``."""
-        expert = gl.sum((tile_ends <= tile).to(gl.int32), axis=0)
-        here = lane == expert
-        first_tile = gl.sum(gl.where(here, tile_ends - tiles, 0), axis=0)
-        row_start = gl.sum(gl.where(here, starts, 0), axis=0) + (tile - first_tile) * BLOCK_M
-        row_end = gl.sum(gl.where(here, ends, 0), axis=0)
+        row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, BLOCK_M)
         return row_start, row_end, expert < num_experts, gl.minimum(expert, num_experts - 1).to(gl.int64)
 
     @gluon.constexpr_function

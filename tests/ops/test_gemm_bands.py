@@ -1,7 +1,7 @@
 """Skew-robust grouped GEMM schedule (issue 10, NOTES_gemm.md v12): row bands and row chunks.
 
 CPU: the work list of the chunked Gluon kernels (``chunk_schedule_reference``, the
-Python twin of ``nvfp4_mma_decode.chunk_schedule`` / ``chunk_rows``), the host grid
+Python twin of ``nvfp4_gluon_jit.grouped_tile_table`` / ``nvfp4_mma_decode.chunk_rows``), the host grid
 bound, and the band plan of the "banded" route cover every row exactly once for any
 routing (empty experts, one expert holding every row, counts that are not multiples
 of the tile). CUDA: the banded route against float32 math under skewed routings,

@@ -306,9 +306,9 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def grouped_tile_table(offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, BLOCK_M: gl.constexpr,
                            BLOCK_E: gl.constexpr, LANES_PER_THREAD: gl.constexpr, num_warps: gl.constexpr):
-        """The persistent grouped kernels' schedule, built in registers from ``expert_offsets`` (no host sync):
-        per-"expert" row ranges, m-tile counts and their prefix sum over BLOCK_E lanes (lane E = the padding
-        pseudo-expert ``[offsets[E-1], T)``). Row band: only experts with ``row_lo < rows`` (and ``<= row_hi``
+        """The grouped kernels' schedule, built in registers from ``expert_offsets`` (no host sync): per-"expert"
+        row ranges, counts of BLOCK_M-row tiles (the mma.sync decode kernel's chunks) and their prefix sum over
+        BLOCK_E lanes (lane E = the padding pseudo-expert ``[offsets[E-1], T)``). Row band: only experts with ``row_lo < rows`` (and ``<= row_hi``
         unless it is None); the padding lane only with ``own_pad``. Returns (lane, starts, ends, tiles,
         tile_ends, total tiles)."""
         lane_layout: gl.constexpr = gl.BlockedLayout([LANES_PER_THREAD], [32], [num_warps], [0])

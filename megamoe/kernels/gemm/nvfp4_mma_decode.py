@@ -56,8 +56,8 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
     from .nvfp4_gluon_jit import (
-        add_i32,
         decode_a_operand,
+        grouped_tile_table,
         load_weights,
         scale_layout,
         store_epilogue,
@@ -241,25 +241,6 @@ if GLUON_AVAILABLE:
         return mma_v2(a, b, acc)
 
     @gluon.jit
-    def chunk_schedule(offsets_ptr, num_experts, num_rows, row_lo, row_hi, own_pad, BLOCK_M: gl.constexpr,
-                       BLOCK_E: gl.constexpr, num_warps: gl.constexpr):
-        """Per-lane (lane, starts, ends, chunks, chunk_ends, total): lane e < E is expert e's row range
-        (chunks only when row_lo < rows <= row_hi), lane E the padding rows [offsets[E-1], T) (chunks
-        only with own_pad); chunk_ends is the inclusive prefix sum, total the number of chunks."""
-        lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        lane = gl.arange(0, BLOCK_E, layout=lane_layout)
-        ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
-        prev = gl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
-        starts = gl.where(lane > num_experts, num_rows, prev)
-        ends = gl.minimum(gl.maximum(ends, 0), num_rows)
-        starts = gl.minimum(gl.maximum(starts, 0), num_rows)
-        counts = gl.maximum(ends - starts, 0)
-        take = gl.where(lane < num_experts, (counts > row_lo) & (counts <= row_hi), (lane == num_experts) & (own_pad != 0))
-        chunks = gl.where(take, (counts + BLOCK_M - 1) // BLOCK_M, 0)
-        chunk_ends = gl.associative_scan(chunks, 0, add_i32)
-        return lane, starts, ends, chunks, chunk_ends, gl.sum(chunks, axis=0)
-
-    @gluon.jit
     def chunk_rows(chunk, lane, starts, ends, chunks, chunk_ends, BLOCK_M: gl.constexpr):
         """(owner lane, row_start, row_end) of work chunk ``chunk`` (row_end - row_start <= BLOCK_M)."""
         owner = gl.sum((chunk_ends <= chunk).to(gl.int32), axis=0)
@@ -318,8 +299,9 @@ if GLUON_AVAILABLE:
 
         pid_n = gl.program_id(0)
         if GROUPED:
-            lane, starts, ends, chunks, chunk_ends, total = chunk_schedule(
-                offsets_ptr, num_experts, num_rows, row_lo, row_hi, own_pad, BLOCK_M, BLOCK_E, num_warps)
+            # chunks of BLOCK_M rows of the experts with row_lo < rows <= row_hi (lane E: padding, with own_pad)
+            lane, starts, ends, chunks, chunk_ends, total = grouped_tile_table(
+                offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, BLOCK_M, BLOCK_E, 1, num_warps)
         else:
             total = (num_rows + BLOCK_M - 1) // BLOCK_M
         if SPLIT != 0:

@@ -72,7 +72,8 @@ WS_BANDED = _WS_ENV == "all"
 PIPE_ROUTE = os.environ.get("MEGAMOE_PIPE_ROUTE", "1") not in ("", "0")
 # With PIPE_ROUTE: when the banded route has no decode band (more than ~4 rows per expert on average: from ~170
 # tokens of V4), the bands take the pipelined kernel, at the smallest BLOCK_M holding the band's experts in one
-# tile (16 / 32 / 64 / 128 rows; see PIPE_SMALL), instead of the mma.sync BLOCK_M 16 / 32 bands. (A BLOCK_M 16 pipelined band measured slower than the mma one at 512 tokens: 2047 vs 1893 us,
+# tile (16 / 32 / 64 / 128 rows; see PIPE_SMALL), instead of the mma.sync BLOCK_M 16 / 32 bands. (A BLOCK_M 16
+# pipelined band of 8 warps measured slower than the mma one at 512 tokens: 2047 vs 1893 us,
 # gpu_check_v19/e_peer_pipe_bands.md.)
 # MEGAMOE_PIPE_BANDS (read at import; the flag at every call): "1" (default) on, "0" off. Measured 1.04-1.88x at
 # 512-4096 tokens where a band is populated, neutral elsewhere (gpu_check_v19/f_peer_pipe_{top,bands}.md).
@@ -221,8 +222,8 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
     """
     if not x.is_cuda:
         return "tensor-core"
-    from ..kernels.gemm import (nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_pipe,
-                                nvfp4_wgmma_ws)
+    from ..kernels.gemm import (nvfp4_gemv, nvfp4_gluon_jit, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma,
+                                nvfp4_wgmma_pipe, nvfp4_wgmma_ws)
 
     if (num_experts is None and nvfp4_splitk.splitk_preferred(num_rows, n, k)
             and nvfp4_splitk.splitk_supports(x, data)):
@@ -263,7 +264,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     is unbounded above, so a wrong hint costs speed, never rows. The first
     launch writes the padding rows ``[offsets[E-1], T)``.
     """
-    from ..kernels.gemm import nvfp4_mma_decode as mma
+    from ..kernels.gemm import nvfp4_mma_decode as mma, nvfp4_wgmma_pipe as pipe
 
     most = num_rows if max_rows_per_expert is None else max(1, min(num_rows, max_rows_per_expert))
     avg = -(-num_rows // max(1, min(num_experts, num_rows)))
@@ -277,34 +278,32 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     # not with a decode band: decode sizes keep their mma.sync plan (a pipelined 64-row band after the decode band
     # measured 3% / 9% slower layers at 64 uniform / Zipf tokens on the H100, gpu_check_v19/z_moe_skew_pipe*.md,
     # though 14% faster when all 64 tokens pick the same experts)
-    pipe_bands = PIPE_ROUTE and PIPE_BANDS and k % 256 == 0 and not decode_band
-    if pipe_bands and PIPE_SMALL and not bands and most > lo:
-        from ..kernels.gemm.nvfp4_wgmma_pipe import PIPE_SMALL_CONFIGS
+    pipe_ok = PIPE_ROUTE and pipe.pipe_supported(k)
+    pipe_bands = pipe_ok and PIPE_BANDS and not decode_band
 
-        for hi, config in sorted(PIPE_SMALL_CONFIGS.items()):
+    def add_pipe_bands(lo, configs):
+        """Pipelined launches for the row bands (lo, hi] of ``configs`` that some expert can reach; the new lo."""
+        for hi, config in configs:
             if most > lo and hi > lo:
                 top = hi if most > hi else mma.ROW_HI_UNBOUNDED
                 bands.append(("pipe", dict(config=config, row_lo=lo, row_hi=top)))
                 lo = top
+        return lo
+
+    if pipe_bands and PIPE_SMALL:
+        lo = add_pipe_bands(lo, sorted(pipe.PIPE_SMALL_CONFIGS.items()))
     if MMA16_BAND and not bands and avg <= mma.MMA16_BAND_ROWS and most > lo:
         hi = mma.MMA16_BAND_ROWS if most > mma.MMA16_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=mma.MMA16_CONFIG, row_band=(lo, hi))))
         lo = hi
     if pipe_bands:
-        from ..kernels.gemm.nvfp4_wgmma_pipe import PIPE_BAND_CONFIGS, PIPE_CONFIG
-
-        for hi, config in sorted(PIPE_BAND_CONFIGS.items()) + [(mma.ROW_HI_UNBOUNDED, PIPE_CONFIG)]:
-            if most > lo and hi > lo:
-                top = hi if most > hi else mma.ROW_HI_UNBOUNDED
-                bands.append(("pipe", dict(config=config, row_lo=lo, row_hi=top)))
-                lo = top
+        lo = add_pipe_bands(lo, sorted(pipe.PIPE_BAND_CONFIGS.items()) + [(mma.ROW_HI_UNBOUNDED, pipe.PIPE_CONFIG)])
     if most > lo:
         hi = mma.MMA_MAX_BAND_ROWS if most > mma.MMA_MAX_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))
         lo = hi
     if most > lo:
-        top = "pipe" if PIPE_ROUTE and k % 256 == 0 else "ws" if WS_BANDED else "wgmma"
-        bands.append((top, dict(row_lo=lo)))
+        bands.append(("pipe" if pipe_ok else "ws" if WS_BANDED else "wgmma", dict(row_lo=lo)))
     for i, (route, kwargs) in enumerate(bands):
         kwargs["own_pad"] = i == 0
         if route == "mma":
@@ -317,17 +316,16 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
     out = args[4]
     data = args[1]
     plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert)
-    pipe_args = args
+    x_mma = None
     if sum(route == "pipe" for route, _ in plan) > 1:  # the x copy in the MMA K order is made once for all of them
         from ..kernels.gemm.mma_k_order import launch_to_mma_k_order
 
-        pipe_args = (launch_to_mma_k_order(args[0]),) + tuple(args[1:])
+        x_mma = launch_to_mma_k_order(args[0])
     for route, band in plan:
-        if route == "pipe" and pipe_args is not args:
-            band = dict(band, x_in_mma_order=True)
-            _launcher(route)(*pipe_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
-        else:
-            _launcher(route)(*args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
+        band_args = args
+        if route == "pipe" and x_mma is not None:
+            band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
+        _launcher(route)(*band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
     return out
 
 
@@ -335,9 +333,9 @@ def _launcher(route: str):
     from ..kernels.gemm import (nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_pipe,
                                 nvfp4_wgmma_ws)
 
-    return {"pipe": nvfp4_wgmma_pipe.launch_nvfp4_wgmma_pipe, "splitk": nvfp4_splitk.launch_nvfp4_splitk, "banded": _launch_banded,
+    return {"splitk": nvfp4_splitk.launch_nvfp4_splitk, "banded": _launch_banded,
             "mma": nvfp4_mma_decode.launch_nvfp4_mma_decode, "wgmma": nvfp4_wgmma.launch_nvfp4_wgmma,
-            "ws": nvfp4_wgmma_ws.launch_nvfp4_wgmma_ws,
+            "pipe": nvfp4_wgmma_pipe.launch_nvfp4_wgmma_pipe, "ws": nvfp4_wgmma_ws.launch_nvfp4_wgmma_ws,
             "gemv": nvfp4_gemv.launch_nvfp4_gemv, "tensor-core": nvfp4_gemm.launch_nvfp4_gemm}[route]
 
 

@@ -13,17 +13,19 @@ rows (128 accumulator registers per thread). What differs from ``nvfp4_wgmma.py`
   The weights come back with one 16-byte shared load per row and step instead of a global load one step ahead.
 * **A fine-grained asynchronous wgmma chain:** each 128-K step is four 32-K sub-steps; sub-step ``i`` decodes
   word ``i`` of every lane's 16 bytes (exactly the A fragments of MMA K slices ``2i`` and ``2i + 1``: the
-  "kappa" order of ``nvfp4_gluon_jit``) into 8 registers and issues its wgmma (two m64 x BLOCK_M x 32 per
+  "kappa" order of ``nvfp4_gluon_jit``) into 16 registers and issues its wgmma (two m64 x BLOCK_M x 32 per
   warpgroup) without waiting for it; only the sub-step before is waited for. So the decode of sub-step
-  ``i + 1`` overlaps the tensor core's work on ``i``, and the A registers in flight are 16 per thread, which
-  is what leaves room for the 256-row tile (the whole-step A of ``nvfp4_wgmma.py`` would need 128).
+  ``i + 1`` overlaps the tensor core's work on ``i``, and the A registers live at once are 32 per thread,
+  which is what leaves room for the 256-row tile (the whole-step A, double-buffered as ``nvfp4_wgmma.py``
+  does it, would need 128).
 
 Exactness: the decode is bit-exact (the family's ``decode_words``); the products are the same bf16 x bf16
 values as ``nvfp4_wgmma.py`` in the same K order, accumulated in fp32 by wgmma in 32-K instead of 128-K
 groups: results agree with it to fp32 summation rounding (the CUDA tests bound it against float32).
 
 Schedule, bands and padding as ``nvfp4_wgmma.py`` (persistent, per-expert tile table built in registers from
-``expert_offsets``, no host sync, graph-capturable). Grouped only. Requirements: sm_90, K % 128 == 0.
+``expert_offsets``, no host sync, graph-capturable). Grouped only. Requirements: sm_90, K % 256 == 0
+(:func:`pipe_supported`).
 """
 from __future__ import annotations
 
@@ -284,9 +286,10 @@ def launch_nvfp4_wgmma_pipe(
     num_experts = data.shape[0]
     if num_rows == 0 or n == 0:
         return out
-    block_m, block_n, block_k, num_warps, stages = (config or PIPE_CONFIG)[:5]
-    per_sm = (config or PIPE_CONFIG)[5] if len(config or PIPE_CONFIG) > 5 else 1
-    if not pipe_supported(k, (block_m, block_n, block_k, num_warps, stages)):
+    config = config or PIPE_CONFIG
+    block_m, block_n, block_k, num_warps, stages = config[:5]
+    per_sm = config[5] if len(config) > 5 else 1
+    if not pipe_supported(k, config):
         raise ValueError(f"data: K={k} must be a multiple of 256 (and BLOCK_K={block_k} = {MMA_K_GROUP}) for this "
                          "kernel")
     row_hi = ROW_HI_UNBOUNDED if row_hi is None else row_hi

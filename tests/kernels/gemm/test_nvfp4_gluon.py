@@ -70,7 +70,7 @@ def _compile_in_subprocess(config, flags, tmp_path, kind="mma") -> bytes:
     interpreter (TRITON_INTERPRET=1), which replaces jit functions and cannot compile."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernel.cubin"
-    module = {"mma": "nvfp4_mma_decode", "wgmma": "nvfp4_wgmma"}[kind]
+    module = {"mma": "nvfp4_mma_decode", "wgmma": "nvfp4_wgmma", "pipe": "nvfp4_wgmma_pipe"}[kind]
     code = (f"import sys; from megamoe.kernels.gemm.{module} import compile_for_sm90; "
             f"c = compile_for_sm90({tuple(config)!r}, **{flags!r}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
     subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)

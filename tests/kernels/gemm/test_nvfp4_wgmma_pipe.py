@@ -13,20 +13,7 @@ from gemm_helpers import check_sync_free_and_graph, every_code_weight, grouped_f
 from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
 from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
 from megamoe.reference.quantize import dequantize
-from test_nvfp4_gluon import _cuobjdump, _inner_loops, gluon_only
-
-
-def _compile(flags, tmp_path) -> bytes:
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = tmp_path / "pipe.cubin"
-    code = ("import sys; from megamoe.kernels.gemm.nvfp4_wgmma_pipe import compile_for_sm90; "
-            f"c = compile_for_sm90(**{flags!r}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
-    subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)
-    return out.read_bytes()
+from test_nvfp4_gluon import _compile_in_subprocess, _cuobjdump, _inner_loops, gluon_only
 
 
 @gluon_only
@@ -37,7 +24,7 @@ def test_sm90_pipe_k_loop(tmp_path, swiglu):
     when the next is issued (a serialised chain has ``DEPBAR.LE gsb0, 0x0`` after every wgmma); loads are
     cp.async into the ring and shared-memory loads, no spills; measured 3.64 instructions per weight."""
     block_m, block_n, block_k, num_warps, _ = pipe.PIPE_CONFIG
-    loops = _inner_loops(_compile(dict(swiglu=swiglu), tmp_path), tmp_path)
+    loops = _inner_loops(_compile_in_subprocess(pipe.PIPE_CONFIG, dict(swiglu=swiglu), tmp_path, kind="pipe"), tmp_path)
     k_loops = [(n, ops) for n, ops in loops if ops["HGMMA"]]
     assert len(k_loops) == 1, loops
     count, ops = k_loops[0]

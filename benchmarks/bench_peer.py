@@ -462,8 +462,7 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
             t2 = time.time()
             bf16 = bf16_weights(c, w13k, w2)
             print(f"{name}: bf16 weights built in {time.time() - t2:.0f} s", flush=True)
-    switch = "PIPE_ROUTE" if args.pipe or args.both_pipe else "WS_ROUTE"  # the route flag the variants set
-    alt = "_pipe" if switch == "PIPE_ROUTE" else "_ws"
+    switch, alt, _ = route_switch(args.pipe or args.both_pipe)
     switch_saved = getattr(gemm_ops, switch)
     for ri, kind in enumerate(routings):
         for t in tokens:
@@ -546,6 +545,11 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
     return rows, notes, fatal
 
 
+def route_switch(pipe: bool):
+    """The second variant of ours: (the megamoe.ops.gemm flag it sets, its row-key suffix, its column label)."""
+    return ("PIPE_ROUTE", "_pipe", "pipe") if pipe else ("WS_ROUTE", "_ws", "WS")
+
+
 def _routes(gemm_ops, x, w13k, w2, t, c):
     """Which of our kernels each GEMM takes (host decision; informational)."""
     try:
@@ -584,7 +588,7 @@ def write_results(rows, meta, out_dir, tag):
     with open(os.path.join(out_dir, f"{tag}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     both = meta["ws_variants"] == [False, True]
-    label, alt = ("pipe", "_pipe") if meta.get("switch") == "PIPE_ROUTE" else ("WS", "_ws")
+    _, alt, label = route_switch(meta.get("switch") == "PIPE_ROUTE")
     head = ["config", "routing", "tokens", "touched", "max rows/expert", "ours us", "ours+disp us"]
     if both:
         head += [f"ours {label} us", f"ours {label}+disp us"]
@@ -677,7 +681,7 @@ def main(argv=None) -> int:
     start = time.time()
     deadline = start + args.budget_s
     variants = [False, True] if args.both_ws or args.both_pipe else [bool(args.ws or args.pipe)]
-    switch = "PIPE_ROUTE" if args.pipe or args.both_pipe else "WS_ROUTE"
+    switch, alt, _ = route_switch(args.pipe or args.both_pipe)
     tk, where = (None, "disabled (--no-peer)") if args.no_peer else load_peer()
     peer_desc = f"triton_kernels from {where}" if tk is not None else f"not run: {where}"
     print(f"peer: {peer_desc}", flush=True)
@@ -694,7 +698,7 @@ def main(argv=None) -> int:
         nonlocal path
         print(f"  {r['routing']:9s} {r['tokens']:6d} tok: ours {_fmt(r.get('ours_us'))} us "
               f"(+disp {_fmt(r.get('ours_disp_us'))}"
-              + (f", {switch} {_fmt(r.get('ours_ws_us') or r.get('ours_pipe_us'))}" if len(variants) > 1 else "")
+              + (f", {switch} {_fmt(r.get(f'ours{alt}_us'))}" if len(variants) > 1 else "")
               + f"), peer {_fmt(r.get('peer_us'))}, bf16 {_fmt(r.get('bf16_us'))}, floor {r['floor_us']:.1f}; "
               f"ours/peer {_fmt(r.get('speedup'), '{:.2f}x')} (target {r['target']:.2f}x); "
               f"rel ours {_fmt(r.get('ours_rel_err'), '{:.1e}')} peer {_fmt(r.get('peer_rel_err'), '{:.1e}')}; "

@@ -36,6 +36,14 @@ CONTEXTS = (4096, 32768, 131072)
 EDGE_CASES = ("partial_window", "inactive_rows", "few_entries", "nan_entry")
 MAX_TOL, FRO_TOL = 1e-2, 4e-3
 READY = "#compiled"
+# (name, impl, MEGAMOE_ATTN_WS): v2 warp-specialized, v2's debugging variant, v3 (sparse_attention_ws3.py).
+VARIANTS = (("ws1", "ws", "1"), ("ws0", "ws", "0"), ("ws3", "ws3", "1"))
+
+
+def _variants():
+    """The variants this run checks and times (``--variants``, passed to the case subprocesses by env)."""
+    names = os.environ.get("MEGAMOE_VALIDATE_VARIANTS", "ws1,ws0,ws3").split(",")
+    return [v for v in VARIANTS if v[0] in names]
 
 
 def _device():
@@ -127,6 +135,20 @@ def _compile_ws(c):
                                      warp_spec=warp_spec, compile_only=True)
             except Exception as exc:  # the run phase compiles then (inside the hard timeout)
                 print(f"warmup failed: {exc!r}", file=sys.stderr)
+        if any(v[1] == "ws3" for v in _variants()):
+            from megamoe.kernels import sparse_attention_ws3 as ws3
+
+            splits, per = kernels.choose_num_splits(B, H, W, K, block_n=ws3.WS3_CONFIG["BLOCK_N"])
+            acc_shape, ml_shape = kernels.workspace_shapes(B, H, D, splits)
+            ws_acc = torch.empty(acc_shape, device=c["q"].device) if splits > 1 else c["attn_sink"]
+            ws_ml = torch.empty(ml_shape, device=c["q"].device) if splits > 1 else c["attn_sink"]
+            try:
+                ws3.launch_ws3(c["q"], c["attn_sink"], D ** -0.5, c["window_kv"], c["window_idx"], c["entries_fp8"],
+                               c["entries_scale"], c["entries_rope"], c["block_table"], c["slots"], c["entry_idx"],
+                               torch.empty_like(c["q"]), splits=splits, per=per, ws_acc=ws_acc, ws_ml=ws_ml,
+                               error_word=errors.error_word(c["q"].device), compile_only=True)
+            except Exception as exc:
+                print(f"warmup failed: {exc!r}", file=sys.stderr)
         torch.cuda.synchronize()
     print(READY, flush=True)
 
@@ -147,9 +169,9 @@ def check_case(kind, batch, context, edge):
     v1 = _run_impl(c, "v1", "1", torch.empty_like(c["q"]), None)
     _compile_ws(c)
     res = dict(case=f"check:{kind}:{batch}:{context}:{edge or ''}", ok=True)
-    for variant in ("1", "0"):
+    for name, impl, variant in _variants():
         errors.clear_errors(dev)
-        got = _run_impl(c, "ws", variant, torch.empty_like(c["q"]), None)
+        got = _run_impl(c, impl, variant, torch.empty_like(c["q"]), None)
         ok_ref, msg_ref = _compare(got, want)
         ok_v1, msg_v1 = _compare(got, v1)
         word = errors.peek_errors(dev)
@@ -157,7 +179,7 @@ def check_case(kind, batch, context, edge):
         if expect_nan is not None:
             nan_q = torch.isnan(got.float()).flatten(1).any(dim=1).cpu()
             ok = ok and torch.equal(nan_q, expect_nan)
-        res[f"ws{variant}"] = dict(ok=ok, vs_ref=msg_ref, vs_v1=msg_v1, error_word=word)
+        res[name] = dict(ok=ok, vs_ref=msg_ref, vs_v1=msg_v1, error_word=word)
         res["ok"] = res["ok"] and ok
     return res
 
@@ -175,10 +197,10 @@ def time_case(kind, batch, context):
     B, H, D = c["q"].shape
     K = c["entry_idx"].shape[1]
     ws = attention_workspace(B, H, D, WINDOW, K, dev)
-    outs = {name: torch.empty_like(c["q"]) for name in ("v1", "ws1", "ws0", "torch")}
+    outs = {name: torch.empty_like(c["q"]) for name in ("v1", "ws1", "ws0", "ws3", "torch")}
     _compile_ws(c)
     t = {}
-    for name, impl, variant in (("v1", "v1", "1"), ("ws1", "ws", "1"), ("ws0", "ws", "0")):
+    for name, impl, variant in (("v1", "v1", "1"), *_variants()):
         os.environ["MEGAMOE_ATTN_WS"] = variant
         t[name] = bench_graph(lambda: _run_impl(c, impl, variant, outs[name], ws))
     t["torch"] = bench_graph(lambda: torch_bf16_path(c, outs["torch"]))
@@ -187,9 +209,10 @@ def time_case(kind, batch, context):
     floor_s = all_bytes / HBM_BYTES_PER_S
     flops = 4 * B * (WINDOW + K) * H * D
     splits, _ = kernels.choose_num_splits(B, H, WINDOW, K)
-    rel = float((outs["ws1"].float() - outs["v1"].float()).norm() / outs["v1"].float().norm())
+    rel = {f"rel_fro_{name}_vs_v1": float((outs[name].float() - outs["v1"].float()).norm()
+                                          / outs["v1"].float().norm()) for name, _, _ in _variants()}
     return dict(case=f"time:{kind}:{batch}:{context}", ok=True, kind=kind, batch=B, context=context, entries=K,
-                splits=splits, floor_all_us=floor_s * 1e6, rel_fro_ws_vs_v1=rel, triton=triton.__version__,
+                splits=splits, floor_all_us=floor_s * 1e6, **rel, triton=triton.__version__,
                 device=torch.cuda.get_device_name(0),
                 **{f"{k}_us": v * 1e6 for k, v in t.items()},
                 **{f"{k}_pct_floor": 100 * floor_s / v for k, v in t.items()},
@@ -248,11 +271,13 @@ def main():
     ap.add_argument("--no-check", action="store_true", help="timing only (correctness validated in an earlier run)")
     ap.add_argument("--batches", help="comma-separated batch sizes (default 1,32,128; --quick 1,32)")
     ap.add_argument("--contexts", help="comma-separated contexts (default 4096,32768,131072; --quick 4k,32k)")
+    ap.add_argument("--variants", default="ws1,ws0,ws3", help="comma-separated subset of ws1, ws0, ws3")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "attention_v2"))
     args = ap.parse_args()
     if args.case:
         print(json.dumps(run_one(args.case)), flush=True)
         return
+    os.environ["MEGAMOE_VALIDATE_VARIANTS"] = args.variants  # for the case subprocesses
     batches = BATCHES[:2] if args.quick else BATCHES
     contexts = CONTEXTS[:2] if args.quick else CONTEXTS
     if args.batches:
@@ -278,22 +303,28 @@ def main():
                     res = spawn(f"time:{k}:{b}:{ctx}", args.timeout, args.compile_timeout)
                     timings.append(res)
                     print(json.dumps(res), flush=True)
-    lines = ["| kind | batch | context | splits | v1 us | ws us | ws0 us | torch bf16 us | floor us | v1 % floor "
-             "| ws % floor | ws TFLOP/s | ws vs v1 | ws vs torch |", "|" + "---|" * 14]
+    names = [v[0] for v in _variants()]
+    lines = ["| kind | batch | context | splits | v1 us | " + " | ".join(f"{n} us" for n in names) +
+             " | torch bf16 us | floor us | " + " | ".join(f"{n} % floor" for n in names) + " | " +
+             " | ".join(f"{n} TFLOP/s" for n in names) + " | best vs v1 | best vs torch |",
+             "|" + "---|" * (8 + 3 * len(names))]
     for r in timings:
         if not r.get("ok"):
             lines.append(f"| {r['case']} | {r.get('error', '')} |")
             continue
-        lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['splits']} | {r['v1_us']:.1f} | "
-                     f"{r['ws1_us']:.1f} | {r['ws0_us']:.1f} | {r['torch_us']:.1f} | {r['floor_all_us']:.2f} | "
-                     f"{r['v1_pct_floor']:.0f}% | {r['ws1_pct_floor']:.0f}% | {r['ws1_tflops']:.0f} | "
-                     f"{r['v1_us'] / r['ws1_us']:.2f}x | {r['torch_us'] / r['ws1_us']:.2f}x |")
+        best = min(r[f"{n}_us"] for n in names)
+        lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['splits']} | {r['v1_us']:.1f} | " +
+                     " | ".join(f"{r[f'{n}_us']:.1f}" for n in names) +
+                     f" | {r['torch_us']:.1f} | {r['floor_all_us']:.2f} | " +
+                     " | ".join(f"{r[f'{n}_pct_floor']:.0f}%" for n in names) + " | " +
+                     " | ".join(f"{r[f'{n}_tflops']:.0f}" for n in names) +
+                     f" | {r['v1_us'] / best:.2f}x | {r['torch_us'] / best:.2f}x |")
     print("\n".join(lines))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(dict(checks=results, timings=timings), f, indent=1)
     with open(args.out + ".md", "w") as f:
-        f.write("# Sparse attention v2 (Gluon) validation\n\n"
+        f.write("# Sparse attention v2 / v3 (Gluon) validation\n\n"
                 f"correctness: {len(results) - n_fail}/{len(results)} passed\n\n" + "\n".join(lines) + "\n")
     sys.exit(1 if n_fail else 0)
 

@@ -82,7 +82,9 @@ LOG2E = 1.4426950408889634
 # 128 with 32k / 128k context, equal at batch 1 (gpu_check_v8/attention_v2.md); it falls back to v1 where
 # ``sparse_attention_ws.supports`` is false (not sm_90, D != 512, the interpreter). ``MEGAMOE_ATTN_IMPL``
 # overrides the default, read at every launch.
-IMPLS = ("v1", "ws")
+# "ws3" (``sparse_attention_ws3.py``): three warpgroups with separate roles and 64-row blocks, V4's row only
+# (falls back to "ws" elsewhere).
+IMPLS = ("v1", "ws", "ws3")
 
 
 def default_impl() -> str:
@@ -91,6 +93,18 @@ def default_impl() -> str:
     if impl not in IMPLS:
         raise ValueError(f"MEGAMOE_ATTN_IMPL: expected one of {IMPLS}, got {impl!r}")
     return impl
+
+
+def main_block_n(impl: str | None = None, *, interpreter: bool = False) -> int:
+    """Rows per block of the main kernel that ``impl`` (None: :func:`default_impl`) runs for V4's row on an sm_90
+    GPU (the interpreter: ``INTERPRETER_CONFIG``'s): the block of the bf16-P rounding and of the split layout."""
+    if interpreter:
+        return INTERPRETER_CONFIG["BLOCK_N"]
+    if (default_impl() if impl is None else impl) == "ws3":
+        from .sparse_attention_ws3 import WS3_CONFIG
+
+        return WS3_CONFIG["BLOCK_N"]
+    return ATTENTION_CONFIG["BLOCK_N"]
 
 
 def chunk_width(nope: int, rope: int, scale_block: int) -> int:
@@ -104,15 +118,18 @@ def chunk_width(nope: int, rope: int, scale_block: int) -> int:
     return c
 
 
-def choose_num_splits(num_tokens: int, num_heads: int, window: int, topk: int, *, interpreter: bool = False
-                      ) -> tuple[int, int]:
+def choose_num_splits(num_tokens: int, num_heads: int, window: int, topk: int, *, interpreter: bool = False,
+                      block_n: int | None = None) -> tuple[int, int]:
     """(num_splits, blocks_per_split) from shapes only: split the row list when the grid is too small.
 
     One 8-warp program fits per SM (registers), so the split count is ``floor(SPLIT_TARGET_PROGRAMS /
     programs)``: the grid stays within one wave (a second, partial wave would cost a whole program's time).
+    ``block_n``: the main kernel's rows per block (None: ``ATTENTION_CONFIG``'s, or the interpreter's). A larger
+    block never gives more splits, so a workspace sized with the default fits every kernel.
     """
     cfg = INTERPRETER_CONFIG if interpreter else ATTENTION_CONFIG
-    blocks = triton.cdiv(window, cfg["BLOCK_N"]) + triton.cdiv(topk, cfg["BLOCK_N"])
+    block_n = cfg["BLOCK_N"] if block_n is None else block_n
+    blocks = triton.cdiv(window, block_n) + triton.cdiv(topk, block_n)
     programs = num_tokens * triton.cdiv(num_heads, cfg["BLOCK_H"])
     want = min(SPLIT_TARGET_PROGRAMS // max(programs, 1), blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS)
     return split_layout(blocks, max(want, 1))
@@ -391,9 +408,21 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
     sb = nope // nsc
     cfg = INTERPRETER_CONFIG if interpreter else ATTENTION_CONFIG
     combine_cfg = INTERPRETER_COMBINE_CONFIG if interpreter else COMBINE_CONFIG
-    blocks = triton.cdiv(W, cfg["BLOCK_N"]) + triton.cdiv(K, cfg["BLOCK_N"])
+    impl = default_impl() if impl is None else impl
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    kernel = "v1"  # the main kernel that runs: "ws3" / "ws" where supported, else v1
+    if impl in ("ws", "ws3") and not interpreter:
+        from . import sparse_attention_ws, sparse_attention_ws3
+
+        if impl == "ws3" and sparse_attention_ws3.supports(q, D, nope, rope, sb):
+            kernel = "ws3"
+        elif sparse_attention_ws.supports(q, D, nope, rope, sb):
+            kernel = "ws"
+    block_n = sparse_attention_ws3.WS3_CONFIG["BLOCK_N"] if kernel == "ws3" else cfg["BLOCK_N"]
+    blocks = triton.cdiv(W, block_n) + triton.cdiv(K, block_n)
     if num_splits is None:
-        splits, per = choose_num_splits(N, H, W, K, interpreter=interpreter)
+        splits, per = choose_num_splits(N, H, W, K, interpreter=interpreter, block_n=block_n)
     else:
         splits, per = split_layout(blocks, num_splits)
     c = chunk_width(nope, rope, sb)
@@ -408,18 +437,14 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
         ws_acc, ws_ml = workspace
     else:
         ws_acc = ws_ml = attn_sink  # never touched
-    impl = default_impl() if impl is None else impl
-    if impl not in IMPLS:
-        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-    use_ws = False
-    if impl == "ws" and not interpreter:
-        from . import sparse_attention_ws
-
-        use_ws = sparse_attention_ws.supports(q, D, nope, rope, sb)
     word = error_word if error_word is not None else errors.error_word(q.device)
     pdl = pdl_enabled(q)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
-    if use_ws:
+    if kernel == "ws3":
+        sparse_attention_ws3.launch_ws3(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,
+                                        entries_rope, block_table, slots, entry_idx, out, splits=splits, per=per,
+                                        ws_acc=ws_acc, ws_ml=ws_ml, error_word=word, pdl=pdl)
+    elif kernel == "ws":
         sparse_attention_ws.launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,
                                       entries_rope, block_table, slots, entry_idx, out, splits=splits, per=per,
                                       ws_acc=ws_acc, ws_ml=ws_ml, error_word=word, pdl=pdl)

@@ -1,0 +1,481 @@
+"""Sparse FP8 MQA attention of DeepSeek-V4, v3: three warpgroups with separate roles (Gluon, sm_90).
+
+Same semantics, arguments, error bits and workspace as v1 / v2 (``sparse_attention.py``,
+``sparse_attention_ws.py``): per query token, the row list ``[window blocks | entry blocks]``, every split
+from ``m = -inf``, ``num_splits > 1`` ending in v1's ``_combine_kernel`` (fixed split order); per block
+``s = (Q K^T) * scale * log2(e)`` (invalid rows ``-inf``), ``p = exp2(s - m_new)`` summed in float32,
+``O = O * alpha + bf16(p) V``; FP8 -> float32 * block scale -> bf16 (RNE). The one difference from v1 / v2 is
+the block: ``BLOCK_N = 64`` rows (``WS3_CONFIG``), so the bf16 rounding of P is against the running max of
+64-row blocks (the reference mirrors it with ``p_rounding=(64, splits)``) and the split layout is counted in
+64-row blocks (``launch_sparse_mqa_attention`` does both).
+
+Why (benchmarks/NOTES_attention.md, "v3"): v2 splits the score tile by rows over two consumer warpgroups
+(``m64n16k16`` wgmmas re-reading Q from shared memory per 16 rows, row max / sum exchanged twice per 32-row
+block) and stages the FP8 bytes through shared memory with a 2-block-deep cp.async ring; it ran at 36% of the
+byte floor. v3 gives each warpgroup one role, as DeepSeek's FlashMLA sparse FP8 decode kernel does on Hopper:
+
+* **score warpgroup** (default partition, 4 warps): ``S = Q K^T`` for the whole ``64 x 64`` tile
+  (``m64n64k16``, Q and K from shared memory), the online softmax, P (bf16) and the rescale factor to shared
+  memory for the other warpgroup, then ``O[:, :256] += P V[:, :256]`` with P from registers.
+* **value warpgroup** (worker, 4 warps): waits for P, rescales and accumulates ``O[:, 256:]`` with P from
+  shared memory.
+* **producer** (worker, 4 warps): gathers a block's rows. FP8 bytes and their scales are loaded into
+  registers (16-byte loads, all of a block's loads in flight at once), dequantized and stored straight into
+  the block's K/V buffer (NVMMA 128-byte swizzle); the bf16 parts (window rows, the entries' rope dims) are
+  copied with ``cp.async``. Indices of block i + 2 and pages of block i + 1 are prefetched into registers.
+
+Two K/V buffers of 64 x 512 bf16 (128 KB) + Q (64 KB) + P (8 KB) = ~201 KB of shared memory, one CTA per SM.
+Barriers (all mbarriers): ``ready[s]`` (producer -> both warpgroups), ``empty[s]`` (both warpgroups ->
+producer, count 2), ``p_ready`` / ``p_free`` (score <-> value warpgroup), ``ml_ready`` (the final m / l).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from . import sparse_attention as v1
+from .pdl import gl_grid_dependency_prologue, pdl_enabled
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
+                                                                   warpgroup_mma)
+
+    from .sparse_attention_ws import _load_ids, _load_pages
+
+    GLUON_AVAILABLE = True
+except ImportError:  # pragma: no cover - older Triton
+    GLUON_AVAILABLE = False
+
+# BLOCK_H = 64 heads (wgmma M); BLOCK_N = 64 rows per block (the score wgmma N); 3 warpgroups of 4 warps
+# (score = the default partition, value, producer). Registers per thread at run time (setmaxnreg):
+# 128 x (score + VALUE_REGS + PRODUCER_REGS) <= 64 K, the score warpgroup gets the rest.
+WS3_CONFIG = {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 4, "VALUE_REGS": 160, "PRODUCER_REGS": 152,
+              "STAGES": 2}
+
+
+def supports(q: torch.Tensor, head_dim: int, nope: int, rope: int, scale_block: int) -> bool:
+    """Shapes v3 handles: sm_90 CUDA with V4's row (448 FP8 dims with 64-element scale blocks, 64 bf16 rope dims;
+    the producer's FP8 loads are unrolled for 7 chunks). Others run v2 (``sparse_attention_ws.supports``)."""
+    from . import sparse_attention_ws
+
+    return (GLUON_AVAILABLE and sparse_attention_ws.supports(q, head_dim, nope, rope, scale_block)
+            and (nope, rope, scale_block) == (448, 64, 64))
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _stamp(times_ptr, pid, slot: gl.constexpr, TIMES: gl.constexpr):
+        """``TIMES`` builds only: the global timer (ns) into ``times_ptr[pid * 16 + slot]`` (a timeline probe of the
+        partitions, benchmarks/probe_attention_blocks.py --timeline)."""
+        if TIMES:
+            one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+            anchor = gl.zeros([1], gl.int32, one_l)
+            now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64,
+                                            is_pure=False, pack=1)
+            gl.store(times_ptr + pid * 16 + slot + gl.zeros([1], gl.int64, one_l), now)
+
+    @gluon.jit
+    def _prefetch_l2(ptrs):
+        """``prefetch.global.L2`` of the line of every pointer (no registers held, nothing waited for)."""
+        gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
+    def _prefetch_block(b, num_wb, ids, page, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P,
+                        D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
+                        NSC: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr):
+        """Pull block b's rows into L2 ahead of their loads: one prefetch per 128-byte line (window rows: 8 lines;
+        entries: 4 lines of FP8 bytes, the rope line, the scales' line). Invalid rows prefetch row 0."""
+        pf_l: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [PW, 1], [1, 0])  # rows as _producer_rows_layout
+        rows_pf: gl.constexpr = gl.SliceLayout(1, pf_l)
+        if b < num_wb:
+            row = gl.convert_layout(gl.where((ids >= 0) & (ids < R), ids, 0).to(gl.int64), rows_pf)
+            xw = gl.arange(0, 8, layout=gl.SliceLayout(0, pf_l))[None, :]
+            _prefetch_l2(win_kv_ptr + row[:, None] * D + xw * (D // 8))
+        else:
+            valid = (ids >= 0) & (page >= 0) & (page < P)
+            row = gl.where(valid, page.to(gl.int64) * EPB + gl.where(ids >= 0, ids % EPB, 0), 0)
+            row = gl.convert_layout(row, rows_pf)
+            xf = gl.arange(0, 4, layout=gl.SliceLayout(0, pf_l))[None, :]
+            _prefetch_l2(fp8_ptr + row[:, None] * NOPE + xf * 128)
+            _prefetch_l2(rope_ptr + row * ROPE)
+            _prefetch_l2(scale_ptr + row * NSC)
+
+    @gluon.jit
+    def _load_fp8_chunk(c: gl.constexpr, rb, vb, fp8_ptr, scale_ptr, NOPE: gl.constexpr, NSC: gl.constexpr,
+                        SB: gl.constexpr, b_l: gl.constexpr):
+        """Columns [64 c, 64 c + 64) of the block's FP8 rows (16-byte loads) and their block scale per row."""
+        xb = gl.arange(0, 64, layout=gl.SliceLayout(0, b_l))[None, :]
+        raw = gl.load(fp8_ptr + rb[:, None] * NOPE + c * 64 + xb, mask=vb[:, None], other=0)
+        scale = gl.load(scale_ptr + rb * NSC + (c * 64) // SB, mask=vb, other=0.0)
+        return raw, scale
+
+    @gluon.jit
+    def _store_dequant(c: gl.constexpr, raw, scale, kv_slot):
+        """FP8 -> float32 * block scale -> bf16 (RNE, v1's rounding) into columns [64 c, 64 c + 64)."""
+        value = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]
+        kv_slot.slice(c * 64, 64, dim=1).store(value.to(gl.bfloat16))
+
+    @gluon.jit
+    def _produce_block(b, num_wb, ids, page, kv_slot, valid_slot, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P,
+                       L, slot_ok,
+                       D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
+                       NSC: gl.constexpr, SB: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr,
+                       FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr, FLAG_TABLE: gl.constexpr):
+        """Fill one K/V buffer with block b: window rows (bf16) and the entries' rope dims by cp.async (masked
+        rows zero-filled, one commit group); the entries' FP8 bytes through registers, dequantized and stored.
+        Returns the (BLOCK_N,) int32 error codes of the rows (v1's rules). The caller waits for the group."""
+        # one row distribution for every tensor of the block (8 lanes x PW warps), so that no layout conversion
+        # (a shared-memory round trip and a barrier) sits between the index registers and the loads
+        b_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])     # 64 byte columns, 16 B
+        h_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])      # 32 bf16 columns, 16 B
+        rows_l: gl.constexpr = gl.SliceLayout(1, b_l)
+        code = gl.zeros([BLOCK_N], gl.int32, rows_l)
+        if b < num_wb:
+            valid = (ids >= 0) & (ids < R)
+            if FLAG_WINDOW != 0:
+                code = ((ids < -1) | (ids >= R)).to(gl.int32) * FLAG_WINDOW  # -1 (none) is not an error
+            wrow = gl.convert_layout(gl.where(valid, ids, 0).to(gl.int64), gl.SliceLayout(1, h_l))
+            vh = gl.convert_layout(valid, gl.SliceLayout(1, h_l))[:, None]
+            xh = gl.arange(0, 64, layout=gl.SliceLayout(0, h_l))[None, :]
+            for c in gl.static_range(D // 64):
+                async_copy.async_copy_global_to_shared(kv_slot.slice(c * 64, 64, dim=1),
+                                                       win_kv_ptr + wrow[:, None] * D + c * 64 + xh, mask=vh)
+            async_copy.commit_group()
+        else:
+            logical = gl.where(ids >= 0, ids // EPB, 0)
+            valid = (ids >= 0) & (page >= 0) & (page < P)
+            if FLAG_ENTRY != 0:
+                code = (slot_ok & ((ids < -1) | ((ids >= 0) & (logical >= L)))).to(gl.int32) * FLAG_ENTRY | \
+                    ((page < -1) | (page >= P)).to(gl.int32) * FLAG_TABLE
+            row = gl.where(valid, page.to(gl.int64) * EPB + gl.where(ids >= 0, ids % EPB, 0), 0)
+            rh = gl.convert_layout(row, gl.SliceLayout(1, h_l))[:, None]
+            vh = gl.convert_layout(valid, gl.SliceLayout(1, h_l))[:, None]
+            xh = gl.arange(0, 64, layout=gl.SliceLayout(0, h_l))[None, :]
+            for c in gl.static_range(ROPE // 64):
+                async_copy.async_copy_global_to_shared(kv_slot.slice(NOPE + c * 64, 64, dim=1),
+                                                       rope_ptr + rh * ROPE + c * 64 + xh, mask=vh)
+            async_copy.commit_group()
+            # all FP8 loads of the block are issued before the first dequant (V4: NOPE = 7 x 64, ``supports``)
+            rb = gl.convert_layout(row, gl.SliceLayout(1, b_l))
+            vb = gl.convert_layout(valid, gl.SliceLayout(1, b_l))
+            r0, s0 = _load_fp8_chunk(0, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
+            r1, s1 = _load_fp8_chunk(1, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
+            r2, s2 = _load_fp8_chunk(2, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
+            r3, s3 = _load_fp8_chunk(3, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
+            r4, s4 = _load_fp8_chunk(4, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
+            r5, s5 = _load_fp8_chunk(5, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
+            r6, s6 = _load_fp8_chunk(6, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
+            _store_dequant(0, r0, s0, kv_slot)
+            _store_dequant(1, r1, s1, kv_slot)
+            _store_dequant(2, r2, s2, kv_slot)
+            _store_dequant(3, r3, s3, kv_slot)
+            _store_dequant(4, r4, s4, kv_slot)
+            _store_dequant(5, r5, s5, kv_slot)
+            _store_dequant(6, r6, s6, kv_slot)
+        valid_slot.store(valid.to(gl.int32))
+        return code
+
+    @gluon.jit
+    def _producer_partition(kv_ring, valid_ring, ready, empty, lo, hi, num_wb, n, win_kv_ptr, win_idx_ptr, fp8_ptr,
+                            scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, slots_ptr, err_ptr, W, K, R, P, S, L,
+                            D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
+                            NSC: gl.constexpr, SB: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr,
+                            STAGES: gl.constexpr, FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr,
+                            FLAG_SLOTS: gl.constexpr, FLAG_TABLE: gl.constexpr, times_ptr, pid,
+                            TIMES: gl.constexpr):
+        """Block b = lo + i goes to buffer i % STAGES. Per iteration: load the ids of block b + 3 and the pages of
+        block b + 2 into registers (so the indices -> page -> row chain is never waited for), prefetch block
+        b + 1's rows into L2 (so its loads wait an L2 latency, not an HBM one, while this block is dequantized),
+        wait until both warpgroups released the buffer, fill it, wait for its cp.async group, fence, signal
+        ``ready``."""
+        rows_l: gl.constexpr = gl.SliceLayout(1, gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0]))  # as the block's
+        slot = gl.load(slots_ptr + n)
+        slot_ok = (slot >= 0) & (slot < S)
+        slot64 = gl.where(slot_ok, slot, 0).to(gl.int64)
+        err = gl.zeros([BLOCK_N], gl.int32, rows_l) + \
+            ((K > 0) & ((slot < -1) | (slot >= S))).to(gl.int32) * FLAG_SLOTS
+        ids0 = _load_ids(lo, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+        ids1 = _load_ids(lo + 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+        ids2 = _load_ids(lo + 2, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+        pg0 = _load_pages(lo, num_wb, ids0, table_ptr, slot64, slot_ok, L, EPB)
+        pg1 = _load_pages(lo + 1, num_wb, ids1, table_ptr, slot64, slot_ok, L, EPB)
+        for b in range(lo, hi):
+            i = b - lo
+            stage = i % STAGES
+            ids3 = _load_ids(b + 3, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+            pg2 = _load_pages(b + 2, num_wb, ids2, table_ptr, slot64, slot_ok, L, EPB)
+            if b + 1 < hi:
+                _prefetch_block(b + 1, num_wb, ids1, pg1, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE,
+                                ROPE, EPB, NSC, BLOCK_N, PW)
+            mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)
+            code = _produce_block(b, num_wb, ids0, pg0, kv_ring.index(stage), valid_ring.index(stage), win_kv_ptr,
+                                  fp8_ptr, scale_ptr, rope_ptr, R, P, L, slot_ok, D, NOPE, ROPE, EPB, NSC, SB,
+                                  BLOCK_N, PW, FLAG_WINDOW, FLAG_ENTRY, FLAG_TABLE)
+            if FLAG_SLOTS != 0:
+                err = err | code
+            async_copy.wait_group(0)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(ready.index(stage), count=1)
+            if i == 0:
+                _stamp(times_ptr, pid, 7, TIMES)
+            ids0, pg0 = ids1, pg1
+            ids1, pg1 = ids2, pg2
+            ids2 = ids3
+        if FLAG_SLOTS != 0:
+            gl.atomic_or(err_ptr + gl.zeros([BLOCK_N], gl.int32, rows_l), err, mask=err != 0)
+        _stamp(times_ptr, pid, 8, TIMES)
+
+    @gluon.jit
+    def _store_half(m_i, l_i, acc, col0, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
+                    o_stage, STAGE_OUT: gl.constexpr, WRITE_ML: gl.constexpr, o_layout: gl.constexpr,
+                    BLOCK_H: gl.constexpr, D: gl.constexpr, DH: gl.constexpr, SPLIT: gl.constexpr):
+        """Columns [col0, col0 + DH) of the (BLOCK_H, D) result: v2's ``_store_result`` for one warpgroup. With
+        ``STAGE_OUT`` the bf16 output goes through ``o_stage`` (this warpgroup's half of the dead Q buffer) so that
+        the global stores are 16-byte rows, not the accumulator layout's 4-byte pairs (the value warpgroup's
+        registers do not fit the staging: it stores directly)."""
+        rows_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+        m_o = gl.convert_layout(m_i, rows_l)
+        l_o = gl.convert_layout(l_i, rows_l)
+        h = head0 + gl.arange(0, BLOCK_H, layout=rows_l)
+        hmask = h < H
+        d = col0 + gl.arange(0, DH, layout=gl.SliceLayout(0, o_layout))
+        mask2 = hmask[:, None] & (d < D)[None, :]
+        if SPLIT:
+            base = n * num_splits + split
+            gl.store(ws_acc_ptr + (base * H + h[:, None]) * D + d[None, :], acc, mask=mask2)
+            if WRITE_ML:
+                gl.store(ws_ml_ptr + base * 2 * H + h, m_o, mask=hmask)
+                gl.store(ws_ml_ptr + base * 2 * H + H + h, l_o, mask=hmask)
+        else:
+            sink = gl.load(sink_ptr + h, mask=hmask, other=0.0) * 1.4426950408889634
+            m_use = gl.where(m_o == float("-inf"), 0.0, m_o)
+            o = acc / (l_o + gl.exp2(sink - m_use))[:, None]
+            o = gl.where((m_o == float("-inf"))[:, None], 0.0, o)
+            if STAGE_OUT:
+                o_stage.store(o.to(gl.bfloat16))
+                gl.thread_barrier()
+                st_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+                hs = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_l))
+                ds = col0 + gl.arange(0, DH, layout=gl.SliceLayout(0, st_l))
+                gl.store(out_ptr + (n * H + hs[:, None]) * D + ds[None, :], o_stage.load(st_l),
+                         mask=(hs < H)[:, None] & (ds < D)[None, :])
+            else:
+                gl.store(out_ptr + (n * H + h[:, None]) * D + d[None, :], o.to(gl.bfloat16), mask=mask2)
+
+    @gluon.jit
+    def _score_partition(q_ptr, q_smem, kv_ring, valid_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready, p_free,
+                         ml_ready, lo, hi, qk_scale, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr,
+                         ws_ml_ptr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                         STAGES: gl.constexpr, SPLIT: gl.constexpr, times_ptr, pid, TIMES: gl.constexpr):
+        """S, softmax, P / alpha handed to the value warpgroup, O[:, :D/2] with P from registers."""
+        DH: gl.constexpr = D // 2
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, DH, 16])
+        row_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, row_l)
+        l_i = gl.zeros([BLOCK_H], gl.float32, row_l)
+        acc = gl.zeros([BLOCK_H, DH], gl.float32, o_layout)
+        # Q -> shared memory by cp.async (rows past H zero-filled), here rather than before the fork: the producer
+        # starts its index chain at once
+        q_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        h = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_l))
+        x = gl.arange(0, 64, layout=gl.SliceLayout(0, q_l))
+        for c in gl.static_range(D // 64):
+            async_copy.async_copy_global_to_shared(q_smem.slice(c * 64, 64, dim=1),
+                                                   q_ptr + (n * H + h[:, None]) * D + (c * 64 + x)[None, :],
+                                                   mask=(h < H)[:, None])
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        gl.thread_barrier()
+        _stamp(times_ptr, pid, 1, TIMES)
+        for b in range(lo, hi):
+            i = b - lo
+            stage = i % STAGES
+            kv = kv_ring.index(stage)
+            mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
+            if i == 0:
+                _stamp(times_ptr, pid, 2, TIMES)
+            s = warpgroup_mma(q_smem, kv.permute([1, 0]), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                              use_acc=False)
+            valid = valid_ring.index(stage).load(gl.SliceLayout(0, s_layout))
+            s = gl.where(valid[None, :] != 0, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            p16 = p.to(gl.bfloat16)
+            mbarrier.wait(p_free, (i & 1) ^ 1)  # the value warpgroup has consumed the previous P
+            p_smem.store(p16)
+            alpha_smem.store(alpha)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(p_ready, count=1)
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+            p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+            acc = warpgroup_mma(p_op, kv.slice(0, DH, dim=1), acc * alpha_o[:, None])
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(stage), count=1)
+            m_i = m_new
+        _stamp(times_ptr, pid, 3, TIMES)
+        m_smem.store(m_i)
+        l_smem.store(l_i)
+        gl.thread_barrier()
+        mbarrier.arrive(ml_ready, count=1)
+        _store_half(m_i, l_i, acc, 0, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
+                    q_smem.slice(0, DH, dim=1), True, True, o_layout, BLOCK_H, D, DH, SPLIT)  # Q is dead after the last S
+        _stamp(times_ptr, pid, 4, TIMES)
+
+    @gluon.jit
+    def _value_partition(kv_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready, p_free, ml_ready, lo, hi, n,
+                         head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
+                         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                         SPLIT: gl.constexpr, times_ptr, pid, TIMES: gl.constexpr):
+        """O[:, D/2:] += P V[:, D/2:] with P from shared memory, after the score warpgroup's rescale factor."""
+        DH: gl.constexpr = D // 2
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, DH, 16])
+        row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+        acc = gl.zeros([BLOCK_H, DH], gl.float32, o_layout)
+        for b in range(lo, hi):
+            i = b - lo
+            stage = i % STAGES
+            mbarrier.wait(p_ready, i & 1)  # implies ready[stage]: the score warpgroup waited for it
+            alpha = alpha_smem.load(row_l)
+            acc = warpgroup_mma(p_smem, kv_ring.index(stage).slice(DH, DH, dim=1), acc * alpha[:, None])
+            gl.thread_barrier()
+            mbarrier.arrive(p_free, count=1)
+            mbarrier.arrive(empty.index(stage), count=1)
+        _stamp(times_ptr, pid, 5, TIMES)
+        mbarrier.wait(ml_ready, 0)
+        m_i = m_smem.load(row_l)
+        l_i = l_smem.load(row_l)
+        _store_half(m_i, l_i, acc, DH, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
+                    p_smem, False, False, o_layout, BLOCK_H, D, DH, SPLIT)  # p_smem: unused (no staging)
+        _stamp(times_ptr, pid, 6, TIMES)
+
+    @gluon.jit
+    def _sparse_mqa_ws3_kernel(
+        q_ptr, sink_ptr, win_kv_ptr, win_idx_ptr, fp8_ptr, scale_ptr, rope_ptr, table_ptr, slots_ptr, ent_idx_ptr,
+        out_ptr, ws_acc_ptr, ws_ml_ptr, err_ptr, times_ptr,
+        H, R, W, K, P, S, L, blocks_per_split, num_splits,
+        qk_scale,
+        D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr, NSC: gl.constexpr,
+        SB: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, TIMES: gl.constexpr,
+        VALUE_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, STAGES: gl.constexpr,
+        FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr, FLAG_SLOTS: gl.constexpr, FLAG_TABLE: gl.constexpr,
+        num_warps: gl.constexpr, PDL: gl.constexpr = False,
+    ):
+        """Arguments as v1's ``_sparse_mqa_kernel`` (fp8_ptr: the uint8 view). Grid (N, cdiv(H, 64), splits)."""
+        gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
+        n = gl.program_id(0).to(gl.int64)
+        head0 = gl.program_id(1) * BLOCK_H
+        split = gl.program_id(2)
+        pid = (n * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2) + split
+        _stamp(times_ptr, pid, 0, TIMES)
+        num_wb = gl.cdiv(W, BLOCK_N)
+        num_blocks = num_wb + gl.cdiv(K, BLOCK_N)
+        lo = split * blocks_per_split
+        hi = gl.minimum(lo + blocks_per_split, num_blocks)
+
+        q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D], gl.bfloat16)
+        kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.bfloat16)
+        p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+        v_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D], q_sl)
+        kv_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], kv_sl)
+        valid_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], v_sl)
+        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
+        alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], v_sl)
+        m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], v_sl)
+        l_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], v_sl)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ml_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)  # the score and the value warpgroup
+        mbarrier.init(p_ready, count=1)
+        mbarrier.init(p_free, count=1)
+        mbarrier.init(ml_ready, count=1)
+        fence_async_shared()
+        gl.thread_barrier()
+        gl.warp_specialize([
+            (_score_partition, (q_ptr, q_smem, kv_ring, valid_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready,
+                                p_free, ml_ready, lo, hi, qk_scale, n, head0, split, num_splits, H, sink_ptr, out_ptr,
+                                ws_acc_ptr, ws_ml_ptr, BLOCK_H, BLOCK_N, D, STAGES, SPLIT, times_ptr, pid, TIMES)),
+            (_value_partition, (kv_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready, p_free, ml_ready, lo, hi,
+                                n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr, BLOCK_H,
+                                BLOCK_N, D, STAGES, SPLIT, times_ptr, pid, TIMES)),
+            (_producer_partition, (kv_ring, valid_ring, ready, empty, lo, hi, num_wb, n, win_kv_ptr, win_idx_ptr,
+                                   fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, slots_ptr, err_ptr, W, K, R,
+                                   P, S, L, D, NOPE, ROPE, EPB, NSC, SB, BLOCK_N, 4, STAGES, FLAG_WINDOW,
+                                   FLAG_ENTRY, FLAG_SLOTS, FLAG_TABLE, times_ptr, pid, TIMES)),
+        ], [4, 4], [VALUE_REGS, PRODUCER_REGS])
+
+
+def _constants(nope, rope, scale_block, entries_per_block, split, config=None, times=False):
+    cfg = dict(WS3_CONFIG, **(config or {}))
+    return cfg, dict(D=nope + rope, NOPE=nope, ROPE=rope, EPB=entries_per_block, NSC=nope // scale_block,
+                     SB=scale_block, BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], SPLIT=split, TIMES=times,
+                     VALUE_REGS=cfg["VALUE_REGS"], PRODUCER_REGS=cfg["PRODUCER_REGS"], STAGES=cfg["STAGES"],
+                     **v1.error_flags())
+
+
+def launch_ws3(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
+               block_table, slots, entry_idx, out, *, splits: int, per: int, ws_acc, ws_ml, error_word,
+               compile_only: bool = False, pdl: bool | None = None, times: torch.Tensor | None = None):
+    """Launch the v3 main kernel (v1's launcher calls this with a split layout in ``WS3_CONFIG["BLOCK_N"]``-row
+    blocks and its workspace). ``compile_only``: compile without launching. ``pdl``: programmatic dependent
+    launch (None: ``megamoe.kernels.pdl.pdl_enabled(q)``). ``times``: a probe build that writes 9 global-timer
+    stamps per program into this int64 tensor of >= 16 x programs elements (``_stamp``'s slots: 0 entry, 1 Q in
+    shared memory, 2 first block ready, 3 / 4 score loop / epilogue end, 5 / 6 value loop / epilogue end,
+    7 first block produced, 8 producer end)."""
+    N, H, D = q.shape
+    W, K = window_idx.shape[1], entry_idx.shape[1]
+    P, EPB, nope = entries_fp8.shape
+    rope = entries_rope.shape[-1]
+    sb = nope // entries_scale.shape[-1]
+    cfg, constants = _constants(nope, rope, sb, EPB, splits > 1, times=times is not None)
+    grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
+    pdl = pdl_enabled(q) if pdl is None else pdl
+    launcher = functools.partial(_sparse_mqa_ws3_kernel.warmup, grid=grid) if compile_only else \
+        _sparse_mqa_ws3_kernel[grid]
+    launcher(
+        q, attn_sink, window_kv, window_idx, entries_fp8.view(torch.uint8), entries_scale, entries_rope,
+        block_table, slots, entry_idx, out, ws_acc, ws_ml, error_word, times if times is not None else error_word,
+        H, window_kv.shape[0], W, K, P, block_table.shape[0], block_table.shape[1], per, splits,
+        float(softmax_scale) * v1.LOG2E, **constants, num_warps=cfg["num_warps"], PDL=pdl, launch_pdl=pdl)
+
+
+def compile_sm90(*, head_dim: int = 512, rope_dim: int = 64, scale_block: int = 64, entries_per_block: int = 64,
+                 split: bool = False, config: dict | None = None, pdl: bool = False, times: bool = False):
+    """Compile the v3 kernel for sm_90 without a GPU; returns the ``CompiledKernel`` (``times``: the timeline
+    probe build)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    cfg, constants = _constants(head_dim - rope_dim, rope_dim, scale_block, entries_per_block, split, config, times)
+    constants["num_warps"] = cfg["num_warps"]
+    constants["PDL"] = pdl
+    signature = dict(v1._MAIN_POINTERS, times_ptr="*i64", **{name: "i32" for name in v1._MAIN_SCALARS},
+                     qk_scale="fp32", **{name: "constexpr" for name in constants})
+    kernel = _sparse_mqa_ws3_kernel
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in v1._MAIN_POINTERS
+             if name != "err_ptr"}
+    source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": cfg["num_warps"], "launch_pdl": pdl})

@@ -44,7 +44,7 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                                    warpgroup_mma)
 
-    from .sparse_attention_ws import _load_ids, _load_pages
+    from .sparse_attention_ws import _load_pages
 
     GLUON_AVAILABLE = True
 except ImportError:  # pragma: no cover - older Triton
@@ -86,20 +86,38 @@ if GLUON_AVAILABLE:
                                   is_pure=False, pack=1)
 
     @gluon.jit
-    def _prefetch_block(b, num_wb, ids, page, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P,
-                        D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
-                        NSC: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr):
-        """Pull block b's rows into L2 ahead of their loads: one prefetch per 128-byte line (window rows: 8 lines;
-        entries: 4 lines of FP8 bytes, the rope line, the scales' line). Invalid rows prefetch row 0."""
-        pf_l: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [PW, 1], [1, 0])  # rows as _producer_rows_layout
+    def _half_ids(b, half: gl.constexpr, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N: gl.constexpr,
+                  SUB: gl.constexpr, srows_l: gl.constexpr):
+        """Rows [half * SUB, half * SUB + SUB) of block b: window ids or entry ids (-1 past the list or b >= hi)."""
+        jj = half * SUB + gl.arange(0, SUB, layout=srows_l)
+        if b < num_wb:
+            j = b * BLOCK_N + jj
+            ids = gl.load(win_idx_ptr + n * W + j, mask=(j < W) & (b < hi), other=-1)
+        else:
+            j = (b - num_wb) * BLOCK_N + jj
+            ids = gl.load(ent_idx_ptr + n * K + j, mask=(j < K) & (b < hi), other=-1)
+        return ids
+
+    @gluon.jit
+    def _entry_rows(ids, page, P, EPB: gl.constexpr):
+        """(pool row (int64, 0 when invalid), valid) of entry ids with their looked-up pages."""
+        valid = (ids >= 0) & (page >= 0) & (page < P)
+        return gl.where(valid, page.to(gl.int64) * EPB + gl.where(ids >= 0, ids % EPB, 0), 0), valid
+
+    @gluon.jit
+    def _prefetch_half(b, num_wb, ids, page, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P,
+                       D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
+                       NSC: gl.constexpr, SUB: gl.constexpr, PW: gl.constexpr):
+        """Pull half a block's rows into L2 ahead of their loads: one prefetch per 128-byte line (window rows: 8
+        lines; entries: 4 lines of FP8 bytes, the rope line, the scales' line). Invalid rows prefetch row 0."""
+        pf_l: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [PW, 1], [1, 0])
         rows_pf: gl.constexpr = gl.SliceLayout(1, pf_l)
         if b < num_wb:
             row = gl.convert_layout(gl.where((ids >= 0) & (ids < R), ids, 0).to(gl.int64), rows_pf)
             xw = gl.arange(0, 8, layout=gl.SliceLayout(0, pf_l))[None, :]
             _prefetch_l2(win_kv_ptr + row[:, None] * D + xw * (D // 8))
         else:
-            valid = (ids >= 0) & (page >= 0) & (page < P)
-            row = gl.where(valid, page.to(gl.int64) * EPB + gl.where(ids >= 0, ids % EPB, 0), 0)
+            row, valid = _entry_rows(ids, page, P, EPB)
             row = gl.convert_layout(row, rows_pf)
             xf = gl.arange(0, 4, layout=gl.SliceLayout(0, pf_l))[None, :]
             _prefetch_l2(fp8_ptr + row[:, None] * NOPE + xf * 128)
@@ -107,78 +125,92 @@ if GLUON_AVAILABLE:
             _prefetch_l2(scale_ptr + row * NSC)
 
     @gluon.jit
-    def _load_fp8_chunk(c: gl.constexpr, rb, vb, fp8_ptr, scale_ptr, NOPE: gl.constexpr, NSC: gl.constexpr,
-                        SB: gl.constexpr, b_l: gl.constexpr):
-        """Columns [64 c, 64 c + 64) of the block's FP8 rows (16-byte loads) and their block scale per row."""
-        xb = gl.arange(0, 64, layout=gl.SliceLayout(0, b_l))[None, :]
-        raw = gl.load(fp8_ptr + rb[:, None] * NOPE + c * 64 + xb, mask=vb[:, None], other=0)
-        scale = gl.load(scale_ptr + rb * NSC + (c * 64) // SB, mask=vb, other=0.0)
-        return raw, scale
+    def _load_fp8_chunk(c: gl.constexpr, row, valid, fp8_ptr, scale_ptr, NOPE: gl.constexpr, NSC: gl.constexpr,
+                        SB: gl.constexpr, sub_l: gl.constexpr):
+        """Columns [64 c, 64 c + 64) of the rows' FP8 bytes as 16 int32 words per row (16-byte loads; words, not
+        bytes, so that the loop carries 4 registers per thread, not 16) and their block scale per row."""
+        xw = gl.arange(0, 16, layout=gl.SliceLayout(0, sub_l))[None, :]
+        words = gl.load(fp8_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + row[:, None] * (NOPE // 4) + c * 16 + xw,
+                        mask=valid[:, None], other=0)
+        scale = gl.load(scale_ptr + row * NSC + (c * 64) // SB, mask=valid, other=0.0)
+        return words, scale
 
     @gluon.jit
-    def _store_dequant(c: gl.constexpr, raw, scale, kv_slot):
-        """FP8 -> float32 * block scale -> bf16 (RNE, v1's rounding) into columns [64 c, 64 c + 64)."""
-        value = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]
-        kv_slot.slice(c * 64, 64, dim=1).store(value.to(gl.bfloat16))
+    def _load_half(b, num_wb, hi, ids, page, fp8_ptr, scale_ptr, P, NOPE: gl.constexpr, NSC: gl.constexpr,
+                   SB: gl.constexpr, EPB: gl.constexpr, sub_l: gl.constexpr):
+        """Issue the FP8 loads of half a block (all 7 chunks in flight; none for window blocks or b >= hi).
+        V4's row only: NOPE = 7 x 64 (``supports``)."""
+        row, valid = _entry_rows(ids, page, P, EPB)
+        valid = valid & (b >= num_wb) & (b < hi)
+        r0, s0 = _load_fp8_chunk(0, row, valid, fp8_ptr, scale_ptr, NOPE, NSC, SB, sub_l)
+        r1, s1 = _load_fp8_chunk(1, row, valid, fp8_ptr, scale_ptr, NOPE, NSC, SB, sub_l)
+        r2, s2 = _load_fp8_chunk(2, row, valid, fp8_ptr, scale_ptr, NOPE, NSC, SB, sub_l)
+        r3, s3 = _load_fp8_chunk(3, row, valid, fp8_ptr, scale_ptr, NOPE, NSC, SB, sub_l)
+        r4, s4 = _load_fp8_chunk(4, row, valid, fp8_ptr, scale_ptr, NOPE, NSC, SB, sub_l)
+        r5, s5 = _load_fp8_chunk(5, row, valid, fp8_ptr, scale_ptr, NOPE, NSC, SB, sub_l)
+        r6, s6 = _load_fp8_chunk(6, row, valid, fp8_ptr, scale_ptr, NOPE, NSC, SB, sub_l)
+        return r0, r1, r2, r3, r4, r5, r6, s0, s1, s2, s3, s4, s5, s6
 
     @gluon.jit
-    def _produce_block(b, num_wb, ids, page, kv_slot, valid_slot, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P,
-                       L, slot_ok,
-                       D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
-                       NSC: gl.constexpr, SB: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr,
-                       FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr, FLAG_TABLE: gl.constexpr):
-        """Fill one K/V buffer with block b: window rows (bf16) and the entries' rope dims by cp.async (masked
-        rows zero-filled, one commit group); the entries' FP8 bytes through registers, dequantized and stored.
-        Returns the (BLOCK_N,) int32 error codes of the rows (v1's rules). The caller waits for the group."""
-        # one row distribution for every tensor of the block (8 lanes x PW warps), so that no layout conversion
-        # (a shared-memory round trip and a barrier) sits between the index registers and the loads
-        b_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])     # 64 byte columns, 16 B
+    def _dequant_chunk(c: gl.constexpr, words, scale, rows_view):
+        """FP8 -> float32 * block scale -> bf16 (RNE, v1's rounding) into columns [64 c, 64 c + 64): each int32
+        word holds 4 E4M3 codes (byte k = column 4 w + k), decoded exactly by ``cvt.rn.f16x2.e4m3x2``."""
+        v0, v1, v2, v3 = gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi, x0, x1, x2, x3; .reg .b32 a, b;\n\t"
+            "mov.b32 {lo, hi}, $4;\n\t"
+            "cvt.rn.f16x2.e4m3x2 a, lo;\n\t"
+            "cvt.rn.f16x2.e4m3x2 b, hi;\n\t"
+            "mov.b32 {x0, x1}, a;\n\t"
+            "mov.b32 {x2, x3}, b;\n\t"
+            "cvt.f32.f16 $0, x0;\n\t"
+            "cvt.f32.f16 $1, x1;\n\t"
+            "cvt.f32.f16 $2, x2;\n\t"
+            "cvt.f32.f16 $3, x3; }",
+            "=r,=r,=r,=r,r", [words], dtype=(gl.float32, gl.float32, gl.float32, gl.float32), is_pure=True,
+            pack=1)
+        sc = scale[:, None]
+        value = gl.join(gl.join(v0 * sc, v2 * sc), gl.join(v1 * sc, v3 * sc))  # [rows, word, a, b]: 4 w + 2 a + b
+        value = value.reshape([words.shape[0], words.shape[1] * 4])
+        rows_view.slice(c * 64, 64, dim=1).store(value.to(gl.bfloat16))
+
+    @gluon.jit
+    def _dequant_half(rows_view, r0, r1, r2, r3, r4, r5, r6, s0, s1, s2, s3, s4, s5, s6):
+        _dequant_chunk(0, r0, s0, rows_view)
+        _dequant_chunk(1, r1, s1, rows_view)
+        _dequant_chunk(2, r2, s2, rows_view)
+        _dequant_chunk(3, r3, s3, rows_view)
+        _dequant_chunk(4, r4, s4, rows_view)
+        _dequant_chunk(5, r5, s5, rows_view)
+        _dequant_chunk(6, r6, s6, rows_view)
+
+    @gluon.jit
+    def _copy_half(b, num_wb, ids, page, rows_view, valid_view, win_kv_ptr, rope_ptr, R, P, L, slot_ok,
+                   D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
+                   SUB: gl.constexpr, PW: gl.constexpr, FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr,
+                   FLAG_TABLE: gl.constexpr):
+        """cp.async the bf16 parts of half a block (window rows, or the entries' rope dims; masked rows
+        zero-filled) and store the rows' validity. Returns the rows' int32 error codes (v1's rules)."""
         h_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])      # 32 bf16 columns, 16 B
-        rows_l: gl.constexpr = gl.SliceLayout(1, b_l)
-        code = gl.zeros([BLOCK_N], gl.int32, rows_l)
+        xh = gl.arange(0, 64, layout=gl.SliceLayout(0, h_l))[None, :]
         if b < num_wb:
             valid = (ids >= 0) & (ids < R)
-            if FLAG_WINDOW != 0:
-                code = ((ids < -1) | (ids >= R)).to(gl.int32) * FLAG_WINDOW  # -1 (none) is not an error
+            code = ((ids < -1) | (ids >= R)).to(gl.int32) * FLAG_WINDOW  # -1 (none) is not an error
             wrow = gl.convert_layout(gl.where(valid, ids, 0).to(gl.int64), gl.SliceLayout(1, h_l))
             vh = gl.convert_layout(valid, gl.SliceLayout(1, h_l))[:, None]
-            xh = gl.arange(0, 64, layout=gl.SliceLayout(0, h_l))[None, :]
             for c in gl.static_range(D // 64):
-                async_copy.async_copy_global_to_shared(kv_slot.slice(c * 64, 64, dim=1),
+                async_copy.async_copy_global_to_shared(rows_view.slice(c * 64, 64, dim=1),
                                                        win_kv_ptr + wrow[:, None] * D + c * 64 + xh, mask=vh)
-            async_copy.commit_group()
         else:
             logical = gl.where(ids >= 0, ids // EPB, 0)
-            valid = (ids >= 0) & (page >= 0) & (page < P)
-            if FLAG_ENTRY != 0:
-                code = (slot_ok & ((ids < -1) | ((ids >= 0) & (logical >= L)))).to(gl.int32) * FLAG_ENTRY | \
-                    ((page < -1) | (page >= P)).to(gl.int32) * FLAG_TABLE
-            row = gl.where(valid, page.to(gl.int64) * EPB + gl.where(ids >= 0, ids % EPB, 0), 0)
+            row, valid = _entry_rows(ids, page, P, EPB)
+            code = (slot_ok & ((ids < -1) | ((ids >= 0) & (logical >= L)))).to(gl.int32) * FLAG_ENTRY | \
+                ((page < -1) | (page >= P)).to(gl.int32) * FLAG_TABLE
             rh = gl.convert_layout(row, gl.SliceLayout(1, h_l))[:, None]
             vh = gl.convert_layout(valid, gl.SliceLayout(1, h_l))[:, None]
-            xh = gl.arange(0, 64, layout=gl.SliceLayout(0, h_l))[None, :]
             for c in gl.static_range(ROPE // 64):
-                async_copy.async_copy_global_to_shared(kv_slot.slice(NOPE + c * 64, 64, dim=1),
+                async_copy.async_copy_global_to_shared(rows_view.slice(NOPE + c * 64, 64, dim=1),
                                                        rope_ptr + rh * ROPE + c * 64 + xh, mask=vh)
-            async_copy.commit_group()
-            # all FP8 loads of the block are issued before the first dequant (V4: NOPE = 7 x 64, ``supports``)
-            rb = gl.convert_layout(row, gl.SliceLayout(1, b_l))
-            vb = gl.convert_layout(valid, gl.SliceLayout(1, b_l))
-            r0, s0 = _load_fp8_chunk(0, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
-            r1, s1 = _load_fp8_chunk(1, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
-            r2, s2 = _load_fp8_chunk(2, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
-            r3, s3 = _load_fp8_chunk(3, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
-            r4, s4 = _load_fp8_chunk(4, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
-            r5, s5 = _load_fp8_chunk(5, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
-            r6, s6 = _load_fp8_chunk(6, rb, vb, fp8_ptr, scale_ptr, NOPE, NSC, SB, b_l)
-            _store_dequant(0, r0, s0, kv_slot)
-            _store_dequant(1, r1, s1, kv_slot)
-            _store_dequant(2, r2, s2, kv_slot)
-            _store_dequant(3, r3, s3, kv_slot)
-            _store_dequant(4, r4, s4, kv_slot)
-            _store_dequant(5, r5, s5, kv_slot)
-            _store_dequant(6, r6, s6, kv_slot)
-        valid_slot.store(valid.to(gl.int32))
+        valid_view.store(valid.to(gl.int32))
         return code
 
     @gluon.jit
@@ -189,47 +221,93 @@ if GLUON_AVAILABLE:
                             STAGES: gl.constexpr, FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr,
                             FLAG_SLOTS: gl.constexpr, FLAG_TABLE: gl.constexpr, times_ptr, pid,
                             TIMES: gl.constexpr):
-        """Block b = lo + i goes to buffer i % STAGES. Per iteration: load the ids of block b + 3 and the pages of
-        block b + 2 into registers (so the indices -> page -> row chain is never waited for), prefetch block
-        b + 1's rows into L2 (so its loads wait an L2 latency, not an HBM one, while this block is dequantized),
-        wait until both warpgroups released the buffer, fill it, wait for its cp.async group, fence, signal
-        ``ready``."""
-        rows_l: gl.constexpr = gl.SliceLayout(1, gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0]))  # as the block's
+        """Block b = lo + i goes to buffer i % STAGES, in two halves of SUB = BLOCK_N / 2 rows (A, B), software-
+        pipelined so that a half's FP8 loads are always in flight while the previous half is dequantized:
+
+        * per block: load the ids of block b + 4 and the pages of block b + 3 into registers (the indices ->
+          page -> row chain is never waited for) and prefetch block b + 2's rows into L2;
+        * issue half B's loads; wait until both warpgroups released the buffer; cp.async the block's bf16 parts;
+          dequantize half A (loaded one step earlier) into the buffer;
+        * issue the next block's half A loads; dequantize half B; wait for the cp.async group, fence, signal
+          ``ready``.
+
+        Each half is one row per thread (8 lanes x PW warps), 7 x 16 bytes of FP8 + 7 scales in flight."""
+        SUB: gl.constexpr = BLOCK_N // 2
+        sub_l: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PW, 1], [1, 0])  # SUB rows x 16 words (64 B)
+        srows_l: gl.constexpr = gl.SliceLayout(1, sub_l)
         slot = gl.load(slots_ptr + n)
         slot_ok = (slot >= 0) & (slot < S)
         slot64 = gl.where(slot_ok, slot, 0).to(gl.int64)
-        err = gl.zeros([BLOCK_N], gl.int32, rows_l) + \
-            ((K > 0) & ((slot < -1) | (slot >= S))).to(gl.int32) * FLAG_SLOTS
-        ids0 = _load_ids(lo, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
-        ids1 = _load_ids(lo + 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
-        ids2 = _load_ids(lo + 2, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
-        pg0 = _load_pages(lo, num_wb, ids0, table_ptr, slot64, slot_ok, L, EPB)
-        pg1 = _load_pages(lo + 1, num_wb, ids1, table_ptr, slot64, slot_ok, L, EPB)
+        err = gl.zeros([SUB], gl.int32, srows_l) + ((K > 0) & ((slot < -1) | (slot >= S))).to(gl.int32) * FLAG_SLOTS
+        i0a = _half_ids(lo, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+        i0b = _half_ids(lo, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+        i1a = _half_ids(lo + 1, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+        i1b = _half_ids(lo + 1, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+        i2a = _half_ids(lo + 2, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+        i2b = _half_ids(lo + 2, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+        i3a = _half_ids(lo + 3, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+        i3b = _half_ids(lo + 3, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+        p0a = _load_pages(lo, num_wb, i0a, table_ptr, slot64, slot_ok, L, EPB)
+        p0b = _load_pages(lo, num_wb, i0b, table_ptr, slot64, slot_ok, L, EPB)
+        p1a = _load_pages(lo + 1, num_wb, i1a, table_ptr, slot64, slot_ok, L, EPB)
+        p1b = _load_pages(lo + 1, num_wb, i1b, table_ptr, slot64, slot_ok, L, EPB)
+        p2a = _load_pages(lo + 2, num_wb, i2a, table_ptr, slot64, slot_ok, L, EPB)
+        p2b = _load_pages(lo + 2, num_wb, i2b, table_ptr, slot64, slot_ok, L, EPB)
+        if lo + 1 < hi:
+            _prefetch_half(lo + 1, num_wb, i1a, p1a, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE, ROPE,
+                           EPB, NSC, SUB, PW)
+            _prefetch_half(lo + 1, num_wb, i1b, p1b, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE, ROPE,
+                           EPB, NSC, SUB, PW)
+        a0, a1, a2, a3, a4, a5, a6, sa0, sa1, sa2, sa3, sa4, sa5, sa6 = _load_half(
+            lo, num_wb, hi, i0a, p0a, fp8_ptr, scale_ptr, P, NOPE, NSC, SB, EPB, sub_l)
         for b in range(lo, hi):
             i = b - lo
             stage = i % STAGES
-            ids3 = _load_ids(b + 3, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
-            pg2 = _load_pages(b + 2, num_wb, ids2, table_ptr, slot64, slot_ok, L, EPB)
-            if b + 1 < hi:
-                _prefetch_block(b + 1, num_wb, ids1, pg1, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE,
-                                ROPE, EPB, NSC, BLOCK_N, PW)
+            kv_slot = kv_ring.index(stage)
+            valid_slot = valid_ring.index(stage)
+            i4a = _half_ids(b + 4, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+            i4b = _half_ids(b + 4, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+            p3a = _load_pages(b + 3, num_wb, i3a, table_ptr, slot64, slot_ok, L, EPB)
+            p3b = _load_pages(b + 3, num_wb, i3b, table_ptr, slot64, slot_ok, L, EPB)
+            if b + 2 < hi:
+                _prefetch_half(b + 2, num_wb, i2a, p2a, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE,
+                               ROPE, EPB, NSC, SUB, PW)
+                _prefetch_half(b + 2, num_wb, i2b, p2b, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE,
+                               ROPE, EPB, NSC, SUB, PW)
+            # half B of this block: loads in flight while half A is dequantized
+            b0, b1, b2, b3, b4, b5, b6, sb0, sb1, sb2, sb3, sb4, sb5, sb6 = _load_half(
+                b, num_wb, hi, i0b, p0b, fp8_ptr, scale_ptr, P, NOPE, NSC, SB, EPB, sub_l)
             mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)
-            code = _produce_block(b, num_wb, ids0, pg0, kv_ring.index(stage), valid_ring.index(stage), win_kv_ptr,
-                                  fp8_ptr, scale_ptr, rope_ptr, R, P, L, slot_ok, D, NOPE, ROPE, EPB, NSC, SB,
-                                  BLOCK_N, PW, FLAG_WINDOW, FLAG_ENTRY, FLAG_TABLE)
+            code_a = _copy_half(b, num_wb, i0a, p0a, kv_slot.slice(0, SUB, dim=0), valid_slot.slice(0, SUB),
+                                win_kv_ptr, rope_ptr, R, P, L, slot_ok, D, NOPE, ROPE, EPB, SUB, PW, FLAG_WINDOW,
+                                FLAG_ENTRY, FLAG_TABLE)
+            code_b = _copy_half(b, num_wb, i0b, p0b, kv_slot.slice(SUB, SUB, dim=0), valid_slot.slice(SUB, SUB),
+                                win_kv_ptr, rope_ptr, R, P, L, slot_ok, D, NOPE, ROPE, EPB, SUB, PW, FLAG_WINDOW,
+                                FLAG_ENTRY, FLAG_TABLE)
+            async_copy.commit_group()
             if FLAG_SLOTS != 0:
-                err = err | code
+                err = err | code_a | code_b
+            if b >= num_wb:
+                _dequant_half(kv_slot.slice(0, SUB, dim=0), a0, a1, a2, a3, a4, a5, a6,
+                              sa0, sa1, sa2, sa3, sa4, sa5, sa6)
+            # half A of the next block: loads in flight while half B is dequantized
+            a0, a1, a2, a3, a4, a5, a6, sa0, sa1, sa2, sa3, sa4, sa5, sa6 = _load_half(
+                b + 1, num_wb, hi, i1a, p1a, fp8_ptr, scale_ptr, P, NOPE, NSC, SB, EPB, sub_l)
+            if b >= num_wb:
+                _dequant_half(kv_slot.slice(SUB, SUB, dim=0), b0, b1, b2, b3, b4, b5, b6,
+                              sb0, sb1, sb2, sb3, sb4, sb5, sb6)
             async_copy.wait_group(0)
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(ready.index(stage), count=1)
             if i == 0:
                 _stamp(times_ptr, pid, 7, TIMES)
-            ids0, pg0 = ids1, pg1
-            ids1, pg1 = ids2, pg2
-            ids2 = ids3
+            i0a, i0b, p0a, p0b = i1a, i1b, p1a, p1b
+            i1a, i1b, p1a, p1b = i2a, i2b, p2a, p2b
+            i2a, i2b, p2a, p2b = i3a, i3b, p3a, p3b
+            i3a, i3b = i4a, i4b
         if FLAG_SLOTS != 0:
-            gl.atomic_or(err_ptr + gl.zeros([BLOCK_N], gl.int32, rows_l), err, mask=err != 0)
+            gl.atomic_or(err_ptr + gl.zeros([SUB], gl.int32, srows_l), err, mask=err != 0)
         _stamp(times_ptr, pid, 8, TIMES)
 
     @gluon.jit

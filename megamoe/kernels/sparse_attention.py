@@ -76,20 +76,19 @@ MAX_SPLITS = 64
 
 LOG2E = 1.4426950408889634
 
-# Main-kernel implementation: "v1" (this file, plain Triton) or "ws" (``sparse_attention_ws.py``, Gluon with a
-# warp-specialized shared-memory pipeline). "ws" is the default: validated on the H100 (13/13 cases of
-# benchmarks/validate_attention_ws.py, benchmarks/results/gpu_check_v7) and 1.3-2.0x faster than v1 at batch 32 /
-# 128 with 32k / 128k context, equal at batch 1 (gpu_check_v8/attention_v2.md); it falls back to v1 where
-# ``sparse_attention_ws.supports`` is false (not sm_90, D != 512, the interpreter). ``MEGAMOE_ATTN_IMPL``
-# overrides the default, read at every launch.
-# "ws3" (``sparse_attention_ws3.py``): three warpgroups with separate roles and 64-row blocks, V4's row only
-# (falls back to "ws" elsewhere).
+# Main-kernel implementation, ``MEGAMOE_ATTN_IMPL`` (read at every launch) or the launcher's ``impl``:
+# * "v1": this file, plain Triton (also the interpreter's kernel);
+# * "ws": ``sparse_attention_ws.py``, Gluon with a warp-specialized shared-memory pipeline (v2; 1.3-2.0x v1 at
+#   batch 32 / 128, gpu_check_v8/attention_v2.md); sm_90 and D = 512 only, else v1;
+# * "ws3" (the default): ``sparse_attention_ws3.py``, three warpgroups with separate roles and 64-row blocks (v3);
+#   V4's row only (448 FP8 + 64 rope dims, 64-element scale blocks), else "ws". Validated on the H100 and faster
+#   than v2 at every measured batch 1-128 and context 32k / 128k (benchmarks/results/attn_v3).
 IMPLS = ("v1", "ws", "ws3")
 
 
 def default_impl() -> str:
-    """The launcher's main kernel when ``impl`` is not given: ``MEGAMOE_ATTN_IMPL`` or "ws"."""
-    impl = os.environ.get("MEGAMOE_ATTN_IMPL", "ws")
+    """The launcher's main kernel when ``impl`` is not given: ``MEGAMOE_ATTN_IMPL`` or "ws3"."""
+    impl = os.environ.get("MEGAMOE_ATTN_IMPL", "ws3")
     if impl not in IMPLS:
         raise ValueError(f"MEGAMOE_ATTN_IMPL: expected one of {IMPLS}, got {impl!r}")
     return impl
@@ -392,9 +391,11 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
     bf16; all contiguous on one device. ``num_splits``: None = :func:`choose_num_splits`; ``workspace``:
     optional ``(acc, ml)`` float32 tensors with at least :func:`workspace_shapes` elements (reused across
     calls / graph replays; allocated here when missing and a split is used). ``error_word``: the (1,) int32 word
-    the out-of-range indices flag (default: the device's, ``megamoe.ops.errors``). ``impl``: "v1" or "ws" (None:
-    :func:`default_impl`); "ws" runs the Gluon kernel where ``sparse_attention_ws.supports`` (sm_90, D = 512),
-    else v1. Both use the same blocks, splits, workspace and combine kernel.
+    the out-of-range indices flag (default: the device's, ``megamoe.ops.errors``). ``impl``: "v1", "ws" or "ws3"
+    (None: :func:`default_impl`); "ws3" runs v3 where ``sparse_attention_ws3.supports`` (V4's row on sm_90), "ws"
+    runs v2 where ``sparse_attention_ws.supports`` (sm_90, D = 512), else v1. All use the same workspace and
+    combine kernel; the blocks and the split layout are counted in the running kernel's rows per block
+    (:func:`main_block_n`).
     """
     from ..ops import errors
 

@@ -278,8 +278,9 @@ def kernel_p_rounding(cfg: V4Config, layer: int, seq_len: int, prefill_tokens: i
 
     The first ``prefill_tokens`` positions were one prefill call (``prefill_tokens`` query rows), the rest decode
     steps of ``decode_batch`` requests each. ``block_n`` and the split counts are the kernel's on ``device``
-    (CUDA: ``ATTENTION_CONFIG``; otherwise the interpreter's ``INTERPRETER_CONFIG``), the split counts from
-    ``choose_num_splits`` of each call's shape: window list ``window_size`` wide, entry list (the cache's) CSA
+    (CUDA: ``main_block_n`` of the default main kernel; otherwise the interpreter's ``INTERPRETER_CONFIG``), the
+    split counts from ``choose_num_splits`` of each call's shape: window list ``window_size`` wide, entry list (the
+    cache's) CSA
     ``min(index_topk, max(max_entries, 1))``, HCA ``max(max_entries, 1)``, window-only layers 0, with
     ``max_entries = max_context // ratio`` (``max_context``: the fast model's, default ``cfg.max_seq_len`` as
     there).
@@ -287,14 +288,14 @@ def kernel_p_rounding(cfg: V4Config, layer: int, seq_len: int, prefill_tokens: i
     from ..kernels import sparse_attention as kernel  # the kernel's tile config and split rule
 
     interpreter = torch.device(device).type != "cuda"
-    block_n = (kernel.INTERPRETER_CONFIG if interpreter else kernel.ATTENTION_CONFIG)["BLOCK_N"]
+    block_n = kernel.main_block_n(interpreter=interpreter)  # the default main kernel's (MEGAMOE_ATTN_IMPL)
     ratio = cfg.compress_ratios[layer]
     max_entries = max((max_context or cfg.max_seq_len) // ratio, 1) if ratio else 0
     entry_columns = min(cfg.index_topk, max_entries) if ratio == CSA_RATIO else max_entries
 
     def splits(rows: int) -> int:
         return kernel.choose_num_splits(rows, cfg.num_heads, cfg.window_size, entry_columns,
-                                        interpreter=interpreter)[0]
+                                        interpreter=interpreter, block_n=block_n)[0]
 
     decode = seq_len - prefill_tokens
     num_splits = [splits(prefill_tokens)] * prefill_tokens + ([splits(decode_batch)] * decode if decode > 0 else [])

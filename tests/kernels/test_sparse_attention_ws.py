@@ -23,9 +23,9 @@ from test_sparse_attention import (_graph_check, _v4_inputs, assert_close_to_ref
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_default_is_ws_and_env_is_checked(monkeypatch):
+def test_default_is_ws3_and_env_is_checked(monkeypatch):
     monkeypatch.delenv("MEGAMOE_ATTN_IMPL", raising=False)
-    assert kernels.default_impl() == "ws"  # validated on the H100 (gpu_check_v7 / v8)
+    assert kernels.default_impl() == "ws3"  # validated on the H100 (results/attn_v3); v2 stays selectable
     monkeypatch.setenv("MEGAMOE_ATTN_IMPL", "v1")
     assert kernels.default_impl() == "v1"
     monkeypatch.setenv("MEGAMOE_ATTN_IMPL", "ws")
@@ -35,6 +35,7 @@ def test_default_is_ws_and_env_is_checked(monkeypatch):
         kernels.default_impl()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs CPU tensors (conftest sets it without a GPU)")
 def test_ws_falls_back_to_v1_where_unsupported():
     """On the interpreter (or any non-sm_90 / D != 512 case) impl="ws" runs v1: the same bits."""
     inputs = make_inputs(N=3)

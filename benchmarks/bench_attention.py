@@ -114,7 +114,7 @@ def main():
             for B in batches:
                 c = make_case(B, ctx, kind, dev)
                 K = c["entry_idx"].shape[1]
-                splits, _ = kernels.choose_num_splits(B, H, WINDOW, K)
+                splits, _ = kernels.choose_num_splits(B, H, WINDOW, K, block_n=kernels.main_block_n())
                 ws = attention_workspace(B, H, D, WINDOW, K, dev)
                 out = torch.empty_like(c["q"])
                 ref_out = torch.empty_like(c["q"])

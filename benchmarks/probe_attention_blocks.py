@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--batches", default="32,128")
     ap.add_argument("--entries", default="0,64,256,512,1024")
     ap.add_argument("--timeline", action="store_true")
+    ap.add_argument("--config", default="", help="--timeline: WS3_CONFIG overrides, e.g. PREFETCH=0,PREFETCH=2 "
+                    "(one timeline per comma-separated item; empty: the default config)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "attn_v3", "blocks"))
     args = ap.parse_args()
     if args.timeline:
@@ -111,10 +113,12 @@ def timeline(args) -> None:
 
     dev = torch.device("cuda")
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
-    lines = ["| batch | entries | splits | blocks / program | " + " | ".join(STAMPS) + " | kernel span |",
-             "|" + "---|" * (5 + len(STAMPS))]
+    lines = ["| config | batch | entries | splits | blocks / program | " + " | ".join(STAMPS) + " | kernel span |",
+             "|" + "---|" * (6 + len(STAMPS))]
     rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    configs = [dict([item.split("=")]) for item in args.config.split(",") if item] or [{}]
+    for cfg, batch in ((cfg, int(b)) for cfg in configs for b in args.batches.split(",")):
+        cfg = {k: int(v) for k, v in cfg.items()}
         base = ba.make_case(batch, 131072, "hca", dev)
         for k in (int(x) for x in args.entries.split(",")):
             c = dict(base, entry_idx=base["entry_idx"][:, :k].contiguous())
@@ -131,17 +135,18 @@ def timeline(args) -> None:
                 ws3.launch_ws3(c["q"], c["attn_sink"], D ** -0.5, c["window_kv"], c["window_idx"], c["entries_fp8"],
                                c["entries_scale"], c["entries_rope"], c["block_table"], c["slots"], c["entry_idx"],
                                out, splits=splits, per=per, ws_acc=ws_acc, ws_ml=ws_ml,
-                               error_word=errors.error_word(dev), pdl=False, times=times)
+                               error_word=errors.error_word(dev), pdl=False, times=times, config=cfg)
             torch.cuda.synchronize()
             t = times.view(programs, 16)[:, :len(STAMPS)].double()
             t = (t - t[:, 0].min()) * 1e-3
             med = t.median(dim=0).values.tolist()
             span = float(t.max())
             blocks = triton.cdiv(ba.WINDOW, ws3.WS3_CONFIG["BLOCK_N"]) + triton.cdiv(k, ws3.WS3_CONFIG["BLOCK_N"])
-            rows.append(dict(batch=B, entries=k, splits=splits, blocks_per_program=min(per, blocks),
+            rows.append(dict(config=cfg, batch=B, entries=k, splits=splits, blocks_per_program=min(per, blocks),
                              median_us=dict(zip(STAMPS, med)), span_us=span))
             print(json.dumps(rows[-1]), flush=True)
-            lines.append(f"| {B} | {k} | {splits} | {min(per, blocks)} | " + " | ".join(f"{v:.1f}" for v in med) +
+            lines.append(f"| {cfg or 'default'} | {B} | {k} | {splits} | {min(per, blocks)} | " +
+                         " | ".join(f"{v:.1f}" for v in med) +
                          f" | {span:.1f} |")
     text = "\n".join(lines)
     print(text)

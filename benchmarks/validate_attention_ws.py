@@ -208,11 +208,12 @@ def time_case(kind, batch, context):
     all_bytes = row_bytes + B * (2 * H * D * 2 + 4 * (WINDOW + K))
     floor_s = all_bytes / HBM_BYTES_PER_S
     flops = 4 * B * (WINDOW + K) * H * D
-    splits, _ = kernels.choose_num_splits(B, H, WINDOW, K)
+    splits, _ = kernels.choose_num_splits(B, H, WINDOW, K)  # v2's (32-row blocks); v3's: splits_ws3
+    splits_ws3, _ = kernels.choose_num_splits(B, H, WINDOW, K, block_n=kernels.main_block_n("ws3"))
     rel = {f"rel_fro_{name}_vs_v1": float((outs[name].float() - outs["v1"].float()).norm()
                                           / outs["v1"].float().norm()) for name, _, _ in _variants()}
     return dict(case=f"time:{kind}:{batch}:{context}", ok=True, kind=kind, batch=B, context=context, entries=K,
-                splits=splits, floor_all_us=floor_s * 1e6, **rel, triton=triton.__version__,
+                splits=splits, splits_ws3=splits_ws3, floor_all_us=floor_s * 1e6, **rel, triton=triton.__version__,
                 device=torch.cuda.get_device_name(0),
                 **{f"{k}_us": v * 1e6 for k, v in t.items()},
                 **{f"{k}_pct_floor": 100 * floor_s / v for k, v in t.items()},
@@ -304,7 +305,7 @@ def main():
                     timings.append(res)
                     print(json.dumps(res), flush=True)
     names = [v[0] for v in _variants()]
-    lines = ["| kind | batch | context | splits | v1 us | " + " | ".join(f"{n} us" for n in names) +
+    lines = ["| kind | batch | context | splits v2 / v3 | v1 us | " + " | ".join(f"{n} us" for n in names) +
              " | torch bf16 us | floor us | " + " | ".join(f"{n} % floor" for n in names) + " | " +
              " | ".join(f"{n} TFLOP/s" for n in names) + " | best vs v1 | best vs torch |",
              "|" + "---|" * (8 + 3 * len(names))]
@@ -313,7 +314,8 @@ def main():
             lines.append(f"| {r['case']} | {r.get('error', '')} |")
             continue
         best = min(r[f"{n}_us"] for n in names)
-        lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['splits']} | {r['v1_us']:.1f} | " +
+        lines.append(f"| {r['kind']} | {r['batch']} | {r['context']} | {r['splits']} / {r.get('splits_ws3', '-')} | "
+                     f"{r['v1_us']:.1f} | " +
                      " | ".join(f"{r[f'{n}_us']:.1f}" for n in names) +
                      f" | {r['torch_us']:.1f} | {r['floor_all_us']:.2f} | " +
                      " | ".join(f"{r[f'{n}_pct_floor']:.0f}%" for n in names) + " | " +

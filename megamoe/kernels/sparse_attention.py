@@ -84,6 +84,8 @@ LOG2E = 1.4426950408889634
 #   V4's row only (448 FP8 + 64 rope dims, 64-element scale blocks), else "ws". Validated on the H100 and faster
 #   than v2 at every measured batch 1-128 and context 32k / 128k (benchmarks/results/attn_v3).
 IMPLS = ("v1", "ws", "ws3")
+# (nope, rope, scale block) of the rows v3 takes: V4's.
+V3_ROW = (448, 64, 64)
 
 
 def default_impl() -> str:
@@ -94,12 +96,16 @@ def default_impl() -> str:
     return impl
 
 
-def main_block_n(impl: str | None = None, *, interpreter: bool = False) -> int:
-    """Rows per block of the main kernel that ``impl`` (None: :func:`default_impl`) runs for V4's row on an sm_90
-    GPU (the interpreter: ``INTERPRETER_CONFIG``'s): the block of the bf16-P rounding and of the split layout."""
+def main_block_n(impl: str | None = None, *, interpreter: bool = False, head_dim: int = 512, rope_dim: int = 64,
+                 scale_block: int = 64) -> int:
+    """Rows per block of the main kernel that ``impl`` (None: :func:`default_impl`) runs on an sm_90 GPU for rows
+    of ``head_dim`` with ``rope_dim`` bf16 dims and FP8 scale blocks of ``scale_block`` (the interpreter:
+    ``INTERPRETER_CONFIG``'s): the block of the bf16-P rounding and of the split layout. v3 ("ws3") takes V4's
+    row only (``sparse_attention_ws3.supports``); other rows run v2 / v1 with ``ATTENTION_CONFIG``'s block."""
     if interpreter:
         return INTERPRETER_CONFIG["BLOCK_N"]
-    if (default_impl() if impl is None else impl) == "ws3":
+    if (default_impl() if impl is None else impl) == "ws3" and \
+            (head_dim - rope_dim, rope_dim, scale_block) == V3_ROW:
         from .sparse_attention_ws3 import WS3_CONFIG
 
         return WS3_CONFIG["BLOCK_N"]

@@ -53,8 +53,10 @@ except ImportError:  # pragma: no cover - older Triton
 # BLOCK_H = 64 heads (wgmma M); BLOCK_N = 64 rows per block (the score wgmma N); 3 warpgroups of 4 warps
 # (score = the default partition, value, producer). Registers per thread at run time (setmaxnreg):
 # 128 x (score + VALUE_REGS + PRODUCER_REGS) <= 64 K, the score warpgroup gets the rest.
+# PREFETCH: 1 = the producer pulls block b + 1's rows into L2 at block b; 0 = none (benchmarks/results/attn_v3:
+# 1 beat 0 and 2 blocks ahead).
 WS3_CONFIG = {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 4, "VALUE_REGS": 160, "PRODUCER_REGS": 152,
-              "STAGES": 2}
+              "STAGES": 2, "PREFETCH": 1}
 
 
 def supports(q: torch.Tensor, head_dim: int, nope: int, rope: int, scale_block: int) -> bool:
@@ -63,7 +65,7 @@ def supports(q: torch.Tensor, head_dim: int, nope: int, rope: int, scale_block: 
     from . import sparse_attention_ws
 
     return (GLUON_AVAILABLE and sparse_attention_ws.supports(q, head_dim, nope, rope, scale_block)
-            and (nope, rope, scale_block) == (448, 64, 64))
+            and (nope, rope, scale_block) == v1.V3_ROW)
 
 
 if GLUON_AVAILABLE:
@@ -220,12 +222,13 @@ if GLUON_AVAILABLE:
                             NSC: gl.constexpr, SB: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr,
                             STAGES: gl.constexpr, FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr,
                             FLAG_SLOTS: gl.constexpr, FLAG_TABLE: gl.constexpr, times_ptr, pid,
-                            TIMES: gl.constexpr):
+                            TIMES: gl.constexpr, PREFETCH: gl.constexpr):
         """Block b = lo + i goes to buffer i % STAGES, in two halves of SUB = BLOCK_N / 2 rows (A, B), software-
         pipelined so that a half's FP8 loads are always in flight while the previous half is dequantized:
 
         * per block: load the ids of block b + 4 and the pages of block b + 3 into registers (the indices ->
-          page -> row chain is never waited for) and prefetch block b + 2's rows into L2;
+          page -> row chain is never waited for) and (``PREFETCH``) pull block b + 1's rows into L2 (the
+          prologue pulls block lo + 1's: measured better than after this block's loads, and than b + 2);
         * issue half B's loads; wait until both warpgroups released the buffer; cp.async the block's bf16 parts;
           dequantize half A (loaded one step earlier) into the buffer;
         * issue the next block's half A loads; dequantize half B; wait for the cp.async group, fence, signal
@@ -253,7 +256,7 @@ if GLUON_AVAILABLE:
         p1b = _load_pages(lo + 1, num_wb, i1b, table_ptr, slot64, slot_ok, L, EPB)
         p2a = _load_pages(lo + 2, num_wb, i2a, table_ptr, slot64, slot_ok, L, EPB)
         p2b = _load_pages(lo + 2, num_wb, i2b, table_ptr, slot64, slot_ok, L, EPB)
-        if lo + 1 < hi:
+        if (PREFETCH == 1) & (lo + 1 < hi):
             _prefetch_half(lo + 1, num_wb, i1a, p1a, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE, ROPE,
                            EPB, NSC, SUB, PW)
             _prefetch_half(lo + 1, num_wb, i1b, p1b, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE, ROPE,
@@ -269,10 +272,10 @@ if GLUON_AVAILABLE:
             i4b = _half_ids(b + 4, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
             p3a = _load_pages(b + 3, num_wb, i3a, table_ptr, slot64, slot_ok, L, EPB)
             p3b = _load_pages(b + 3, num_wb, i3b, table_ptr, slot64, slot_ok, L, EPB)
-            if b + 2 < hi:
-                _prefetch_half(b + 2, num_wb, i2a, p2a, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE,
+            if (PREFETCH == 1) & (b + 1 < hi) & (b > lo):  # (the prologue prefetched block lo + 1)
+                _prefetch_half(b + 1, num_wb, i1a, p1a, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE,
                                ROPE, EPB, NSC, SUB, PW)
-                _prefetch_half(b + 2, num_wb, i2b, p2b, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE,
+                _prefetch_half(b + 1, num_wb, i1b, p1b, win_kv_ptr, fp8_ptr, scale_ptr, rope_ptr, R, P, D, NOPE,
                                ROPE, EPB, NSC, SUB, PW)
             # half B of this block: loads in flight while half A is dequantized
             b0, b1, b2, b3, b4, b5, b6, sb0, sb1, sb2, sb3, sb4, sb5, sb6 = _load_half(
@@ -287,6 +290,7 @@ if GLUON_AVAILABLE:
             async_copy.commit_group()
             if FLAG_SLOTS != 0:
                 err = err | code_a | code_b
+
             if b >= num_wb:
                 _dequant_half(kv_slot.slice(0, SUB, dim=0), a0, a1, a2, a3, a4, a5, a6,
                               sa0, sa1, sa2, sa3, sa4, sa5, sa6)
@@ -450,6 +454,7 @@ if GLUON_AVAILABLE:
         qk_scale,
         D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr, NSC: gl.constexpr,
         SB: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, TIMES: gl.constexpr,
+        PREFETCH: gl.constexpr,
         VALUE_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, STAGES: gl.constexpr,
         FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr, FLAG_SLOTS: gl.constexpr, FLAG_TABLE: gl.constexpr,
         num_warps: gl.constexpr, PDL: gl.constexpr = False,
@@ -501,7 +506,7 @@ if GLUON_AVAILABLE:
             (_producer_partition, (kv_ring, valid_ring, ready, empty, lo, hi, num_wb, n, win_kv_ptr, win_idx_ptr,
                                    fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, slots_ptr, err_ptr, W, K, R,
                                    P, S, L, D, NOPE, ROPE, EPB, NSC, SB, BLOCK_N, 4, STAGES, FLAG_WINDOW,
-                                   FLAG_ENTRY, FLAG_SLOTS, FLAG_TABLE, times_ptr, pid, TIMES)),
+                                   FLAG_ENTRY, FLAG_SLOTS, FLAG_TABLE, times_ptr, pid, TIMES, PREFETCH)),
         ], [4, 4], [VALUE_REGS, PRODUCER_REGS])
 
 
@@ -510,24 +515,26 @@ def _constants(nope, rope, scale_block, entries_per_block, split, config=None, t
     return cfg, dict(D=nope + rope, NOPE=nope, ROPE=rope, EPB=entries_per_block, NSC=nope // scale_block,
                      SB=scale_block, BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], SPLIT=split, TIMES=times,
                      VALUE_REGS=cfg["VALUE_REGS"], PRODUCER_REGS=cfg["PRODUCER_REGS"], STAGES=cfg["STAGES"],
+                     PREFETCH=cfg["PREFETCH"],
                      **v1.error_flags())
 
 
 def launch_ws3(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
                block_table, slots, entry_idx, out, *, splits: int, per: int, ws_acc, ws_ml, error_word,
-               compile_only: bool = False, pdl: bool | None = None, times: torch.Tensor | None = None):
+               compile_only: bool = False, pdl: bool | None = None, times: torch.Tensor | None = None,
+               config: dict | None = None):
     """Launch the v3 main kernel (v1's launcher calls this with a split layout in ``WS3_CONFIG["BLOCK_N"]``-row
     blocks and its workspace). ``compile_only``: compile without launching. ``pdl``: programmatic dependent
     launch (None: ``megamoe.kernels.pdl.pdl_enabled(q)``). ``times``: a probe build that writes 9 global-timer
     stamps per program into this int64 tensor of >= 16 x programs elements (``_stamp``'s slots: 0 entry, 1 Q in
     shared memory, 2 first block ready, 3 / 4 score loop / epilogue end, 5 / 6 value loop / epilogue end,
-    7 first block produced, 8 producer end)."""
+    7 first block produced, 8 producer end). ``config``: overrides of ``WS3_CONFIG`` (experiments)."""
     N, H, D = q.shape
     W, K = window_idx.shape[1], entry_idx.shape[1]
     P, EPB, nope = entries_fp8.shape
     rope = entries_rope.shape[-1]
     sb = nope // entries_scale.shape[-1]
-    cfg, constants = _constants(nope, rope, sb, EPB, splits > 1, times=times is not None)
+    cfg, constants = _constants(nope, rope, sb, EPB, splits > 1, config, times=times is not None)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
     pdl = pdl_enabled(q) if pdl is None else pdl
     launcher = functools.partial(_sparse_mqa_ws3_kernel.warmup, grid=grid) if compile_only else \

@@ -288,7 +288,8 @@ def kernel_p_rounding(cfg: V4Config, layer: int, seq_len: int, prefill_tokens: i
     from ..kernels import sparse_attention as kernel  # the kernel's tile config and split rule
 
     interpreter = torch.device(device).type != "cuda"
-    block_n = kernel.main_block_n(interpreter=interpreter)  # the default main kernel's (MEGAMOE_ATTN_IMPL)
+    # the default main kernel's (MEGAMOE_ATTN_IMPL) for this model's rows, FP8 scale blocks of the official 64
+    block_n = kernel.main_block_n(interpreter=interpreter, head_dim=cfg.head_dim, rope_dim=cfg.rope_dim)
     ratio = cfg.compress_ratios[layer]
     max_entries = max((max_context or cfg.max_seq_len) // ratio, 1) if ratio else 0
     entry_columns = min(cfg.index_topk, max_entries) if ratio == CSA_RATIO else max_entries

@@ -32,6 +32,9 @@ def test_block_rows_and_split_layout():
     assert kernels.main_block_n("ws3") == 64
     assert kernels.main_block_n("ws") == kernels.main_block_n("v1") == kernels.ATTENTION_CONFIG["BLOCK_N"]
     assert kernels.main_block_n("ws3", interpreter=True) == kernels.INTERPRETER_CONFIG["BLOCK_N"]
+    # other rows (e.g. the tiny test model's head_dim 128) run v2 / v1 with their 32-row blocks
+    assert kernels.main_block_n("ws3", head_dim=128) == kernels.ATTENTION_CONFIG["BLOCK_N"]
+    assert kernels.main_block_n("ws3", scale_block=448) == kernels.ATTENTION_CONFIG["BLOCK_N"]
     for n in (1, 2, 7, 8, 16, 32, 33, 64, 128, 129):
         for w in (0, 1, 64, 128):
             for k in (0, 1, 63, 64, 512, 1024, 1152):

@@ -82,9 +82,11 @@ def supports(q: torch.Tensor, head_dim: int, nope: int, rope: int, scale_block: 
 if GLUON_AVAILABLE:
 
     @gluon.jit
-    def _load_ids(b, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N: gl.constexpr, rows_l: gl.constexpr):
-        """Block b's (BLOCK_N,) window ids or entry ids (-1 past the list or when b >= hi)."""
-        jj = gl.arange(0, BLOCK_N, layout=rows_l)
+    def _load_ids(b, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N: gl.constexpr, rows_l: gl.constexpr,
+                  ROWS: gl.constexpr, FIRST: gl.constexpr):
+        """Rows [FIRST, FIRST + ROWS) of block b (BLOCK_N rows): window ids or entry ids (-1 past the list or when
+        b >= hi). v2 loads whole blocks (ROWS = BLOCK_N, FIRST = 0), v3 half blocks."""
+        jj = FIRST + gl.arange(0, ROWS, layout=rows_l)
         if b < num_wb:
             j = b * BLOCK_N + jj
             ids = gl.load(win_idx_ptr + n * W + j, mask=(j < W) & (b < hi), other=-1)
@@ -207,9 +209,9 @@ if GLUON_AVAILABLE:
         err = gl.zeros([BLOCK_N], gl.int32, rows_l) + \
             ((K > 0) & ((slot < -1) | (slot >= S))).to(gl.int32) * FLAG_SLOTS
         # prologue: block lo issued; pages of lo + 1 and ids of lo + 2 in registers
-        ids0 = _load_ids(lo, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
-        ids1 = _load_ids(lo + 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
-        ids2 = _load_ids(lo + 2, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+        ids0 = _load_ids(lo, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l, BLOCK_N, 0)
+        ids1 = _load_ids(lo + 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l, BLOCK_N, 0)
+        ids2 = _load_ids(lo + 2, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l, BLOCK_N, 0)
         pg0 = _load_pages(lo, num_wb, ids0, table_ptr, slot64, slot_ok, L, EPB)
         pg1 = _load_pages(lo + 1, num_wb, ids1, table_ptr, slot64, slot_ok, L, EPB)
         if lo < hi:
@@ -223,7 +225,7 @@ if GLUON_AVAILABLE:
         for b in range(lo, hi):
             i = b - lo
             nxt = i + 1
-            ids3 = _load_ids(b + 3, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+            ids3 = _load_ids(b + 3, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l, BLOCK_N, 0)
             pg2 = _load_pages(b + 2, num_wb, ids2, table_ptr, slot64, slot_ok, L, EPB)
             if b + 1 < hi:
                 mbarrier.wait(empty.index(nxt % STAGES), ((nxt // STAGES) & 1) ^ 1)
@@ -363,7 +365,7 @@ if GLUON_AVAILABLE:
             l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
             acc = gl.zeros([BLOCK_H, D], gl.float32, o_layout)
             for b in range(lo, hi):
-                ids = _load_ids(b, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l)
+                ids = _load_ids(b, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, rows_l, BLOCK_N, 0)
                 pg = _load_pages(b, num_wb, ids, table_ptr, slot64, slot_ok, L, EPB)
                 gl.thread_barrier()  # the previous block's wgmmas have read the tile
                 code = _issue_block(b, num_wb, ids, pg, kv_buf, valid_buf, fp8_buf, sc_buf, win_kv_ptr, fp8_ptr,
@@ -417,22 +419,26 @@ def launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, e
         float(softmax_scale) * v1.LOG2E, **constants, num_warps=cfg["num_warps"], PDL=pdl, launch_pdl=pdl)
 
 
+def compile_gluon_sm90(kernel, constants: dict, num_warps: int, pdl: bool, extra_pointers: dict | None = None):
+    """Offline sm_90 compile (no GPU) of a Gluon main kernel with v1's pointer and scalar signature (v2 / v3);
+    ``extra_pointers`` (name -> type) follow ``err_ptr``. Returns the ``CompiledKernel``."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    constants = dict(constants, num_warps=num_warps, PDL=pdl)
+    signature = dict(v1._MAIN_POINTERS, **(extra_pointers or {}), **{name: "i32" for name in v1._MAIN_SCALARS},
+                     qk_scale="fp32", **{name: "constexpr" for name in constants})
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in v1._MAIN_POINTERS
+             if name != "err_ptr"}
+    source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                              "launch_pdl": pdl})
+
+
 def compile_sm90(*, head_dim: int = 512, rope_dim: int = 64, scale_block: int = 64, entries_per_block: int = 64,
                  split: bool = False, warp_spec: bool = True, config: dict | None = None, pdl: bool = False):
     """Compile the v2 kernel for sm_90 without a GPU; returns the ``CompiledKernel`` (n_regs, n_spills,
     metadata.shared, asm). ``pdl``: the programmatic-dependent-launch build."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     cfg, constants = _constants(head_dim - rope_dim, rope_dim, scale_block, entries_per_block, split, warp_spec,
                                 config)
-    constants["num_warps"] = cfg["num_warps"]
-    constants["PDL"] = pdl
-    signature = dict(v1._MAIN_POINTERS, **{name: "i32" for name in v1._MAIN_SCALARS}, qk_scale="fp32",
-                     **{name: "constexpr" for name in constants})
-    kernel = _sparse_mqa_ws_kernel
-    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in v1._MAIN_POINTERS
-             if name != "err_ptr"}
-    source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": cfg["num_warps"], "launch_pdl": pdl})
+    return compile_gluon_sm90(_sparse_mqa_ws_kernel, constants, cfg["num_warps"], pdl)

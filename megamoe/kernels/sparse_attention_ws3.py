@@ -44,7 +44,7 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                                    warpgroup_mma)
 
-    from .sparse_attention_ws import _load_pages
+    from .sparse_attention_ws import _load_ids, _load_pages
 
     GLUON_AVAILABLE = True
 except ImportError:  # pragma: no cover - older Triton
@@ -86,19 +86,6 @@ if GLUON_AVAILABLE:
         """``prefetch.global.L2`` of the line of every pointer (no registers held, nothing waited for)."""
         gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
                                   is_pure=False, pack=1)
-
-    @gluon.jit
-    def _half_ids(b, half: gl.constexpr, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N: gl.constexpr,
-                  SUB: gl.constexpr, srows_l: gl.constexpr):
-        """Rows [half * SUB, half * SUB + SUB) of block b: window ids or entry ids (-1 past the list or b >= hi)."""
-        jj = half * SUB + gl.arange(0, SUB, layout=srows_l)
-        if b < num_wb:
-            j = b * BLOCK_N + jj
-            ids = gl.load(win_idx_ptr + n * W + j, mask=(j < W) & (b < hi), other=-1)
-        else:
-            j = (b - num_wb) * BLOCK_N + jj
-            ids = gl.load(ent_idx_ptr + n * K + j, mask=(j < K) & (b < hi), other=-1)
-        return ids
 
     @gluon.jit
     def _entry_rows(ids, page, P, EPB: gl.constexpr):
@@ -242,14 +229,14 @@ if GLUON_AVAILABLE:
         slot_ok = (slot >= 0) & (slot < S)
         slot64 = gl.where(slot_ok, slot, 0).to(gl.int64)
         err = gl.zeros([SUB], gl.int32, srows_l) + ((K > 0) & ((slot < -1) | (slot >= S))).to(gl.int32) * FLAG_SLOTS
-        i0a = _half_ids(lo, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
-        i0b = _half_ids(lo, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
-        i1a = _half_ids(lo + 1, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
-        i1b = _half_ids(lo + 1, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
-        i2a = _half_ids(lo + 2, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
-        i2b = _half_ids(lo + 2, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
-        i3a = _half_ids(lo + 3, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
-        i3b = _half_ids(lo + 3, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+        i0a = _load_ids(lo, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, 0)
+        i0b = _load_ids(lo, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, SUB)
+        i1a = _load_ids(lo + 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, 0)
+        i1b = _load_ids(lo + 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, SUB)
+        i2a = _load_ids(lo + 2, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, 0)
+        i2b = _load_ids(lo + 2, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, SUB)
+        i3a = _load_ids(lo + 3, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, 0)
+        i3b = _load_ids(lo + 3, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, SUB)
         p0a = _load_pages(lo, num_wb, i0a, table_ptr, slot64, slot_ok, L, EPB)
         p0b = _load_pages(lo, num_wb, i0b, table_ptr, slot64, slot_ok, L, EPB)
         p1a = _load_pages(lo + 1, num_wb, i1a, table_ptr, slot64, slot_ok, L, EPB)
@@ -268,8 +255,8 @@ if GLUON_AVAILABLE:
             stage = i % STAGES
             kv_slot = kv_ring.index(stage)
             valid_slot = valid_ring.index(stage)
-            i4a = _half_ids(b + 4, 0, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
-            i4b = _half_ids(b + 4, 1, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, SUB, srows_l)
+            i4a = _load_ids(b + 4, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, 0)
+            i4b = _load_ids(b + 4, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, SUB)
             p3a = _load_pages(b + 3, num_wb, i3a, table_ptr, slot64, slot_ok, L, EPB)
             p3b = _load_pages(b + 3, num_wb, i3b, table_ptr, slot64, slot_ok, L, EPB)
             if (PREFETCH == 1) & (b + 1 < hi) & (b > lo):  # (the prologue prefetched block lo + 1)
@@ -550,17 +537,8 @@ def compile_sm90(*, head_dim: int = 512, rope_dim: int = 64, scale_block: int = 
                  split: bool = False, config: dict | None = None, pdl: bool = False, times: bool = False):
     """Compile the v3 kernel for sm_90 without a GPU; returns the ``CompiledKernel`` (``times``: the timeline
     probe build)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from .sparse_attention_ws import compile_gluon_sm90
 
     cfg, constants = _constants(head_dim - rope_dim, rope_dim, scale_block, entries_per_block, split, config, times)
-    constants["num_warps"] = cfg["num_warps"]
-    constants["PDL"] = pdl
-    signature = dict(v1._MAIN_POINTERS, times_ptr="*i64", **{name: "i32" for name in v1._MAIN_SCALARS},
-                     qk_scale="fp32", **{name: "constexpr" for name in constants})
-    kernel = _sparse_mqa_ws3_kernel
-    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in v1._MAIN_POINTERS
-             if name != "err_ptr"}
-    source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": cfg["num_warps"], "launch_pdl": pdl})
+    return compile_gluon_sm90(_sparse_mqa_ws3_kernel, constants, cfg["num_warps"], pdl,
+                              extra_pointers={"times_ptr": "*i64"})

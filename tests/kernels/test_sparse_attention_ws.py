@@ -37,23 +37,26 @@ def test_default_is_ws3_and_env_is_checked(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs CPU tensors (conftest sets it without a GPU)")
 def test_ws_falls_back_to_v1_where_unsupported():
-    """On the interpreter (or any non-sm_90 / D != 512 case) impl="ws" runs v1: the same bits."""
+    """On the interpreter (or any non-sm_90 / D != 512 case) impl="ws" (v2) and "ws3" (v3) run v1: the same bits."""
+    from megamoe.kernels import sparse_attention_ws3 as ws3_kernels
+
     inputs = make_inputs(N=3)
     outs = []
-    for impl in ("v1", "ws"):
+    for impl in ("v1", "ws", "ws3"):
         out = torch.empty_like(inputs["q"])
         kernels.launch_sparse_mqa_attention(
             inputs["q"], inputs["attn_sink"], inputs["softmax_scale"], inputs["window_kv"], inputs["window_idx"],
             inputs["entries_fp8"], inputs["entries_scale"], inputs["entries_rope"], inputs["block_table"],
             inputs["slots"], inputs["entry_idx"], out, interpreter=True, impl=impl)
         outs.append(out)
-    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     with pytest.raises(ValueError, match="impl"):
         kernels.launch_sparse_mqa_attention(
             inputs["q"], inputs["attn_sink"], inputs["softmax_scale"], inputs["window_kv"], inputs["window_idx"],
             inputs["entries_fp8"], inputs["entries_scale"], inputs["entries_rope"], inputs["block_table"],
             inputs["slots"], inputs["entry_idx"], outs[0], interpreter=True, impl="fast")
     assert not ws_kernels.supports(inputs["q"], 128, 64, 64, 64)
+    assert not ws3_kernels.supports(inputs["q"], 512, 448, 64, 64)  # CPU tensor
 
 
 def test_same_blocks_and_splits_as_v1():
@@ -154,8 +157,9 @@ def test_cuda_hca_long_and_v4_pro(variant, ws_impl):
     _check_vs_v1(_v4_inputs(3, 128, 1024), ws_impl)
 
 
-@pytest.mark.cuda
-def test_cuda_partial_window_inactive_rows_few_entries(ws_impl):
+def partial_window_inactive_rows_few_entries(check_vs_v1):
+    """Windows that end early, queries without rows (row 0), an inactive request (slot -1): ``check_vs_v1(inputs)``
+    runs the kernel under test against the reference and v1 and returns its output. Shared with v3's tests."""
     N, W, K = 9, 128, 512
     inputs = _v4_inputs(N, 64, K)
     n = torch.arange(N, device="cuda")[:, None]
@@ -164,13 +168,14 @@ def test_cuda_partial_window_inactive_rows_few_entries(ws_impl):
     inputs["window_idx"][4].fill_(-1)
     inputs["entry_idx"][4].fill_(-1)
     inputs["slots"][4] = -1                                                              # an inactive row
-    got = _check_vs_v1(inputs, ws_impl)
+    got = check_vs_v1(inputs)
     assert torch.equal(got[0].float(), torch.zeros_like(got[0].float()))
     assert torch.equal(got[4].float(), torch.zeros_like(got[4].float()))
 
 
-@pytest.mark.cuda
-def test_cuda_nan_and_out_of_range_flags(ws_impl):
+def nan_and_out_of_range_flags():
+    """A NaN entry stays in the queries that select it; each out-of-range kind sets its error bit (window id, slot,
+    entry id past the table, page id past the pool): the kernel of ``MEGAMOE_ATTN_IMPL``. Shared with v3's tests."""
     from megamoe.ops import errors as err
 
     inputs = make_inputs(N=40, H=64, D=512, rope=64, epb=8, num_pages=20, num_slots=4, pages_per_slot=4, R=50,
@@ -178,11 +183,27 @@ def test_cuda_nan_and_out_of_range_flags(ws_impl):
     inputs["entries_fp8"].view(torch.uint8)[int(inputs["block_table"][0, 0]), 0, 0] = 0x7F
     inputs["window_idx"][:, 0] = 10 ** 6
     inputs["slots"][5] = 99
+    inputs["entry_idx"][7, 3] = 10 ** 6            # past the table of a valid slot
+    inputs["block_table"][1, 1] = 10 ** 6          # a page id past the pool
     dev = torch.device("cuda")
     err.clear_errors(dev)
     got = run_op(inputs)
-    assert err.peek_errors(dev) == err.flag("sparse_attention", "window_idx") | err.flag("sparse_attention", "slots")
+    want_flags = (err.flag("sparse_attention", "window_idx") | err.flag("sparse_attention", "slots") |
+                  err.flag("sparse_attention", "entry_idx"))
+    if bool(((inputs["slots"] == 1)[:, None] & (inputs["entry_idx"] // 8 == 1)).any()):  # that page is looked up
+        want_flags |= err.flag("sparse_attention", "block_table")
+    assert err.peek_errors(dev) == want_flags
     err.clear_errors(dev)
     assert_close_to_reference(got, run_ref(inputs))
     nan_q = torch.isnan(got.float()).flatten(1).any(dim=1).cpu()
     assert torch.equal(nan_q, torch.isnan(run_ref(inputs).float()).flatten(1).any(dim=1))
+
+
+@pytest.mark.cuda
+def test_cuda_partial_window_inactive_rows_few_entries(ws_impl):
+    partial_window_inactive_rows_few_entries(lambda inputs: _check_vs_v1(inputs, ws_impl))
+
+
+@pytest.mark.cuda
+def test_cuda_nan_and_out_of_range_flags(ws_impl):
+    nan_and_out_of_range_flags()

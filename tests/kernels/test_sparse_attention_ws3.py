@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_sparse_attention import (_graph_check, _v4_inputs, assert_close_to_reference, make_inputs,  # noqa: E402
                                    run_op, run_ref)
 from test_sparse_attention_bf16p import _assert_mirrors, _mirror  # noqa: E402
+from test_sparse_attention_ws import nan_and_out_of_range_flags, partial_window_inactive_rows_few_entries  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,21 +44,6 @@ def test_block_rows_and_split_layout():
                 assert 1 <= s64 <= s32
                 blocks = -(-w // 64) + -(-k // 64)
                 assert s64 == max(1, -(-max(blocks, 1) // per64))
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs CPU tensors (conftest sets it without a GPU)")
-def test_ws3_falls_back_to_v1_on_the_interpreter():
-    inputs = make_inputs(N=3)
-    outs = []
-    for impl in ("v1", "ws3"):
-        out = torch.empty_like(inputs["q"])
-        kernels.launch_sparse_mqa_attention(
-            inputs["q"], inputs["attn_sink"], inputs["softmax_scale"], inputs["window_kv"], inputs["window_idx"],
-            inputs["entries_fp8"], inputs["entries_scale"], inputs["entries_rope"], inputs["block_table"],
-            inputs["slots"], inputs["entry_idx"], out, interpreter=True, impl=impl)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-    assert not ws3.supports(inputs["q"], 512, 448, 64, 64)  # CPU tensor
 
 
 def compile_report(**kw):
@@ -156,40 +142,9 @@ def test_cuda_equals_bf16p_mirror_of_64_row_blocks(num_splits, ws3_impl):
 
 @pytest.mark.cuda
 def test_cuda_partial_window_inactive_rows_few_entries(ws3_impl):
-    N, W, K = 9, 128, 512
-    inputs = _v4_inputs(N, 64, K)
-    n = torch.arange(N, device="cuda")[:, None]
-    inputs["window_idx"][torch.arange(W, device="cuda")[None, :] >= 14 * n] = -1        # row 0: no window
-    inputs["entry_idx"][torch.arange(K, device="cuda")[None, :] >= 50 * n] = -1         # row 0: no entries
-    inputs["window_idx"][4].fill_(-1)
-    inputs["entry_idx"][4].fill_(-1)
-    inputs["slots"][4] = -1                                                              # an inactive row
-    got = _check_vs_v1(inputs, ws3_impl)
-    assert torch.equal(got[0].float(), torch.zeros_like(got[0].float()))
-    assert torch.equal(got[4].float(), torch.zeros_like(got[4].float()))
+    partial_window_inactive_rows_few_entries(lambda inputs: _check_vs_v1(inputs, ws3_impl))
 
 
 @pytest.mark.cuda
 def test_cuda_nan_and_out_of_range_flags(ws3_impl):
-    from megamoe.ops import errors as err
-
-    inputs = make_inputs(N=40, H=64, D=512, rope=64, epb=8, num_pages=20, num_slots=4, pages_per_slot=4, R=50,
-                         W=64, K=96, device="cuda")
-    inputs["entries_fp8"].view(torch.uint8)[int(inputs["block_table"][0, 0]), 0, 0] = 0x7F
-    inputs["window_idx"][:, 0] = 10 ** 6
-    inputs["slots"][5] = 99
-    inputs["entry_idx"][7, 3] = 10 ** 6            # past the table of a valid slot
-    inputs["block_table"][1, 1] = 10 ** 6          # a page id past the pool
-    dev = torch.device("cuda")
-    err.clear_errors(dev)
-    got = run_op(inputs)
-    want_flags = (err.flag("sparse_attention", "window_idx") | err.flag("sparse_attention", "slots") |
-                  err.flag("sparse_attention", "entry_idx"))
-    looked_up = bool(((inputs["slots"] == 1)[:, None] & (inputs["entry_idx"] // 8 == 1)).any())
-    if looked_up:
-        want_flags |= err.flag("sparse_attention", "block_table")
-    assert err.peek_errors(dev) == want_flags
-    err.clear_errors(dev)
-    assert_close_to_reference(got, run_ref(inputs))
-    nan_q = torch.isnan(got.float()).flatten(1).any(dim=1).cpu()
-    assert torch.equal(nan_q, torch.isnan(run_ref(inputs).float()).flatten(1).any(dim=1))
+    nan_and_out_of_range_flags()

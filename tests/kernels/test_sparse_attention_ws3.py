@@ -18,7 +18,7 @@ from megamoe.kernels import sparse_attention as kernels
 from megamoe.kernels import sparse_attention_ws3 as ws3
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_sparse_attention import (_graph_check, _v4_inputs, assert_close_to_reference, make_inputs,  # noqa: E402
+from test_sparse_attention import (_graph_check, _v4_inputs, assert_close_to_reference,  # noqa: E402
                                    run_op, run_ref)
 from test_sparse_attention_bf16p import _assert_mirrors, _mirror  # noqa: E402
 from test_sparse_attention_ws import nan_and_out_of_range_flags, partial_window_inactive_rows_few_entries  # noqa: E402

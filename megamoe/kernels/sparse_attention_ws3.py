@@ -19,14 +19,19 @@ byte floor. v3 gives each warpgroup one role, as DeepSeek's FlashMLA sparse FP8 
   memory for the other warpgroup, then ``O[:, :256] += P V[:, :256]`` with P from registers.
 * **value warpgroup** (worker, 4 warps): waits for P, rescales and accumulates ``O[:, 256:]`` with P from
   shared memory.
-* **producer** (worker, 4 warps): gathers a block's rows. FP8 bytes and their scales are loaded into
-  registers (16-byte loads, all of a block's loads in flight at once), dequantized and stored straight into
-  the block's K/V buffer (NVMMA 128-byte swizzle); the bf16 parts (window rows, the entries' rope dims) are
-  copied with ``cp.async``. Indices of block i + 2 and pages of block i + 1 are prefetched into registers.
+* **producer** (worker, 4 warps): gathers a block's rows, software-pipelined in half blocks (see
+  ``_producer_partition``). FP8 bytes and their scales go through registers (16-byte loads of int32 words, one
+  half's loads in flight while the other half is dequantized), are dequantized and stored straight into the
+  block's K/V buffer (NVMMA 128-byte swizzle); the bf16 parts (window rows, the entries' rope dims) are copied
+  with ``cp.async``. Ids and pages are loaded blocks ahead into registers, and the next block's rows are
+  prefetched into L2 (``PREFETCH``).
 
-Two K/V buffers of 64 x 512 bf16 (128 KB) + Q (64 KB) + P (8 KB) = ~201 KB of shared memory, one CTA per SM.
-Barriers (all mbarriers): ``ready[s]`` (producer -> both warpgroups), ``empty[s]`` (both warpgroups ->
-producer, count 2), ``p_ready`` / ``p_free`` (score <-> value warpgroup), ``ml_ready`` (the final m / l).
+Two K/V buffers of 64 x 512 bf16 (128 KB) + Q (64 KB) + P (8 KB) + barriers = 206 KB of shared memory, one CTA
+per SM. Barriers (all mbarriers): ``ready[s]`` (producer -> both warpgroups), ``empty[s]`` (both warpgroups ->
+producer, count 2), ``p_ready`` / ``p_free`` (score <-> value warpgroup), ``ml_ready`` (the final m / l). The
+score warpgroup stages its bf16 output through its half of the dead Q buffer (16-byte global stores); the value
+warpgroup stores directly (its registers do not fit the staging). ``launch_ws3(times=...)`` builds a timeline
+probe (global-timer stamps per partition).
 """
 from __future__ import annotations
 
@@ -164,6 +169,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _dequant_half(rows_view, r0, r1, r2, r3, r4, r5, r6, s0, s1, s2, s3, s4, s5, s6):
+        """The 7 FP8 chunks of half a block (``_load_half``'s words and scales) into ``rows_view``."""
         _dequant_chunk(0, r0, s0, rows_view)
         _dequant_chunk(1, r1, s1, rows_view)
         _dequant_chunk(2, r2, s2, rows_view)
@@ -277,7 +283,6 @@ if GLUON_AVAILABLE:
             async_copy.commit_group()
             if FLAG_SLOTS != 0:
                 err = err | code_a | code_b
-
             if b >= num_wb:
                 _dequant_half(kv_slot.slice(0, SUB, dim=0), a0, a1, a2, a3, a4, a5, a6,
                               sa0, sa1, sa2, sa3, sa4, sa5, sa6)

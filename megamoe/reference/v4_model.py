@@ -280,8 +280,7 @@ def kernel_p_rounding(cfg: V4Config, layer: int, seq_len: int, prefill_tokens: i
     steps of ``decode_batch`` requests each. ``block_n`` and the split counts are the kernel's on ``device``
     (CUDA: ``main_block_n`` of the default main kernel; otherwise the interpreter's ``INTERPRETER_CONFIG``), the
     split counts from ``choose_num_splits`` of each call's shape: window list ``window_size`` wide, entry list (the
-    cache's) CSA
-    ``min(index_topk, max(max_entries, 1))``, HCA ``max(max_entries, 1)``, window-only layers 0, with
+    cache's) CSA ``min(index_topk, max(max_entries, 1))``, HCA ``max(max_entries, 1)``, window-only layers 0, with
     ``max_entries = max_context // ratio`` (``max_context``: the fast model's, default ``cfg.max_seq_len`` as
     there).
     """

@@ -1,6 +1,7 @@
-"""One-shot GPU validation + timing of the v2 sparse attention kernel (Gluon, ``sparse_attention_ws.py``).
+"""One-shot GPU validation + timing of the Gluon sparse attention kernels: v2 (``sparse_attention_ws.py``; variants
+``ws1`` warp-specialized and ``ws0`` its debugging variant) and v3 (``sparse_attention_ws3.py``, ``ws3``).
 
-Run once on the H100 (the lead): ``python benchmarks/validate_attention_ws.py [--quick] [--timeout 60]
+Run on the H100: ``python benchmarks/validate_attention_ws.py [--quick] [--timeout 60] [--variants ws1,ws0,ws3]
 [--out benchmarks/results/attention_v2]``. Every case runs in its own subprocess and prints one JSON line. The
 subprocess first builds its inputs, runs the reference and v1 and compiles v2 without launching it
 (``--compile-timeout``, 300 s), then launches v2 under the hard ``--timeout`` (60 s): a hang of the new kernel

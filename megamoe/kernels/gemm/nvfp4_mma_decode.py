@@ -59,6 +59,7 @@ if GLUON_AVAILABLE:
         decode_a_operand,
         grouped_tile_table,
         load_weights,
+        locate_tile,
         scale_layout,
         store_epilogue,
         weight_layout,
@@ -242,13 +243,10 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def chunk_rows(chunk, lane, starts, ends, chunks, chunk_ends, BLOCK_M: gl.constexpr):
-        """(owner lane, row_start, row_end) of work chunk ``chunk`` (row_end - row_start <= BLOCK_M)."""
-        owner = gl.sum((chunk_ends <= chunk).to(gl.int32), axis=0)
-        here = lane == owner
-        first = gl.sum(gl.where(here, chunk_ends - chunks, 0), axis=0)
-        row_start = gl.sum(gl.where(here, starts, 0), axis=0) + (chunk - first) * BLOCK_M
-        row_end = gl.minimum(gl.sum(gl.where(here, ends, 0), axis=0), row_start + BLOCK_M)
-        return owner, row_start, row_end
+        """(owner lane, row_start, row_end) of work chunk ``chunk`` (row_end - row_start <= BLOCK_M):
+        :func:`locate_tile` with the row end clamped to the chunk."""
+        row_start, row_end, owner = locate_tile(chunk, lane, starts, ends, chunks, chunk_ends, BLOCK_M)
+        return owner, row_start, gl.minimum(row_end, row_start + BLOCK_M)
 
     @gluon.jit
     def _partial_offsets(layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):

@@ -41,6 +41,17 @@ def offsets_of(counts, device) -> torch.Tensor:
     return torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
 
 
+def uniform_offsets(num_experts: int, num_rows: int, device) -> torch.Tensor:
+    """Expert offsets (int32 on ``device``) of ``num_rows`` rows routed uniformly at random (torch's CPU
+    generator, so seeded runs repeat)."""
+    counts = torch.bincount(torch.randint(0, num_experts, (num_rows,)), minlength=num_experts)
+    return counts.cumsum(0).to(torch.int32).to(device)
+
+
+# A Zipf-like routing of 16 experts (one hot expert, empty ones, tails of every size) for skew tests.
+SKEWED_COUNTS_16 = [700, 200, 90, 40, 0, 17, 1, 0, 300, 2, 0, 0, 64, 5, 129, 33]
+
+
 def grouped_f32(x, weight: NVFP4Tensor, offsets, row_index=None) -> torch.Tensor:
     """float32 grouped GEMM on the decoded weights (no bf16 rounding of the output); rows past
     ``offsets[-1]`` stay 0."""

@@ -27,6 +27,7 @@ from gemm_helpers import (
     offsets_of,
     random_weight,
     rel_err,
+    uniform_offsets,
 )
 from megamoe.kernels.gemm import nvfp4_mma_decode as mma
 from megamoe.kernels.gemm import nvfp4_wgmma as wgmma
@@ -245,8 +246,7 @@ def test_cuda_moe_shapes_sync_free_and_graph(tokens):
     e, n, k = 32, 512, 1024
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
     t = 8 * tokens
-    counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    offsets = uniform_offsets(e, t, device)
     x = torch.randn(t + 2, k, device=device).bfloat16()  # 2 padding rows
     out = torch.full((t + 2, n), 3.0, dtype=torch.bfloat16, device=device)
     _launch(x, w, out, offsets)
@@ -324,8 +324,7 @@ def test_cuda_wgmma_sync_free_and_graph(x_ring):
     device = torch.device("cuda")
     e, n, k, t = 16, 256, 512, 1500
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
-    counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    offsets = uniform_offsets(e, t, device)
     x = torch.randn(t, k, device=device).bfloat16()
     out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
 

@@ -19,6 +19,7 @@ from gemm_helpers import (
     offsets_of,
     random_codes_weight,
     rel_err,
+    uniform_offsets,
 )
 from megamoe.kernels.gemm.nvfp4_gluon_jit import GLUON_AVAILABLE
 from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
@@ -198,8 +199,7 @@ def test_cuda_ring_sync_free_and_graph():
     e, n, k = 64, 4096, 2048
     w = random_codes_weight((e, n, k), device, scale_shape=(e, 1, 1))
     t = 12 * e
-    counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    offsets = uniform_offsets(e, t, device)
     x = (torch.randn(t + 2, k, device=device) * 0.05).bfloat16()
     out = torch.full((t + 2, n), 3.0, dtype=torch.bfloat16, device=device)
     _launch(x, w, out, offsets, RING)

@@ -7,7 +7,15 @@ registers, no spills) at the BLOCK_M 32 band config.
 import pytest
 import torch
 
-from gemm_helpers import check_sync_free_and_graph, every_code_weight, grouped_f32, offsets_of, random_weight, rel_err
+from gemm_helpers import (
+    check_sync_free_and_graph,
+    every_code_weight,
+    grouped_f32,
+    offsets_of,
+    random_weight,
+    rel_err,
+    uniform_offsets,
+)
 from megamoe.kernels.gemm import nvfp4_mma_decode as mma
 from megamoe.reference.gemm import interleave_gate_up
 from megamoe.reference.quantize import dequantize
@@ -85,8 +93,7 @@ def test_cuda_x_smem_sync_free_and_graph():
     device = torch.device("cuda")
     e, n, k, t = 16, 256, 512, 400
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
-    counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    offsets = uniform_offsets(e, t, device)
     x = torch.randn(t, k, device=device).bfloat16()
     out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
 

@@ -9,7 +9,16 @@ route switched on; sync-free and graph replay == eager.
 import pytest
 import torch
 
-from gemm_helpers import check_sync_free_and_graph, every_code_weight, grouped_f32, offsets_of, random_weight, rel_err
+from gemm_helpers import (
+    SKEWED_COUNTS_16,
+    check_sync_free_and_graph,
+    every_code_weight,
+    grouped_f32,
+    offsets_of,
+    random_weight,
+    rel_err,
+    uniform_offsets,
+)
 from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
 from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
 from megamoe.reference.quantize import dequantize
@@ -73,7 +82,7 @@ def test_cuda_pipe_swiglu_v4_flash_shape_skewed(limit):
     """V4-Flash gate_up (H = 4096, I = 2048) of 16 experts, Zipf-like rows (one hot expert), SwiGLU."""
     device = torch.device("cuda")
     e, i, k = 16, 2048, 4096
-    counts = [700, 200, 90, 40, 0, 17, 1, 0, 300, 2, 0, 0, 64, 5, 129, 33]
+    counts = SKEWED_COUNTS_16
     w = interleave_gate_up(random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1)))
     t = sum(counts)
     x = torch.randn(t, k, device=device).bfloat16()
@@ -113,8 +122,7 @@ def test_cuda_pipe_sync_free_and_graph():
     device = torch.device("cuda")
     e, n, k, t = 16, 512, 512, 3000
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
-    counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    offsets = uniform_offsets(e, t, device)
     x = torch.randn(t, k, device=device).bfloat16()
     out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
 

@@ -15,7 +15,15 @@ import sys
 import pytest
 import torch
 
-from gemm_helpers import check_sync_free_and_graph, every_code_weight, grouped_f32, offsets_of, random_weight, rel_err
+from gemm_helpers import (
+    check_sync_free_and_graph,
+    every_code_weight,
+    grouped_f32,
+    offsets_of,
+    random_weight,
+    rel_err,
+    uniform_offsets,
+)
 from megamoe.kernels.gemm import nvfp4_wgmma_ws as ws
 from megamoe.kernels.gemm.nvfp4_gluon_jit import GLUON_AVAILABLE
 from megamoe.ops import gemm as ops_gemm
@@ -211,8 +219,7 @@ def test_cuda_flat_and_ws_agree_bitwise():
     device = torch.device("cuda")
     e, n, k, t = 8, 256, 1024, 3000
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
-    counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    offsets = uniform_offsets(e, t, device)
     x = torch.randn(t, k, device=device).bfloat16()
     a = _launch(x, w, torch.empty(t, n, dtype=torch.bfloat16, device=device), offsets)
     b = _launch(x, w, torch.empty(t, n, dtype=torch.bfloat16, device=device), offsets, flat=True)
@@ -248,8 +255,7 @@ def test_cuda_v4_shapes_sync_free_and_graph(h, i, e, rows_per_expert):
     t = e * rows_per_expert
     gate_up = random_weight((e, 2 * i, h), device, scale_shape=(e, 1, 1))
     down = random_weight((e, h, i), device, scale_shape=(e, 1, 1))
-    counts = torch.bincount(torch.randint(0, e, (t,)), minlength=e)
-    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    offsets = uniform_offsets(e, t, device)
     x = torch.randn(t, h, device=device).bfloat16()
     xd = torch.randn(t, i, device=device).bfloat16()
     assert ws.ws_preferred(t, e, h)

@@ -9,7 +9,7 @@ Sync-free + graph replay: ``test_nvfp4_gluon.py::test_cuda_wgmma_sync_free_and_g
 import pytest
 import torch
 
-from gemm_helpers import every_code_weight, grouped_f32, offsets_of, random_weight, rel_err
+from gemm_helpers import SKEWED_COUNTS_16, every_code_weight, grouped_f32, offsets_of, random_weight, rel_err
 from megamoe.kernels.gemm import nvfp4_wgmma as wgmma
 from megamoe.reference.gemm import interleave_gate_up
 from megamoe.reference.quantize import dequantize
@@ -69,7 +69,7 @@ def test_cuda_x_ring_swiglu_v4_flash_shape_skewed(limit):
     """V4-Flash gate_up (H = 4096, I = 2048) of 16 experts, Zipf-like rows (one hot expert), SwiGLU."""
     device = torch.device("cuda")
     e, i, k = 16, 2048, 4096
-    counts = [700, 200, 90, 40, 0, 17, 1, 0, 300, 2, 0, 0, 64, 5, 129, 33]
+    counts = SKEWED_COUNTS_16
     w = interleave_gate_up(random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1)))
     t = sum(counts)
     x = torch.randn(t, k, device=device).bfloat16()

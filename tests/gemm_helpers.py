@@ -52,6 +52,17 @@ def uniform_offsets(num_experts: int, num_rows: int, device) -> torch.Tensor:
 SKEWED_COUNTS_16 = [700, 200, 90, 40, 0, 17, 1, 0, 300, 2, 0, 0, 64, 5, 129, 33]
 
 
+def v4_flash_gate_up_case(counts, device):
+    """V4-Flash gate_up shapes (H = 4096, I = 2048): gate/up-interleaved NVFP4 weights of ``len(counts)`` experts
+    and ``sum(counts)`` bf16 activation rows. Returns (x, w, I)."""
+    from megamoe.reference.gemm import interleave_gate_up
+
+    e, i, k = len(counts), 2048, 4096
+    w = interleave_gate_up(random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1)))
+    x = torch.randn(sum(counts), k, device=device).bfloat16()
+    return x, w, i
+
+
 def grouped_f32(x, weight: NVFP4Tensor, offsets, row_index=None) -> torch.Tensor:
     """float32 grouped GEMM on the decoded weights (no bf16 rounding of the output); rows past
     ``offsets[-1]`` stay 0."""
@@ -76,6 +87,16 @@ def every_code_weight(n: int, k: int, device) -> NVFP4Tensor:
     sb = torch.tensor([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0x3F, 0xB8, 0x45, 0x11, 0x02])
     scale = sb[torch.randint(0, len(sb), (n * k // 16,))].to(torch.uint8).reshape(1, n, k // 16)
     return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), torch.ones(1, 1, 1), (1, n, k)).to(device)
+
+
+def assert_exact_decode(launch, n: int, k: int, device) -> None:
+    """Every E2M1 code under odd E4M3 scales, through identity activations (one expert of ``k`` rows, global
+    scale 1): the output is the float32-dequantized weight bit for bit. ``launch(x, w, out, expert_offsets)``
+    runs the kernel under test into ``out`` ((k, n) bf16)."""
+    w = every_code_weight(n, k, device)
+    out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
+    launch(torch.eye(k).bfloat16().to(device), w, out, torch.tensor([k], dtype=torch.int32, device=device))
+    torch.testing.assert_close(out.cpu().float(), dequantize(w.to("cpu"), torch.float32)[0].t(), rtol=0, atol=0)
 
 
 def sync_free_graph(launch):

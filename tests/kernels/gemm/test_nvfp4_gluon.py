@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from gemm_helpers import (
+    assert_exact_decode,
     check_sync_free_and_graph,
-    every_code_weight,
     grouped_f32,
     offsets_of,
     random_weight,
@@ -229,14 +229,8 @@ def test_cuda_dense_with_bias_and_nan_block(m):
 @pytest.mark.parametrize("config", CONFIGS)
 def test_cuda_decode_is_exact(config):
     """x = identity rows, global scale 1: out = the decoded weight bit for bit (every code, odd scales)."""
-    device = torch.device("cuda")
-    n, k = 32, 256
-    w = every_code_weight(n, k, device)
-    out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
-    _launch(torch.eye(k).bfloat16().to(device), w, out, torch.tensor([k], dtype=torch.int32, device=device),
-            config=config)
-    expect = dequantize(w.to("cpu"), torch.float32)[0].t()
-    torch.testing.assert_close(out.cpu().float(), expect, rtol=0, atol=0)
+    assert_exact_decode(lambda x, w, out, offsets: _launch(x, w, out, offsets, config=config), 32, 256,
+                        torch.device("cuda"))
 
 
 @pytest.mark.cuda
@@ -309,13 +303,8 @@ def test_cuda_wgmma_swiglu_and_dense_bias(limit):
 
 @pytest.mark.cuda
 def test_cuda_wgmma_decode_is_exact():
-    device = torch.device("cuda")
-    n, k = 128, 256
-    w = every_code_weight(n, k, device)
-    out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
-    wgmma.launch_nvfp4_wgmma(torch.eye(k).bfloat16().to(device), w.data, w.block_scale, w.global_scale, out,
-                           expert_offsets=torch.tensor([k], dtype=torch.int32, device=device))
-    torch.testing.assert_close(out.cpu().float(), dequantize(w.to("cpu"), torch.float32)[0].t(), rtol=0, atol=0)
+    assert_exact_decode(lambda x, w, out, offsets: wgmma.launch_nvfp4_wgmma(
+        x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets), 128, 256, torch.device("cuda"))
 
 
 @pytest.mark.cuda

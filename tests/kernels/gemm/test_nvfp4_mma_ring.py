@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from gemm_helpers import (
+    assert_exact_decode,
     check_sync_free_and_graph,
-    every_code_weight,
     grouped_f32,
     offsets_of,
     random_codes_weight,
@@ -146,15 +146,8 @@ def test_cuda_ring_equals_registers_on_v4_shapes(stages, gemm):
 @pytest.mark.cuda
 def test_cuda_ring_decode_is_exact():
     """Identity rows, global scale 1: the decoded weight bit for bit (every code, awkward scale bytes)."""
-    from megamoe.reference.quantize import dequantize
-
-    device = torch.device("cuda")
-    n, k = 128, 512
-    w = every_code_weight(n, k, device)
-    out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
-    # one expert of k rows: 16 chunks of 32 rows, each a full K loop through the ring
-    _launch(torch.eye(k).bfloat16().to(device), w, out, torch.tensor([k], dtype=torch.int32, device=device), RING)
-    torch.testing.assert_close(out.cpu().float(), dequantize(w.to("cpu"), torch.float32)[0].t(), rtol=0, atol=0)
+    # one expert of k = 512 rows: 16 chunks of 32 rows, each a full K loop through the ring
+    assert_exact_decode(lambda x, w, out, offsets: _launch(x, w, out, offsets, RING), 128, 512, torch.device("cuda"))
 
 
 @pytest.mark.cuda

@@ -8,17 +8,16 @@ import pytest
 import torch
 
 from gemm_helpers import (
+    assert_exact_decode,
     check_sync_free_and_graph,
-    every_code_weight,
     grouped_f32,
     offsets_of,
     random_weight,
     rel_err,
     uniform_offsets,
+    v4_flash_gate_up_case,
 )
 from megamoe.kernels.gemm import nvfp4_mma_decode as mma
-from megamoe.reference.gemm import interleave_gate_up
-from megamoe.reference.quantize import dequantize
 from test_nvfp4_gluon import _compile_in_subprocess, _cuobjdump, _inner_loops, gluon_only
 
 
@@ -68,11 +67,9 @@ def test_cuda_x_smem_equals_today(config, counts):
 @pytest.mark.cuda
 def test_cuda_x_smem_swiglu_v4_shape_dense_and_exact_decode():
     device = torch.device("cuda")
-    e, i, k = 8, 2048, 4096  # V4-Flash gate_up, experts of 1..64 rows
-    counts = [64, 33, 1, 0, 17, 32, 2, 50]
-    w = interleave_gate_up(random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1)))
+    counts = [64, 33, 1, 0, 17, 32, 2, 50]  # V4-Flash gate_up, experts of 1..64 rows
+    x, w, i = v4_flash_gate_up_case(counts, device)
     t = sum(counts)
-    x = torch.randn(t, k, device=device).bfloat16()
     today, smem = _both(x, w, (t, i), (32, 128, 128, 4), expert_offsets=offsets_of(counts, device), swiglu=True,
                         swiglu_limit=7.0)
     assert torch.equal(smem, today)
@@ -80,12 +77,9 @@ def test_cuda_x_smem_swiglu_v4_shape_dense_and_exact_decode():
     xd = torch.randn(40, 1024, device=device).bfloat16()
     today, smem = _both(xd, dense, (40, 136), (32, 128, 128, 4), bias=torch.randn(136, device=device).bfloat16())
     assert torch.equal(smem, today)
-    wc = every_code_weight(128, 256, device)
-    out = torch.empty(256, 128, dtype=torch.bfloat16, device=device)
-    mma.launch_nvfp4_mma_decode(torch.eye(256).bfloat16().to(device), wc.data, wc.block_scale, wc.global_scale, out,
-                                expert_offsets=torch.tensor([256], dtype=torch.int32, device=device),
-                                config=(32, 128, 128, 4), x_smem={32})
-    torch.testing.assert_close(out.cpu().float(), dequantize(wc.to("cpu"), torch.float32)[0].t(), rtol=0, atol=0)
+    assert_exact_decode(lambda x, w, out, offsets: mma.launch_nvfp4_mma_decode(
+        x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets, config=(32, 128, 128, 4),
+        x_smem={32}), 128, 256, device)
 
 
 @pytest.mark.cuda

@@ -11,17 +11,17 @@ import torch
 
 from gemm_helpers import (
     SKEWED_COUNTS_16,
+    assert_exact_decode,
     check_sync_free_and_graph,
-    every_code_weight,
     grouped_f32,
     offsets_of,
     random_weight,
     rel_err,
     uniform_offsets,
+    v4_flash_gate_up_case,
 )
 from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
-from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
-from megamoe.reference.quantize import dequantize
+from megamoe.reference.gemm import swiglu_reference
 from test_nvfp4_gluon import _compile_in_subprocess, _cuobjdump, _inner_loops, gluon_only
 
 
@@ -81,11 +81,9 @@ def test_cuda_pipe_grouped_row_index(counts, n, k):
 def test_cuda_pipe_swiglu_v4_flash_shape_skewed(limit):
     """V4-Flash gate_up (H = 4096, I = 2048) of 16 experts, Zipf-like rows (one hot expert), SwiGLU."""
     device = torch.device("cuda")
-    e, i, k = 16, 2048, 4096
     counts = SKEWED_COUNTS_16
-    w = interleave_gate_up(random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1)))
+    x, w, i = v4_flash_gate_up_case(counts, device)
     t = sum(counts)
-    x = torch.randn(t, k, device=device).bfloat16()
     out = _run(x, w, (t, i), expert_offsets=offsets_of(counts, device), swiglu=True, swiglu_limit=limit)
     ref = swiglu_reference(grouped_f32(x, w, offsets_of(counts, "cpu")), limit)
     assert rel_err(out, ref) < 4e-3
@@ -95,11 +93,8 @@ def test_cuda_pipe_swiglu_v4_flash_shape_skewed(limit):
 def test_cuda_pipe_exact_decode_and_guard():
     device = torch.device("cuda")
     # every code through an identity: exact decode in the MMA K order
-    n, k = 256, 512
-    w = every_code_weight(n, k, device)
-    out = _run(torch.eye(k).bfloat16().to(device), w, (k, n), expert_offsets=torch.tensor([k], dtype=torch.int32,
-                                                                                              device=device))
-    torch.testing.assert_close(out.cpu().float(), dequantize(w.to("cpu"), torch.float32)[0].t(), rtol=0, atol=0)
+    assert_exact_decode(lambda x, w, out, offsets: pipe.launch_nvfp4_wgmma_pipe(
+        x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets), 256, 512, device)
     # a row_index outside [0, S) is flagged and reads no memory outside x
     from megamoe.ops import errors
 

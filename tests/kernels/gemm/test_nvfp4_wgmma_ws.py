@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from gemm_helpers import (
+    assert_exact_decode,
     check_sync_free_and_graph,
-    every_code_weight,
     grouped_f32,
     offsets_of,
     random_weight,
@@ -28,7 +28,6 @@ from megamoe.kernels.gemm import nvfp4_wgmma_ws as ws
 from megamoe.kernels.gemm.nvfp4_gluon_jit import GLUON_AVAILABLE
 from megamoe.ops import gemm as ops_gemm
 from megamoe.reference.gemm import interleave_gate_up, swiglu_reference
-from megamoe.reference.quantize import dequantize
 
 gluon_only = pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
 
@@ -203,13 +202,8 @@ def test_cuda_swiglu_per_row_scale(limit, config):
 @pytest.mark.parametrize("config", CUDA_CONFIGS)
 def test_cuda_decode_is_exact(config, flat):
     """x = identity rows, global scale 1: out = the decoded weight bit for bit (every code, odd scales)."""
-    device = torch.device("cuda")
-    n, k = 128, 256
-    w = every_code_weight(n, k, device)
-    out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
-    _launch(torch.eye(k).bfloat16().to(device), w, out, torch.tensor([k], dtype=torch.int32, device=device),
-            config=config, flat=flat)
-    torch.testing.assert_close(out.cpu().float(), dequantize(w.to("cpu"), torch.float32)[0].t(), rtol=0, atol=0)
+    assert_exact_decode(lambda x, w, out, offsets: _launch(x, w, out, offsets, config=config, flat=flat), 128, 256,
+                        torch.device("cuda"))
 
 
 @pytest.mark.cuda

@@ -9,10 +9,16 @@ Sync-free + graph replay: ``test_nvfp4_gluon.py::test_cuda_wgmma_sync_free_and_g
 import pytest
 import torch
 
-from gemm_helpers import SKEWED_COUNTS_16, every_code_weight, grouped_f32, offsets_of, random_weight, rel_err
+from gemm_helpers import (
+    SKEWED_COUNTS_16,
+    assert_exact_decode,
+    grouped_f32,
+    offsets_of,
+    random_weight,
+    rel_err,
+    v4_flash_gate_up_case,
+)
 from megamoe.kernels.gemm import nvfp4_wgmma as wgmma
-from megamoe.reference.gemm import interleave_gate_up
-from megamoe.reference.quantize import dequantize
 from test_nvfp4_gluon import _compile_in_subprocess, _cuobjdump, _inner_loops, gluon_only
 
 
@@ -68,11 +74,9 @@ def test_cuda_x_ring_equals_today_grouped_row_index(counts):
 def test_cuda_x_ring_swiglu_v4_flash_shape_skewed(limit):
     """V4-Flash gate_up (H = 4096, I = 2048) of 16 experts, Zipf-like rows (one hot expert), SwiGLU."""
     device = torch.device("cuda")
-    e, i, k = 16, 2048, 4096
     counts = SKEWED_COUNTS_16
-    w = interleave_gate_up(random_weight((e, 2 * i, k), device, scale_shape=(e, 1, 1)))
+    x, w, i = v4_flash_gate_up_case(counts, device)
     t = sum(counts)
-    x = torch.randn(t, k, device=device).bfloat16()
     today, ring = _both(x, w, (t, i), expert_offsets=offsets_of(counts, device), swiglu=True, swiglu_limit=limit)
     assert torch.equal(ring, today)
 
@@ -86,12 +90,8 @@ def test_cuda_x_ring_dense_bias_exact_decode_and_fallback():
     today, ring = _both(xd, dense, (300, 136), bias=bias)
     assert torch.equal(ring, today)
     # every code through an identity: exact decode in the MMA K order
-    n, k = 128, 512
-    w = every_code_weight(n, k, device)
-    out = torch.empty(k, n, dtype=torch.bfloat16, device=device)
-    wgmma.launch_nvfp4_wgmma(torch.eye(k).bfloat16().to(device), w.data, w.block_scale, w.global_scale, out,
-                             expert_offsets=torch.tensor([k], dtype=torch.int32, device=device), x_ring=4)
-    torch.testing.assert_close(out.cpu().float(), dequantize(w.to("cpu"), torch.float32)[0].t(), rtol=0, atol=0)
+    assert_exact_decode(lambda x, w, out, offsets: wgmma.launch_nvfp4_wgmma(
+        x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets, x_ring=4), 128, 512, device)
     # K = 384 is not a multiple of 4 x 128: today's loop runs, same bits
     w3 = random_weight((2, 96, 384), device, scale_shape=(2, 1, 1))
     x3 = torch.randn(50, 384, device=device).bfloat16()

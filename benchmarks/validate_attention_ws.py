@@ -113,42 +113,32 @@ def _edge(c, which):
 
 
 def _compile_ws(c):
-    """Compile both v2 variants for this case's shapes without launching them, then tell the parent (the hard
-    timeout of the run phase starts after this line; compiling takes longer than running)."""
+    """Compile this run's Gluon variants (``_variants``) for the case's shapes without launching them, then tell
+    the parent (the hard timeout of the run phase starts after this line; compiling takes longer than running)."""
     import torch
     from megamoe.kernels import sparse_attention as kernels
     from megamoe.kernels import sparse_attention_ws as ws_kernels
+    from megamoe.kernels import sparse_attention_ws3 as ws3
     from megamoe.ops import errors
 
     if c["q"].is_cuda:
         B, H, D = c["q"].shape
         W, K = c["window_idx"].shape[1], c["entry_idx"].shape[1]
-        splits, per = kernels.choose_num_splits(B, H, W, K)
-        acc_shape, ml_shape = kernels.workspace_shapes(B, H, D, splits)
-        ws_acc = torch.empty(acc_shape, device=c["q"].device) if splits > 1 else c["attn_sink"]
-        ws_ml = torch.empty(ml_shape, device=c["q"].device) if splits > 1 else c["attn_sink"]
-        for warp_spec in (True, False):
-            try:
-                ws_kernels.launch_ws(c["q"], c["attn_sink"], D ** -0.5, c["window_kv"], c["window_idx"],
-                                     c["entries_fp8"], c["entries_scale"], c["entries_rope"], c["block_table"],
-                                     c["slots"], c["entry_idx"], torch.empty_like(c["q"]), splits=splits, per=per,
-                                     ws_acc=ws_acc, ws_ml=ws_ml, error_word=errors.error_word(c["q"].device),
-                                     warp_spec=warp_spec, compile_only=True)
-            except Exception as exc:  # the run phase compiles then (inside the hard timeout)
-                print(f"warmup failed: {exc!r}", file=sys.stderr)
-        if any(v[1] == "ws3" for v in _variants()):
-            from megamoe.kernels import sparse_attention_ws3 as ws3
-
-            splits, per = kernels.choose_num_splits(B, H, W, K, block_n=ws3.WS3_CONFIG["BLOCK_N"])
+        for _, impl, variant in _variants():
+            splits, per = kernels.choose_num_splits(B, H, W, K, block_n=kernels.main_block_n(impl))
             acc_shape, ml_shape = kernels.workspace_shapes(B, H, D, splits)
-            ws_acc = torch.empty(acc_shape, device=c["q"].device) if splits > 1 else c["attn_sink"]
-            ws_ml = torch.empty(ml_shape, device=c["q"].device) if splits > 1 else c["attn_sink"]
+            args = (c["q"], c["attn_sink"], D ** -0.5, c["window_kv"], c["window_idx"], c["entries_fp8"],
+                    c["entries_scale"], c["entries_rope"], c["block_table"], c["slots"], c["entry_idx"],
+                    torch.empty_like(c["q"]))
+            kw = dict(splits=splits, per=per, error_word=errors.error_word(c["q"].device), compile_only=True,
+                      ws_acc=torch.empty(acc_shape, device=c["q"].device) if splits > 1 else c["attn_sink"],
+                      ws_ml=torch.empty(ml_shape, device=c["q"].device) if splits > 1 else c["attn_sink"])
             try:
-                ws3.launch_ws3(c["q"], c["attn_sink"], D ** -0.5, c["window_kv"], c["window_idx"], c["entries_fp8"],
-                               c["entries_scale"], c["entries_rope"], c["block_table"], c["slots"], c["entry_idx"],
-                               torch.empty_like(c["q"]), splits=splits, per=per, ws_acc=ws_acc, ws_ml=ws_ml,
-                               error_word=errors.error_word(c["q"].device), compile_only=True)
-            except Exception as exc:
+                if impl == "ws3":
+                    ws3.launch_ws3(*args, **kw)
+                else:
+                    ws_kernels.launch_ws(*args, warp_spec=variant == "1", **kw)
+            except Exception as exc:  # the run phase compiles then (inside the hard timeout)
                 print(f"warmup failed: {exc!r}", file=sys.stderr)
         torch.cuda.synchronize()
     print(READY, flush=True)

@@ -10,7 +10,8 @@ Routing semantics (DeepSeek-V3/V4, "noaux_tc"):
 
 1. ``logits = x.float() @ gate_weight.float().T`` (T, E) in float32.
 2. ``scores = score_fn(logits)``: sigmoid, softmax over E, or sqrtsoftplus
-   ``sqrt(softplus(logits))`` (DeepSeek-V4).
+   ``sqrt(softplus(logits))`` (DeepSeek-V4); on CPU evaluated in float64 and
+   rounded to float32 (:func:`score_function`: the same bits in any batch).
 3. Selection key ``= scores + e_score_correction_bias`` (bias optional; used for
    selection only). NaN keys (a token with NaN hidden state) become -inf.
 4. Group-limited routing when ``n_group > 1``: group score = sum of the two
@@ -26,7 +27,8 @@ Routing semantics (DeepSeek-V3/V4, "noaux_tc"):
 NaN policy: a token whose hidden state contains NaN gets NaN scores; it is
 routed to experts 0..k-1 (its keys are all -inf after step 3; lowest indices
 win) with NaN weights, so its output row is NaN. Other tokens are unaffected
-(every stage is row-independent).
+(every stage is row-independent; the scores are the same bits in any batch, see
+:func:`score_function`).
 
 Hash routing (:func:`hash_route`; DeepSeek-V4's first ``num_hash_layers``
 layers): the ids come from a token-id -> expert-id table, ``ids[t] =
@@ -56,7 +58,20 @@ ROUTING_EPS = 1e-20
 
 
 def score_function(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
-    """(T, E) float32 logits -> (T, E) float32 scores."""
+    """(T, E) float32 logits -> (T, E) float32 scores (float64 logits -> float64 scores).
+
+    On CPU, float32 logits are scored in float64 and rounded once to float32, so that a token's scores do not
+    depend on the batch that holds it: ATen's CPU float32 sigmoid / softplus give a tensor's vectorised body and
+    its scalar tail other last bits, so a token's float32 scores changed with its position (expert parallelism
+    splits a batch over ranks and must route as the single-process layer does). The float64 evaluations differ at
+    most in their last bits, which the rounding to float32 removes unless a value lies within a float64 ulp of a
+    float32 rounding boundary. CUDA evaluates every element with the same function: float32 there."""
+    if logits.dtype == torch.float32 and logits.device.type == "cpu":
+        return _score(logits.double(), scoring_func).float()
+    return _score(logits, scoring_func)
+
+
+def _score(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
     if scoring_func == "sigmoid":
         return torch.sigmoid(logits)
     if scoring_func == "softmax":

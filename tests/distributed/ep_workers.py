@@ -7,7 +7,11 @@ that raises or a run past the deadline fails the test (the processes are killed;
 The ranks run the CPU reference path (``TRITON_INTERPRET=0``) with one thread each: MKL's float32 matmul
 gives every row the same result whatever the number of rows only from 4 rows up (fewer rows take other
 kernels), so the single-process oracle and the EP ranks see row-identical matmuls when each rank has 0 or >= 4
-tokens (the routed experts' segments are identical by construction).
+tokens (the routed experts' segments are identical by construction). Elementwise ops must not depend on a row's
+position either: ATen's CPU float32 softplus / sigmoid round a tensor's vectorised body and its scalar tail
+differently, which made ~3% of the random seeds route a prefill's last token differently on one rank until the
+router scored in float64 (``megamoe.reference.moe.score_function``); the expert MLPs' rows (I = 64 floats) are
+whole vectors on AVX2 and AVX-512.
 """
 from __future__ import annotations
 

@@ -81,6 +81,21 @@ def test_route_nan_token_is_isolated():
     torch.testing.assert_close(w[keep], w2, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("scoring", ["sigmoid", "softmax", "sqrtsoftplus"])
+def test_scores_do_not_depend_on_the_batch(scoring):
+    """A token's scores are the same bits in every slice of the batch that holds it. Expert parallelism splits a
+    batch over ranks and must route each token as the single-process layer does; ATen's CPU float32 sigmoid and
+    softplus give a tensor's vectorised body and its scalar tail other last bits (E = 8: 341 of these slices
+    differed for sqrt(softplus) when the scores were float32)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(24, 8, generator=g) * 4
+    full = moe_ref.score_function(logits, scoring)
+    assert full.dtype == torch.float32
+    for lo in range(24):
+        for hi in range(lo + 1, 25):
+            assert torch.equal(moe_ref.score_function(logits[lo:hi], scoring), full[lo:hi]), (lo, hi)
+
+
 def test_route_rejects_bad_arguments():
     x = torch.randn(2, 16).bfloat16()
     with pytest.raises(ValueError, match="hidden_states"):

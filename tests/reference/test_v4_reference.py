@@ -19,7 +19,7 @@ import official_v4 as official  # tests/reference/official_v4.py (the test file'
 from megamoe.format.tensor import NVFP4Tensor
 from megamoe.models.config import V4_FLASH_MODEL, V4_TINY_MODEL
 from megamoe.models.v4_weights import decoded_state_dict, nvfp4_weight, random_state_dict
-from megamoe.reference import v4_attention
+from megamoe.reference import v4_attention, v4_model
 from megamoe.reference.moe import moe_forward
 from megamoe.reference.v4_attention import attention_forward, head_rms_norm, index_scores
 from megamoe.reference.v4_model import gate_forward, greedy_generate, model_forward, moe_block_forward
@@ -247,7 +247,7 @@ def test_reference_on_cuda_at_v4_flash_shapes(layer):
 # ----------------------------------------------------------------------------------------------
 # MoE gate, whole model
 # ----------------------------------------------------------------------------------------------
-def test_gate_hash_and_score_routing_match_official():
+def test_gate_hash_and_score_routing_match_official(monkeypatch):
     sd, w = _checkpoint(layers=[0, 1])
     x = _x(T)
     tokens = torch.randint(0, CFG.vocab_size, (T,))
@@ -268,10 +268,16 @@ def test_gate_hash_and_score_routing_match_official():
     for layer in (0, 1):
         y_ref = moe_block_forward(CFG, layer, w, x, tokens)
         y_off = official.MoE(CFG, layer, w, BF16).forward(x, tokens)
-        assert torch.equal(y_ref, y_off)
         wts, ids = gate_forward(CFG, layer, w, x, tokens)
         y_mm = _megamoe_moe(sd, layer, x, wts, ids)
         assert 0 < _row_err(y_mm, y_ref).max() < 2 ** -5
+        assert _row_err(y_ref, y_off).max() < 2 ** -7
+        # bit for bit from the same gate output: the official gate scores in float32, ours (on CPU) in float64
+        # rounded to float32 (megamoe.reference.moe.score_function), so the weights may differ in their last bit
+        official_gate = official.Gate(CFG, layer, w, BF16)
+        monkeypatch.setattr(v4_model, "gate_forward", lambda cfg, lay, w_, x_, t_: official_gate.forward(x_, t_))
+        assert torch.equal(v4_model.moe_block_forward(CFG, layer, w, x, tokens), y_off)
+        monkeypatch.undo()
 
 
 def _megamoe_moe(sd, layer, x, weights, ids):

@@ -27,7 +27,10 @@ byte floor. v3 gives each warpgroup one role, as DeepSeek's FlashMLA sparse FP8 
   prefetched into L2 (``PREFETCH``).
 
 Two K/V buffers of 64 x 512 bf16 (128 KB) + Q (64 KB) + P (8 KB) + barriers = 206 KB of shared memory, one CTA
-per SM. Barriers (all mbarriers): ``ready[s]`` (producer -> both warpgroups), ``empty[s]`` (both warpgroups ->
+per SM. ``WS3_CONFIG["KV_CHUNKS"] = 8`` (an experiment, not the default until measured: NOTES_attention.md "v3.1")
+stores each K/V buffer as 8 allocations of 64 columns, so that Triton's hazard pass stops serialising the
+producer's chunk stores with barriers; the MMAs then run per chunk with the same bits, and the default build is
+unchanged (its SASS is byte-identical to the one-allocation kernel's). Barriers (all mbarriers): ``ready[s]`` (producer -> both warpgroups), ``empty[s]`` (both warpgroups ->
 producer, count 2), ``p_ready`` / ``p_free`` (score <-> value warpgroup), ``ml_ready`` (the final m / l). The
 score warpgroup stages its bf16 output through its half of the dead Q buffer (16-byte global stores); the value
 warpgroup stores directly (its registers do not fit the staging). ``launch_ws3(times=...)`` builds a timeline
@@ -47,7 +50,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
-                                                                   warpgroup_mma)
+                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .sparse_attention_ws import _load_ids, _load_pages
 
@@ -60,8 +63,13 @@ except ImportError:  # pragma: no cover - older Triton
 # 128 x (score + VALUE_REGS + PRODUCER_REGS) <= 64 K, the score warpgroup gets the rest.
 # PREFETCH: 1 = the producer pulls block b + 1's rows into L2 at block b; 0 = none (benchmarks/results/attn_v3:
 # 1 beat 0 and 2 blocks ahead).
+# KV_CHUNKS: 1 = each K/V stage is one [BLOCK_N, 512] shared allocation; 8 = eight [BLOCK_N, 64] allocations, one
+# per 64-column chunk (``_kv_cols``). Triton's shared-memory hazard pass puts a bar.sync between two stores into one
+# allocation (any slices), so with 1 the producer's 7 dequantised chunk stores per half block are serialised by 6
+# barriers; with 8 only the second half's first store waits. The MMAs then run per chunk (S: 8 chained wgmmas over K;
+# P.V: 4 accumulators of 64 columns per warpgroup), with the same k16 steps and so the same bits.
 WS3_CONFIG = {"BLOCK_H": 64, "BLOCK_N": 64, "num_warps": 4, "VALUE_REGS": 160, "PRODUCER_REGS": 152,
-              "STAGES": 2, "PREFETCH": 1}
+              "STAGES": 2, "PREFETCH": 1, "KV_CHUNKS": 1}
 
 
 def supports(q: torch.Tensor, head_dim: int, nope: int, rope: int, scale_block: int) -> bool:
@@ -85,6 +93,36 @@ if GLUON_AVAILABLE:
             now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64,
                                             is_pure=False, pack=1)
             gl.store(times_ptr + pid * 16 + slot + gl.zeros([1], gl.int64, one_l), now)
+
+    @gluon.jit
+    def _stage_views(kv, stage, KV_CHUNKS: gl.constexpr):
+        """``stage``'s K/V buffer: (the [BLOCK_N, D] view,) with ``KV_CHUNKS = 1``, else the 8 chunks' [BLOCK_N, 64]
+        views (column chunk c = element c)."""
+        if KV_CHUNKS == 1:
+            return (kv[0].index(stage),)
+        else:
+            return (kv[0].index(stage), kv[1].index(stage), kv[2].index(stage), kv[3].index(stage),
+                    kv[4].index(stage), kv[5].index(stage), kv[6].index(stage), kv[7].index(stage))
+
+    @gluon.jit
+    def _rows(views, row0: gl.constexpr, ROWS: gl.constexpr, KV_CHUNKS: gl.constexpr):
+        """Rows [row0, row0 + ROWS) of each of ``_stage_views``' views (the producer's half block)."""
+        if KV_CHUNKS == 1:
+            return (views[0].slice(row0, ROWS, dim=0),)
+        else:
+            return (views[0].slice(row0, ROWS, dim=0), views[1].slice(row0, ROWS, dim=0),
+                    views[2].slice(row0, ROWS, dim=0), views[3].slice(row0, ROWS, dim=0),
+                    views[4].slice(row0, ROWS, dim=0), views[5].slice(row0, ROWS, dim=0),
+                    views[6].slice(row0, ROWS, dim=0), views[7].slice(row0, ROWS, dim=0))
+
+    @gluon.jit
+    def _kv_tile(rows_views, c: gl.constexpr, KV_CHUNKS: gl.constexpr):
+        """Columns [64 c, 64 c + 64) of row-sliced stage views (``_stage_views`` with each element sliced to the
+        producer's half block)."""
+        if KV_CHUNKS == 1:
+            return rows_views[0].slice(c * 64, 64, dim=1)
+        else:
+            return rows_views[c]
 
     @gluon.jit
     def _prefetch_l2(ptrs):
@@ -146,8 +184,8 @@ if GLUON_AVAILABLE:
         return r0, r1, r2, r3, r4, r5, r6, s0, s1, s2, s3, s4, s5, s6
 
     @gluon.jit
-    def _dequant_chunk(c: gl.constexpr, words, scale, rows_view):
-        """FP8 -> float32 * block scale -> bf16 (RNE, v1's rounding) into columns [64 c, 64 c + 64): each int32
+    def _dequant_chunk(words, scale, dst):
+        """FP8 -> float32 * block scale -> bf16 (RNE, v1's rounding) into ``dst`` (rows x 64 columns): each int32
         word holds 4 E4M3 codes (byte k = column 4 w + k), decoded exactly by ``cvt.rn.f16x2.e4m3x2``."""
         v0, v1, v2, v3 = gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi, x0, x1, x2, x3; .reg .b32 a, b;\n\t"
@@ -165,26 +203,28 @@ if GLUON_AVAILABLE:
         sc = scale[:, None]
         value = gl.join(gl.join(v0 * sc, v2 * sc), gl.join(v1 * sc, v3 * sc))  # [rows, word, a, b]: 4 w + 2 a + b
         value = value.reshape([words.shape[0], words.shape[1] * 4])
-        rows_view.slice(c * 64, 64, dim=1).store(value.to(gl.bfloat16))
+        dst.store(value.to(gl.bfloat16))
 
     @gluon.jit
-    def _dequant_half(rows_view, r0, r1, r2, r3, r4, r5, r6, s0, s1, s2, s3, s4, s5, s6):
-        """The 7 FP8 chunks of half a block (``_load_half``'s words and scales) into ``rows_view``."""
-        _dequant_chunk(0, r0, s0, rows_view)
-        _dequant_chunk(1, r1, s1, rows_view)
-        _dequant_chunk(2, r2, s2, rows_view)
-        _dequant_chunk(3, r3, s3, rows_view)
-        _dequant_chunk(4, r4, s4, rows_view)
-        _dequant_chunk(5, r5, s5, rows_view)
-        _dequant_chunk(6, r6, s6, rows_view)
+    def _dequant_half(rows_views, KV_CHUNKS: gl.constexpr, r0, r1, r2, r3, r4, r5, r6, s0, s1, s2, s3, s4, s5, s6):
+        """The 7 FP8 chunks of half a block (``_load_half``'s words and scales) into its rows of the stage's K/V
+        buffer (``_rows``)."""
+        _dequant_chunk(r0, s0, _kv_tile(rows_views, 0, KV_CHUNKS))
+        _dequant_chunk(r1, s1, _kv_tile(rows_views, 1, KV_CHUNKS))
+        _dequant_chunk(r2, s2, _kv_tile(rows_views, 2, KV_CHUNKS))
+        _dequant_chunk(r3, s3, _kv_tile(rows_views, 3, KV_CHUNKS))
+        _dequant_chunk(r4, s4, _kv_tile(rows_views, 4, KV_CHUNKS))
+        _dequant_chunk(r5, s5, _kv_tile(rows_views, 5, KV_CHUNKS))
+        _dequant_chunk(r6, s6, _kv_tile(rows_views, 6, KV_CHUNKS))
 
     @gluon.jit
-    def _copy_half(b, num_wb, ids, page, rows_view, valid_view, win_kv_ptr, rope_ptr, R, P, L, slot_ok,
+    def _copy_half(b, num_wb, ids, page, rows_views, valid_view, win_kv_ptr, rope_ptr, R, P, L, slot_ok,
                    D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
                    SUB: gl.constexpr, PW: gl.constexpr, FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr,
-                   FLAG_TABLE: gl.constexpr):
+                   FLAG_TABLE: gl.constexpr, KV_CHUNKS: gl.constexpr):
         """cp.async the bf16 parts of half a block (window rows, or the entries' rope dims; masked rows
-        zero-filled) and store the rows' validity. Returns the rows' int32 error codes (v1's rules)."""
+        zero-filled) into its rows of the stage's K/V buffer (``_rows``) and store the rows' validity. Returns the
+        rows' int32 error codes (v1's rules)."""
         h_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])      # 32 bf16 columns, 16 B
         xh = gl.arange(0, 64, layout=gl.SliceLayout(0, h_l))[None, :]
         if b < num_wb:
@@ -193,7 +233,7 @@ if GLUON_AVAILABLE:
             wrow = gl.convert_layout(gl.where(valid, ids, 0).to(gl.int64), gl.SliceLayout(1, h_l))
             vh = gl.convert_layout(valid, gl.SliceLayout(1, h_l))[:, None]
             for c in gl.static_range(D // 64):
-                async_copy.async_copy_global_to_shared(rows_view.slice(c * 64, 64, dim=1),
+                async_copy.async_copy_global_to_shared(_kv_tile(rows_views, c, KV_CHUNKS),
                                                        win_kv_ptr + wrow[:, None] * D + c * 64 + xh, mask=vh)
         else:
             logical = gl.where(ids >= 0, ids // EPB, 0)
@@ -203,19 +243,20 @@ if GLUON_AVAILABLE:
             rh = gl.convert_layout(row, gl.SliceLayout(1, h_l))[:, None]
             vh = gl.convert_layout(valid, gl.SliceLayout(1, h_l))[:, None]
             for c in gl.static_range(ROPE // 64):
-                async_copy.async_copy_global_to_shared(rows_view.slice(NOPE + c * 64, 64, dim=1),
-                                                       rope_ptr + rh * ROPE + c * 64 + xh, mask=vh)
+                async_copy.async_copy_global_to_shared(
+                    _kv_tile(rows_views, NOPE // 64 + c, KV_CHUNKS),
+                    rope_ptr + rh * ROPE + c * 64 + xh, mask=vh)
         valid_view.store(valid.to(gl.int32))
         return code
 
     @gluon.jit
-    def _producer_partition(kv_ring, valid_ring, ready, empty, lo, hi, num_wb, n, win_kv_ptr, win_idx_ptr, fp8_ptr,
+    def _producer_partition(kv, valid_ring, ready, empty, lo, hi, num_wb, n, win_kv_ptr, win_idx_ptr, fp8_ptr,
                             scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, slots_ptr, err_ptr, W, K, R, P, S, L,
                             D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr,
                             NSC: gl.constexpr, SB: gl.constexpr, BLOCK_N: gl.constexpr, PW: gl.constexpr,
                             STAGES: gl.constexpr, FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr,
                             FLAG_SLOTS: gl.constexpr, FLAG_TABLE: gl.constexpr, times_ptr, pid,
-                            TIMES: gl.constexpr, PREFETCH: gl.constexpr):
+                            TIMES: gl.constexpr, PREFETCH: gl.constexpr, KV_CHUNKS: gl.constexpr):
         """Block b = lo + i goes to buffer i % STAGES, in two halves of SUB = BLOCK_N / 2 rows (A, B), software-
         pipelined so that a half's FP8 loads are always in flight while the previous half is dequantized:
 
@@ -259,7 +300,7 @@ if GLUON_AVAILABLE:
         for b in range(lo, hi):
             i = b - lo
             stage = i % STAGES
-            kv_slot = kv_ring.index(stage)
+            views = _stage_views(kv, stage, KV_CHUNKS)
             valid_slot = valid_ring.index(stage)
             i4a = _load_ids(b + 4, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, 0)
             i4b = _load_ids(b + 4, hi, num_wb, n, win_idx_ptr, ent_idx_ptr, W, K, BLOCK_N, srows_l, SUB, SUB)
@@ -274,23 +315,23 @@ if GLUON_AVAILABLE:
             b0, b1, b2, b3, b4, b5, b6, sb0, sb1, sb2, sb3, sb4, sb5, sb6 = _load_half(
                 b, num_wb, hi, i0b, p0b, fp8_ptr, scale_ptr, P, NOPE, NSC, SB, EPB, sub_l)
             mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)
-            code_a = _copy_half(b, num_wb, i0a, p0a, kv_slot.slice(0, SUB, dim=0), valid_slot.slice(0, SUB),
+            code_a = _copy_half(b, num_wb, i0a, p0a, _rows(views, 0, SUB, KV_CHUNKS), valid_slot.slice(0, SUB),
                                 win_kv_ptr, rope_ptr, R, P, L, slot_ok, D, NOPE, ROPE, EPB, SUB, PW, FLAG_WINDOW,
-                                FLAG_ENTRY, FLAG_TABLE)
-            code_b = _copy_half(b, num_wb, i0b, p0b, kv_slot.slice(SUB, SUB, dim=0), valid_slot.slice(SUB, SUB),
+                                FLAG_ENTRY, FLAG_TABLE, KV_CHUNKS)
+            code_b = _copy_half(b, num_wb, i0b, p0b, _rows(views, SUB, SUB, KV_CHUNKS), valid_slot.slice(SUB, SUB),
                                 win_kv_ptr, rope_ptr, R, P, L, slot_ok, D, NOPE, ROPE, EPB, SUB, PW, FLAG_WINDOW,
-                                FLAG_ENTRY, FLAG_TABLE)
+                                FLAG_ENTRY, FLAG_TABLE, KV_CHUNKS)
             async_copy.commit_group()
             if FLAG_SLOTS != 0:
                 err = err | code_a | code_b
             if b >= num_wb:
-                _dequant_half(kv_slot.slice(0, SUB, dim=0), a0, a1, a2, a3, a4, a5, a6,
+                _dequant_half(_rows(views, 0, SUB, KV_CHUNKS), KV_CHUNKS, a0, a1, a2, a3, a4, a5, a6,
                               sa0, sa1, sa2, sa3, sa4, sa5, sa6)
             # half A of the next block: loads in flight while half B is dequantized
             a0, a1, a2, a3, a4, a5, a6, sa0, sa1, sa2, sa3, sa4, sa5, sa6 = _load_half(
                 b + 1, num_wb, hi, i1a, p1a, fp8_ptr, scale_ptr, P, NOPE, NSC, SB, EPB, sub_l)
             if b >= num_wb:
-                _dequant_half(kv_slot.slice(SUB, SUB, dim=0), b0, b1, b2, b3, b4, b5, b6,
+                _dequant_half(_rows(views, SUB, SUB, KV_CHUNKS), KV_CHUNKS, b0, b1, b2, b3, b4, b5, b6,
                               sb0, sb1, sb2, sb3, sb4, sb5, sb6)
             async_copy.wait_group(0)
             fence_async_shared()
@@ -305,6 +346,34 @@ if GLUON_AVAILABLE:
         if FLAG_SLOTS != 0:
             gl.atomic_or(err_ptr + gl.zeros([SUB], gl.int32, srows_l), err, mask=err != 0)
         _stamp(times_ptr, pid, 8, TIMES)
+
+    @gluon.jit
+    def _zero_accumulators(BLOCK_H: gl.constexpr, ON: gl.constexpr, o_layout: gl.constexpr, KV_CHUNKS: gl.constexpr):
+        """A warpgroup's P.V accumulators for its D/2 columns: one (``KV_CHUNKS = 1``) or four of 64 columns."""
+        if KV_CHUNKS == 1:
+            return (gl.zeros([BLOCK_H, ON], gl.float32, o_layout),)
+        else:
+            return (gl.zeros([BLOCK_H, ON], gl.float32, o_layout), gl.zeros([BLOCK_H, ON], gl.float32, o_layout),
+                    gl.zeros([BLOCK_H, ON], gl.float32, o_layout), gl.zeros([BLOCK_H, ON], gl.float32, o_layout))
+
+    @gluon.jit
+    def _pv_update(p, views, c0: gl.constexpr, DH: gl.constexpr, acc, alpha, KV_CHUNKS: gl.constexpr,
+                   P_IN_REGS: gl.constexpr):
+        """``acc = acc * alpha + P V[:, 64 c0 : 64 c0 + DH]`` (P: registers with ``P_IN_REGS``, else shared
+        memory): one wgmma over the column slice, or four async wgmmas of 64 columns (one per chunk allocation) and
+        one wait (which keeps P's registers alive until the last one has read them)."""
+        if KV_CHUNKS == 1:
+            return (warpgroup_mma(p, views[0].slice(c0 * 64, DH, dim=1), acc[0] * alpha[:, None]),)
+        else:
+            a0 = warpgroup_mma(p, views[c0 + 0], acc[0] * alpha[:, None], is_async=True)
+            a1 = warpgroup_mma(p, views[c0 + 1], acc[1] * alpha[:, None], is_async=True)
+            a2 = warpgroup_mma(p, views[c0 + 2], acc[2] * alpha[:, None], is_async=True)
+            a3 = warpgroup_mma(p, views[c0 + 3], acc[3] * alpha[:, None], is_async=True)
+            if P_IN_REGS:
+                r0, r1, r2, r3, _ = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, p])
+                return (r0, r1, r2, r3)
+            else:
+                return warpgroup_mma_wait(0, deps=[a0, a1, a2, a3])
 
     @gluon.jit
     def _store_half(m_i, l_i, acc, col0, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
@@ -335,7 +404,10 @@ if GLUON_AVAILABLE:
             if STAGE_OUT:
                 o_stage.store(o.to(gl.bfloat16))
                 gl.thread_barrier()
-                st_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+                if DH >= 128:
+                    st_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+                else:
+                    st_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
                 hs = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_l))
                 ds = col0 + gl.arange(0, DH, layout=gl.SliceLayout(0, st_l))
                 gl.store(out_ptr + (n * H + hs[:, None]) * D + ds[None, :], o_stage.load(st_l),
@@ -344,20 +416,23 @@ if GLUON_AVAILABLE:
                 gl.store(out_ptr + (n * H + h[:, None]) * D + d[None, :], o.to(gl.bfloat16), mask=mask2)
 
     @gluon.jit
-    def _score_partition(q_ptr, q_smem, kv_ring, valid_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready, p_free,
-                         ml_ready, lo, hi, qk_scale, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr,
-                         ws_ml_ptr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                         STAGES: gl.constexpr, SPLIT: gl.constexpr, times_ptr, pid, TIMES: gl.constexpr):
-        """S, softmax, P / alpha handed to the value warpgroup, O[:, :D/2] with P from registers."""
+    def _score_partition(q_ptr, q_smem, kv, valid_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready,
+                         p_free, ml_ready, lo, hi, qk_scale, n, head0, split, num_splits, H, sink_ptr, out_ptr,
+                         ws_acc_ptr, ws_ml_ptr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                         STAGES: gl.constexpr, SPLIT: gl.constexpr, times_ptr, pid, TIMES: gl.constexpr,
+                         KV_CHUNKS: gl.constexpr):
+        """S, softmax, P / alpha handed to the value warpgroup, O[:, :D/2] with P from registers (one
+        accumulator of D/2 columns, or with ``KV_CHUNKS = 8`` four of 64)."""
         DH: gl.constexpr = D // 2
+        ON: gl.constexpr = DH if KV_CHUNKS == 1 else 64  # columns per accumulator
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, DH, 16])
+                                                           instr_shape=[16, ON, 16])
         row_l: gl.constexpr = gl.SliceLayout(1, s_layout)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, row_l)
         l_i = gl.zeros([BLOCK_H], gl.float32, row_l)
-        acc = gl.zeros([BLOCK_H, DH], gl.float32, o_layout)
+        acc = _zero_accumulators(BLOCK_H, ON, o_layout, KV_CHUNKS)
         # Q -> shared memory by cp.async (rows past H zero-filled), here rather than before the fork: the producer
         # starts its index chain at once
         q_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -375,12 +450,19 @@ if GLUON_AVAILABLE:
         for b in range(lo, hi):
             i = b - lo
             stage = i % STAGES
-            kv = kv_ring.index(stage)
+            views = _stage_views(kv, stage, KV_CHUNKS)
             mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
             if i == 0:
                 _stamp(times_ptr, pid, 2, TIMES)
-            s = warpgroup_mma(q_smem, kv.permute([1, 0]), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
-                              use_acc=False)
+            if KV_CHUNKS == 1:
+                s = warpgroup_mma(q_smem, views[0].permute([1, 0]), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                                  use_acc=False)
+            else:  # the same k16 steps as one wgmma over K = D, chained over the chunks' allocations
+                s = warpgroup_mma(q_smem.slice(0, 64, dim=1), views[0].permute([1, 0]),
+                                  gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+                for c in gl.static_range(1, D // 64):
+                    s = warpgroup_mma(q_smem.slice(c * 64, 64, dim=1), views[c].permute([1, 0]), s, is_async=True)
+                s = warpgroup_mma_wait(0, deps=[s])
             valid = valid_ring.index(stage).load(gl.SliceLayout(0, s_layout))
             s = gl.where(valid[None, :] != 0, s * qk_scale, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -397,7 +479,7 @@ if GLUON_AVAILABLE:
             mbarrier.arrive(p_ready, count=1)
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
             p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            acc = warpgroup_mma(p_op, kv.slice(0, DH, dim=1), acc * alpha_o[:, None])
+            acc = _pv_update(p_op, views, 0, DH, acc, alpha_o, KV_CHUNKS, True)
             gl.thread_barrier()
             mbarrier.arrive(empty.index(stage), count=1)
             m_i = m_new
@@ -406,27 +488,29 @@ if GLUON_AVAILABLE:
         l_smem.store(l_i)
         gl.thread_barrier()
         mbarrier.arrive(ml_ready, count=1)
-        _store_half(m_i, l_i, acc, 0, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
-                    q_smem.slice(0, DH, dim=1), True, True, o_layout, BLOCK_H, D, DH, SPLIT)  # Q is dead after the last S
+        for j in gl.static_range(DH // ON):  # Q is dead after the last S: its columns stage the output
+            _store_half(m_i, l_i, acc[j], j * ON, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr,
+                        ws_ml_ptr, q_smem.slice(j * ON, ON, dim=1), True, j == 0, o_layout, BLOCK_H, D, ON, SPLIT)
         _stamp(times_ptr, pid, 4, TIMES)
 
     @gluon.jit
-    def _value_partition(kv_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready, p_free, ml_ready, lo, hi, n,
-                         head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
+    def _value_partition(kv, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready, p_free, ml_ready, lo, hi,
+                         n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
                          BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                         SPLIT: gl.constexpr, times_ptr, pid, TIMES: gl.constexpr):
+                         SPLIT: gl.constexpr, times_ptr, pid, TIMES: gl.constexpr, KV_CHUNKS: gl.constexpr):
         """O[:, D/2:] += P V[:, D/2:] with P from shared memory, after the score warpgroup's rescale factor."""
         DH: gl.constexpr = D // 2
+        ON: gl.constexpr = DH if KV_CHUNKS == 1 else 64
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, DH, 16])
+                                                           instr_shape=[16, ON, 16])
         row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
-        acc = gl.zeros([BLOCK_H, DH], gl.float32, o_layout)
+        acc = _zero_accumulators(BLOCK_H, ON, o_layout, KV_CHUNKS)
         for b in range(lo, hi):
             i = b - lo
             stage = i % STAGES
             mbarrier.wait(p_ready, i & 1)  # implies ready[stage]: the score warpgroup waited for it
             alpha = alpha_smem.load(row_l)
-            acc = warpgroup_mma(p_smem, kv_ring.index(stage).slice(DH, DH, dim=1), acc * alpha[:, None])
+            acc = _pv_update(p_smem, _stage_views(kv, stage, KV_CHUNKS), DH // 64, DH, acc, alpha, KV_CHUNKS, False)
             gl.thread_barrier()
             mbarrier.arrive(p_free, count=1)
             mbarrier.arrive(empty.index(stage), count=1)
@@ -434,8 +518,9 @@ if GLUON_AVAILABLE:
         mbarrier.wait(ml_ready, 0)
         m_i = m_smem.load(row_l)
         l_i = l_smem.load(row_l)
-        _store_half(m_i, l_i, acc, DH, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
-                    p_smem, False, False, o_layout, BLOCK_H, D, DH, SPLIT)  # p_smem: unused (no staging)
+        for j in gl.static_range(DH // ON):  # p_smem: unused (no staging)
+            _store_half(m_i, l_i, acc[j], DH + j * ON, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr,
+                        ws_ml_ptr, p_smem, False, False, o_layout, BLOCK_H, D, ON, SPLIT)
         _stamp(times_ptr, pid, 6, TIMES)
 
     @gluon.jit
@@ -446,7 +531,7 @@ if GLUON_AVAILABLE:
         qk_scale,
         D: gl.constexpr, NOPE: gl.constexpr, ROPE: gl.constexpr, EPB: gl.constexpr, NSC: gl.constexpr,
         SB: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, TIMES: gl.constexpr,
-        PREFETCH: gl.constexpr,
+        PREFETCH: gl.constexpr, KV_CHUNKS: gl.constexpr,
         VALUE_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, STAGES: gl.constexpr,
         FLAG_WINDOW: gl.constexpr, FLAG_ENTRY: gl.constexpr, FLAG_SLOTS: gl.constexpr, FLAG_TABLE: gl.constexpr,
         num_warps: gl.constexpr, PDL: gl.constexpr = False,
@@ -469,7 +554,19 @@ if GLUON_AVAILABLE:
         v_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D], q_sl)
-        kv_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], kv_sl)
+        if KV_CHUNKS == 1:
+            kv = (gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D], kv_sl),)
+        else:  # one allocation per 64-column chunk (WS3_CONFIG): V4's row, D = 512
+            gl.static_assert(D == 512)
+            c_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
+            kv = (gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], c_sl),
+                  gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], c_sl),
+                  gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], c_sl),
+                  gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], c_sl),
+                  gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], c_sl),
+                  gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], c_sl),
+                  gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], c_sl),
+                  gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], c_sl))
         valid_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], v_sl)
         p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
         alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], v_sl)
@@ -489,16 +586,17 @@ if GLUON_AVAILABLE:
         fence_async_shared()
         gl.thread_barrier()
         gl.warp_specialize([
-            (_score_partition, (q_ptr, q_smem, kv_ring, valid_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready,
-                                p_free, ml_ready, lo, hi, qk_scale, n, head0, split, num_splits, H, sink_ptr, out_ptr,
-                                ws_acc_ptr, ws_ml_ptr, BLOCK_H, BLOCK_N, D, STAGES, SPLIT, times_ptr, pid, TIMES)),
-            (_value_partition, (kv_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready, p_free, ml_ready, lo, hi,
-                                n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr, BLOCK_H,
-                                BLOCK_N, D, STAGES, SPLIT, times_ptr, pid, TIMES)),
-            (_producer_partition, (kv_ring, valid_ring, ready, empty, lo, hi, num_wb, n, win_kv_ptr, win_idx_ptr,
+            (_score_partition, (q_ptr, q_smem, kv, valid_ring, p_smem, alpha_smem, m_smem, l_smem, ready, empty,
+                                p_ready, p_free, ml_ready, lo, hi, qk_scale, n, head0, split, num_splits, H, sink_ptr,
+                                out_ptr, ws_acc_ptr, ws_ml_ptr, BLOCK_H, BLOCK_N, D, STAGES, SPLIT, times_ptr, pid,
+                                TIMES, KV_CHUNKS)),
+            (_value_partition, (kv, p_smem, alpha_smem, m_smem, l_smem, ready, empty, p_ready, p_free, ml_ready, lo,
+                                hi, n, head0, split, num_splits, H, sink_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr, BLOCK_H,
+                                BLOCK_N, D, STAGES, SPLIT, times_ptr, pid, TIMES, KV_CHUNKS)),
+            (_producer_partition, (kv, valid_ring, ready, empty, lo, hi, num_wb, n, win_kv_ptr, win_idx_ptr,
                                    fp8_ptr, scale_ptr, rope_ptr, table_ptr, ent_idx_ptr, slots_ptr, err_ptr, W, K, R,
                                    P, S, L, D, NOPE, ROPE, EPB, NSC, SB, BLOCK_N, 4, STAGES, FLAG_WINDOW,
-                                   FLAG_ENTRY, FLAG_SLOTS, FLAG_TABLE, times_ptr, pid, TIMES, PREFETCH)),
+                                   FLAG_ENTRY, FLAG_SLOTS, FLAG_TABLE, times_ptr, pid, TIMES, PREFETCH, KV_CHUNKS)),
         ], [4, 4], [VALUE_REGS, PRODUCER_REGS])
 
 
@@ -507,7 +605,7 @@ def _constants(nope, rope, scale_block, entries_per_block, split, config=None, t
     return cfg, dict(D=nope + rope, NOPE=nope, ROPE=rope, EPB=entries_per_block, NSC=nope // scale_block,
                      SB=scale_block, BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], SPLIT=split, TIMES=times,
                      VALUE_REGS=cfg["VALUE_REGS"], PRODUCER_REGS=cfg["PRODUCER_REGS"], STAGES=cfg["STAGES"],
-                     PREFETCH=cfg["PREFETCH"],
+                     PREFETCH=cfg["PREFETCH"], KV_CHUNKS=cfg["KV_CHUNKS"],
                      **v1.error_flags())
 
 

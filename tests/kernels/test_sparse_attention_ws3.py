@@ -90,6 +90,25 @@ def test_sm90_compile(split):
     assert smem <= 227 * 1024
 
 
+@pytest.mark.slow
+def test_sm90_compile_chunked_kv():
+    """``KV_CHUNKS = 8`` (one shared allocation per 64-column chunk of a K/V stage): Triton's hazard pass no longer
+    puts a ``bar.sync`` between the producer's dequantised chunk stores (13 among them with one allocation, at most
+    2 here); S and P.V run as 64 x 64 wgmmas; one CTA per SM. The score warpgroup spills a few words more than
+    with one allocation (80 B of stack at Triton 3.6, some reloaded in its loop: 8 + 4 chunk descriptors)."""
+    def barriers_among_dequant_stores(ptx):
+        first, last = ptx.index("cvt.rn.f16x2.e4m3x2"), ptx.rindex("cvt.rn.f16x2.e4m3x2")
+        return len(re.findall(r"bar\.sync\s+\d+, 128;", ptx[first:last]))
+
+    usage, sass, ptx, smem = compile_report(config={"KV_CHUNKS": 8})
+    _, _, ptx_one, _ = compile_report()
+    assert barriers_among_dequant_stores(ptx_one) >= 12
+    assert barriers_among_dequant_stores(ptx) <= 2
+    assert "HGMMA.64x64x16.F32.BF16" in sass and "HGMMA.64x256x16" not in sass
+    assert int(re.search(r"STACK:(\d+)", usage).group(1)) <= 96
+    assert smem <= 227 * 1024
+
+
 # ----------------------------------------------------------------------------------------------- CUDA
 @pytest.fixture
 def ws3_impl(monkeypatch):
@@ -148,3 +167,17 @@ def test_cuda_partial_window_inactive_rows_few_entries(ws3_impl):
 @pytest.mark.cuda
 def test_cuda_nan_and_out_of_range_flags(ws3_impl):
     nan_and_out_of_range_flags()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", ["csa", "hca_split"])
+def test_cuda_chunked_kv_same_bits(case, ws3_impl):
+    """``KV_CHUNKS = 8`` moves the K/V buffer into per-chunk allocations and splits the MMAs over them with the same
+    k16 steps: the same bits as one allocation, through the op (split combine included)."""
+    inputs = _v4_inputs(7, 64, 512) if case == "csa" else _v4_inputs(2, 64, 1024, context=1024)
+    kw = {} if case == "csa" else {"num_splits": 3}
+    one = run_op(inputs, **kw)
+    ws3_impl.setitem(ws3.WS3_CONFIG, "KV_CHUNKS", 8)
+    chunked = run_op(inputs, **kw)
+    assert torch.equal(chunked, one)
+    assert_close_to_reference(chunked, run_ref(inputs))

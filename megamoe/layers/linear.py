@@ -34,7 +34,9 @@ class DenseLinear:
         return isinstance(self.weight, NVFP4Tensor)
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x (M, in) -> (M, out): bf16 for NVFP4/bf16 weights, float32 for float32 weights."""
+        """x (M, in) float (bf16 / fp16 / fp32; cast to the weight's compute dtype) -> (M, out): bf16 for NVFP4/bf16
+        weights, float32 for float32 weights. out: optional (M, out) tensor of that dtype on x's device."""
+        self._check_call(x, out)
         if self.nvfp4:
             return gemm_ops.nvfp4_linear(x.to(torch.bfloat16), self.weight, out=out)
         if self.weight.dtype == torch.float32:
@@ -45,6 +47,26 @@ class DenseLinear:
             out.copy_(y)
             return out
         return y
+
+    def _check_call(self, x, out) -> None:
+        """Host metadata only: x a 2-D float tensor with in_features columns; out (M, out_features) of the result
+        dtype on x's device (a wrong one would be broadcast or cast into silently)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"x: expected a float tensor (bf16 / fp16 / fp32), got {x.dtype}")
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"x: expected shape (M, {self.in_features}) for {self.name}, got {tuple(x.shape)}")
+        if out is None:
+            return
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
+        dtype = torch.float32 if not self.nvfp4 and self.weight.dtype == torch.float32 else torch.bfloat16
+        if out.dtype != dtype:
+            raise TypeError(f"out: expected dtype {dtype} for {self.name}, got {out.dtype}")
+        if tuple(out.shape) != (x.shape[0], self.out_features) or out.device != x.device:
+            raise ValueError(f"out: expected shape ({x.shape[0]}, {self.out_features}) on {x.device}, got "
+                             f"{tuple(out.shape)} on {out.device}")
 
     def nbytes(self) -> int:
         if self.nvfp4:

@@ -63,6 +63,7 @@ the compiler, with a fake implementation).
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import weakref
 from typing import Optional
@@ -85,6 +86,12 @@ MODES = ("w4a16", "w4a4", "w4a8")
 
 
 _resolve_device = resolve_device
+
+
+def _check_count(name: str, value) -> None:
+    """A positive int (bools rejected) or ValueError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
 
 
 def _check_nvfp4(t, name: str, shape: tuple, device) -> None:
@@ -131,8 +138,14 @@ class Nvfp4SharedExpert:
                  swiglu_limit: float | None = 10.0, mode: str = "w4a16"):
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-        if not isinstance(max_num_tokens, int) or max_num_tokens < 1:
-            raise ValueError(f"max_num_tokens: expected a positive int, got {max_num_tokens!r}")
+        _check_count("max_num_tokens", max_num_tokens)
+        for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+            _check_count(name, value)
+            if value % 16:  # the reduction width of one of the two GEMMs: whole 16-element NVFP4 blocks
+                raise ValueError(f"{name}: expected a multiple of 16 (NVFP4 blocks), got {value}")
+        if swiglu_limit is not None and (isinstance(swiglu_limit, bool) or not isinstance(swiglu_limit, (int, float))
+                                         or not math.isfinite(swiglu_limit) or swiglu_limit <= 0):
+            raise ValueError(f"swiglu_limit: expected None or a positive finite number, got {swiglu_limit!r}")
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.max_num_tokens, self.device, self.mode = max_num_tokens, _resolve_device(device), mode
         self.swiglu_limit = swiglu_limit
@@ -235,8 +248,13 @@ class Nvfp4MoE:
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-        if not isinstance(max_num_tokens, int) or max_num_tokens < 1:
-            raise ValueError(f"max_num_tokens: expected a positive int, got {max_num_tokens!r}")
+        _check_count("max_num_tokens", max_num_tokens)
+        if not isinstance(fuse_shared_expert, bool):
+            raise TypeError(f"fuse_shared_expert: expected a bool, got {type(fuse_shared_expert).__name__}")
+        if fuse_shared_max_tokens is not None and (not isinstance(fuse_shared_max_tokens, int)
+                                                   or isinstance(fuse_shared_max_tokens, bool)
+                                                   or fuse_shared_max_tokens < 0):
+            raise ValueError(f"fuse_shared_max_tokens: expected None or an int >= 0, got {fuse_shared_max_tokens!r}")
         if dispatch_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"dispatch_backend: expected 'auto', 'torch' or 'triton', got {dispatch_backend!r}")
         self.config, self.max_num_tokens, self.mode = config, max_num_tokens, mode

@@ -24,8 +24,14 @@ def use_triton(tensor: torch.Tensor) -> bool:
 
 
 def resolve_device(device) -> torch.device:
-    """'cuda' -> 'cuda:<current>' so that comparisons with tensors' devices hold (layers and caches store it)."""
-    device = torch.device(device)
+    """'cuda' -> 'cuda:<current>' so that comparisons with tensors' devices hold (layers and caches store it).
+    Raises ValueError naming ``device`` for a string torch does not parse, TypeError for another type."""
+    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+        raise TypeError(f"device: expected a str, torch.device or CUDA index, got {type(device).__name__}")
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device: {device!r} is not a device ({e})") from None
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device

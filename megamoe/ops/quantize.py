@@ -136,6 +136,8 @@ def quantize(
     one, 0-d when it has one element, or the computed one).
     """
     check_quantize_input(x)
+    if not isinstance(per_row, bool):
+        raise TypeError(f"per_row: expected a bool, got {per_row!r}")
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     rows = x.numel() // k if k else int(torch.Size(lead).numel())
     if global_scale is not None:

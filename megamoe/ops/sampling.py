@@ -27,7 +27,7 @@ import math
 import torch
 
 from ..reference import sampling as _reference
-from ._dispatch import interpreter_enabled, use_triton
+from ._dispatch import interpreter_enabled, resolve_device, use_triton
 
 
 def _rows_list(rows, batch: int) -> list:
@@ -80,19 +80,29 @@ class SamplingParams:
             device = t.device if device is None else device
             if t.shape[0] != batch or t.device != device:
                 raise ValueError(f"{name}: expected ({batch},) on {device}, got {tuple(t.shape)} on {t.device}")
+        if batch < 1:
+            raise ValueError("temperature, top_k, top_p, seed, step: expected at least one row, got 0")
+        # the values are read once here (not a hot path) and checked as set() checks host values; host copies of
+        # top_k / top_p are kept by set()
+        self._host_top_k, self._host_top_p = top_k.tolist(), top_p.tolist()
+        host_temperature, host_step = temperature.tolist(), step.tolist()
+        if not all(math.isfinite(v) and v >= 0 for v in host_temperature):
+            raise ValueError(f"temperature: expected finite values >= 0 (0 = greedy), got {host_temperature}")
+        if not all(v >= 0 for v in self._host_top_k):
+            raise ValueError(f"top_k: expected values >= 0 (0 = off), got {self._host_top_k}")
+        if not all(0.0 < v <= 1.0 for v in self._host_top_p):  # also rejects NaN
+            raise ValueError(f"top_p: expected values in (0, 1] (1 = off), got {self._host_top_p}")
+        if not all(v >= 0 for v in host_step):
+            raise ValueError(f"step: expected values >= 0, got {host_step}")
         self.temperature, self.top_k, self.top_p, self.seed, self.step = temperature, top_k, top_p, seed, step
         self.batch, self.device = batch, device
-        # host copies of top_k / top_p (kept by set(); tensors passed in are read once here, not a hot path)
-        self._host_top_k, self._host_top_p = top_k.tolist(), top_p.tolist()
 
     @classmethod
     def allocate(cls, batch: int, device="cpu") -> "SamplingParams":
         """Buffers for ``batch`` request slots with the defaults (temperature 1, no top-k / top-p, seed 0)."""
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch: expected a positive int, got {batch!r}")
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = resolve_device(device)
         return cls(torch.ones(batch, device=device), torch.zeros(batch, dtype=torch.int32, device=device),
                    torch.ones(batch, device=device), torch.zeros(batch, dtype=torch.int64, device=device),
                    torch.zeros(batch, dtype=torch.int64, device=device))
@@ -178,6 +188,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, out: torch.Tensor | Non
             or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous ({num_rows},) int64 tensor on {logits.device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if filtering is not None and not isinstance(filtering, bool):
+        raise TypeError(f"filtering: expected a bool or None, got {filtering!r}")
     if filtering is None:
         filtering = params.any_filter
     p = params
@@ -197,9 +209,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, out: torch.Tensor | Non
     from ..kernels.sampling import launch_sample
 
     interp = interpreter_enabled() and not logits.is_cuda
+    if not logits.is_contiguous():  # the kernels index rows by their length (and so do the sorted candidates)
+        logits = logits.contiguous()
     if filtering:
         values, ids, n_keep = _reference.sorted_candidates(logits, temperature, top_k, top_p)
         return launch_sample(values, ids, n_keep, temperature, seed, step, out, interpreter=interp)
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
     return launch_sample(logits, None, None, temperature, seed, step, out, interpreter=interp)

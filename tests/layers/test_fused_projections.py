@@ -309,3 +309,28 @@ def test_fused_projections_v4_flash_shapes_cuda(rows):
         outs = fused(x.float() if kind == "float32" else x)
         for i, (o, w) in enumerate(zip(outs, ws)):
             _close(o, DenseLinear(w)(x.float() if kind == "float32" else x), f"{kind} {sizes} p{i} rows {rows}")
+
+
+@pytest.mark.parametrize("kind", ["nvfp4", "bf16", "fp32"])
+def test_dense_linear_call_validates_x_and_out(kind, torch_path):
+    """x is a 2-D float tensor with ``in_features`` columns; ``out`` is (M, out_features) of the result dtype (bf16
+    for NVFP4 / bf16 weights, float32 for float32 ones): a wrong one raises instead of broadcasting or casting."""
+    w = torch.randn(32, 64)
+    lin = DenseLinear({"nvfp4": quantize(w), "bf16": w.bfloat16(), "fp32": w}[kind])
+    dtype = torch.float32 if kind == "fp32" else torch.bfloat16
+    x = torch.randn(1, 64).to(dtype)
+    assert lin(x).shape == (1, 32)
+    with pytest.raises(TypeError, match="x"):
+        lin([1.0] * 64)
+    with pytest.raises(TypeError, match="x"):
+        lin(torch.zeros(1, 64, dtype=torch.int32))
+    with pytest.raises(ValueError, match="x"):
+        lin(torch.randn(64).to(dtype))
+    with pytest.raises(ValueError, match="x"):
+        lin(torch.randn(1, 48).to(dtype))
+    with pytest.raises(ValueError, match="out"):
+        lin(x, out=torch.empty(4, 32, dtype=dtype))
+    with pytest.raises(TypeError, match="out"):
+        lin(x, out=torch.empty(1, 32, dtype=torch.int32))
+    out = torch.empty(1, 32, dtype=dtype)
+    assert lin(x, out=out) is out

@@ -59,6 +59,30 @@ def test_too_many_tokens_and_bad_input(layer):
     assert layer.forward(torch.empty(0, TINY.hidden_size).bfloat16()).shape == (0, TINY.hidden_size)
 
 
+def test_constructor_arguments_are_validated():
+    """Sizes are positive ints (not bools), NVFP4 reduction widths multiples of 16, flags bools, the SwiGLU limit a
+    positive finite number or None, the device a real device string; each error names its argument."""
+    from megamoe.layers import Nvfp4SharedExpert
+
+    for kw, name in ((dict(hidden_size=True), "hidden_size"), (dict(hidden_size=0), "hidden_size"),
+                     (dict(hidden_size=17), "hidden_size"), (dict(hidden_size=-64), "hidden_size"),
+                     (dict(intermediate_size=0), "intermediate_size"), (dict(max_num_tokens=True), "max_num_tokens"),
+                     (dict(swiglu_limit=-1.0), "swiglu_limit"), (dict(swiglu_limit="10"), "swiglu_limit"),
+                     (dict(swiglu_limit=float("nan")), "swiglu_limit"), (dict(device="nonsense"), "device")):
+        args = dict(dict(hidden_size=64, intermediate_size=32, max_num_tokens=4), **kw)
+        with pytest.raises((TypeError, ValueError), match=name):
+            Nvfp4SharedExpert(args.pop("hidden_size"), args.pop("intermediate_size"), **args)
+    for kw, name in ((dict(fuse_shared_max_tokens=-1), "fuse_shared_max_tokens"),
+                     (dict(fuse_shared_max_tokens="8"), "fuse_shared_max_tokens"),
+                     (dict(fuse_shared_max_tokens=2.5), "fuse_shared_max_tokens"),
+                     (dict(fuse_shared_max_tokens=True), "fuse_shared_max_tokens"),
+                     (dict(fuse_shared_expert="no"), "fuse_shared_expert"), (dict(max_num_tokens=True), "max_num_tokens"),
+                     (dict(device="nonsense"), "device")):
+        with pytest.raises((TypeError, ValueError), match=name):
+            Nvfp4MoE(TINY, **dict(dict(max_num_tokens=4), **kw))
+    assert Nvfp4MoE(TINY, max_num_tokens=4, fuse_shared_max_tokens=0).fuse_shared_max_tokens == 0
+
+
 def test_nan_token_gives_nan_row_only(layer):
     x = torch.randn(4, TINY.hidden_size).bfloat16()
     clean = layer.forward(x).clone()

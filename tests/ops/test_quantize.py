@@ -55,6 +55,9 @@ def test_bad_inputs(device):
         ops.quantize(x, swizzled_scale_out=torch.zeros(128, 4, device=device))
     with pytest.raises(TypeError, match="out: expected an NVFP4Tensor"):
         ops.quantize(x, out=torch.empty(4, 16, device=device))
+    for flag in ("no", 0, None):  # a string would be truthy: per-row scales silently
+        with pytest.raises(TypeError, match="per_row"):
+            ops.quantize(x, per_row=flag)
     with pytest.raises(TypeError, match="t: expected an NVFP4Tensor"):
         ops.dequantize(x)
     q = ops.quantize(x)

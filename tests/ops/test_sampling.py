@@ -160,6 +160,41 @@ def test_kernel_matches_reference(filtering, device):
     assert p.step.cpu().tolist() == [x + 1 for x in steps]
 
 
+@pytest.mark.parametrize("filtering", [False, True])
+def test_strided_logits_equal_contiguous(filtering, device):
+    """Column-major or row-strided logits draw the same tokens as their contiguous copy (the sort path once gave
+    another token for a transposed view)."""
+    logits = torch.randn(3, 50, device=device)
+    layouts = {"column-major": logits.t().contiguous().t(), "strided": torch.randn(3, 100, device=device)[:, ::2]}
+    layouts["strided"].copy_(logits)
+    for name, view in layouts.items():
+        assert not view.is_contiguous()
+        kw = dict(temperature=0.7, seed=[1, 2, 3, 4], top_k=5, top_p=0.9)
+        expect = sample(logits, _params(4, device, **kw), filtering=filtering)
+        assert torch.equal(sample(view, _params(4, device, **kw), filtering=filtering), expect), name
+
+
+def test_parameter_tensors_and_flags_are_validated():
+    """The constructor checks the values of the tensors it is given as ``set`` checks host values; ``filtering``
+    is a bool or None."""
+    ones, zeros_i, zeros_l = torch.ones(2), torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(ones, torch.tensor([-1, 0], dtype=torch.int32), ones, zeros_l, zeros_l)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(ones, zeros_i, torch.tensor([2.0, 1.0]), zeros_l, zeros_l)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(torch.tensor([-1.0, 1.0]), zeros_i, ones, zeros_l, zeros_l)
+    with pytest.raises(ValueError, match="step"):
+        SamplingParams(ones, zeros_i, ones, zeros_l, torch.tensor([0, -3]))
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(torch.ones(0), torch.zeros(0, dtype=torch.int32), torch.ones(0), torch.zeros(0, dtype=torch.long),
+                       torch.zeros(0, dtype=torch.long))
+    p = SamplingParams.allocate(2)
+    for bad in ("no", 1, 0.0):
+        with pytest.raises(TypeError, match="filtering"):
+            sample(torch.randn(2, 10), p, filtering=bad)
+
+
 def test_uniforms_are_uniform_and_keyed():
     seed = torch.tensor([0, 1, 2 ** 40])
     step = torch.tensor([0, 0, 5])

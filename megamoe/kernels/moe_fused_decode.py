@@ -49,7 +49,9 @@ would hang; also a GPU debugging switch). The results are the same bits in both 
 Requirements: H and I multiples of 32, x / w rows 4-byte aligned (``nvfp4_gemv.gemv_supports``), the w13 rows
 gate/up interleaved (row 2j = gate j, 2j + 1 = up j: ``megamoe.ops.gemm.interleave_gate_up``), every pair id
 valid (a token none of whose pairs has a row in ``[0, expert_offsets[G-1])`` is not written; the layer's
-routing never produces one).
+routing never produces one). Corrupt metadata never indexes memory: offsets are clamped to ``[0, T*S]``, pair
+rows outside ``[0, expert_offsets[G-1])`` are skipped, and a ``row_index`` entry outside ``[0, T)`` reads zeros in
+phase 1 and takes no ticket, pair lookup or output row in phase 2.
 """
 from __future__ import annotations
 
@@ -173,13 +175,14 @@ def _gate_up_item(x32_ptr, row_index_ptr, w_ptr, s_ptr, g_ptr, h_ptr, expert, ro
 
 @triton.jit
 def _down_item(h32_ptr, row_index_ptr, inv_perm_ptr, weights_ptr, w_ptr, s_ptr, g_ptr, y_ptr, out_ptr, tcnt_ptr,
-               expert, row_start, row_end, tile, total_rows, n_tiles, N, K,
+               expert, row_start, row_end, tile, total_rows, num_tokens, n_tiles, N, K,
                stride_h32, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_ym,
                stride_wt, stride_om,
                SLOTS: tl.constexpr, S_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
     """Phase-2 item: y[rows, tile] = W2[expert, tile rows] @ h[rows] (fp32); each row's token is combined by
-    the row that draws its last (token, tile) ticket."""
+    the row that draws its last (token, tile) ticket. A row whose token id is outside [0, num_tokens) takes no
+    ticket and indexes nothing with it (its token, if any, is then not written: corrupt routing metadata)."""
     offs_r = tl.arange(0, ROWS)
     offs_n = tl.arange(0, BLOCK_N)
     offs_w = tl.arange(0, BLOCK_K // 8)
@@ -204,12 +207,14 @@ def _down_item(h32_ptr, row_index_ptr, inv_perm_ptr, weights_ptr, w_ptr, s_ptr, 
         tl.store(y_ptr + rows64[:, None] * stride_ym + cols[None, :], y, mask=row_mask[:, None] & col_mask[None, :])
         tl.debug_barrier()  # every thread's y stores precede the release below
         tok = tl.load(row_index_ptr + rows, mask=row_mask, other=0).to(tl.int64)
-        ticket = tl.atomic_add(tcnt_ptr + tok * n_tiles + tile, 1, mask=row_mask, sem="acq_rel", scope="gpu")
+        tok_ok = row_mask & (tok >= 0) & (tok < num_tokens)
+        tok = tl.where(tok_ok, tok, 0)
+        ticket = tl.atomic_add(tcnt_ptr + tok * n_tiles + tile, 1, mask=tok_ok, sem="acq_rel", scope="gpu")
         # the token's valid pairs (rows inside [0, total_rows)): the tickets its tile expects
         pair_rows = tl.load(inv_perm_ptr + tok[:, None] * SLOTS + offs_j[None, :],
-                            mask=row_mask[:, None] & (offs_j < SLOTS)[None, :], other=-1)
+                            mask=tok_ok[:, None] & (offs_j < SLOTS)[None, :], other=-1)
         valid = ((pair_rows >= 0) & (pair_rows < total_rows)).to(tl.int32)
-        last = row_mask & (ticket == tl.sum(valid, axis=1) - 1)
+        last = tok_ok & (ticket == tl.sum(valid, axis=1) - 1)
         if tl.max(last.to(tl.int32), axis=0) > 0:
             acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
             for j in tl.static_range(SLOTS):  # the combine's order: slot 0, 1, ..., the fused shared expert last
@@ -285,7 +290,7 @@ def _moe_fused_decode_kernel(
                 _spin_until(cnt_ptr + expert, n_tiles1, INTERPRET)
             _down_item(h32_ptr, row_index_ptr, inv_perm_ptr, weights_ptr,
                        w2_ptr, s2_ptr, g2_ptr, y_ptr, out_ptr, tcnt_ptr, e64, row_start, row_end, tile,
-                       total_rows, n_tiles2, hidden, inter, stride_hm // 2, stride_w2e, stride_w2n,
+                       total_rows, num_tokens, n_tiles2, hidden, inter, stride_hm // 2, stride_w2e, stride_w2n,
                        stride_s2e, stride_s2n, stride_g2e, stride_g2n, stride_ym, stride_wt, stride_om,
                        SLOTS, S_PAD, ROWS, BLOCK_N, BLOCK_K, EVEN_I, INTERPRET)
         i += num_programs

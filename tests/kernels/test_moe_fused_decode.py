@@ -136,6 +136,24 @@ def test_nan_token_stays_in_its_row(small):
     assert torch.equal(out[[0, 2, 3]], clean[[0, 2, 3]])
 
 
+@pytest.mark.parametrize("bad", [10 ** 6, -5, 4])
+def test_out_of_range_row_index_is_masked(small, bad):
+    """A sorted row whose token id (``row_index``) is outside [0, T) -- corrupt routing metadata -- reads zeros in
+    phase 1 and takes no ticket, pair lookup or output row in phase 2 (it used to index the ticket counters, the
+    pair table and the output with it: a crash or an out-of-bounds write); the other tokens keep their bits."""
+    x = torch.randn(4, SMALL.hidden_size, device=small.device).bfloat16()
+    _, _, (offsets, row_index, inv_perm, w_ext) = _pairs(small, x)
+    clean = moe_fused_decode(x, small._w13_kernel, small._w2_kernel, offsets, row_index, inv_perm, w_ext,
+                             swiglu_limit=SMALL.swiglu_limit).clone()
+    victim = int(row_index[0])
+    corrupt = row_index.clone()
+    corrupt[0] = bad
+    out = moe_fused_decode(x, small._w13_kernel, small._w2_kernel, offsets, corrupt, inv_perm, w_ext,
+                           swiglu_limit=SMALL.swiglu_limit)
+    keep = [t for t in range(4) if t != victim]
+    assert torch.equal(out[keep], clean[keep])
+
+
 def test_zero_tokens_returns_at_once(small):
     x = torch.empty(0, SMALL.hidden_size, device=small.device).bfloat16()
     offsets = torch.zeros(small._groups, dtype=torch.int32, device=small.device)

@@ -1,6 +1,8 @@
 """Argument checks shared by the ops (host metadata only: dtypes, ranks, devices, layouts; never device values)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -17,3 +19,42 @@ def check_tensor(t, name: str, dtype: torch.dtype, dim: int, device=None, *, con
         raise ValueError(f"{name}: expected device {device}, got {t.device}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def check_int(value, name: str, minimum: int | None = None) -> int:
+    """Raise TypeError naming ``name`` unless ``value`` is a Python int (not a bool), ValueError if it is below
+    ``minimum``; return it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return value
+
+
+def check_bool(value, name: str) -> bool:
+    """Raise TypeError naming ``name`` unless ``value`` is a Python bool; return it."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_positive_finite(value, name: str) -> float:
+    """Raise TypeError naming ``name`` unless ``value`` is a real number (int or float, not a bool), ValueError
+    unless it is finite and > 0; return it as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a finite positive number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or not value > 0:
+        raise ValueError(f"{name}: expected a finite positive number, got {value!r}")
+    return float(value)
+
+
+def check_vector(t, name: str, dtype: torch.dtype, device, *, at_least: int | None = None,
+                 exactly: int | None = None) -> None:
+    """Raise TypeError / ValueError naming ``name`` unless ``t`` is a contiguous 1-D ``dtype`` tensor on ``device``
+    with at least ``at_least`` (or exactly ``exactly``) elements: a buffer an op writes in place (a copy would not
+    be written back) or a kernel reads as flat memory."""
+    check_tensor(t, name, dtype, 1, device, contiguous=True)
+    if exactly is not None and t.shape[0] != exactly:
+        raise ValueError(f"{name}: expected exactly {exactly} elements, got {t.shape[0]}")
+    if at_least is not None and t.shape[0] < at_least:
+        raise ValueError(f"{name}: expected at least {at_least} elements, got {t.shape[0]}")

@@ -40,6 +40,7 @@ interpreter / CPU reference always use the w4a8 numerics.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 
 import torch
@@ -412,11 +413,12 @@ def nvfp4_grouped_mm(
         block_scale (E, N, K//16) float8_e4m3fn, global_scale fp32 0-d,
         (E, 1, 1) or (E, N, 1).
     expert_offsets: (E,) int32 cumulative, non-decreasing row ends on the device
-        (expert e owns rows [offsets[e-1], offsets[e])); never read on the host.
+        (expert e owns rows [offsets[e-1], offsets[e])); never read on the host. Any stride (expert_offsets
+        and row_index are copied when not contiguous).
         Rows >= offsets[E-1] are written as zeros.
     activation: None -> out (T, N) bf16; "swiglu" -> out (T, N//2) bf16 =
         silu(min(gate, limit)) * clamp(up, -limit, limit) for weights in the
-        :func:`interleave_gate_up` layout (no clamp when swiglu_limit is None).
+        :func:`interleave_gate_up` layout (no clamp when swiglu_limit is None; else a finite positive number).
     mode: "w4a16", "w4a4" or "w4a8" (K % 128 == 0; the FP8 quantizer runs on the (S, K) source rows,
         the gather stays fused; under 48 rows per expert on CUDA it runs w4a16, :func:`w4a8_kernel_mode`).
     out: optional preallocated bf16 buffer.
@@ -437,8 +439,9 @@ def nvfp4_grouped_mm(
     if swiglu_limit is not None:
         if activation != "swiglu":
             raise ValueError("swiglu_limit: only valid with activation='swiglu'")
-        if not isinstance(swiglu_limit, (int, float)) or not swiglu_limit > 0:
-            raise ValueError(f"swiglu_limit: expected a positive number or None, got {swiglu_limit!r}")
+        if isinstance(swiglu_limit, bool) or not isinstance(swiglu_limit, (int, float)) \
+                or not math.isfinite(swiglu_limit) or not swiglu_limit > 0:
+            raise ValueError(f"swiglu_limit: expected a finite positive number or None, got {swiglu_limit!r}")
     if num_experts == 0:
         raise ValueError("weight: expected at least one expert (E >= 1)")
     _check_index(expert_offsets, "expert_offsets", num_experts, x)
@@ -452,6 +455,10 @@ def nvfp4_grouped_mm(
     if max_rows_per_expert is not None and (isinstance(max_rows_per_expert, bool)
                                             or not isinstance(max_rows_per_expert, int) or max_rows_per_expert < 1):
         raise ValueError(f"max_rows_per_expert: expected None or a positive int, got {max_rows_per_expert!r}")
+    # the kernels read the index vectors as flat memory: any stride is accepted (a copy when not contiguous)
+    expert_offsets = expert_offsets.contiguous()
+    if row_index is not None:
+        row_index = row_index.contiguous()
     if not use_triton(x):
         if row_index is not None:  # same drop rule and flag as the kernels (megamoe/ops/errors.py)
             _record_row_index(x, row_index, expert_offsets)

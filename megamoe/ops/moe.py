@@ -23,6 +23,7 @@ import torch
 
 from ..reference import moe as _reference
 from ._dispatch import interpreter_enabled, use_triton
+from ._validate import check_bool, check_int, check_vector
 
 
 def _check_tensor(t, name: str, dtypes: tuple, dim: int) -> None:
@@ -61,7 +62,12 @@ def check_tid2eid(tid2eid, num_experts: int, top_k: int, vocab_size: int | None 
     """Full validation of a hash-routing table, values included (reads it on the host: load time only).
 
     tid2eid: (V, top_k) int32 (V = vocab_size when given) with every entry in [0, num_experts).
+    num_experts, top_k: ints >= 1; vocab_size: None or an int >= 1.
     """
+    check_int(num_experts, "num_experts", 1)
+    check_int(top_k, "top_k", 1)
+    if vocab_size is not None:
+        check_int(vocab_size, "vocab_size", 1)
     _check_tensor(tid2eid, "tid2eid", (torch.int32,), 2)
     if tid2eid.shape[1] != top_k or (vocab_size is not None and tid2eid.shape[0] != vocab_size):
         raise ValueError(f"tid2eid: expected shape ({vocab_size if vocab_size is not None else 'vocab'}, {top_k}) "
@@ -74,7 +80,7 @@ def check_tid2eid(tid2eid, num_experts: int, top_k: int, vocab_size: int | None 
 
 
 def _validate_route_args(hidden_states, gate_weight, correction_bias, top_k, scoring_func, n_group, topk_group,
-                         routed_scaling_factor, out, token_ids, tid2eid) -> None:
+                         norm_topk_prob, routed_scaling_factor, out, token_ids, tid2eid) -> None:
     """route()'s argument checks (shapes, dtypes, devices, options; no device values read)."""
     floats = (torch.bfloat16, torch.float16, torch.float32)
     _check_tensor(hidden_states, "hidden_states", floats, 2)
@@ -91,15 +97,17 @@ def _validate_route_args(hidden_states, gate_weight, correction_bias, top_k, sco
         if correction_bias.shape[0] != num_experts or correction_bias.device != device:
             raise ValueError(f"correction_bias: expected ({num_experts},) on {device}, got "
                              f"{tuple(correction_bias.shape)} on {correction_bias.device}")
-    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k: expected an int in 1..{num_experts}, got {top_k!r}")
-    if not isinstance(n_group, int) or not isinstance(topk_group, int) or n_group < 1 or num_experts % n_group \
-            or not 1 <= topk_group <= n_group:
+    check_int(n_group, "n_group")
+    check_int(topk_group, "topk_group")
+    if n_group < 1 or num_experts % n_group or not 1 <= topk_group <= n_group:
         raise ValueError(f"n_group/topk_group: need n_group | E={num_experts} and 1 <= topk_group <= n_group, "
                          f"got {n_group}/{topk_group}")
     if n_group > 1 and topk_group * (num_experts // n_group) < top_k:
         raise ValueError(f"topk_group: {topk_group} groups of {num_experts // n_group} experts hold fewer than "
                          f"top_k={top_k} experts")
+    check_bool(norm_topk_prob, "norm_topk_prob")
     if scoring_func not in ("sigmoid", "softmax", "sqrtsoftplus"):
         raise ValueError(f"scoring_func: expected 'sigmoid', 'softmax' or 'sqrtsoftplus', got {scoring_func!r}")
     if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) \
@@ -173,7 +181,7 @@ def route(
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
     _validate_route_args(hidden_states, gate_weight, correction_bias, top_k, scoring_func, n_group, topk_group,
-                         routed_scaling_factor, out, token_ids, tid2eid)
+                         norm_topk_prob, routed_scaling_factor, out, token_ids, tid2eid)
     num_experts, num_tokens, device = gate_weight.shape[0], hidden_states.shape[0], hidden_states.device
     hashed = tid2eid is not None
     if backend == "triton" and use_triton(hidden_states) and (hashed or _router_kernel_supports(num_experts, n_group)):
@@ -189,8 +197,8 @@ def route(
                             token_ids=token_ids.contiguous(),
                             tid2eid=tid2eid if tid2eid.stride(1) == 1 else tid2eid.contiguous())
         else:
-            launch_moe_topk(scores, correction_bias, top_k, norm_topk_prob, routed_scaling_factor, weights, ids,
-                            n_group=n_group, topk_group=topk_group)
+            launch_moe_topk(scores, None if correction_bias is None else correction_bias.contiguous(), top_k,
+                            norm_topk_prob, routed_scaling_factor, weights, ids, n_group=n_group, topk_group=topk_group)
         return weights[:, :top_k], ids[:, :top_k]
     if hashed:
         _record_hash_errors(tid2eid, token_ids, num_experts)
@@ -274,7 +282,7 @@ def route_dispatch(
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
     _validate_route_args(hidden_states, gate_weight, correction_bias, top_k, scoring_func, n_group, topk_group,
-                         routed_scaling_factor, out, token_ids, tid2eid)
+                         norm_topk_prob, routed_scaling_factor, out, token_ids, tid2eid)
     num_experts = gate_weight.shape[0]
     num_groups = num_experts if num_groups is None else num_groups
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < num_experts:
@@ -290,6 +298,9 @@ def route_dispatch(
     if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2 or not isinstance(out[1], torch.Tensor)
                             or out[1].dim() != 2 or out[1].shape[1] < slots):
         raise ValueError(f"out: expected (weights, ids) buffers with ids of >= {slots} columns (slots)")
+    # the ids are int32 on every path: int32 sorted experts / experts table (before route() writes ``out``)
+    b = _check_dispatch_buffers(buffers, num_tokens * slots, num_groups, hidden_states.device, torch.int32,
+                                torch.int32)
     fused = (backend == "triton" and use_triton(hidden_states)
              and 1 <= num_tokens <= FUSED_ROUTE_MAX_TOKENS and n_group == 1)
     if not fused or num_tokens == 0:
@@ -319,13 +330,9 @@ def route_dispatch(
                torch.empty((num_tokens, top_k), dtype=torch.int32, device=device))
     weights, ids = out[0][:num_tokens], out[1][:num_tokens]
     pairs = num_tokens * slots
-    b = buffers or {}
 
-    def buf(name, n):
-        t = b[name][:n] if name in b else torch.empty(n, dtype=torch.int32, device=device)
-        if t.dtype != torch.int32 or t.device != device or t.shape[0] != n or not t.is_contiguous():
-            raise ValueError(f"buffers[{name!r}]: expected >= {n} contiguous int32 elements on {device}")
-        return t
+    def buf(name, n):  # checked by _check_dispatch_buffers
+        return b[name][:n] if name in b else torch.empty(n, dtype=torch.int32, device=device)
 
     d = {"expert_offsets": buf("expert_offsets", num_groups), "sorted_expert": buf("sorted_expert", pairs),
          "row_index": buf("row_index", pairs), "inv_perm": buf("inv_perm", pairs)}
@@ -361,14 +368,18 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
              backend: str = "torch") -> dict:
     """Group the (token, slot) pairs by expert on the device, without host syncs.
 
-    topk_ids: (T, k) int32/int64. Returns a dict of device tensors:
+    topk_ids: (T, k) int32/int64; num_experts: an int E >= 1. Returns a dict of device tensors:
     ``expert_offsets`` (E,) int32 cumulative row ends; ``sorted_expert`` (T*k,)
     expert of each sorted row (non-decreasing); ``row_index`` (T*k,) int32 token
     of each sorted row (pairs of one expert keep token order: a stable sort);
     ``inv_perm`` (T*k,) int32 sorted row of pair ``t*k + j``.
     buffers: optional preallocated tensors with the same keys, each with at
     least T*k elements (``expert_offsets``: exactly E), plus ``arange`` (>= T*k
-    int32 0..) and ``experts`` (E,) of topk_ids' integer dtype 0..E-1.
+    int32 0..), ``experts`` (E,) of topk_ids' integer dtype 0..E-1 and ``perm``
+    (>= T*k int64 scratch of the torch sort). Every buffer given must be a
+    contiguous 1-D tensor on topk_ids' device, int32 (``sorted_expert``: int32
+    on the kernel path, topk_ids' dtype on the torch path), else ValueError /
+    TypeError before anything is written.
     backend: "torch" (stable radix sort + searchsorted + scatter; any size) or
     "triton" (``megamoe/kernels/moe_dispatch.py``: one single-program launch,
     meant for decode-sized batches; int32 ids; identical outputs). "triton" on
@@ -383,20 +394,26 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
     _check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), 2)
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
+    check_int(num_experts, "num_experts", 1)
     num_tokens, top_k = topk_ids.shape
     pairs = num_tokens * top_k
     device = topk_ids.device
-    b = buffers or {}
     flat = topk_ids.reshape(-1)
-    if backend == "triton" and use_triton(topk_ids) and pairs > 0:
+    kernel = backend == "triton" and use_triton(topk_ids) and pairs > 0
+    # the kernel writes int32 sorted experts; the torch sort keeps the ids' dtype
+    b = _check_dispatch_buffers(buffers, pairs, num_experts, device, torch.int32 if kernel else topk_ids.dtype,
+                                topk_ids.dtype)
+    if kernel:
         return _dispatch_triton(flat, top_k, num_experts, pairs, b)
     from . import errors
 
     invalid = (flat < 0) | (flat >= num_experts)
     errors.record(errors.error_word(device), errors.flag("dispatch", "topk_ids"), invalid)
     flat = torch.where(invalid, num_experts, flat)  # dropped pairs: pseudo-expert E, sorted last
-    if "sorted_expert" in b:
-        sorted_expert, perm = b["sorted_expert"][:pairs], b["perm"][:pairs]
+    if "sorted_expert" in b or "perm" in b:  # perm: int64 scratch, allocated when not given
+        sorted_expert = b["sorted_expert"][:pairs] if "sorted_expert" in b else torch.empty(
+            pairs, dtype=flat.dtype, device=device)
+        perm = b["perm"][:pairs] if "perm" in b else torch.empty(pairs, dtype=torch.int64, device=device)
         torch.sort(flat, stable=True, out=(sorted_expert, perm))
     else:
         sorted_expert, perm = torch.sort(flat, stable=True)
@@ -418,6 +435,26 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
         "row_index": row_index,
         "inv_perm": inv_perm,
     }
+
+
+def _check_dispatch_buffers(buffers, pairs: int, num_groups: int, device, sorted_dtype: torch.dtype,
+                            ids_dtype: torch.dtype) -> dict:
+    """dispatch()'s ``buffers`` (None or a dict): every tensor given is a contiguous 1-D tensor on ``device``:
+    ``sorted_expert`` (``sorted_dtype``), ``row_index`` / ``inv_perm`` / ``arange`` (int32) and ``perm`` (int64)
+    of >= ``pairs`` elements, ``expert_offsets`` int32 and ``experts`` (``ids_dtype``) of exactly ``num_groups``.
+    Host metadata only. Returns the dict ({} for None)."""
+    if buffers is None:
+        return {}
+    if not isinstance(buffers, dict):
+        raise TypeError(f"buffers: expected None or a dict of tensors, got {type(buffers).__name__}")
+    specs = {"sorted_expert": (sorted_dtype, pairs, None), "row_index": (torch.int32, pairs, None),
+             "inv_perm": (torch.int32, pairs, None), "perm": (torch.int64, pairs, None),
+             "arange": (torch.int32, pairs, None), "expert_offsets": (torch.int32, None, num_groups),
+             "experts": (ids_dtype, None, num_groups)}
+    for name, (dtype, at_least, exactly) in specs.items():
+        if name in buffers:
+            check_vector(buffers[name], f"buffers[{name!r}]", dtype, device, at_least=at_least, exactly=exactly)
+    return buffers
 
 
 def _dispatch_triton(flat: torch.Tensor, top_k: int, num_experts: int, pairs: int, b: dict) -> dict:
@@ -475,6 +512,8 @@ def combine(
         raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
     elif out.dtype != torch.bfloat16 or tuple(out.shape) != (num_tokens, hidden):
         raise ValueError(f"out: expected a ({num_tokens}, {hidden}) bf16 tensor, got {tuple(out.shape)} {out.dtype}")
+    elif hidden > 1 and out.stride(1) != 1:  # written in place: a copy would not reach the caller
+        raise ValueError(f"out: expected unit column stride (rows may be padded), got strides {out.stride()}")
     for name, t in (("inv_perm", inv_perm), ("topk_weights", topk_weights), ("shared", shared), ("out", out)):
         if t is not None and t.device != expert_out.device:
             raise ValueError(f"{name}: expected device {expert_out.device}, got {t.device}")
@@ -483,6 +522,8 @@ def combine(
 
         if expert_out.stride(1) != 1:
             expert_out = expert_out.contiguous()
+        if shared is not None and shared.stride(1) != 1:  # the kernel reads rows of unit column stride
+            shared = shared.contiguous()
         return launch_moe_combine(
             expert_out, inv_perm.contiguous(), topk_weights.contiguous(), shared, out,
             interpreter=interpreter_enabled() and not expert_out.is_cuda,

@@ -14,6 +14,7 @@ import torch
 
 from ..format.tensor import NVFP4Tensor
 from ._dispatch import interpreter_enabled, use_triton
+from ._validate import check_positive_finite
 
 
 def fused_decode_workspace(max_tokens: int, slots: int, num_groups: int, hidden: int, inter: int,
@@ -79,9 +80,9 @@ def moe_fused_decode(
     NVFP4Tensor (G, H, I). expert_offsets (G,), row_index (>= T*S,), inv_perm (T*S,): int32, the dispatch's
     (``megamoe.ops.moe.dispatch`` / ``route_dispatch`` with ``num_groups=G``, ``slots=S``). topk_weights:
     (T, S) fp32 with unit column stride (S = the pairs per token; the fused shared expert's column holds 1.0).
-    swiglu_limit: the SwiGLU clamp (None: no clamp). workspace: :func:`fused_decode_workspace` (default: a new
-    one per call). out: optional (T, H) bf16. phases: 1 (one launch) or 2 (two launches: a debugging switch on
-    the GPU, always under the interpreter); the same bits.
+    swiglu_limit: the SwiGLU clamp, a finite positive number (None: no clamp). workspace:
+    :func:`fused_decode_workspace` (default: a new one per call). out: optional (T, H) bf16. phases: 1 (one
+    launch) or 2 (two launches: a debugging switch on the GPU, always under the interpreter); the same bits.
 
     Every pair id must be valid (a row in ``[0, expert_offsets[G-1])``): a token none of whose pairs is valid
     is not written. T = 0 returns at once.
@@ -124,10 +125,10 @@ def moe_fused_decode(
     _check_int(expert_offsets, "expert_offsets", groups, False, device)
     _check_int(row_index, "row_index", pairs, True, device)
     _check_int(inv_perm, "inv_perm", pairs, False, device)
-    if not isinstance(phases, int) or phases not in (1, 2):
+    if isinstance(phases, bool) or not isinstance(phases, int) or phases not in (1, 2):
         raise ValueError(f"phases: expected 1 or 2, got {phases!r}")
-    if swiglu_limit is not None and (isinstance(swiglu_limit, bool) or not isinstance(swiglu_limit, (int, float))):
-        raise TypeError(f"swiglu_limit: expected a number or None, got {type(swiglu_limit).__name__}")
+    if swiglu_limit is not None:
+        check_positive_finite(swiglu_limit, "swiglu_limit")
     from ..kernels.moe_fused_decode import FUSED_DECODE_MAX_TOKENS, counter_slots, launch_moe_fused_decode
 
     if num_tokens > FUSED_DECODE_MAX_TOKENS:

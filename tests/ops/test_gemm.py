@@ -168,3 +168,32 @@ def test_cuda_dense_linear_routes(m):
         xa = ref_gemm.activations_for_mode(x.cpu(), "w4a4").float()
         ref4 = xa @ dequantize(w.to("cpu"), torch.float32).t()
         assert rel_err(nvfp4_linear(x, w, mode="w4a4"), ref4) < 1e-2, route
+
+
+def _stride2(t):
+    """Same values, stride 2 (non-contiguous)."""
+    buf = torch.zeros(2 * t.shape[0], dtype=t.dtype)
+    buf[::2] = t
+    return buf[::2]
+
+
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_grouped_non_contiguous_index_tensors_equal_contiguous(activation):
+    w = _weight(3, 16, 32)
+    x = torch.randn(5, 32).bfloat16()
+    offsets = torch.tensor([2, 2, 5], dtype=torch.int32)
+    row_index = torch.tensor([4, 0, 3, 3, 1, 2], dtype=torch.int32)
+    kw = dict(activation=activation, swiglu_limit=7.0 if activation else None)
+    want = nvfp4_grouped_mm(x, w, offsets, **kw)
+    assert not _stride2(offsets).is_contiguous()
+    assert torch.equal(nvfp4_grouped_mm(x, w, _stride2(offsets), **kw), want)
+    want = nvfp4_grouped_mm(x, w, offsets, row_index=row_index, **kw)
+    got = nvfp4_grouped_mm(x, w, _stride2(offsets), row_index=_stride2(row_index), **kw)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("limit", [True, float("inf"), float("nan"), "7", 0, -2.0])
+def test_grouped_swiglu_limit_must_be_finite_positive(limit):
+    with pytest.raises((ValueError, TypeError), match="swiglu_limit"):
+        nvfp4_grouped_mm(torch.randn(4, 32).bfloat16(), _weight(3, 16, 32), torch.tensor([1, 2, 4], dtype=torch.int32),
+                         activation="swiglu", swiglu_limit=limit)

@@ -347,7 +347,8 @@ class CompressedKVCache:
             self.swa_rows.index_copy_(0, slot * w + pos % w, swa_kv[first:])
 
     def _check_slot(self, slot: int) -> None:
-        if not isinstance(slot, int) or not 0 <= slot < self.config.max_slots:
+        """A request slot: a Python int (not a bool) in ``[0, max_slots)``."""
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.config.max_slots:
             raise ValueError(f"slot: expected an int in [0, {self.config.max_slots}), got {slot!r}")
 
     # ---------------------------------------------------------------- device side (capturable)
@@ -378,6 +379,9 @@ class CompressedKVCache:
         Returns the top-k entry indices (B, min(index_topk, max_entries)) int32 for CSA, else None.
         """
         c, dev = self.config, self.device
+        if not isinstance(batch, DecodeBatch):
+            raise TypeError(f"batch: expected a DecodeBatch, got {type(batch).__name__}")
+        ops._rows_of(kv, "kv", 2, "(B, C * head_dim) float32")
         if kv.shape[0] not in self.workspaces:
             raise ValueError("decode_step: call allocate_workspace(batch) with this batch size first "
                              "(outside the graph)")

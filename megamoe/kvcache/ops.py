@@ -37,6 +37,33 @@ def _check(t, name: str, dtype, shape: tuple, device=None, *, rows: bool = False
         raise ValueError(f"{name}: expected a contiguous tensor")
 
 
+def _rows_of(t, name: str, dim: int, what: str) -> int:
+    """``t``'s leading size after checking that it is a ``dim``-D tensor (``what`` names the expected layout)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dim:
+        raise ValueError(f"{name}: expected a {dim}-D {what} tensor, got shape {tuple(t.shape)}")
+    return t.shape[0]
+
+
+def _check_pool(pool) -> None:
+    if not isinstance(pool, PagedPool):
+        raise TypeError(f"pool: expected a PagedPool, got {type(pool).__name__}")
+
+
+def _check_state(state) -> None:
+    if not isinstance(state, CompressorState):
+        raise TypeError(f"state: expected a CompressorState, got {type(state).__name__}")
+
+
+def _check_ratio(ratio) -> None:
+    """Tokens per compressed entry: any int >= 1 (``CompressedCacheConfig.ratio``; V4: 4 for CSA, 128 for HCA)."""
+    if isinstance(ratio, bool) or not isinstance(ratio, int):
+        raise TypeError(f"ratio: expected an int >= 1 (the cache's compress ratio), got {ratio!r}")
+    if ratio < 1:
+        raise ValueError(f"ratio: expected an int >= 1 (the cache's compress ratio), got {ratio!r}")
+
+
 def _check_batch(slots, positions, active, B: int, device) -> None:
     _check(slots, "slots", torch.int32, (B,), device)
     _check(positions, "positions", torch.int32, (B,), device)
@@ -70,7 +97,9 @@ def compressor_step(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
     ape: (m, C * D) float32 or None: the gate scores used are ``score + ape[pos mod m]`` (the official absolute
     position embedding, one float32 add; inside the kernel on the Triton path, so ``score`` itself is unchanged).
     """
-    B, dev = kv.shape[0], kv.device
+    _check_state(state)
+    B = _rows_of(kv, "kv", 2, "(B, C * D) float32")
+    dev = kv.device
     _check(kv, "kv", torch.float32, (B, state.cols), dev, rows=True)
     _check(score, "score", torch.float32, (B, state.cols), dev, rows=True)
     _check_batch(slots, positions, active, B, dev)
@@ -100,8 +129,11 @@ def flush_write(pool: PagedPool, block_table: torch.Tensor, entry: torch.Tensor,
     ``pool.entry_numerics``); index_key: (B, index_head_dim) bf16 for CSA (stored FP4 per
     ``pool.index_numerics``), None for HCA; flush: (B,) bool;
     slots, positions: (B,) int32 (row b writes entry ``positions[b] // ratio``); block_table: (S, L) int32.
+    ratio: the cache's compress ratio (``CompressedCacheConfig.ratio``: an int >= 1; V4: 4 CSA, 128 HCA).
     """
-    B, dev = entry.shape[0], entry.device
+    _check_pool(pool)
+    B = _rows_of(entry, "entry", 2, "(B, head_dim) bf16")
+    dev = entry.device
     nope, rope = pool.entries_fp8.shape[-1], pool.entries_rope.shape[-1]
     _check(entry, "entry", torch.bfloat16, (B, nope + rope), dev)
     if (index_key is None) != (pool.index_keys is None):
@@ -112,6 +144,7 @@ def flush_write(pool: PagedPool, block_table: torch.Tensor, entry: torch.Tensor,
     _check(flush, "flush", torch.bool, (B,), dev)
     _check_batch(slots, positions, None, B, dev)
     _check_table(block_table, dev)
+    _check_ratio(ratio)
     if use_triton(entry):
         from ..kernels.kvcache.flush import launch_flush_write
         keys = None if index_key is None else _flat(pool.index_keys)
@@ -167,6 +200,8 @@ def gather_entries(pool: PagedPool, block_table: torch.Tensor, slots: torch.Tens
     Non-RoPE dims: ``bf16(fp8 * scale)`` (scale of the dim's block); RoPE dims as stored; -1, unallocated,
     slot outside ``[0, S)`` or page id outside the pool: zeros.
     """
+    _check_pool(pool)
+    _rows_of(indices, "indices", 2, "(B, K) int32")
     B, K = indices.shape
     dev = indices.device
     d = pool.entries_fp8.shape[-1] + pool.entries_rope.shape[-1]
@@ -222,8 +257,10 @@ def indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, 
 def _indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, weights: torch.Tensor,
                     slots: torch.Tensor, n_entries: torch.Tensor, scores: torch.Tensor, tile_max=None) -> torch.Tensor:
     """:func:`indexer_scores`; ``tile_max``: see ``megamoe.kernels.kvcache.indexer.launch_indexer_scores``."""
+    _check_pool(pool)
     if pool.index_keys is None:
         raise ValueError("pool: has no indexer keys (HCA caches have no indexer)")
+    _rows_of(q, "q", 3, "(B, H, Di) bf16")
     B, H, di = q.shape
     dev = q.device
     _check(q, "q", torch.bfloat16, (B, H, pool.index_keys.shape[-1] * 2), dev)
@@ -231,6 +268,8 @@ def _indexer_scores(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor,
     _check(slots, "slots", torch.int32, (B,), dev)
     _check(n_entries, "n_entries", torch.int32, (B,), dev)
     _check_table(block_table, dev)
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"scores: expected a torch.Tensor, got {type(scores).__name__}")
     if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[0] != B or not scores.is_contiguous():
         raise ValueError(f"scores: expected a contiguous (B={B}, T) float32 tensor")
     if use_triton(q):
@@ -277,6 +316,9 @@ def indexer_topk(pool: PagedPool, block_table: torch.Tensor, q: torch.Tensor, we
     from ..ops.topk import check_k, check_workspace, topk_indices
 
     check_k(k)
+    for name, t in (("q", q), ("scores", scores)):  # the plan below reads their metadata before indexer_scores
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not use_triton(q) or scores.dim() != 2:
         indexer_scores(pool, block_table, q, weights, slots, n_entries, scores)
         return topk_indices(scores, k, out=out, workspace=workspace)
@@ -320,9 +362,10 @@ def swa_append(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, slots: tor
                active: torch.Tensor) -> None:
     """One vectorized scatter into the sliding-window cache.
 
-    swa_rows: (S * window + 1, D) storage whose last row is a scratch row; row ``slot * window + pos % window``
-    receives ``kv[b]`` for active rows, inactive rows (and rows whose slot is outside ``[0, S)`` or whose
-    position is negative) write the scratch row (no host branching). CUDA: one launch of the window-step kernel.
+    swa_rows: (S * window + 1, D) contiguous storage (ValueError otherwise: the kernel writes rows at a stride
+    of D) whose last row is a scratch row; row ``slot * window + pos % window`` receives ``kv[b]`` for active
+    rows, inactive rows (and rows whose slot is outside ``[0, S)`` or whose position is negative) write the
+    scratch row (no host branching). CUDA: one launch of the window-step kernel.
     Errors (``megamoe/ops/errors.py``, both backends): an active row's slot < -1 or >= S flags
     ``(swa_append, "slots")``, its position < -1 ``(swa_append, "positions")``; -1 (the "none" marker) and
     inactive rows never flag.
@@ -331,11 +374,16 @@ def swa_append(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, slots: tor
 
 
 def _window_check(swa_rows, window, kv, slots, positions, active, window_rows, ratio, n_entries, entry_idx) -> int:
-    B, dev = kv.shape[0], swa_rows.device
+    if not isinstance(swa_rows, torch.Tensor):
+        raise TypeError(f"swa_rows: expected a torch.Tensor, got {type(swa_rows).__name__}")
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ValueError(f"window: expected a positive int, got {window!r}")
-    if not isinstance(swa_rows, torch.Tensor) or swa_rows.dim() != 2 or (swa_rows.shape[0] - 1) % window:
-        raise ValueError("swa_rows: expected a (S * window + 1, D) tensor")
+    if swa_rows.dim() != 2 or (swa_rows.shape[0] - 1) % window:
+        raise ValueError(f"swa_rows: expected a (S * window + 1, D) tensor, got shape {tuple(swa_rows.shape)}")
+    if not swa_rows.is_contiguous():  # the kernel addresses rows at a stride of D (written: no silent copy)
+        raise ValueError("swa_rows: expected a contiguous tensor")
+    dev = swa_rows.device
+    B = _rows_of(kv, "kv", 2, "(B, D)")
     _check(kv, "kv", swa_rows.dtype, (B, swa_rows.shape[1]), dev)
     _check_batch(slots, positions, active, B, dev)
     if window_rows is not None:
@@ -349,6 +397,8 @@ def _window_check(swa_rows, window, kv, slots, positions, active, window_rows, r
     if entry_idx is not None:
         if n_entries is None:
             raise ValueError("entry_idx: needs ratio > 0 and n_entries")
+        if not isinstance(entry_idx, torch.Tensor):
+            raise TypeError(f"entry_idx: expected a torch.Tensor, got {type(entry_idx).__name__}")
         if entry_idx.dim() != 2:
             raise ValueError(f"entry_idx: expected a (B, E) int32 tensor, got shape {tuple(entry_idx.shape)}")
         _check(entry_idx, "entry_idx", torch.int32, (B, entry_idx.shape[1]), dev)

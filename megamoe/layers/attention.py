@@ -72,22 +72,24 @@ class Nvfp4Attention:
 
     cfg: :class:`V4Config`; layer: layer index (its ``compress_ratios`` entry picks the kind);
     max_batch: the largest decode batch; max_prefill_tokens: the longest prompt one prefill call takes;
-    max_slots / max_context: cache geometry (requests, tokens per request).
+    max_slots / max_context: cache geometry (requests, tokens per request); entries_per_block: compressed entries
+    per pool page. All of these are Python ints (not bools). device: a ``torch.device`` or a device string.
     """
 
     def __init__(self, cfg: V4Config, layer: int, *, max_batch: int, max_prefill_tokens: int, max_slots: int,
                  max_context: int, device="cpu", entries_per_block: int = 64):
         if not isinstance(cfg, V4Config):
             raise TypeError(f"cfg: expected a V4Config, got {type(cfg).__name__}")
-        if not isinstance(layer, int) or not 0 <= layer < cfg.num_layers:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < cfg.num_layers:
             raise ValueError(f"layer: expected an int in [0, {cfg.num_layers}), got {layer!r}")
         for name, v in (("max_batch", max_batch), ("max_prefill_tokens", max_prefill_tokens),
-                        ("max_slots", max_slots), ("max_context", max_context)):
-            if not isinstance(v, int) or v < 1:
+                        ("max_slots", max_slots), ("max_context", max_context),
+                        ("entries_per_block", entries_per_block)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
         if max_context > cfg.max_seq_len:
             raise ValueError(f"max_context: {max_context} exceeds cfg.max_seq_len={cfg.max_seq_len}")
-        self.cfg, self.layer, self.device = cfg, layer, resolve_device(device)
+        self.cfg, self.layer, self.device = cfg, layer, resolve_device(device)  # ValueError / TypeError naming it
         self.kind = cfg.layer_kind(layer)
         self.ratio = cfg.compress_ratios[layer]
         self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
@@ -201,11 +203,13 @@ class Nvfp4Attention:
 
     # ------------------------------------------------------------------ host side
     def join(self, slot: int) -> None:
-        """A new request takes ``slot`` (outside graphs)."""
+        """A new request takes ``slot`` (outside graphs; an int in ``[0, max_slots)``, every layer kind)."""
+        self._check_slot(slot)
         if self.cache is not None:
             self.cache.join(slot)
 
     def leave(self, slot: int) -> None:
+        self._check_slot(slot)
         if self.cache is not None:
             self.cache.leave(slot)
 
@@ -252,13 +256,14 @@ class Nvfp4Attention:
     def _output(self, o: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """o (T, H, D) bf16 -> inverse RoPE -> grouped wo_a -> wo_b -> (T, dim) bf16."""
         cfg = self.cfg
-        T, G = o.shape[0], cfg.o_groups
-        grouped = ew.output_path(o, self.freqs, pos, groups=G).view(G * T, -1)  # rows sorted by group
+        T, G, R = o.shape[0], cfg.o_groups, cfg.o_lora_rank
+        width = o.shape[1] * o.shape[2] // G  # explicit widths (no -1): T = 0 works too
+        grouped = ew.output_path(o, self.freqs, pos, groups=G).view(G * T, width)  # rows sorted by group
         if isinstance(self.wo_a, NVFP4Tensor):
             u = gemm_ops.nvfp4_grouped_mm(grouped, self.wo_a, self._group_row_offsets(T))
         else:
-            u = torch.bmm(grouped.view(G, T, -1), self.wo_a.transpose(1, 2)).reshape(G * T, -1)
-        u = u.view(G, T, -1).transpose(0, 1).reshape(T, -1)
+            u = torch.bmm(grouped.view(G, T, width), self.wo_a.transpose(1, 2)).reshape(G * T, R)
+        u = u.view(G, T, R).transpose(0, 1).reshape(T, G * R)
         return self.wo_b(u)
 
     def _group_row_offsets(self, T: int) -> torch.Tensor:
@@ -287,12 +292,36 @@ class Nvfp4Attention:
                                  slots=slots, entry_idx=entry_idx, **entries)
         return self._output(o, pos)
 
+    # ------------------------------------------------------------------ argument checks (host metadata only)
+    def _check_slot(self, slot) -> None:
+        """A request slot: a Python int (not a bool) in ``[0, max_slots)`` (every layer kind, before any write)."""
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_slots:
+            raise ValueError(f"slot: expected an int in [0, {self.max_slots}), got {slot!r}")
+
+    def _check_x(self, x, rows: int | None = None) -> None:
+        """x: a (T, hidden_size) bf16 tensor on the layer's device (``rows``: T must equal it)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"x: expected dtype torch.bfloat16, got {x.dtype}")
+        H = self.cfg.hidden_size
+        if x.dim() != 2 or x.shape[1] != H or (rows is not None and x.shape[0] != rows):
+            want = f"({'T' if rows is None else rows}, {H})"
+            raise ValueError(f"x: expected shape {want}, got {tuple(x.shape)}")
+        if x.device != self.device:
+            raise ValueError(f"x: expected device {self.device}, got {x.device}")
+
     # ------------------------------------------------------------------ decode (device, capturable)
     def forward_decode(self, batch: DecodeBatch, x: torch.Tensor) -> torch.Tensor:
         """x (B, dim) bf16, one new token per row of ``batch`` -> (B, dim) bf16. Inactive rows are no-ops for the
-        caches; their outputs are unspecified. Eager calls end with the error-word check (module docstring)."""
+        caches; their outputs are unspecified. Eager calls end with the error-word check (module docstring).
+        ``batch`` must be a :class:`DecodeBatch` and x a bf16 tensor of that batch size (TypeError / ValueError
+        otherwise; no cast)."""
         if not self._weights_loaded:
             raise RuntimeError("Nvfp4Attention: call load_weights() first")
+        if not isinstance(batch, DecodeBatch):
+            raise TypeError(f"batch: expected a DecodeBatch, got {type(batch).__name__}")
+        self._check_x(x, batch.slots.shape[0] if isinstance(batch.slots, torch.Tensor) else None)
         pos, slots = batch.positions, batch.slots
         q, kv, iq_raw = self._q_and_kv(x, pos)
         entry_idx = None
@@ -324,9 +353,12 @@ class Nvfp4Attention:
     def forward_prefill(self, slot: int, x: torch.Tensor) -> torch.Tensor:
         """A new request's prompt: x (T, dim) bf16 for positions 0..T-1 of ``slot`` (already joined, pages
         prepared for T tokens) -> (T, dim) bf16. Fills the window ring, the pool and the compressor tails so
-        that decoding continues at position T."""
+        that decoding continues at position T. ``slot``: an int (not a bool) in ``[0, max_slots)`` and x a bf16
+        tensor (ValueError / TypeError otherwise, before anything is written)."""
         if not self._weights_loaded:
             raise RuntimeError("Nvfp4Attention: call load_weights() first")
+        self._check_slot(slot)
+        self._check_x(x)
         T, dev, win = x.shape[0], x.device, self.cfg.window_size
         if T > self.max_prefill_tokens:
             raise ValueError(f"x: {T} prompt tokens exceed max_prefill_tokens={self.max_prefill_tokens}")

@@ -13,7 +13,7 @@ import torch
 
 from ..reference import attention as _reference
 from . import errors
-from ._dispatch import interpreter_enabled, use_triton
+from ._dispatch import interpreter_enabled, resolve_device, use_triton
 from ._validate import check_tensor
 
 
@@ -26,15 +26,47 @@ def _expect_shape(t, name: str, shape: tuple) -> None:
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
+def _int_arg(v, name: str, minimum: int) -> None:
+    """A Python int (not a bool) >= ``minimum``: TypeError for another type, ValueError below the minimum."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name}: expected an int >= {minimum}, got {v!r}")
+    if v < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
+
+
+def _check_num_splits(num_splits) -> None:
+    if num_splits is None:
+        return
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits: expected None or a positive int, got {num_splits!r}")
+    if num_splits < 1:
+        raise ValueError(f"num_splits: expected None or a positive int, got {num_splits!r}")
+
+
 def attention_workspace(num_tokens: int, num_heads: int, head_dim: int, window: int, topk: int, device,
                         num_splits: int | None = None):
     """Preallocated split-KV workspace for these shapes ((acc, ml) float32 tensors), or None if no split is used.
 
     Allocate it once outside a captured graph and pass it as ``workspace=`` to keep the pointers fixed.
+    Arguments (the shapes of the :func:`sparse_mqa_attention` calls it serves; Python ints, not bools):
+    num_tokens: N >= 0 queries (0: nothing to split, returns None); num_heads: H >= 1; head_dim: D >= 1;
+    window: W >= 0 window ids per query; topk: K >= 0 entry ids per query; device: a ``torch.device``, a device
+    string or a CUDA index (CUDA: sized for the GPU kernels, else for the interpreter's blocks); num_splits:
+    None (chosen from the shapes, as the op does) or the op's positive ``num_splits`` override.
+    TypeError for an argument of another type, ValueError for a value out of range or an unknown device.
     """
     from ..kernels import sparse_attention as kernels
 
-    interp = torch.device(device).type != "cuda"
+    _int_arg(num_tokens, "num_tokens", 0)
+    _int_arg(num_heads, "num_heads", 1)
+    _int_arg(head_dim, "head_dim", 1)
+    _int_arg(window, "window", 0)
+    _int_arg(topk, "topk", 0)
+    _check_num_splits(num_splits)
+    device = resolve_device(device)
+    if num_tokens == 0:
+        return None
+    interp = device.type != "cuda"
     if num_splits is None:
         splits, _ = kernels.choose_num_splits(num_tokens, num_heads, window, topk, interpreter=interp)
     else:
@@ -61,6 +93,7 @@ def sparse_mqa_attention(q, attn_sink, softmax_scale, *, window_kv, window_idx, 
     entries_rope: (P, EPB, rope) bf16 with nope + rope = D, rope % 16 == 0.
     block_table: (S, L) int32 physical page of each slot's logical page (-1 = none); slots: (N,) int32 request
     slot of each query; entry_idx: (N, K) int32 logical entry of that request (-1 = none; K may be 0).
+    N = 0 (an empty chunk) returns an empty (0, H, D) result (``out`` when given) on both paths.
     out: optional (N, H, D) bf16 output buffer. num_splits: split-KV override (None = chosen from shapes).
     workspace: optional split-KV buffers from :func:`attention_workspace` (graph-stable pointers).
     Returns (N, H, D) bf16. Invalid / out-of-range indices are skipped (see ``megamoe/reference/attention.py``);
@@ -116,14 +149,18 @@ def sparse_mqa_attention(q, attn_sink, softmax_scale, *, window_kv, window_idx, 
     if out is not None:
         _check(out, "out", torch.bfloat16, 3, dev)
         _expect_shape(out, "out", (N, H, D))
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or num_splits < 1):
-        raise ValueError(f"num_splits: expected None or a positive int, got {num_splits!r}")
+    _check_num_splits(num_splits)
     if workspace is not None:
         if not (isinstance(workspace, (tuple, list)) and len(workspace) == 2):
             raise TypeError("workspace: expected the (acc, ml) pair of attention_workspace()")
         for i, t in enumerate(workspace):
-            _check(t.view(-1), f"workspace[{i}]", torch.float32, 1, dev)
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"workspace[{i}]: expected a float32 torch.Tensor (from attention_workspace()), got "
+                                f"{type(t).__name__}")
+            check_tensor(t, f"workspace[{i}]", torch.float32, t.dim(), dev, contiguous=True)
+
+    if N == 0:  # an empty batch (T = 0 chunk): nothing to attend, on either path
+        return out if out is not None else torch.empty((0, H, D), dtype=torch.bfloat16, device=dev)
 
     if not use_triton(q):
         _record_errors(window_kv.shape[0], window_idx, entries_fp8.shape[0], epb, block_table, slots, entry_idx)

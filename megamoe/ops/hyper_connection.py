@@ -10,6 +10,9 @@ allocate their outputs (and a small float32 workspace) per call.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from ..reference import v4_numerics as nx
@@ -27,6 +30,7 @@ def hc_split_sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torc
         raise ValueError(f"mixes: expected {(2 + hc) * hc} columns for hc={hc}, got {mixes.shape[1]}")
     _check_params(mixes.device, ("hc_scale", hc_scale, (3,)), ("hc_base", hc_base, ((2 + hc) * hc,)))
     _check_iters(iters)
+    _check_eps(eps, "eps")
     if use_triton(mixes):
         from ..kernels.hyper_connection import launch_hc_split_sinkhorn
 
@@ -44,13 +48,15 @@ def hc_pre(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base
     float32 or None; rms_eps: the norm's eps (default ``norm_eps``, as in the official model).
     -> (y (T, D) bf16, post (T, hc) float32, comb (T, hc, hc) float32): ``y = bf16(sum_k pre_k x_k)``, then, with
     a weight, ``rms_norm(y, norm_weight, rms_eps)`` (the official rounding points: the bf16 ``y`` is normed).
+    iters: an int >= 1 (not a bool); hc_eps, norm_eps, rms_eps: finite floats >= 0 (TypeError / ValueError naming
+    the argument otherwise; the same rules in :func:`hc_split_sinkhorn`, :func:`hc_head`, :func:`hc_post_pre`).
     """
     T, D = _check_x(x, hc)
     _check_iters(iters)
     _check_params(x.device, ("hc_fn", hc_fn, ((2 + hc) * hc, hc * D)), ("hc_scale", hc_scale, (3,)),
                   ("hc_base", hc_base, ((2 + hc) * hc,)))
     _check_weight(norm_weight, x.device, D)
-    rms_eps = norm_eps if rms_eps is None else rms_eps
+    rms_eps = _check_eps_args(hc_eps, norm_eps, rms_eps)
     if use_triton(x):
         from ..kernels.hyper_connection import launch_hc_pre
 
@@ -86,7 +92,7 @@ def hc_head(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_bas
     T, D = _check_x(x, hc)
     _check_params(x.device, ("hc_fn", hc_fn, (hc, hc * D)), ("hc_scale", hc_scale, (1,)), ("hc_base", hc_base, (hc,)))
     _check_weight(norm_weight, x.device, D)
-    rms_eps = norm_eps if rms_eps is None else rms_eps
+    rms_eps = _check_eps_args(hc_eps, norm_eps, rms_eps)
     if use_triton(x):
         from ..kernels.hyper_connection import launch_hc_pre
 
@@ -114,9 +120,11 @@ def hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, com
     y, residual, post, comb as :func:`hc_post`; hc_fn, hc_scale, hc_base, norm_weight, rms_eps as :func:`hc_pre`
     (``head``: as :func:`hc_head`, ``iters`` unused). -> (h (T, hc, D) bf16 = ``hc_post(y, residual, post, comb)``,
     x (T, D) bf16, post (T, hc), comb (T, hc, hc) float32 = ``hc_pre(h, ...)``; ``head``: post and comb None).
-    Bit for bit the unfused ops' results (same kernels' arithmetic, same workspace split). Fused only up to
-    :data:`FUSED_MAX_ELEMENTS` (``T * D``, where it measured faster); above, the unfused ops run.
+    ``head`` must be a bool. Bit for bit the unfused ops' results (same kernels' arithmetic, same workspace split).
+    Fused only up to :data:`FUSED_MAX_ELEMENTS` (``T * D``, where it measured faster); above, the unfused ops run.
     """
+    if not isinstance(head, bool):
+        raise TypeError(f"head: expected a bool, got {head!r}")
     T, hc, D = _check_post_inputs(y, residual, post, comb, non_empty=True)
     M = hc if head else (2 + hc) * hc
     _check_params(residual.device, ("hc_fn", hc_fn, (M, hc * D)), ("hc_scale", hc_scale, (1,) if head else (3,)),
@@ -124,7 +132,7 @@ def hc_post_pre(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, com
     if not head:
         _check_iters(iters)
     _check_weight(norm_weight, residual.device, D)
-    rms_eps = norm_eps if rms_eps is None else rms_eps
+    rms_eps = _check_eps_args(hc_eps, norm_eps, rms_eps)
     if not use_triton(residual) or T * D > FUSED_MAX_ELEMENTS:  # the ops one after the other (CPU: references)
         h = hc_post(y, residual, post, comb)
         if head:
@@ -167,13 +175,31 @@ def _contig(t):
 
 
 def _check_hc(hc, name="hc"):
-    if not isinstance(hc, int) or hc < 1 or hc & (hc - 1):
+    if isinstance(hc, bool) or not isinstance(hc, int) or hc < 1 or hc & (hc - 1):
         raise ValueError(f"{name}: expected hc a power of two, got {hc!r}")
 
 
 def _check_iters(iters):
-    if not isinstance(iters, int) or iters < 1:
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
         raise ValueError(f"iters: expected a positive int, got {iters!r}")
+
+
+def _check_eps(eps, name: str) -> None:
+    """An epsilon: a finite real number >= 0 (Python / NumPy float or int, not a bool or a tensor)."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{name}: expected a finite float >= 0, got {eps!r}")
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{name}: expected a finite float >= 0, got {eps!r}")
+
+
+def _check_eps_args(hc_eps, norm_eps, rms_eps):
+    """hc_eps, norm_eps and rms_eps (None: norm_eps) checked; returns the rms_eps to use."""
+    _check_eps(hc_eps, "hc_eps")
+    _check_eps(norm_eps, "norm_eps")
+    if rms_eps is None:
+        return norm_eps
+    _check_eps(rms_eps, "rms_eps")
+    return rms_eps
 
 
 def _check_x(x, hc):

@@ -21,6 +21,9 @@ clamps, selects, and ORs the bit with device ops), so the outputs and the bits a
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from ..reference import v4_numerics as nx
@@ -50,6 +53,20 @@ def _rope_inputs(freqs, positions, T: int, device, width: int, name: str) -> int
         raise ValueError(f"positions: expected shape ({T},) on {device}, got {tuple(positions.shape)} on "
                          f"{positions.device}")
     return rd
+
+
+def _finite_float(v, name: str, *, non_negative: bool = False) -> None:
+    """A finite real number (Python / NumPy float or int; not a bool or a tensor); ``non_negative``: also >= 0."""
+    want = "a finite float >= 0" if non_negative else "a finite float"
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name}: expected {want}, got {v!r}")
+    if not math.isfinite(v) or (non_negative and v < 0):
+        raise ValueError(f"{name}: expected {want}, got {v!r}")
+
+
+def _check_eps(eps) -> None:
+    """The norms' epsilon: a finite float >= 0 (0 is allowed: the kernels' exactness tests use it)."""
+    _finite_float(eps, "eps", non_negative=True)
 
 
 def _positive_int(v, name: str) -> None:
@@ -89,7 +106,7 @@ def flag_positions(op: str, positions: torch.Tensor, n_positions: int, *, shift:
 def q_path_reference(q: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, num_heads: int,
                      eps: float) -> torch.Tensor:
     """(T, H * D) bf16 -> official bf16 per-head norm -> RoPE -> (T, H, D) bf16."""
-    q = q.view(q.shape[0], num_heads, -1)
+    q = q.view(q.shape[0], num_heads, q.shape[1] // num_heads)  # explicit head dim: T = 0 works too
     return nx.apply_rope(head_rms_norm(q, eps), rope_rows(freqs, positions))
 
 
@@ -105,22 +122,24 @@ def index_q_reference(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tenso
                       n_heads: int, weight_scale: float):
     """(T, n * Di) bf16, (T, n) bf16 -> (FP4-simulated Hadamard of RoPE(q) (T, n, Di) bf16,
     ``(weights * weight_scale).float()`` (T, n) float32)."""
-    q = nx.apply_rope(q.view(q.shape[0], n_heads, -1), rope_rows(freqs, positions))
+    q = nx.apply_rope(q.view(q.shape[0], n_heads, q.shape[1] // n_heads), rope_rows(freqs, positions))
     q = nx.fp4_block_simulate(nx.hadamard_rotate(q), INDEX_FP4_BLOCK)
     return q, (weights * weight_scale).float()
 
 
 def output_reference(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, groups: int) -> torch.Tensor:
     """(T, H, D) bf16 -> inverse RoPE -> (G, T, H * D // G) bf16 (rows of group g = heads g*H/G ... )."""
-    T = o.shape[0]
+    T, H, D = o.shape
     o = nx.apply_rope(o, rope_rows(freqs, positions), inverse=True)
-    return o.reshape(T, groups, -1).transpose(0, 1).contiguous()
+    return o.reshape(T, groups, H * D // groups).transpose(0, 1).contiguous()  # explicit width: T = 0 works too
 
 
 # ------------------------------------------------------------------------------------------------ ops
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim (``nx.rms_norm``): x (R, N) bf16, weight (N,) float32 or None -> (R, N) bf16."""
+    """RMSNorm over the last dim (``nx.rms_norm``): x (R, N) bf16, weight (N,) float32 or None -> (R, N) bf16;
+    eps: a finite float >= 0."""
     _tensor(x, "x", torch.bfloat16, 2)
+    _check_eps(eps)
     if weight is not None:
         _tensor(weight, "weight", torch.float32, 1, x.device)
         if weight.shape[0] != x.shape[1]:
@@ -139,8 +158,9 @@ def q_kv_path(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.
     q: (T, H * D) bf16 (``wq_b`` output) or None -> (T, H, D) bf16 :func:`q_path_reference`;
     kv: (T, D) bf16 (``wkv`` output) or None, kv_weight (D,) float32 -> (T, D) bf16 :func:`kv_path_reference`
     (D - rope_dim a multiple of 64). Returns (q, kv), None for an input that was None.
-    positions: (T,) int32/int64 rows of freqs; one outside ``[0, n_positions)`` gives its token's RoPE dims the
-    rotation 0 (zeros) and flags ``(q_kv_path, "positions")`` (module docstring; both backends).
+    positions: (T,) int32/int64 rows of freqs (any stride); one outside ``[0, n_positions)`` gives its token's RoPE
+    dims the rotation 0 (zeros) and flags ``(q_kv_path, "positions")`` (module docstring; both backends).
+    eps: a finite float >= 0. T = 0 gives empty outputs on both paths.
     """
     if q is None and kv is None:
         raise ValueError("q, kv: expected at least one tensor")
@@ -164,6 +184,8 @@ def q_kv_path(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.
     rd = _rope_inputs(freqs, positions, T, dev, D, "a head")
     if kv is not None and (D - rd) % KV_FP8_BLOCK:
         raise ValueError(f"kv: the {D - rd} non-RoPE dims are not a multiple of the FP8 block {KV_FP8_BLOCK}")
+    _check_eps(eps)
+    positions = positions.contiguous()  # the kernel indexes positions[t] (T ints: a copy only when strided)
     if use_triton(src):
         from ..kernels.v4_elementwise import launch_q_kv
 
@@ -178,7 +200,8 @@ def q_kv_path(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.
 def index_q_path(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *,
                  n_heads: int, weight_scale: float):
     """The indexer query and head weights (:func:`index_q_reference`): q (T, n_heads * Di) bf16, weights
-    (T, n_heads) bf16 -> ((T, n_heads, Di) bf16, (T, n_heads) float32). Di a power of two >= 32. A position outside
+    (T, n_heads) bf16 -> ((T, n_heads, Di) bf16, (T, n_heads) float32). Di a power of two >= 32; weight_scale a
+    finite Python float. A position outside
     ``[0, n_positions)``: rotation 0 (zero RoPE dims before the Hadamard), flags ``(index_q_path, "positions")``."""
     _tensor(q, "q", torch.bfloat16, 2)
     _positive_int(n_heads, "n_heads")
@@ -192,6 +215,8 @@ def index_q_path(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, po
     if tuple(weights.shape) != (T, n_heads):
         raise ValueError(f"weights: expected shape {(T, n_heads)}, got {tuple(weights.shape)}")
     _rope_inputs(freqs, positions, T, q.device, Di, "an index head")
+    _finite_float(weight_scale, "weight_scale")
+    positions = positions.contiguous()  # the kernel indexes positions[t]
     if use_triton(q):
         from ..kernels.v4_elementwise import launch_index_q
 
@@ -203,7 +228,8 @@ def index_q_path(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, po
 
 def output_path(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *, groups: int) -> torch.Tensor:
     """Inverse RoPE of the attention output in the grouped layout of ``wo_a`` (:func:`output_reference`):
-    o (T, H, D) bf16 -> (groups, T, H * D // groups) bf16 contiguous (``view(groups * T, -1)``: rows by group).
+    o (T, H, D) bf16 -> (groups, T, H * D // groups) bf16 contiguous (``view(groups * T, -1)``: rows by group;
+    T = 0: an empty result on both paths).
     A position outside ``[0, n_positions)``: rotation 0 (zero RoPE dims), flags ``(output_path, "positions")``."""
     _tensor(o, "o", torch.bfloat16, 3)
     _positive_int(groups, "groups")
@@ -211,6 +237,7 @@ def output_path(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *
     if H % groups:
         raise ValueError(f"groups: {groups} does not divide the {H} heads")
     _rope_inputs(freqs, positions, T, o.device, D, "a head")
+    positions = positions.contiguous()  # the kernel indexes positions[t]
     if use_triton(o):
         from ..kernels.v4_elementwise import launch_output
 
@@ -235,9 +262,10 @@ def post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, p
     pooled: (N, D) float32 pooled rows; weight: (D,) float32 (the compressor's norm); freqs: (n, rope_dim // 2)
     complex64; positions: (N,) int32/int64, RoPE row ``clamp(positions + shift, 0, n - 1)`` (decode: shift
     ``1 - ratio``, the window start; ``positions + shift >= n`` flags ``(post_pool, "positions")``, the row still
-    clamped; below 0 is not an error); out: (N, D) bf16 contiguous, written and returned; rotate: Hadamard of the
-    indexer keys (D a power of two). Kernel vs formula: the norm's sum of squares and the Hadamard sums in
-    another float32 order (module docstring of ``megamoe/kernels/v4_elementwise.py``); all else bit for bit.
+    clamped; below 0 is not an error); out: (N, D) bf16 contiguous, written and returned; eps: a finite float >= 0;
+    rotate: a bool, Hadamard of the indexer keys (D a power of two). Kernel vs formula: the norm's sum of squares
+    and the Hadamard sums in another float32 order (module docstring of ``megamoe/kernels/v4_elementwise.py``); all
+    else bit for bit.
     """
     _tensor(pooled, "pooled", torch.float32, 2)
     N, D = pooled.shape
@@ -250,6 +278,10 @@ def post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, p
     _rope_inputs(freqs, positions, N, pooled.device, D, "a pooled row")
     if not isinstance(shift, int) or isinstance(shift, bool):
         raise TypeError(f"shift: expected an int, got {type(shift).__name__}")
+    _check_eps(eps)
+    if not isinstance(rotate, bool):
+        raise TypeError(f"rotate: expected a bool, got {rotate!r}")
+    positions = positions.contiguous()  # the kernel indexes positions[n]
     if rotate and D & (D - 1):
         raise ValueError(f"pooled: the Hadamard rotation needs a power-of-two width, got {D}")
     if freqs.shape[0] < 1:

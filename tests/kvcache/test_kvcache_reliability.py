@@ -487,3 +487,133 @@ def test_swa_append_flags_out_of_range_not_markers(monkeypatch):
             want = kv[written[r]] if r in written else rows0[r]
             assert torch.equal(ra[r].view(torch.int16), want.view(torch.int16)), (ac, sl, po, r)
     _raises_naming("swa_append", "positions", f("positions"))
+
+
+# ---------------------------------------------------------------------------------------------- argument checks
+def test_swa_append_rejects_non_contiguous_rows():
+    """The window-step kernel addresses swa_rows as contiguous (S * window + 1, D) rows: padded or strided rows used
+    to get the wrong elements written on the Triton path."""
+    cache = _cache()
+    kv = torch.randn(2, 144).to(torch.bfloat16)
+    slots, positions = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32)
+    active = torch.ones(2, dtype=torch.bool)
+    padded = torch.zeros(cache.swa_rows.shape[0], 152, dtype=torch.bfloat16)[:, :144]
+    strided = torch.zeros(cache.swa_rows.shape[0], 288, dtype=torch.bfloat16)[:, ::2]
+    for rows in (padded, strided):
+        with pytest.raises(ValueError, match="swa_rows: expected a contiguous tensor"):
+            ops.swa_append(rows, 8, kv, slots, positions, active)
+        with pytest.raises(ValueError, match="swa_rows: expected a contiguous tensor"):
+            ops.window_step(rows, 8, kv, slots, positions, active)
+        assert not bool(rows.any())
+
+
+def _op_args(cache):
+    """Valid arguments of each kvcache op on ``cache`` (CSA, 2 rows)."""
+    c, B = cache.config, 2
+    slots, positions = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32)
+    active = torch.ones(B, dtype=torch.bool)
+    return {
+        "compressor_step": dict(state=cache.state, kv=torch.randn(B, 2 * c.head_dim),
+                                score=torch.randn(B, 2 * c.head_dim), slots=slots, positions=positions,
+                                active=active, pooled=torch.zeros(B, c.head_dim),
+                                flush=torch.zeros(B, dtype=torch.bool)),
+        "flush_write": dict(pool=cache.pool, block_table=cache.block_table,
+                            entry=torch.randn(B, c.head_dim).to(torch.bfloat16),
+                            index_key=torch.randn(B, c.index_head_dim).to(torch.bfloat16),
+                            flush=torch.ones(B, dtype=torch.bool), slots=slots, positions=positions, ratio=4),
+        "gather_entries": dict(pool=cache.pool, block_table=cache.block_table, slots=slots,
+                               indices=torch.zeros(B, 3, dtype=torch.int32)),
+        "indexer_scores": dict(pool=cache.pool, block_table=cache.block_table,
+                               q=torch.randn(B, c.index_n_heads, c.index_head_dim).to(torch.bfloat16),
+                               weights=torch.rand(B, c.index_n_heads), slots=slots,
+                               n_entries=torch.tensor([1, 1], dtype=torch.int32), scores=torch.zeros(B, 8)),
+        "indexer_topk": dict(pool=cache.pool, block_table=cache.block_table,
+                             q=torch.randn(B, c.index_n_heads, c.index_head_dim).to(torch.bfloat16),
+                             weights=torch.rand(B, c.index_n_heads), slots=slots,
+                             n_entries=torch.tensor([1, 1], dtype=torch.int32), scores=torch.zeros(B, 8), k=4),
+        "swa_append": dict(swa_rows=cache.swa_rows, window=c.window_size,
+                           kv=torch.randn(B, c.head_dim).to(torch.bfloat16), slots=slots, positions=positions,
+                           active=active),
+        "window_step": dict(swa_rows=cache.swa_rows, window=c.window_size,
+                            kv=torch.randn(B, c.head_dim).to(torch.bfloat16), slots=slots, positions=positions,
+                            active=active, ratio=4, n_entries=torch.zeros(B, dtype=torch.int32),
+                            entry_idx=torch.zeros(B, 4, dtype=torch.int32)),
+    }
+
+
+@pytest.mark.parametrize("op,arg,value", [
+    ("compressor_step", "kv", [1.0, 2.0]), ("compressor_step", "kv", None), ("compressor_step", "state", None),
+    ("compressor_step", "score", None), ("compressor_step", "pooled", [0.0]),
+    ("flush_write", "entry", [1.0, 2.0]), ("flush_write", "entry", None), ("flush_write", "pool", None),
+    ("flush_write", "block_table", [[0]]),
+    ("gather_entries", "indices", [[0, 1]]), ("gather_entries", "indices", None), ("gather_entries", "pool", None),
+    ("indexer_scores", "q", [[1.0]]), ("indexer_scores", "q", None), ("indexer_scores", "scores", [[0.0]]),
+    ("indexer_scores", "pool", None),
+    ("indexer_topk", "scores", [[0.0]]), ("indexer_topk", "q", None),
+    ("swa_append", "kv", [1.0, 2.0]), ("swa_append", "kv", None), ("swa_append", "swa_rows", [[0.0]]),
+    ("swa_append", "active", [True, True]),
+    ("window_step", "entry_idx", [[0]]), ("window_step", "swa_rows", None),
+])
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_kvcache_ops_reject_non_tensors(op, arg, value, interpret, monkeypatch):
+    """A list / None where a tensor (or the pool / state) belongs: TypeError naming the argument (used to be an
+    AttributeError from inside the op)."""
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    cache = _cache()
+    kw = _op_args(cache)[op]
+    kw[arg] = value
+    before = _snapshot(cache)
+    with pytest.raises(TypeError, match=f"^{arg}: expected"):
+        getattr(ops, op)(**kw)
+    assert _same(before, _snapshot(cache))
+
+
+@pytest.mark.parametrize("ratio", [0, -4, True, 4.0, None, "4"])
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_flush_write_rejects_bad_ratio(ratio, interpret, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    cache = _cache()
+    cache.join(0)
+    cache.join(1)
+    cache.prepare_forward([0, 1], [0, 0], [8, 8])
+    kw = _op_args(cache)["flush_write"]
+    kw["ratio"] = ratio
+    before = _snapshot(cache)
+    with pytest.raises((TypeError, ValueError), match="^ratio: expected an int >= 1"):
+        ops.flush_write(**kw)
+    assert _same(before, _snapshot(cache))
+
+
+@pytest.mark.parametrize("op,arg,bad,match", [
+    ("gather_entries", "indices", lambda t: t[0].contiguous(), r"indices: expected a 2-D \(B, K\) int32 tensor"),
+    ("gather_entries", "indices", lambda t: t[None].contiguous(), r"indices: expected a 2-D \(B, K\) int32 tensor"),
+    ("indexer_scores", "q", lambda t: t[:, 0].contiguous(), r"q: expected a 3-D \(B, H, Di\) bf16 tensor"),
+    ("indexer_scores", "q", lambda t: t[None].contiguous(), r"q: expected a 3-D \(B, H, Di\) bf16 tensor"),
+])
+def test_kvcache_ops_name_the_rank(op, arg, bad, match):
+    cache = _cache()
+    kw = _op_args(cache)[op]
+    kw[arg] = bad(kw[arg])
+    with pytest.raises(ValueError, match=match):
+        getattr(ops, op)(**kw)
+
+
+@pytest.mark.parametrize("slot", [True, False, -1, 3, 1.0, "0", None])
+def test_cache_slot_must_be_an_int_in_range(slot):
+    """bool is not a slot (True used to be slot 1)."""
+    cache = _cache()
+    for call in (cache.join, cache.leave):
+        with pytest.raises(ValueError, match=r"slot: expected an int in \[0, 3\)"):
+            call(slot)
+
+
+def test_decode_step_rejects_non_tensors():
+    cache = _cache()
+    inp = _inputs(cache, 2)
+    before = _snapshot(cache)
+    with pytest.raises(TypeError, match="^batch: expected a DecodeBatch"):
+        cache.decode_step(None, **inp)
+    inp["kv"] = inp["kv"].tolist()
+    with pytest.raises(TypeError, match="^kv: expected a torch.Tensor"):
+        cache.decode_step(DecodeBatch.allocate(2, "cpu"), **inp)
+    assert _same(before, _snapshot(cache))

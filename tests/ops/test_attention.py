@@ -139,3 +139,43 @@ def test_workspace_helper_shapes():
     acc, ml = ops.attention_workspace(1, 64, 512, 128, 1024, "cpu", num_splits=4)
     assert acc.shape == (1, 4, 64, 512) and ml.shape == (1, 4, 2, 64)
     assert acc.dtype == ml.dtype == torch.float32
+
+
+@pytest.mark.parametrize("workspace", [[1.0, 2.0], (torch.zeros(4), None), (torch.zeros(4), "x")])
+def test_workspace_must_hold_tensors(workspace):
+    with pytest.raises(TypeError, match=r"^workspace(\[\d\])?: expected"):
+        _call(ops.sparse_mqa_attention, _inputs(), workspace=workspace)
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_empty_batch_returns_empty_on_both_paths(interpret, monkeypatch):
+    """N = 0 queries (T = 0 prefill chunk): an empty (0, H, D) result on both paths (the torch path used to raise
+    'cannot reshape tensor of 0 elements')."""
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    inputs = _inputs(N=0)
+    got = _call(ops.sparse_mqa_attention, inputs)
+    assert got.shape == (0, 4, 32) and got.dtype == torch.bfloat16
+    out = torch.empty(0, 4, 32, dtype=torch.bfloat16)
+    assert _call(ops.sparse_mqa_attention, inputs, out=out) is out
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(num_tokens=-1), ValueError, "num_tokens"), (dict(num_tokens=2.5), TypeError, "num_tokens"),
+    (dict(num_tokens=None), TypeError, "num_tokens"), (dict(num_tokens=True), TypeError, "num_tokens"),
+    (dict(num_heads=0), ValueError, "num_heads"), (dict(num_heads=-4), ValueError, "num_heads"),
+    (dict(head_dim=0), ValueError, "head_dim"), (dict(window=-8), ValueError, "window"),
+    (dict(topk=-1), ValueError, "topk"), (dict(topk="8"), TypeError, "topk"),
+    (dict(num_splits=0), ValueError, "num_splits"), (dict(num_splits=-2), ValueError, "num_splits"),
+    (dict(num_splits=True), TypeError, "num_splits"), (dict(num_splits=2.0), TypeError, "num_splits"),
+    (dict(device="nonsense"), ValueError, "device"), (dict(device=None), TypeError, "device"),
+])
+def test_workspace_helper_validates_arguments(kw, exc, match):
+    args = dict(num_tokens=1, num_heads=64, head_dim=512, window=128, topk=1024, device="cpu", num_splits=4)
+    args.update(kw)
+    with pytest.raises(exc, match=f"^{match}: "):
+        ops.attention_workspace(**args)
+
+
+def test_workspace_helper_edge_shapes():
+    assert ops.attention_workspace(0, 64, 512, 128, 1024, "cpu", num_splits=4) is None      # no tokens: no split
+    assert ops.attention_workspace(1, 64, 512, 0, 0, "cpu") is None                         # nothing to attend

@@ -36,6 +36,12 @@ from .state import CompressorState, PagedPool
 _PREFILL_CHUNK_TOKENS = 16384
 
 
+def check_slot(slot, max_slots: int) -> None:
+    """A request slot: a Python int (not a bool) in ``[0, max_slots)``, else ValueError naming slot."""
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < max_slots:
+        raise ValueError(f"slot: expected an int in [0, {max_slots}), got {slot!r}")
+
+
 class BlockAllocator:
     """Host-side free list of pool pages (never touched inside a graph)."""
 
@@ -347,9 +353,7 @@ class CompressedKVCache:
             self.swa_rows.index_copy_(0, slot * w + pos % w, swa_kv[first:])
 
     def _check_slot(self, slot: int) -> None:
-        """A request slot: a Python int (not a bool) in ``[0, max_slots)``."""
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.config.max_slots:
-            raise ValueError(f"slot: expected an int in [0, {self.config.max_slots}), got {slot!r}")
+        check_slot(slot, self.config.max_slots)
 
     # ---------------------------------------------------------------- device side (capturable)
     def decode_step(self, batch: DecodeBatch, kv: torch.Tensor, score: torch.Tensor, swa_kv: torch.Tensor,

@@ -40,6 +40,7 @@ import torch
 from ..format.tensor import NVFP4Tensor
 from ..kvcache import CompressedCacheConfig, CompressedKVCache, DecodeBatch
 from ..kvcache import ops as kv_ops
+from ..kvcache.cache import check_slot
 from ..models.config import V4Config
 from ..ops import errors
 from ..ops import gemm as gemm_ops
@@ -294,9 +295,8 @@ class Nvfp4Attention:
 
     # ------------------------------------------------------------------ argument checks (host metadata only)
     def _check_slot(self, slot) -> None:
-        """A request slot: a Python int (not a bool) in ``[0, max_slots)`` (every layer kind, before any write)."""
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_slots:
-            raise ValueError(f"slot: expected an int in [0, {self.max_slots}), got {slot!r}")
+        """Every layer kind checks the slot before any write (the cache's rule, ``kvcache.cache.check_slot``)."""
+        check_slot(slot, self.max_slots)
 
     def _check_x(self, x, rows: int | None = None) -> None:
         """x: a (T, hidden_size) bf16 tensor on the layer's device (``rows``: T must equal it)."""

@@ -63,7 +63,6 @@ the compiler, with a fake implementation).
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import weakref
 from typing import Optional
@@ -77,6 +76,7 @@ from ..ops import gemm as gemm_ops
 from ..ops import moe as moe_ops
 from ..ops import moe_fused_decode as fused_ops
 from ..ops._dispatch import resolve_device
+from ..ops._validate import check_positive_finite
 import importlib
 
 quantize_ops = importlib.import_module("megamoe.ops.quantize")  # the module (ops/__init__ re-exports a function of that name)
@@ -143,9 +143,8 @@ class Nvfp4SharedExpert:
             _check_count(name, value)
             if value % 16:  # the reduction width of one of the two GEMMs: whole 16-element NVFP4 blocks
                 raise ValueError(f"{name}: expected a multiple of 16 (NVFP4 blocks), got {value}")
-        if swiglu_limit is not None and (isinstance(swiglu_limit, bool) or not isinstance(swiglu_limit, (int, float))
-                                         or not math.isfinite(swiglu_limit) or swiglu_limit <= 0):
-            raise ValueError(f"swiglu_limit: expected None or a positive finite number, got {swiglu_limit!r}")
+        if swiglu_limit is not None:
+            check_positive_finite(swiglu_limit, "swiglu_limit")
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.max_num_tokens, self.device, self.mode = max_num_tokens, _resolve_device(device), mode
         self.swiglu_limit = swiglu_limit

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -46,6 +47,16 @@ def check_positive_finite(value, name: str) -> float:
     if not math.isfinite(value) or not value > 0:
         raise ValueError(f"{name}: expected a finite positive number, got {value!r}")
     return float(value)
+
+
+def check_real(value, name: str, *, non_negative: bool = False) -> None:
+    """Raise TypeError naming ``name`` unless ``value`` is a real number (Python / NumPy float or int, not a bool or
+    a tensor), ValueError unless it is finite (and, with ``non_negative``, >= 0): an epsilon or a scale factor."""
+    want = "a finite float >= 0" if non_negative else "a finite float"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected {want}, got {value!r}")
+    if not math.isfinite(value) or (non_negative and value < 0):
+        raise ValueError(f"{name}: expected {want}, got {value!r}")
 
 
 def check_vector(t, name: str, dtype: torch.dtype, device, *, at_least: int | None = None,

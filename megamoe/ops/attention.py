@@ -14,7 +14,7 @@ import torch
 from ..reference import attention as _reference
 from . import errors
 from ._dispatch import interpreter_enabled, resolve_device, use_triton
-from ._validate import check_tensor
+from ._validate import check_int, check_tensor
 
 
 def _check(t, name: str, dtype: torch.dtype, dim: int, device=None) -> None:
@@ -26,21 +26,10 @@ def _expect_shape(t, name: str, shape: tuple) -> None:
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
-def _int_arg(v, name: str, minimum: int) -> None:
-    """A Python int (not a bool) >= ``minimum``: TypeError for another type, ValueError below the minimum."""
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name}: expected an int >= {minimum}, got {v!r}")
-    if v < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
-
-
 def _check_num_splits(num_splits) -> None:
-    if num_splits is None:
-        return
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
-        raise TypeError(f"num_splits: expected None or a positive int, got {num_splits!r}")
-    if num_splits < 1:
-        raise ValueError(f"num_splits: expected None or a positive int, got {num_splits!r}")
+    """None or a positive int (the op's override of the split count)."""
+    if num_splits is not None:
+        check_int(num_splits, "num_splits", 1)
 
 
 def attention_workspace(num_tokens: int, num_heads: int, head_dim: int, window: int, topk: int, device,
@@ -57,11 +46,11 @@ def attention_workspace(num_tokens: int, num_heads: int, head_dim: int, window: 
     """
     from ..kernels import sparse_attention as kernels
 
-    _int_arg(num_tokens, "num_tokens", 0)
-    _int_arg(num_heads, "num_heads", 1)
-    _int_arg(head_dim, "head_dim", 1)
-    _int_arg(window, "window", 0)
-    _int_arg(topk, "topk", 0)
+    check_int(num_tokens, "num_tokens", 0)
+    check_int(num_heads, "num_heads", 1)
+    check_int(head_dim, "head_dim", 1)
+    check_int(window, "window", 0)
+    check_int(topk, "topk", 0)
     _check_num_splits(num_splits)
     device = resolve_device(device)
     if num_tokens == 0:

@@ -10,13 +10,11 @@ allocate their outputs (and a small float32 workspace) per call.
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
 from ..reference import v4_numerics as nx
 from ._dispatch import use_triton
+from ._validate import check_real
 
 
 def hc_split_sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, *, hc: int, iters: int,
@@ -30,7 +28,7 @@ def hc_split_sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torc
         raise ValueError(f"mixes: expected {(2 + hc) * hc} columns for hc={hc}, got {mixes.shape[1]}")
     _check_params(mixes.device, ("hc_scale", hc_scale, (3,)), ("hc_base", hc_base, ((2 + hc) * hc,)))
     _check_iters(iters)
-    _check_eps(eps, "eps")
+    check_real(eps, "eps", non_negative=True)
     if use_triton(mixes):
         from ..kernels.hyper_connection import launch_hc_split_sinkhorn
 
@@ -184,21 +182,13 @@ def _check_iters(iters):
         raise ValueError(f"iters: expected a positive int, got {iters!r}")
 
 
-def _check_eps(eps, name: str) -> None:
-    """An epsilon: a finite real number >= 0 (Python / NumPy float or int, not a bool or a tensor)."""
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"{name}: expected a finite float >= 0, got {eps!r}")
-    if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"{name}: expected a finite float >= 0, got {eps!r}")
-
-
 def _check_eps_args(hc_eps, norm_eps, rms_eps):
     """hc_eps, norm_eps and rms_eps (None: norm_eps) checked; returns the rms_eps to use."""
-    _check_eps(hc_eps, "hc_eps")
-    _check_eps(norm_eps, "norm_eps")
+    check_real(hc_eps, "hc_eps", non_negative=True)
+    check_real(norm_eps, "norm_eps", non_negative=True)
     if rms_eps is None:
         return norm_eps
-    _check_eps(rms_eps, "rms_eps")
+    check_real(rms_eps, "rms_eps", non_negative=True)
     return rms_eps
 
 

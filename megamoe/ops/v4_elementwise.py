@@ -21,16 +21,13 @@ clamps, selects, and ORs the bit with device ops), so the outputs and the bits a
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
 from ..reference import v4_numerics as nx
 from ..reference.v4_attention import head_rms_norm
 from . import errors
 from ._dispatch import use_triton
-from ._validate import check_tensor
+from ._validate import check_real, check_tensor
 
 #: FP8 block of the window kv's non-RoPE dims, FP4 block of the indexer query (official 64 / 32).
 KV_FP8_BLOCK = 64
@@ -55,18 +52,9 @@ def _rope_inputs(freqs, positions, T: int, device, width: int, name: str) -> int
     return rd
 
 
-def _finite_float(v, name: str, *, non_negative: bool = False) -> None:
-    """A finite real number (Python / NumPy float or int; not a bool or a tensor); ``non_negative``: also >= 0."""
-    want = "a finite float >= 0" if non_negative else "a finite float"
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name}: expected {want}, got {v!r}")
-    if not math.isfinite(v) or (non_negative and v < 0):
-        raise ValueError(f"{name}: expected {want}, got {v!r}")
-
-
 def _check_eps(eps) -> None:
     """The norms' epsilon: a finite float >= 0 (0 is allowed: the kernels' exactness tests use it)."""
-    _finite_float(eps, "eps", non_negative=True)
+    check_real(eps, "eps", non_negative=True)
 
 
 def _positive_int(v, name: str) -> None:
@@ -215,7 +203,7 @@ def index_q_path(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, po
     if tuple(weights.shape) != (T, n_heads):
         raise ValueError(f"weights: expected shape {(T, n_heads)}, got {tuple(weights.shape)}")
     _rope_inputs(freqs, positions, T, q.device, Di, "an index head")
-    _finite_float(weight_scale, "weight_scale")
+    check_real(weight_scale, "weight_scale")
     positions = positions.contiguous()  # the kernel indexes positions[t]
     if use_triton(q):
         from ..kernels.v4_elementwise import launch_index_q

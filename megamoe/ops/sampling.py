@@ -58,6 +58,26 @@ def _per_row(name: str, value, count: int) -> list:
     return [value] * count
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# The parameters' values: (rule, what the error says is expected), shared by SamplingParams() and set().
+_RULES = {
+    "temperature": (lambda v: math.isfinite(v) and v >= 0, "finite values >= 0 (0 = greedy)"),
+    "top_k": (lambda v: _is_int(v) and 0 <= v < 2 ** 31, "ints >= 0 (0 = off)"),
+    "top_p": (lambda v: 0.0 < v <= 1.0, "values in (0, 1] (1 = off)"),  # also rejects NaN
+    "seed": (lambda v: _is_int(v) and -2 ** 63 <= v < 2 ** 63, "64-bit ints"),
+    "step": (lambda v: _is_int(v) and 0 <= v < 2 ** 63, "ints >= 0"),
+}
+
+
+def _check_values(name: str, vals: list) -> None:
+    rule, expected = _RULES[name]
+    if not all(rule(v) for v in vals):
+        raise ValueError(f"{name}: expected {expected}, got {vals}")
+
+
 class SamplingParams:
     """Per-request sampling parameters in device buffers, rows = request slots (see the module docstring).
 
@@ -85,15 +105,9 @@ class SamplingParams:
         # the values are read once here (not a hot path) and checked as set() checks host values; host copies of
         # top_k / top_p are kept by set()
         self._host_top_k, self._host_top_p = top_k.tolist(), top_p.tolist()
-        host_temperature, host_step = temperature.tolist(), step.tolist()
-        if not all(math.isfinite(v) and v >= 0 for v in host_temperature):
-            raise ValueError(f"temperature: expected finite values >= 0 (0 = greedy), got {host_temperature}")
-        if not all(v >= 0 for v in self._host_top_k):
-            raise ValueError(f"top_k: expected values >= 0 (0 = off), got {self._host_top_k}")
-        if not all(0.0 < v <= 1.0 for v in self._host_top_p):  # also rejects NaN
-            raise ValueError(f"top_p: expected values in (0, 1] (1 = off), got {self._host_top_p}")
-        if not all(v >= 0 for v in host_step):
-            raise ValueError(f"step: expected values >= 0, got {host_step}")
+        for name, vals in (("temperature", temperature.tolist()), ("top_k", self._host_top_k),
+                           ("top_p", self._host_top_p), ("step", step.tolist())):
+            _check_values(name, vals)
         self.temperature, self.top_k, self.top_p, self.seed, self.step = temperature, top_k, top_p, seed, step
         self.batch, self.device = batch, device
 
@@ -122,33 +136,16 @@ class SamplingParams:
         rows = _rows_list(rows, self.batch)
         n = len(rows)
         updates = []
-        if temperature is not None:
-            vals = [float(v) for v in _per_row("temperature", temperature, n)]
-            if not all(math.isfinite(v) and v >= 0 for v in vals):
-                raise ValueError(f"temperature: expected finite values >= 0 (0 = greedy), got {vals}")
-            updates.append((self.temperature, vals))
-        if top_k is not None:
-            vals = _per_row("top_k", top_k, n)
-            if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 31 for v in vals):
-                raise ValueError(f"top_k: expected ints >= 0 (0 = off), got {vals}")
-            updates.append((self.top_k, vals))
-        if top_p is not None:
-            vals = [float(v) for v in _per_row("top_p", top_p, n)]
-            if not all(0.0 < v <= 1.0 for v in vals):  # also rejects NaN
-                raise ValueError(f"top_p: expected values in (0, 1] (1 = off), got {vals}")
-            updates.append((self.top_p, vals))
-        if seed is not None:
-            vals = _per_row("seed", seed, n)
-            if not all(isinstance(v, int) and not isinstance(v, bool) and -2 ** 63 <= v < 2 ** 63 for v in vals):
-                raise ValueError(f"seed: expected 64-bit ints, got {vals}")
-            updates.append((self.seed, vals))
-            if step is None:
-                step = 0
-        if step is not None:
-            vals = _per_row("step", step, n)
-            if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 63 for v in vals):
-                raise ValueError(f"step: expected ints >= 0, got {vals}")
-            updates.append((self.step, vals))
+        if seed is not None and step is None:
+            step = 0
+        for name, value, buffer in (("temperature", temperature, self.temperature), ("top_k", top_k, self.top_k),
+                                    ("top_p", top_p, self.top_p), ("seed", seed, self.seed), ("step", step, self.step)):
+            if value is not None:
+                vals = _per_row(name, value, n)
+                if buffer.dtype == torch.float32:
+                    vals = [float(v) for v in vals]
+                _check_values(name, vals)
+                updates.append((buffer, vals))
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         for buffer, vals in updates:
             buffer.index_copy_(0, index, torch.tensor(vals, dtype=buffer.dtype).to(self.device))
@@ -209,9 +206,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, out: torch.Tensor | Non
     from ..kernels.sampling import launch_sample
 
     interp = interpreter_enabled() and not logits.is_cuda
-    if not logits.is_contiguous():  # the kernels index rows by their length (and so do the sorted candidates)
-        logits = logits.contiguous()
     if filtering:
-        values, ids, n_keep = _reference.sorted_candidates(logits, temperature, top_k, top_p)
+        # the sorted candidates inherit the logits' layout; the kernel reads them as contiguous rows
+        values, ids, n_keep = _reference.sorted_candidates(logits.contiguous(), temperature, top_k, top_p)
         return launch_sample(values, ids, n_keep, temperature, seed, step, out, interpreter=interp)
+    if logits.stride(1) != 1:  # the one-pass kernel takes any row stride
+        logits = logits.contiguous()
     return launch_sample(logits, None, None, temperature, seed, step, out, interpreter=interp)

@@ -389,15 +389,18 @@ if GLUON_AVAILABLE:
             if X_SMEM:
                 xs_rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xs_layout))
                 xs_ok = xs_rows < row_end
-                if HAS_ROW_INDEX:  # rows past the chunk or out of range read row 0 (never stored)
+                if HAS_ROW_INDEX:  # rows past the chunk read row 0 (never stored); out-of-range values zeros
                     xs_src = gl.load(row_index_ptr + xs_rows, mask=xs_ok, other=0).to(gl.int64)
-                    xs_src = gl.where((xs_src >= 0) & (xs_src < num_src_rows) & xs_ok, xs_src, 0)
+                    xs_src_ok = (xs_src >= 0) & (xs_src < num_src_rows)
+                    xs_src = gl.where(xs_src_ok & xs_ok, xs_src, 0)
+                    xs_mask = (xs_src_ok | ~xs_ok)[:, None] & (num_src_rows > 0)
                 else:
                     xs_src = gl.where(xs_ok, xs_rows, 0).to(gl.int64)
+                    xs_mask = None
                 xs_ptrs = x_bf16 + xs_src[:, None] * (2 * stride_xm) + xs_cols[None, :]
                 gl.thread_barrier()  # every warp has read the previous chunk's buffers
                 if k_steps > 0:
-                    async_copy.async_copy_global_to_shared(xs_ring.index(0), xs_ptrs)
+                    async_copy.async_copy_global_to_shared(xs_ring.index(0), xs_ptrs, mask=xs_mask)
                 async_copy.commit_group()
                 words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
                 for step in range(0, k_steps):
@@ -406,7 +409,8 @@ if GLUON_AVAILABLE:
                     async_copy.wait_group(0)  # this thread's copy of `step` has landed
                     gl.thread_barrier()  # everyone's has; everyone has read the other buffer (step - 1)
                     if step + 1 < k_steps:
-                        async_copy.async_copy_global_to_shared(xs_ring.index((step + 1) % 2), xs_ptrs + nxt)
+                        async_copy.async_copy_global_to_shared(xs_ring.index((step + 1) % 2), xs_ptrs + nxt,
+                                                               mask=xs_mask)
                     async_copy.commit_group()
                     a = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)
                     b = xs_ring.index(step % 2).permute([1, 0]).load(b_layout)

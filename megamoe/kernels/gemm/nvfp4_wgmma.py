@@ -78,8 +78,8 @@ def wgmma_preferred(num_rows: int, num_experts: int | None) -> bool:
 if GLUON_AVAILABLE:
 
     @gluon.jit
-    def _ring_step(acc, a_cur, a_prev, words, scale_bytes, x_ring, xr_ptrs, w_ptrs, s_ptrs, step, k_steps, last,
-                   slot: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+    def _ring_step(acc, a_cur, a_prev, words, scale_bytes, x_ring, xr_ptrs, xr_mask, w_ptrs, s_ptrs, step, k_steps,
+                   last, slot: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                    X_RING: gl.constexpr):
         """One K step of the x-ring loop: issue the async MMA of ``step`` (A = ``a_cur``, x from ring ``slot``),
         refill the slot read two steps ago, wait for the MMA of ``step - 1`` (``a_prev`` is free after it), decode
@@ -90,7 +90,8 @@ if GLUON_AVAILABLE:
         acc = warpgroup_mma(a_cur, x_ring.index(slot).permute([1, 0]), acc, is_async=True)
         ahead = step + X_RING - 2  # its slot was read by the MMA of step - 2 (complete: the barrier above)
         if ahead < k_steps:
-            async_copy.async_copy_global_to_shared(x_ring.index((slot + X_RING - 2) % X_RING), xr_ptrs + ahead * BLOCK_K)
+            async_copy.async_copy_global_to_shared(x_ring.index((slot + X_RING - 2) % X_RING),
+                                                   xr_ptrs + ahead * BLOCK_K, mask=xr_mask)
         async_copy.commit_group()
         acc, a_prev = warpgroup_mma_wait(1, deps=[acc, a_prev])
         a_next = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)  # past the end: re-decoded, unused
@@ -189,14 +190,18 @@ if GLUON_AVAILABLE:
                 r_ok = r_rows < row_end
                 if HAS_ROW_INDEX:
                     r_src = gl.load(row_index_ptr + r_rows, mask=r_ok, other=0).to(gl.int64)
-                    r_src = gl.where((r_src >= 0) & (r_src < num_src_rows) & r_ok, r_src, 0)
+                    src_ok = (r_src >= 0) & (r_src < num_src_rows)
+                    r_src = gl.where(src_ok & r_ok, r_src, 0)
+                    # out-of-range values read zeros (the reference's drop rule), not row 0: those rows are stored
+                    xr_mask = (src_ok | ~r_ok)[:, None] & (num_src_rows > 0)
                 else:
                     r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
+                    xr_mask = None
                 xr_ptrs = x_bf16 + r_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
                 gl.thread_barrier()  # every warpgroup's MMAs of the previous tile have read the ring
                 for j in gl.static_range(X_RING - 2):
                     if j < k_steps:
-                        async_copy.async_copy_global_to_shared(x_ring.index(j), xr_ptrs + j * BLOCK_K)
+                        async_copy.async_copy_global_to_shared(x_ring.index(j), xr_ptrs + j * BLOCK_K, mask=xr_mask)
                     async_copy.commit_group()
                 a_cur = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)
                 a_prev = a_cur
@@ -205,7 +210,7 @@ if GLUON_AVAILABLE:
                 for step0 in range(0, k_steps, X_RING):
                     for u in gl.static_range(X_RING):
                         acc, a_next, words, scale_bytes = _ring_step(
-                            acc, a_cur, a_prev, words, scale_bytes, x_ring, xr_ptrs, w_ptrs, s_ptrs, step0 + u,
+                            acc, a_cur, a_prev, words, scale_bytes, x_ring, xr_ptrs, xr_mask, w_ptrs, s_ptrs, step0 + u,
                             k_steps, last, u, a_layout, BLOCK_N, BLOCK_K, X_RING)
                         a_prev = a_cur
                         a_cur = a_next

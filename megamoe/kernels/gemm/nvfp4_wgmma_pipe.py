@@ -91,14 +91,15 @@ if GLUON_AVAILABLE:
         return gl.convert_layout(w, a_layout)
 
     @gluon.jit
-    def _fill(x_ring, w_ring, s_ring, slot, xr_ptrs, wr_ptrs, sr_ptrs, step, BLOCK_K: gl.constexpr):
-        """cp.async of K step ``step``'s x, weight words and scale bytes into ring ``slot``."""
-        async_copy.async_copy_global_to_shared(x_ring.index(slot), xr_ptrs + step * BLOCK_K)
+    def _fill(x_ring, w_ring, s_ring, slot, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step, BLOCK_K: gl.constexpr):
+        """cp.async of K step ``step``'s x, weight words and scale bytes into ring ``slot`` (x rows where
+        ``xr_mask`` is False, i.e. out-of-range ``row_index`` values, are zero-filled: the reference's drop rule)."""
+        async_copy.async_copy_global_to_shared(x_ring.index(slot), xr_ptrs + step * BLOCK_K, mask=xr_mask)
         async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (BLOCK_K // 8))
         async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
 
     @gluon.jit
-    def _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, wr_ptrs, sr_ptrs, step, k_tiles,
+    def _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step, k_tiles,
                 a_layout: gl.constexpr, w_layout: gl.constexpr, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                 BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
         """One 128-K step: wait for its ring slot, refill the slot of step - 2 with step + STAGES - 2, then four
@@ -112,7 +113,7 @@ if GLUON_AVAILABLE:
         xs = x_ring.index(slot)
         ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
         if ahead < k_tiles:
-            _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, wr_ptrs, sr_ptrs, ahead, BLOCK_K)
+            _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, ahead, BLOCK_K)
         async_copy.commit_group()
         for i in gl.static_range(BLOCK_K // _SUB_K):
             a = _decode_sub(words, scale_bytes, i, a_layout, BLOCK_N)
@@ -197,8 +198,12 @@ if GLUON_AVAILABLE:
                 if ERR_FLAG != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only)
                     bad_rows += gl.sum((r_ok & ~src_ok & is_real).to(gl.int32), axis=0)
                 r_src = gl.where(src_ok & r_ok, r_src, 0)
+                # rows past the tile end read row 0 (never stored); out-of-range values read zeros, not row 0
+                # (those rows are stored), and with no source rows at all nothing is read
+                xr_mask = (src_ok | ~r_ok)[:, None] & (num_src_rows > 0)
             else:
                 r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
+                xr_mask = None
             xr_ptrs = x_bf16 + r_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
             if is_real:
                 # (a path from the accumulator's zeroing to the final wait that skips every wgmma, e.g. a
@@ -207,14 +212,14 @@ if GLUON_AVAILABLE:
                 gl.thread_barrier()  # every warpgroup's MMAs of the previous tile have read the ring
                 for j in gl.static_range(STAGES - 2):
                     if j < k_tiles:
-                        _fill(x_ring, w_ring, s_ring, j, xr_ptrs, wr_ptrs, sr_ptrs, j, BLOCK_K)
+                        _fill(x_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, j, BLOCK_K)
                     async_copy.commit_group()
                 a_prev = gl.zeros([BLOCK_N, _SUB_K], gl.bfloat16, layout=a_layout)
                 # step 0 peeled: every path from the zeroing to the final wait passes a wgmma
-                acc, a_prev = _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, wr_ptrs, sr_ptrs, 0, k_tiles,
-                                      a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES)
+                acc, a_prev = _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, 0,
+                                      k_tiles, a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES)
                 for step in range(1, k_tiles):
-                    acc, a_prev = _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, wr_ptrs, sr_ptrs, step,
+                    acc, a_prev = _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step,
                                           k_tiles, a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES)
                 acc = warpgroup_mma_wait(0, deps=[acc, a_prev])[0]
                 if SWIGLU:

@@ -62,6 +62,13 @@ def test_cuda_x_smem_equals_today(config, counts):
     assert torch.equal(smem, today)
     real = sum(counts)
     assert rel_err(smem[:real], grouped_f32(x, w, offsets_of(counts, "cpu"), row_index)[:real]) < 4e-3
+    # an out-of-range row_index value reads zeros on both paths (x through shared memory read row 0 until
+    # 2026-11-26)
+    row_index[1] = -3
+    today, smem = _both(x, w, (t, n), config, expert_offsets=offsets_of(counts, device), row_index=row_index)
+    assert torch.equal(smem, today)
+    if real > 1:
+        assert (smem[1] == 0).all()
 
 
 @pytest.mark.cuda

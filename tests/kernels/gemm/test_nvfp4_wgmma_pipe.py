@@ -103,8 +103,14 @@ def test_cuda_pipe_exact_decode_and_guard():
     row_index = torch.arange(40, device=device, dtype=torch.int32)
     row_index[3] = 1 << 20
     word = torch.zeros(1, dtype=torch.int32, device=device)
-    _run(x, w2, (40, 256), expert_offsets=offsets_of([10, 30], device), row_index=row_index, error_word=word)
+    out = _run(x, w2, (40, 256), expert_offsets=offsets_of([10, 30], device), row_index=row_index, error_word=word)
     assert int(word.item()) != 0 or not errors.DEVICE_GUARD
+    # the flagged row reads zero activations (the reference's drop rule), not row 0 (it did until 2026-11-26);
+    # the other rows are untouched
+    assert (out[3] == 0).all()
+    x_zero_row = torch.cat([x, torch.zeros_like(x[:1])])
+    ref = grouped_f32(x_zero_row, w2, offsets_of([10, 30], "cpu"), torch.where(row_index == 1 << 20, 40, row_index))
+    assert rel_err(out, ref) < 4e-3
     with pytest.raises(ValueError, match="expert_offsets"):
         pipe.launch_nvfp4_wgmma_pipe(x, w2.data[0], w2.block_scale[0], w2.global_scale, x, expert_offsets=None)
     w3 = random_weight((2, 256, 384), device, scale_shape=(2, 1, 1))

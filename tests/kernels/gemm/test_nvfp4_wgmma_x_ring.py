@@ -67,6 +67,12 @@ def test_cuda_x_ring_equals_today_grouped_row_index(counts):
     real = sum(counts)
     assert (ring[real:] == 0).all()
     assert rel_err(ring[:real], grouped_f32(x, w, offsets_of(counts, "cpu"), row_index)[:real]) < 4e-3
+    # an out-of-range row_index value reads zeros in both loops (the ring read row 0 until 2026-11-26)
+    row_index[1] = t + 7
+    today, ring = _both(x, w, (t, n), expert_offsets=offsets_of(counts, device), row_index=row_index)
+    assert torch.equal(ring, today)
+    if real > 1:
+        assert (ring[1] == 0).all()
 
 
 @pytest.mark.cuda

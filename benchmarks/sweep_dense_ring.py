@@ -1,0 +1,120 @@
+"""Dense NVFP4 linear at M = 1 / 8 (issue 11): does a cp.async weight ring lift the stream rate?
+
+Today the op takes split-K (``nvfp4_splitk``: the FMA GEMV step at M = 1, mma.sync at M = 8) and streams the large
+shapes at ~61% of the HBM floor (gemm_dense_v16). The mma.sync decode kernel (``nvfp4_mma_decode``) has an opt-in
+S-stage cp.async ring for the weight words and scale bytes (S - 1 K steps in flight per program instead of one in
+registers); it runs without split-K, one program per BLOCK_N weight rows, so only shapes with many N tiles can
+fill the GPU. This times, as CUDA-graph replay (GRAPH_CALLS calls per graph over >= 96 MB of weight copies, L2
+flushed before each replay, do_bench median / calls, bench_gemm.py's ``_graph_time``):
+
+* the op (``nvfp4_linear``, today's route), the split-K FMA config with 8 programs per SM (the v13 sweep's best
+  at 18432x7168), bf16 ``F.linear``;
+* ``nvfp4_mma_decode`` dense at BLOCK_M 8 for each (BLOCK_N, BLOCK_K, warps, stages) of CONFIGS.
+
+Each kernel's output is checked against the op's (relative error < 1e-2) before it is timed.
+Run: ``PYTHONUNBUFFERED=1 python benchmarks/sweep_dense_ring.py --out DIR`` -> DIR/sweep_dense_ring.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_gemm import GRAPH_BYTES, GRAPH_CALLS, HBM_BYTES_PER_S, _graph_time  # noqa: E402
+
+SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096)]  # (N, K)
+ROWS = (1, 8)
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, stages): stages 0 = register double-buffering (today's mma kernel)
+CONFIGS = [(8, bn, bk, w, s) for bn, bk, w in [(64, 256, 4), (128, 256, 4), (64, 128, 4), (128, 128, 8)]
+           for s in (0, 4, 6)]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--rep-ms", type=int, default=20)
+    args = parser.parse_args()
+    from megamoe.format.tensor import NVFP4Tensor
+    from megamoe.kernels.gemm import nvfp4_mma_decode as mma
+    from megamoe.kernels.gemm import nvfp4_splitk as sk
+    from megamoe.ops import gemm as ops_gemm
+    from megamoe.reference.quantize import dequantize
+
+    device = torch.device("cuda")
+    t0 = time.time()
+    rows = []
+    for n, k in SHAPES:
+        fp4_bytes = n * k * 9 // 16
+        copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // fp4_bytes)))
+        ws = []
+        for _ in range(copies):
+            data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+            sb = torch.randint(0x20, 0x48, (n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+            ws.append(NVFP4Tensor(data, sb, torch.full((n, 1), 1e-3, device=device), (n, k)))
+        bf16_copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // (2 * n * k))))
+        w_bf16 = [dequantize(ws[i % copies], torch.bfloat16) for i in range(bf16_copies)]
+        for m in ROWS:
+            x = torch.randn(m, k, device=device).bfloat16()
+            out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+            ref = ops_gemm.nvfp4_linear(x, ws[0]).float()
+            floor = (fp4_bytes + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6
+            row = dict(n=n, k=k, m=m, floor_us=floor, times={})
+
+            def timed(name, make, check=True):
+                try:
+                    if check:
+                        got = make(0)().float()
+                        err = ((got - ref).norm() / ref.norm()).item()
+                        if not err < 1e-2:
+                            row["times"][name] = f"wrong: rel err {err:.2e}"
+                            return
+                    row["times"][name] = _graph_time(make, copies, args.rep_ms)
+                except Exception as e:  # noqa: BLE001 - a config the shape cannot take: report, go on
+                    row["times"][name] = f"{type(e).__name__}: {str(e)[:120]}"
+
+            timed("op", lambda i: (lambda w=ws[i]: ops_gemm.nvfp4_linear(x, w, out=out)))
+            timed("splitk fma 8/SM" if m == 1 else "splitk default",
+                  lambda i: (lambda w=ws[i]: sk.launch_nvfp4_splitk(
+                      x, w.data, w.block_scale, w.global_scale, out,
+                      config=("fma", 1, 64, 256, 4, 8, 128) if m == 1 else None)))
+            timed("bf16", lambda i: (lambda w=w_bf16[i % bf16_copies]: torch.nn.functional.linear(x, w)), check=False)
+            for cfg in CONFIGS:
+                timed(f"mma {cfg}", lambda i, c=cfg: (lambda w=ws[i]: mma.launch_nvfp4_mma_decode(
+                    x, w.data, w.block_scale, w.global_scale, out, config=c)))
+            rows.append(row)
+            best = min((v, key) for key, v in row["times"].items() if isinstance(v, float) and key != "bf16")
+            print(f"N={n} K={k} M={m} floor {floor:.1f} us: op {row['times'].get('op')} best {best[1]} "
+                  f"{best[0]:.1f} us ({100 * floor / best[0]:.0f}% of floor)", flush=True)
+        ws = w_bf16 = None  # free before the next shape
+        torch.cuda.empty_cache()
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                device=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=__import__("triton").__version__, command="python " + " ".join(sys.argv),
+                wall_s=round(time.time() - t0, 1))
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(dict(meta=meta, rows=rows), open(os.path.join(args.out, "sweep_dense_ring.json"), "w"), indent=1)
+    names = list(rows[0]["times"])
+    lines = [f"# Dense NVFP4 linear, M = 1 / 8: weight ring vs today ({meta['date']}, {meta['device']}, "
+             f"torch {meta['torch']}, triton {meta['triton']})", "", f"Command: `{meta['command']}` "
+             f"(wall {meta['wall_s']} s). Graph replay, {GRAPH_CALLS} calls per graph, L2 flushed per replay, "
+             "us per call (% of the HBM floor at 3.0 TB/s).", "",
+             "| N x K | M | floor us | " + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
+    for r in rows:
+        cells = []
+        for name in names:
+            v = r["times"].get(name)
+            cells.append(f"{v:.1f} ({100 * r['floor_us'] / v:.0f}%)" if isinstance(v, float) else str(v))
+        lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['floor_us']:.1f} | " + " | ".join(cells) + " |")
+    open(os.path.join(args.out, "sweep_dense_ring.md"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -310,7 +310,10 @@ class ExpertParallelMoE:
         A collective: every rank of the group calls it for the same step with the same ``capacity`` (its own
         T may differ, 0 included). capacity=False: exact split sizes (reads 2W counts on the host; not
         capturable). capacity=True: fixed ``capacity_tokens * top_k`` rows per rank pair, no host reads,
-        CUDA-graph capturable; needs T <= capacity_tokens. Both give identical outputs.
+        CUDA-graph capturable; needs T <= capacity_tokens. Both give the same result up to float32 summation
+        order: the grouped GEMMs' kernels (row bands, tiles, split-K) are planned on the host from the received
+        row count, which is the exact count in one mode and the capacity in the other, so on CUDA the two may
+        differ in the last bits (H100, world 4, 16 tokens of V4-Flash); on the CPU path they are bit-identical.
         token_ids: (T,) int32/int64, required by a hash-routed layer.
         combine_tokens: the token count whose combine order to follow (default T): the single-process layer
         puts the shared expert last (fused) up to ``fuse_shared_max_tokens`` tokens, first above; a caller that

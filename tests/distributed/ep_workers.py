@@ -244,7 +244,9 @@ def cuda_checks(rank: int, world: int, *, preset: str, tokens: int, seed: int) -
     rel = ((exact.float() - want).norm() / want.norm()).item()
     ref = single.reference_forward(x_all)[rank * tokens:(rank + 1) * tokens]
     rel_ref = ((exact.float() - ref).norm() / ref.norm()).item()
-    return {"capacity_vs_exact": torch.equal(cap, exact), "graph_vs_eager": torch.equal(graph, cap),
+    cap_rel = ((cap.float() - exact.float()).norm() / exact.float().norm()).item()
+    return {"capacity_vs_exact": torch.equal(cap, exact), "capacity_rel_vs_exact": cap_rel,
+            "graph_vs_eager": torch.equal(graph, cap),
             "synced": synced, "rel_vs_single_gpu": rel, "bit_equal_single_gpu": torch.equal(exact.float(), want),
             "rel_vs_reference": rel_ref}
 

@@ -19,7 +19,11 @@ def test_nccl_matches_single_gpu_and_graph_replays(world, preset, tokens, tmp_pa
     results = workers.launch(world, workers.cuda_checks, tmp_path, timeout_s=600, backend="nccl", preset=preset,
                              tokens=tokens, seed=5)
     for rank, r in enumerate(results):
-        assert r["capacity_vs_exact"] and r["graph_vs_eager"], (rank, r)
+        assert r["graph_vs_eager"], (rank, r)
+        # capacity and exact mode plan the grouped GEMMs from different host row counts (the capacity vs the
+        # received rows), so other kernels may run: equal up to float32 summation order (bit-equal on the CPU
+        # path, test_ep_moe.py). Seen on the H100 at world 4, 16 tokens of V4-Flash (2026-11-26).
+        assert r["capacity_rel_vs_exact"] < 1e-2, (rank, r)
         assert not r["synced"], f"rank {rank}: the capacity-mode forward synchronised with the host"
         # the decode kernels are chosen by row counts, which differ between EP and one GPU: close, maybe not equal
         assert r["rel_vs_single_gpu"] < 1e-2 and r["rel_vs_reference"] < 1e-2, (rank, r)

@@ -5,7 +5,8 @@ Semantics: ``megamoe.reference.attention.sparse_mqa_attention`` (NUMERICS.md ``s
 token ``n`` and head ``h``, over the valid window rows ``window_kv[window_idx[n, :]]`` and the valid compressed
 entries ``entry_idx[n, :]`` of request slot ``slots[n]`` (paged pool, FP8 nope dims with a float32 scale per
 ``SB`` elements, bf16 rope dims), ``o = sum_j p_j kv_j / (sum_j p_j + exp(sink_h - m))`` with
-``p_j = exp(scale * q_h . kv_j - m)``. Invalid indices are skipped; a query without valid rows gets zeros.
+``p_j = exp(scale * q_h . kv_j - m)``. Invalid indices are skipped; a query without valid rows gets zeros; a
+NaN in q or in a selected row gives NaN (the finalisation zeroes where the softmax denominator ``l`` is 0 only).
 
 Structure
 ---------
@@ -332,7 +333,9 @@ def _sparse_mqa_kernel(
         sink = tl.load(sink_ptr + h, mask=hmask, other=0.0) * 1.4426950408889634
         m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
         o = acc / (l_i + tl.math.exp2(sink - m_use))[:, None]
-        o = tl.where((m_i == float("-inf"))[:, None], 0.0, o)
+        # zeros only without a valid row, i.e. l == 0 (once m is finite the row at the max adds 2^0 = 1 to l, so
+        # l >= 1; while m == -inf l is 0, or NaN after a NaN score, which max ignores): NaN in, NaN out
+        o = tl.where((l_i == 0.0)[:, None], 0.0, o)
         tl.store(out_ptr + (n * H + h[:, None]) * D + d[None, :], _round_bf16(o, INTERPRET),
                  mask=hmask[:, None] & dmask[None, :])
 
@@ -367,7 +370,10 @@ def _combine_kernel(
         acc += w[:, None] * a_s
     sink = tl.load(sink_ptr + h, mask=hmask, other=0.0) * 1.4426950408889634
     o = acc / (l_all + tl.math.exp2(sink - m_use))[:, None]
-    o = tl.where((m_all == float("-inf"))[:, None], 0.0, o)
+    # zeros only without a valid row in any split, i.e. l_all == 0 (as the main kernel: the split at the max has
+    # weight 1 and l >= 1): a split with NaN scores has l = NaN (its m may be -inf) and 0 * NaN keeps l_all NaN;
+    # an empty split (m = -inf, l = 0, acc = 0) adds 0
+    o = tl.where((l_all == 0.0)[:, None], 0.0, o)
     tl.store(out_ptr + (n * H + h[:, None]) * D + d[None, :], _round_bf16(o, INTERPRET), mask=mask2)
 
 

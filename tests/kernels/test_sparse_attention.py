@@ -190,6 +190,94 @@ def test_nan_entry_stays_confined(device):
     assert torch.isnan(got[0].float()).all(), "every head of the selecting query is NaN"
 
 
+def _nan_rows_inputs(device, v4=False):
+    """(clean inputs, the same with NaNs): every 16th window / entry id is -1, so that every row block (16, 32 or
+    64 rows) has a masked row. Query 0, 6, 7: clean; 1: head 5's q row NaN, one NaN element in head 9's; 2: its
+    only valid row is window row r0, which has a NaN (so with ``num_splits > 1`` the other splits are empty); 3:
+    r0 among valid window rows and entries; 4: no valid row and an all-NaN q; 5: no valid row, slot -1. No other
+    query selects r0.
+
+    Why the masked rows: on the GPU ``max`` ignores NaN, so a block whose valid scores are all NaN keeps
+    ``m = -inf`` while ``l`` and the accumulator are NaN; the interpreter's ``tl.max`` (``np.nanmax``) does the
+    same only when the block also has a finite or ``-inf`` score (an all-NaN slice gives NaN)."""
+    if v4:
+        clean = make_inputs(N=8, H=64, D=512, rope=64, epb=8, num_pages=20, num_slots=4, pages_per_slot=4, R=50,
+                            W=64, K=96, p_invalid=0.0, device=device)
+    else:
+        clean = make_inputs(N=8, H=16, W=20, K=40, p_invalid=0.0, device=device)
+    widx, eidx = clean["window_idx"], clean["entry_idx"]
+    widx[:, ::16] = -1
+    eidx[:, ::16] = -1
+    r0 = 3
+    widx[widx == r0] = r0 + 1
+    widx[2] = -1
+    widx[2, 1] = r0
+    eidx[2] = -1
+    widx[3, 1] = r0
+    widx[4:6] = -1
+    eidx[4:6] = -1
+    clean["slots"][5] = -1
+    nan = dict(clean, q=clean["q"].clone(), window_kv=clean["window_kv"].clone())
+    nan["q"][1, 5] = float("nan")
+    nan["q"][1, 9, 3] = float("nan")
+    nan["q"][4] = float("nan")
+    nan["window_kv"][r0, 7] = float("nan")
+    return clean, nan
+
+
+def nan_rows_policy(device, v4=False, splits=(1, 3, None)):
+    """The NaN policy of the kernel that ``run_op`` runs (``MEGAMOE_ATTN_IMPL``), as the reference's: a NaN in a
+    query's q row or in a row it selects gives NaN (the whole (query, head) row), also when that row is the
+    query's only valid one, alone in its split; a query without valid rows gives zeros, whatever its q (NaN
+    included); every other output row keeps its bits. Shared with the v2 / v3 tests (``v4``: V4's row)."""
+    clean, nan = _nan_rows_inputs(device, v4)
+    want = run_ref(nan)
+    H = clean["q"].shape[1]
+    nan_rows = torch.zeros(clean["q"].shape[:2], dtype=torch.bool)
+    nan_rows[1, 5] = nan_rows[1, 9] = True
+    nan_rows[2:4] = True
+    assert torch.equal(torch.isnan(want.float()).all(dim=-1), nan_rows)
+    assert torch.equal(torch.isnan(want.float()).any(dim=-1), nan_rows)
+    for num_splits in splits:
+        base = run_op(clean, num_splits=num_splits).float().cpu()
+        got = run_op(nan, num_splits=num_splits).float().cpu()
+        rows = torch.isnan(got).all(dim=-1)
+        assert torch.equal(rows, nan_rows), (f"num_splits={num_splits}: NaN (query, head) rows "
+                                             f"{rows.nonzero().tolist()}, want {nan_rows.nonzero().tolist()}")
+        assert torch.equal(torch.isnan(got).any(dim=-1), nan_rows), f"num_splits={num_splits}: partly NaN rows"
+        assert torch.equal(got[4:6], torch.zeros(2, H, got.shape[-1])), "no valid row -> zeros"
+        assert torch.equal(got[~nan_rows].view(torch.int32), base[~nan_rows].view(torch.int32)), \
+            f"num_splits={num_splits}: a row without NaN changed"
+        assert_close_to_reference(got, want)
+
+
+def nan_sink_policy(device, v4=False, splits=(1, 3, None)):
+    """A NaN sink gives NaN in its head for every query with valid rows, a -inf sink drops out of the denominator;
+    queries without valid rows stay zeros for both (the reference's policy: zeros where nothing is valid)."""
+    clean, _ = _nan_rows_inputs(device, v4)
+    clean["attn_sink"][2] = float("nan")
+    clean["attn_sink"][4] = float("-inf")
+    want = run_ref(clean)
+    for num_splits in splits:
+        got = run_op(clean, num_splits=num_splits)
+        assert_close_to_reference(got, want)
+        got = got.float().cpu()
+        assert torch.isnan(got[[0, 1, 2, 3, 6, 7], 2]).all()
+        assert not torch.isnan(got[:, 4]).any()
+        assert torch.equal(got[4:6], torch.zeros_like(got[4:6]))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, None])
+def test_nan_query_or_row_gives_nan_row(num_splits, device):
+    """v1 (the interpreter's kernel), unsplit and through the split combine: NaN in, NaN out (it gave zeros: the
+    finalisation zeroed every row whose running max stayed -inf, and a NaN score never raises the max)."""
+    nan_rows_policy(device, splits=(num_splits,))
+
+
+def test_nan_sink_and_rows_without_entries(device):
+    nan_sink_policy(device)
+
+
 def test_out_of_range_indices_are_skipped(device):
     """Out-of-range window ids, entry ids past the block table, pages outside the pool and slots outside the
     table give exactly the output of the same inputs with those indices set to -1."""
@@ -405,6 +493,16 @@ def test_cuda_nan_and_out_of_range():
     inputs["entry_idx"][:, 1] = 10 ** 6
     inputs["slots"][5] = 99
     check(inputs)
+
+
+@pytest.mark.cuda
+def test_cuda_nan_rows_policy(monkeypatch):
+    """v1 with V4's row on the GPU (split combine included): NaN query rows / a NaN selected row give NaN, queries
+    without valid rows zeros, other rows unchanged (``nan_rows_policy``, ``nan_sink_policy``; v2 / v3: their
+    test files)."""
+    monkeypatch.setenv("MEGAMOE_ATTN_IMPL", "v1")
+    nan_rows_policy("cuda", v4=True)
+    nan_sink_policy("cuda", v4=True)
 
 
 # ----------------------------------------------------------------------------------------------- error word

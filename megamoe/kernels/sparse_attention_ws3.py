@@ -400,7 +400,8 @@ if GLUON_AVAILABLE:
             sink = gl.load(sink_ptr + h, mask=hmask, other=0.0) * 1.4426950408889634
             m_use = gl.where(m_o == float("-inf"), 0.0, m_o)
             o = acc / (l_o + gl.exp2(sink - m_use))[:, None]
-            o = gl.where((m_o == float("-inf"))[:, None], 0.0, o)
+            # zeros only without a valid row: l == 0 (v1's rule; NaN scores leave m at -inf but make l NaN)
+            o = gl.where((l_o == 0.0)[:, None], 0.0, o)
             if STAGE_OUT:
                 o_stage.store(o.to(gl.bfloat16))
                 gl.thread_barrier()

@@ -18,7 +18,7 @@ from megamoe.kernels import sparse_attention_ws as ws_kernels
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_sparse_attention import (_graph_check, _v4_inputs, assert_close_to_reference, make_inputs,  # noqa: E402
-                                   run_op, run_ref)
+                                   nan_rows_policy, nan_sink_policy, run_op, run_ref)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -207,3 +207,13 @@ def test_cuda_partial_window_inactive_rows_few_entries(ws_impl):
 @pytest.mark.cuda
 def test_cuda_nan_and_out_of_range_flags(ws_impl):
     nan_and_out_of_range_flags()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["1", "0"])
+def test_cuda_nan_rows_policy(variant, ws_impl):
+    """NaN query rows / a NaN selected row (alone in its split too) give NaN, queries without valid rows zeros,
+    other rows keep their bits; NaN / -inf sinks (``test_sparse_attention.nan_rows_policy`` / ``nan_sink_policy``)."""
+    ws_impl.setenv("MEGAMOE_ATTN_WS", variant)
+    nan_rows_policy("cuda", v4=True)
+    nan_sink_policy("cuda", v4=True)

@@ -19,7 +19,7 @@ from megamoe.kernels import sparse_attention_ws3 as ws3
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_sparse_attention import (_graph_check, _v4_inputs, assert_close_to_reference,  # noqa: E402
-                                   run_op, run_ref)
+                                   nan_rows_policy, nan_sink_policy, run_op, run_ref)
 from test_sparse_attention_bf16p import _assert_mirrors, _mirror  # noqa: E402
 from test_sparse_attention_ws import nan_and_out_of_range_flags, partial_window_inactive_rows_few_entries  # noqa: E402
 
@@ -181,3 +181,14 @@ def test_cuda_chunked_kv_same_bits(case, ws3_impl):
     chunked = run_op(inputs, **kw)
     assert torch.equal(chunked, one)
     assert_close_to_reference(chunked, run_ref(inputs))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kv_chunks", [1, 8])
+def test_cuda_nan_rows_policy(kv_chunks, ws3_impl):
+    """NaN query rows / a NaN selected row (alone in its split too) give NaN, queries without valid rows zeros,
+    other rows keep their bits; NaN / -inf sinks (``test_sparse_attention.nan_rows_policy`` / ``nan_sink_policy``);
+    both K/V layouts (one epilogue)."""
+    ws3_impl.setitem(ws3.WS3_CONFIG, "KV_CHUNKS", kv_chunks)
+    nan_rows_policy("cuda", v4=True)
+    nan_sink_policy("cuda", v4=True)

@@ -179,3 +179,28 @@ def test_workspace_helper_validates_arguments(kw, exc, match):
 def test_workspace_helper_edge_shapes():
     assert ops.attention_workspace(0, 64, 512, 128, 1024, "cpu", num_splits=4) is None      # no tokens: no split
     assert ops.attention_workspace(1, 64, 512, 0, 0, "cpu") is None                         # nothing to attend
+
+
+@pytest.mark.parametrize("num_splits", [None, 2])
+def test_nan_and_empty_rows_same_policy_on_both_backends(num_splits, monkeypatch):
+    """The torch path (the reference) and the Triton path (the interpreter's kernel, unsplit and through the split
+    combine) agree: a NaN q row gives a NaN output row, a query without valid rows gives zeros (its q NaN, a -inf
+    sink), the rest matches."""
+    inputs = _inputs(H=16)
+    inputs["window_idx"][0] = -1
+    inputs["entry_idx"][0] = -1          # query 0: no valid row ...
+    inputs["q"][0] = float("nan")        # ... and a NaN q
+    inputs["window_idx"][1, 0] = 0       # query 1 has a valid row
+    inputs["q"][1, 2] = float("nan")     # head 2 of query 1: NaN
+    inputs["attn_sink"][5] = float("-inf")
+    outs = {}
+    for interpret in ("0", "1"):
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+        outs[interpret] = _call(ops.sparse_mqa_attention, inputs, num_splits=num_splits).float()
+    want_nan = torch.zeros(outs["0"].shape, dtype=torch.bool)
+    want_nan[1, 2] = True
+    for interpret, got in outs.items():
+        assert torch.equal(torch.isnan(got), want_nan), f"TRITON_INTERPRET={interpret}"
+        assert torch.equal(got[0], torch.zeros_like(got[0])), f"TRITON_INTERPRET={interpret}"
+    torch_out, triton_out = outs["0"][~want_nan], outs["1"][~want_nan]
+    assert (triton_out - torch_out).abs().max() <= 1e-2 * torch_out.abs().max()

@@ -115,8 +115,12 @@ SPLITK_CONFIGS = {
 # Per shape class (:func:`dense_shape_class`), the entries that replace SPLITK_CONFIGS' (same keys). Measured on
 # the H100 (gemm_dense_v13 sweep): at M = 64 on the bandwidth-bound class, 8 warps x 128 columns per program
 # (one program per SM) beat the 4-warp 64-column tile: 18432x7168 96.0 -> 86.0 us, 32768x1024 26.5 -> 19.5 us.
+# At M = 1 on the "huge" class, 8 FMA programs per SM instead of 4 (two H100 runs: 18432x7168 40.8 -> 37.8 us in the
+# gemm_dense_v13 sweep, 41.0 -> 37.7 us in gpu_check_v21/sweep_dense_ring.md; it is slower on 32768x1024 and
+# 4096x8192, 11.3 -> 13.8 and 12.6 -> 15.1 us, hence its own class).
 SPLITK_CLASS_CONFIGS = {
     "large": {64: ("wgmma", 64, 128, 128, 8, 1, None)},
+    "huge": {1: ("fma", 1, 64, 256, 4, 8, 128), 64: ("wgmma", 64, 128, 128, 8, 1, None)},
 }
 # The single-launch reduction (the last-arriving program sums the splits) only up to this many rows: above it,
 # one program reducing splits x BLOCK_M x BLOCK_N values serially cost more than the second launch (gemm_dense_v13
@@ -587,13 +591,15 @@ def compile_partial_for_sm90(config=SPLITK_CONFIGS[1], *, direct=False, bias=Fal
 # Routing (megamoe/ops/gemm.py: decode_route, dense only, host shapes only). Per shape class, the largest
 # M routed to split-K (the first class whose weight-element bound N*K is >= the shape's wins):
 #   "small" (N*K <= 2**24: 4096x4096, 1024x4096): launch- and latency-bound, the single-launch reduction;
-#   "large" (18432x7168, 32768x1024, 4096x8192): bandwidth-bound.
+#   "large" (32768x1024, 4096x8192) and "huge" (N*K > 2**26: 18432x7168): bandwidth-bound; the same bounds,
+#   "huge" only takes other tile configs (SPLITK_CLASS_CONFIGS).
 # M <= 16 measured (gemm_dense_splitk_20261123_1435: 1.1-1.9x bf16 at M = 1, 8); 17..64 are the wgmma
 # kind, predicted >= bf16 (NOTES_gemm.md, v13), to be confirmed by `bench_gemm.py --dense-splitk`, which
 # also times M = 128, 256 ("measure-ready": raise a bound here when the table shows split-K ahead).
 DENSE_SPLITK_MAX_ROWS = (
     ("small", 1 << 24, 64),
-    ("large", 1 << 62, 64),
+    ("large", 1 << 26, 64),
+    ("huge", 1 << 62, 64),
 )
 # Above the class bound, up to DENSE_SPLITK_LONG_K_ROWS rows where K >= DENSE_SPLITK_LONG_K: measured at M = 128
 # and 256 (gemm_dense_v16, H100, graph replay) split-K's wgmma kind beat the route taken before on every shape with

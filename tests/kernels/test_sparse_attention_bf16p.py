@@ -77,9 +77,14 @@ def test_kernel_equals_bf16p_mirror(case):
     splits = _kernel_splits(inputs, num_splits)
     want = _mirror(inputs, kernels.INTERPRETER_CONFIG["BLOCK_N"], splits)
     _assert_mirrors(got, want)
-    args = dict(inputs)  # the float32-P reference is much further away
+    # the check can fail here: a kernel with float32 P (the plain reference) would not pass it. (It replaced
+    # "the float32-P reference is 10x further from the kernel than the mirror", which failed ~1 run in 10 when a
+    # flip moved the kernel 1.5e-4 from the mirror. Measured 2026-11-26, 60 seeds x these 5 cases: the float32-P
+    # reference is >= 6.6e-4 from the mirror with >= 7.6% of the elements differing, 3.3x / 3.8x past both bounds.)
+    args = dict(inputs)
     q, sink, scale = args.pop("q"), args.pop("attn_sink"), args.pop("softmax_scale")
-    assert _rel(got, ref.sparse_mqa_attention(q, sink, scale, **args)) > 10 * max(_rel(got, want), 1e-6)
+    f32_p = ref.sparse_mqa_attention(q, sink, scale, **args)
+    assert not _mirrors(f32_p, want), (_rel(f32_p, want), _differing(f32_p, want))
 
 
 def test_per_row_split_counts():

@@ -63,6 +63,12 @@ PIPE_BM16_CONFIG = (16, 256, 128, 8, 6)  # compiles (161 registers) and is teste
 # v17: 1.04-1.15x at 512-1024 tokens of V4-Flash / V4-Pro; the same for the 64-row band measured equal).
 PIPE_SMALL_CONFIGS = {16: (16, 128, 128, 4, 6, 2), 32: (32, 128, 128, 4, 6, 2)}
 SUB_K = 32  # K per wgmma of the chain: one packed word per lane
+# Sub-steps (each 4 wgmmas: 2 m64 tiles x 2 k16) left in flight when the next one is decoded: 1 (default) waits for
+# the one before; 2 / 3 keep one / two more A operand sets live (16 registers each). Offline sm_90 (2026-11-26): all
+# three keep 255 registers with no spill in the K loop (stack 56 / 72 / 88 B outside it), DEPBAR.LE gsb0 0x1 / 0x2 /
+# 0x3, 3.68 / 3.68 / 3.63 SASS per weight; the same MMAs in the same order, so the same bits. Env
+# MEGAMOE_PIPE_WAIT_DEPTH (read at import) or the launcher's ``wait_depth`` for A/B runs; not measured yet.
+PIPE_WAIT_DEPTH = int(os.environ.get("MEGAMOE_PIPE_WAIT_DEPTH", "1") or 1)
 _SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 
 
@@ -99,11 +105,13 @@ if GLUON_AVAILABLE:
         async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
 
     @gluon.jit
-    def _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step, k_tiles,
-                a_layout: gl.constexpr, w_layout: gl.constexpr, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+    def _k_step(acc, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step,
+                k_tiles, a_layout: gl.constexpr, w_layout: gl.constexpr, s_layout: gl.constexpr,
+                BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, WAIT_DEPTH: gl.constexpr):
         """One 128-K step: wait for its ring slot, refill the slot of step - 2 with step + STAGES - 2, then four
-        32-K sub-steps (decode, async wgmma, wait for the sub-step before). Returns (acc, A in flight)."""
+        32-K sub-steps (decode, async wgmma, wait until at most WAIT_DEPTH sub-steps are in flight). Returns
+        (acc, the A operands of the last three sub-steps, newest first: those still in flight stay live; with
+        WAIT_DEPTH 1 the last two are passed through untouched)."""
         slot = step % STAGES
         async_copy.wait_group(STAGES - 3)  # this thread's copies of `step` have landed
         # the compiler's barrier after the wait: everyone's have, and every warpgroup's MMAs of step - 2 (waited
@@ -118,9 +126,17 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(BLOCK_K // _SUB_K):
             a = _decode_sub(words, scale_bytes, i, a_layout, BLOCK_N)
             acc = warpgroup_mma(a, xs.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), acc, is_async=True)
-            acc, a_prev = warpgroup_mma_wait(1, deps=[acc, a_prev])
+            if WAIT_DEPTH == 1:
+                acc, a_prev = warpgroup_mma_wait(1, deps=[acc, a_prev])
+            elif WAIT_DEPTH == 2:
+                acc, a_prev2 = warpgroup_mma_wait(2, deps=[acc, a_prev2])
+                a_prev2 = a_prev
+            else:
+                acc, a_prev3 = warpgroup_mma_wait(3, deps=[acc, a_prev3])
+                a_prev3 = a_prev2
+                a_prev2 = a_prev
             a_prev = a
-        return acc, a_prev
+        return acc, a_prev, a_prev2, a_prev3
 
     @gluon.jit
     def _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M: gl.constexpr,
@@ -144,12 +160,13 @@ if GLUON_AVAILABLE:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
-        STAGES: gl.constexpr = 4,
+        STAGES: gl.constexpr = 4, WAIT_DEPTH: gl.constexpr = 1,
     ):
         """Grouped NVFP4 GEMM, x in the MMA K order: one cp.async ring for x, weights and scales, and a
         32-K-grained async wgmma chain (module docstring)."""
         gl.static_assert(BLOCK_K == 128)
         gl.static_assert(STAGES >= 3)
+        gl.static_assert(WAIT_DEPTH >= 1 and WAIT_DEPTH <= 3)
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
@@ -215,13 +232,20 @@ if GLUON_AVAILABLE:
                         _fill(x_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, j, BLOCK_K)
                     async_copy.commit_group()
                 a_prev = gl.zeros([BLOCK_N, _SUB_K], gl.bfloat16, layout=a_layout)
+                a_prev2 = a_prev
+                a_prev3 = a_prev
                 # step 0 peeled: every path from the zeroing to the final wait passes a wgmma
-                acc, a_prev = _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, 0,
-                                      k_tiles, a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES)
+                acc, a_prev, a_prev2, a_prev3 = _k_step(
+                    acc, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, 0,
+                    k_tiles, a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES, WAIT_DEPTH)
                 for step in range(1, k_tiles):
-                    acc, a_prev = _k_step(acc, a_prev, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step,
-                                          k_tiles, a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES)
-                acc = warpgroup_mma_wait(0, deps=[acc, a_prev])[0]
+                    acc, a_prev, a_prev2, a_prev3 = _k_step(
+                        acc, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
+                        step, k_tiles, a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES, WAIT_DEPTH)
+                if WAIT_DEPTH == 1:
+                    acc = warpgroup_mma_wait(0, deps=[acc, a_prev])[0]
+                else:
+                    acc = warpgroup_mma_wait(0, deps=[acc, a_prev, a_prev2, a_prev3])[0]
                 if SWIGLU:
                     store_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
                                    stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N,
@@ -238,12 +262,14 @@ if GLUON_AVAILABLE:
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
 
 
-def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True):
+def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True,
+                     wait_depth=None):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we",
                "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om", "row_hi"]
     return compile_sm90(_nvfp4_wgmma_pipe_kernel, scalars, config[:3], config[3], grouped=True, row_index=row_index,
-                        bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit, extra_constants=dict(STAGES=config[4]))
+                        bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                        extra_constants=dict(STAGES=config[4], WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH))
 
 
 def pipe_supported(k: int, config=PIPE_CONFIG) -> bool:
@@ -271,6 +297,7 @@ def launch_nvfp4_wgmma_pipe(
     row_hi: int | None = None,
     own_pad: bool = True,
     x_in_mma_order: bool = False,
+    wait_depth: int | None = None,
 ) -> torch.Tensor:
     """Launch the pipelined wgmma grouped GEMM (contract of
     :func:`megamoe.kernels.gemm.nvfp4_wgmma.launch_nvfp4_wgmma`, grouped only).
@@ -280,12 +307,15 @@ def launch_nvfp4_wgmma_pipe(
     programs per SM (default 1)]).
     ``row_lo`` / ``row_hi``: compute only the experts with ``row_lo < rows <= row_hi`` (a band of
     :func:`megamoe.ops.gemm.plan_row_bands`; others' rows are left untouched); ``own_pad``: write zeros to the
-    padding rows ``[offsets[E-1], T)``.
+    padding rows ``[offsets[E-1], T)``. ``wait_depth``: 1-3 sub-steps left in flight (default
+    :data:`PIPE_WAIT_DEPTH`); the same bits for every value.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
     if expert_offsets is None:
         raise ValueError("expert_offsets: this kernel is grouped only")
+    if wait_depth is not None and (type(wait_depth) is not int or wait_depth not in (1, 2, 3)):
+        raise ValueError(f"wait_depth: expected None or 1, 2 or 3, got {wait_depth!r}")
     num_rows = out.shape[0]
     n, k = data.shape[-2], 2 * data.shape[-1]
     num_experts = data.shape[0]
@@ -309,6 +339,6 @@ def launch_nvfp4_wgmma_pipe(
     _nvfp4_wgmma_pipe_kernel[(programs,)](
         *head, programs, row_lo, int(own_pad), *strides, row_hi, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
-        **flags,
+        WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH, **flags,
     )
     return out

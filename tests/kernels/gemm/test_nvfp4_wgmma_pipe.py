@@ -49,6 +49,37 @@ def test_sm90_pipe_k_loop(tmp_path, swiglu):
     assert count / (block_n * block_k // threads) <= 3.64 * 1.05, (count, ops)
 
 
+@gluon_only
+@pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
+@pytest.mark.parametrize("depth", [2, 3])
+def test_sm90_pipe_wait_depth(tmp_path, depth):
+    """``wait_depth`` 2 / 3: the K loop leaves that many sub-steps in flight (``DEPBAR.LE gsb0, depth``), with the
+    same wgmmas and copies and no spill in the loop (the extra A operands fit in 255 registers)."""
+    import re
+    import subprocess
+
+    cubin = _compile_in_subprocess(pipe.PIPE_CONFIG, dict(swiglu=True, wait_depth=depth), tmp_path, kind="pipe")
+    loops = _inner_loops(cubin, tmp_path)
+    k_loops = [(n, ops) for n, ops in loops if ops["HGMMA"]]
+    assert len(k_loops) == 1, loops
+    count, ops = k_loops[0]
+    assert ops["HGMMA"] == 16 and ops["WARPGROUP"] == 8 and ops["LDGSTS"] == 13
+    assert not ops["LDL"] and not ops["STL"], ops
+    path = tmp_path / "kernel.cubin"
+    sass = subprocess.run([_cuobjdump(), "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    levels = set(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass))
+    assert levels == {"0x0", hex(depth)}, levels  # the final wait, and the chain's
+
+
+def test_wait_depth_argument_is_checked():
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    for bad in (0, 4, True, 2.0):
+        with pytest.raises(ValueError, match="wait_depth"):
+            pipe.launch_nvfp4_wgmma_pipe(x, torch.zeros(1, 8, 128, dtype=torch.uint8), None, None,
+                                         torch.empty(4, 8, dtype=torch.bfloat16),
+                                         expert_offsets=torch.tensor([4], dtype=torch.int32), wait_depth=bad)
+
+
 def _run(x, w, out_shape, **kwargs):
     out = torch.full(out_shape, float("nan"), dtype=torch.bfloat16, device=x.device)
     pipe.launch_nvfp4_wgmma_pipe(x, w.data, w.block_scale, w.global_scale, out, **kwargs)

@@ -67,7 +67,8 @@ SUB_K = 32  # K per wgmma of the chain: one packed word per lane
 # the one before; 2 / 3 keep one / two more A operand sets live (16 registers each). Offline sm_90 (2026-11-26): all
 # three keep 255 registers with no spill in the K loop (stack 56 / 72 / 88 B outside it), DEPBAR.LE gsb0 0x1 / 0x2 /
 # 0x3, 3.68 / 3.68 / 3.63 SASS per weight; the same MMAs in the same order, so the same bits. Env
-# MEGAMOE_PIPE_WAIT_DEPTH (read at import) or the launcher's ``wait_depth`` for A/B runs; not measured yet.
+# MEGAMOE_PIPE_WAIT_DEPTH (read at import) or the launcher's ``wait_depth`` for A/B runs. Measured (H100, two runs,
+# results/gpu_check_v22): depth 3 / depth 1 = 0.97-1.01 on V4-Flash at 4096 tokens, within the run-to-run spread.
 PIPE_WAIT_DEPTH = int(os.environ.get("MEGAMOE_PIPE_WAIT_DEPTH", "1") or 1)
 _SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 

@@ -428,25 +428,33 @@ def _graph_time(make_call, copies: int, rep_ms: int) -> float:
     return bench(graph.replay, rep_ms) / GRAPH_CALLS
 
 
+def dense_weight_copies(n: int, k: int, device):
+    """Random (N, K) NVFP4 weights, enough copies to cycle >= GRAPH_BYTES in a graph, and their bf16 dequantisations
+    (again >= GRAPH_BYTES): (NVFP4 copies, bf16 copies)."""
+    from megamoe.format.tensor import NVFP4Tensor
+    from megamoe.reference.quantize import dequantize
+
+    copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // (n * k * 9 // 16))))
+    ws = []
+    for _ in range(copies):
+        data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+        sb = torch.randint(0x20, 0x48, (n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+        ws.append(NVFP4Tensor(data, sb, torch.full((n, 1), 1e-3, device=device), (n, k)))
+    bf16_copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // (2 * n * k))))
+    return ws, [dequantize(ws[i % copies], torch.bfloat16) for i in range(bf16_copies)]
+
+
 def run_dense_splitk(args):
     """Dense NVFP4 linear at M = 1..256: split-K kernel vs the previous route vs bf16 F.linear (graph replay)."""
-    from megamoe.format.tensor import NVFP4Tensor
     from megamoe.kernels.gemm import nvfp4_splitk as sk
     from megamoe.ops import gemm as ops_gemm
-    from megamoe.reference.quantize import dequantize
 
     device = torch.device("cuda")
     rows = []
     for n, k in SPLITK_SHAPES:
         fp4_bytes = n * k * 9 // 16
-        copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // fp4_bytes)))
-        ws = []
-        for _ in range(copies):
-            data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
-            sb = torch.randint(0x20, 0x48, (n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
-            ws.append(NVFP4Tensor(data, sb, torch.full((n, 1), 1e-3, device=device), (n, k)))
-        bf16_copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // (2 * n * k))))
-        w_bf16 = [dequantize(ws[i % copies], torch.bfloat16) for i in range(bf16_copies)]
+        ws, w_bf16 = dense_weight_copies(n, k, device)
+        copies, bf16_copies = len(ws), len(w_bf16)
         for m in SPLITK_ROWS:
             x = torch.randn(m, k, device=device).bfloat16()
             out = torch.empty(m, n, dtype=torch.bfloat16, device=device)

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_gemm import GRAPH_BYTES, GRAPH_CALLS, HBM_BYTES_PER_S, _graph_time  # noqa: E402
+from bench_gemm import GRAPH_CALLS, HBM_BYTES_PER_S, _graph_time, dense_weight_copies  # noqa: E402
 
 SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096)]  # (N, K)
 ROWS = (1, 8)
@@ -41,25 +41,17 @@ def main():
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--rep-ms", type=int, default=20)
     args = parser.parse_args()
-    from megamoe.format.tensor import NVFP4Tensor
     from megamoe.kernels.gemm import nvfp4_mma_decode as mma
     from megamoe.kernels.gemm import nvfp4_splitk as sk
     from megamoe.ops import gemm as ops_gemm
-    from megamoe.reference.quantize import dequantize
 
     device = torch.device("cuda")
     t0 = time.time()
     rows = []
     for n, k in SHAPES:
         fp4_bytes = n * k * 9 // 16
-        copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // fp4_bytes)))
-        ws = []
-        for _ in range(copies):
-            data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
-            sb = torch.randint(0x20, 0x48, (n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
-            ws.append(NVFP4Tensor(data, sb, torch.full((n, 1), 1e-3, device=device), (n, k)))
-        bf16_copies = max(1, min(GRAPH_CALLS, -(-GRAPH_BYTES // (2 * n * k))))
-        w_bf16 = [dequantize(ws[i % copies], torch.bfloat16) for i in range(bf16_copies)]
+        ws, w_bf16 = dense_weight_copies(n, k, device)
+        copies, bf16_copies = len(ws), len(w_bf16)
         for m in ROWS:
             x = torch.randn(m, k, device=device).bfloat16()
             out = torch.empty(m, n, dtype=torch.bfloat16, device=device)

@@ -1,0 +1,65 @@
+"""Time the pipelined wgmma kernel alone at its defaults (for A/B between two checkouts, one process each).
+
+V4-Flash at 4096 tokens: gate_up + SwiGLU (rows gathered by ``row_index``) and down, all tokens on 6 experts and
+uniform over 256 experts; x already in the MMA K order; CUDA-graph replay, L2 cleared, ``do_bench`` median.
+Prints one JSON line per case and the output checksum (equal checksums = the same bits across checkouts).
+Run: ``python benchmarks/time_pipe_kernel.py [--tag NAME]`` from the checkout to time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HIDDEN, INTER, TOKENS, TOPK = 4096, 2048, 4096, 6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    from megamoe.format.tensor import NVFP4Tensor
+    from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
+    from megamoe.kernels.gemm.mma_k_order import launch_to_mma_k_order
+
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(0)
+    for routing, experts in (("all-on-6", TOPK), ("uniform", 256)):
+        per = TOKENS * TOPK // experts
+        offsets = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * per
+        row_index = torch.randint(0, TOKENS, (TOKENS * TOPK,), dtype=torch.int32, device=device, generator=gen)
+        for gemm, n, k, src, swiglu in (("gate_up", 2 * INTER, HIDDEN, TOKENS, True),
+                                        ("down", HIDDEN, INTER, TOKENS * TOPK, False)):
+            data = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device=device, generator=gen)
+            scale = torch.randint(0x20, 0x48, (experts, n, k // 16), dtype=torch.uint8, device=device,
+                                  generator=gen).view(torch.float8_e4m3fn)
+            w = NVFP4Tensor(data, scale, torch.full((experts, 1, 1), 1e-3, device=device), (experts, n, k))
+            x = launch_to_mma_k_order(torch.randn(src, k, device=device, generator=gen).bfloat16())
+            out = torch.empty(TOKENS * TOPK, n // 2 if swiglu else n, dtype=torch.bfloat16, device=device)
+
+            def call():
+                pipe.launch_nvfp4_wgmma_pipe(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                             row_index=row_index if swiglu else None, swiglu=swiglu,
+                                             swiglu_limit=7.0 if swiglu else None, x_in_mma_order=True)
+
+            call()
+            torch.cuda.synchronize()
+            checksum = float(out.float().abs().sum())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call()
+            us = triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median") * 1e3
+            print(json.dumps(dict(tag=args.tag, routing=routing, gemm=gemm, us=round(us, 1),
+                                  tflops=round(2 * TOKENS * TOPK * n * k / us / 1e6, 1), checksum=checksum)),
+                  flush=True)
+            w = x = out = graph = None
+
+
+if __name__ == "__main__":
+    main()

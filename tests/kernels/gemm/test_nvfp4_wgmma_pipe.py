@@ -150,6 +150,24 @@ def test_cuda_pipe_exact_decode_and_guard():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("depth", [2, 3])
+def test_cuda_pipe_wait_depth_same_bits(depth):
+    """``wait_depth`` 2 / 3 issue the same wgmmas in the same order: the same bits as the default (H100: also seen in
+    benchmarks/results/gpu_check_v22, V4-Flash shapes), here with SwiGLU + row gather and without."""
+    device = torch.device("cuda")
+    counts = [0, 300, 7, 0, 129]
+    w = random_weight((len(counts), 512, 1024), device, scale_shape=(len(counts), 1, 1))
+    t = sum(counts) + 5
+    x = torch.randn(t, 1024, device=device).bfloat16()
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    offsets = offsets_of(counts, device)
+    for kwargs, width in ((dict(row_index=row_index, swiglu=True, swiglu_limit=7.0), 256), (dict(), 512)):
+        one = _run(x, w, (t, width), expert_offsets=offsets, **kwargs)
+        deep = _run(x, w, (t, width), expert_offsets=offsets, wait_depth=depth, **kwargs)
+        assert torch.equal(deep, one)
+
+
+@pytest.mark.cuda
 def test_cuda_pipe_sync_free_and_graph():
     device = torch.device("cuda")
     e, n, k, t = 16, 512, 512, 3000

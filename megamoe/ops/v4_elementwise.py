@@ -38,8 +38,9 @@ INDEX_FP4_BLOCK = 32
 _tensor = check_tensor
 
 
-def _rope_inputs(freqs, positions, T: int, device, width: int, name: str) -> int:
-    """Validate the table and positions; returns rope_dim."""
+def _rope_inputs(freqs, positions, T: int, device, width: int, name: str) -> tuple[int, torch.Tensor]:
+    """Validate the table and positions; returns (rope_dim, positions contiguous: the kernels index positions[t],
+    so a strided view is copied, T ints)."""
     _tensor(freqs, "freqs", torch.complex64, 2, device)
     rd = 2 * freqs.shape[1]
     if rd < 2 or rd > width or (width - rd) % 2:
@@ -49,7 +50,7 @@ def _rope_inputs(freqs, positions, T: int, device, width: int, name: str) -> int
     if tuple(positions.shape) != (T,) or positions.device != device:
         raise ValueError(f"positions: expected shape ({T},) on {device}, got {tuple(positions.shape)} on "
                          f"{positions.device}")
-    return rd
+    return rd, positions.contiguous()
 
 
 def _check_eps(eps) -> None:
@@ -169,11 +170,10 @@ def q_kv_path(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torch.
         _tensor(kv_weight, "kv_weight", torch.float32, 1, dev)
         if tuple(kv_weight.shape) != (D,):
             raise ValueError(f"kv_weight: expected ({D},), got {tuple(kv_weight.shape)}")
-    rd = _rope_inputs(freqs, positions, T, dev, D, "a head")
+    rd, positions = _rope_inputs(freqs, positions, T, dev, D, "a head")
     if kv is not None and (D - rd) % KV_FP8_BLOCK:
         raise ValueError(f"kv: the {D - rd} non-RoPE dims are not a multiple of the FP8 block {KV_FP8_BLOCK}")
     _check_eps(eps)
-    positions = positions.contiguous()  # the kernel indexes positions[t] (T ints: a copy only when strided)
     if use_triton(src):
         from ..kernels.v4_elementwise import launch_q_kv
 
@@ -202,9 +202,8 @@ def index_q_path(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, po
     _tensor(weights, "weights", torch.bfloat16, 2, q.device)
     if tuple(weights.shape) != (T, n_heads):
         raise ValueError(f"weights: expected shape {(T, n_heads)}, got {tuple(weights.shape)}")
-    _rope_inputs(freqs, positions, T, q.device, Di, "an index head")
+    positions = _rope_inputs(freqs, positions, T, q.device, Di, "an index head")[1]
     check_real(weight_scale, "weight_scale")
-    positions = positions.contiguous()  # the kernel indexes positions[t]
     if use_triton(q):
         from ..kernels.v4_elementwise import launch_index_q
 
@@ -224,8 +223,7 @@ def output_path(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor, *
     T, H, D = o.shape
     if H % groups:
         raise ValueError(f"groups: {groups} does not divide the {H} heads")
-    _rope_inputs(freqs, positions, T, o.device, D, "a head")
-    positions = positions.contiguous()  # the kernel indexes positions[t]
+    positions = _rope_inputs(freqs, positions, T, o.device, D, "a head")[1]
     if use_triton(o):
         from ..kernels.v4_elementwise import launch_output
 
@@ -263,13 +261,12 @@ def post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Tensor, p
     _tensor(out, "out", torch.bfloat16, 2, pooled.device)
     if tuple(out.shape) != (N, D) or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous ({N}, {D}) tensor, got {tuple(out.shape)}")
-    _rope_inputs(freqs, positions, N, pooled.device, D, "a pooled row")
+    positions = _rope_inputs(freqs, positions, N, pooled.device, D, "a pooled row")[1]
     if not isinstance(shift, int) or isinstance(shift, bool):
         raise TypeError(f"shift: expected an int, got {type(shift).__name__}")
     _check_eps(eps)
     if not isinstance(rotate, bool):
         raise TypeError(f"rotate: expected a bool, got {rotate!r}")
-    positions = positions.contiguous()  # the kernel indexes positions[n]
     if rotate and D & (D - 1):
         raise ValueError(f"pooled: the Hadamard rotation needs a power-of-two width, got {D}")
     if freqs.shape[0] < 1:

@@ -21,15 +21,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-HIDDEN, INTER, TOKENS, TOPK = 4096, 2048, 4096, 6
-
-
-def _weight(e, n, k, device):
-    from megamoe.format.tensor import NVFP4Tensor
-
-    data = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device)
-    scale = torch.randint(0x20, 0x48, (e, n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
-    return NVFP4Tensor(data, scale, torch.full((e, 1, 1), 1e-3, device=device), (e, n, k))
+from time_pipe_kernel import TOKENS, TOPK, flash_4096_cases  # noqa: E402 (benchmarks/, the same cases)
 
 
 def _graph_us(fn):
@@ -46,44 +38,30 @@ def main():
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
-    from megamoe.kernels.gemm.mma_k_order import launch_to_mma_k_order
 
-    device = torch.device("cuda")
-    torch.manual_seed(0)
     rows = []
-    for routing, experts in (("all-on-6", TOPK), ("uniform", 256)):
-        per = TOKENS * TOPK // experts
-        offsets = (torch.arange(1, experts + 1, device=device, dtype=torch.int32) * per)
-        row_index = torch.randint(0, TOKENS, (TOKENS * TOPK,), dtype=torch.int32, device=device)
-        for gemm, n, k, src, swiglu in (("gate_up", 2 * INTER, HIDDEN, TOKENS, True),
-                                        ("down", HIDDEN, INTER, TOKENS * TOPK, False)):
-            w = _weight(experts, n, k, device)
-            x = launch_to_mma_k_order(torch.randn(src, k, device=device).bfloat16())
-            out = {d: torch.empty(TOKENS * TOPK, n // 2 if swiglu else n, dtype=torch.bfloat16, device=device)
-                   for d in (1, 2, 3)}
+    for routing, gemm, n, k, flops, kwargs in flash_4096_cases(torch.device("cuda")):
+        out = {d: torch.empty_like(kwargs["out"]) for d in (1, 2, 3)}
 
-            def call(d):
-                return lambda: pipe.launch_nvfp4_wgmma_pipe(
-                    x, w.data, w.block_scale, w.global_scale, out[d], expert_offsets=offsets,
-                    row_index=row_index if swiglu else None, swiglu=swiglu, swiglu_limit=7.0 if swiglu else None,
-                    x_in_mma_order=True, wait_depth=d)
+        def call(d):
+            return lambda: pipe.launch_nvfp4_wgmma_pipe(**dict(kwargs, out=out[d]), wait_depth=d)
 
+        for d in (1, 2, 3):
+            call(d)()
+        torch.cuda.synchronize()
+        same = all(torch.equal(out[1], out[d]) for d in (2, 3))
+        runs = {d: [] for d in (1, 2, 3)}
+        for _ in range(3):
             for d in (1, 2, 3):
-                call(d)()
-            torch.cuda.synchronize()
-            same = all(torch.equal(out[1], out[d]) for d in (2, 3))
-            runs = {d: [] for d in (1, 2, 3)}
-            for _ in range(3):
-                for d in (1, 2, 3):
-                    runs[d].append(_graph_us(call(d)))
-            us = {d: statistics.median(v) for d, v in runs.items()}
-            flops = 2 * TOKENS * TOPK * n * k
-            row = dict(routing=routing, gemm=gemm, n=n, k=k, rows_per_expert=per, same_bits=same,
-                       us={str(d): us[d] for d in us}, runs={str(d): runs[d] for d in runs},
-                       tflops={str(d): flops / us[d] / 1e6 for d in us})
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            w = x = out = None  # free before the next case
+                runs[d].append(_graph_us(call(d)))
+        us = {d: statistics.median(v) for d, v in runs.items()}
+        per = TOKENS * TOPK // kwargs["expert_offsets"].shape[0]
+        row = dict(routing=routing, gemm=gemm, n=n, k=k, rows_per_expert=per, same_bits=same,
+                   us={str(d): us[d] for d in us}, runs={str(d): runs[d] for d in runs},
+                   tflops={str(d): flops / us[d] / 1e6 for d in us})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        kwargs = out = None  # free before the next case
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 config=list(pipe.PIPE_CONFIG), command="python " + " ".join(sys.argv))
     os.makedirs(args.out, exist_ok=True)

@@ -376,7 +376,7 @@ def run_dense(args):
 
             ref = torch.nn.functional.linear(xs[0], w_bf16).float()
             got = gemv.launch_nvfp4_gemv(xs[0], data, sb, w.global_scale, out).float()
-            roof = (n * k * 9 / 16 + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6
+            roof = dense_floor_us(n, m, k)
             rows.append(dict(
                 n=n, k=k, m=m, hbm_roofline_us=roof,
                 gemv_rel_err_vs_bf16=((got - ref).norm() / ref.norm()).item(),
@@ -428,6 +428,11 @@ def _graph_time(make_call, copies: int, rep_ms: int) -> float:
     return bench(graph.replay, rep_ms) / GRAPH_CALLS
 
 
+def dense_floor_us(n: int, m: int, k: int) -> float:
+    """HBM floor of a dense (M, K) x (N, K)^T NVFP4 GEMM in us: weights + scales + bf16 activations in and out."""
+    return (n * k * 9 // 16 + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6
+
+
 def dense_weight_copies(n: int, k: int, device):
     """Random (N, K) NVFP4 weights, enough copies to cycle >= GRAPH_BYTES in a graph, and their bf16 dequantisations
     (again >= GRAPH_BYTES): (NVFP4 copies, bf16 copies)."""
@@ -452,7 +457,6 @@ def run_dense_splitk(args):
     device = torch.device("cuda")
     rows = []
     for n, k in SPLITK_SHAPES:
-        fp4_bytes = n * k * 9 // 16
         ws, w_bf16 = dense_weight_copies(n, k, device)
         copies, bf16_copies = len(ws), len(w_bf16)
         for m in SPLITK_ROWS:
@@ -479,7 +483,7 @@ def run_dense_splitk(args):
             cfg = sk.select_splitk_config(m, False, True, n, k)
             m_tiles = -(-m // cfg[1]) if cfg[0] == "wgmma" else 1
             planned = sk.plan_splitk(m, n, k, cfg[2], cfg[3], max(1, sk._num_sms(0) * cfg[5] // m_tiles))[0]
-            floor = (fp4_bytes + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6
+            floor = dense_floor_us(n, m, k)
             row = dict(n=n, k=k, m=m, hbm_floor_us=floor, config=list(cfg), splits=planned,
                        rel_err_vs_bf16=((got - ref).norm() / ref.norm()).item(),
                        splitk_us=_graph_time(splitk, copies, args.rep_ms),

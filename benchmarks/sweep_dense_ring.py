@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_gemm import GRAPH_CALLS, HBM_BYTES_PER_S, _graph_time, dense_weight_copies  # noqa: E402
+from bench_gemm import GRAPH_CALLS, _graph_time, dense_floor_us, dense_weight_copies  # noqa: E402
 
 SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096)]  # (N, K)
 ROWS = (1, 8)
@@ -49,14 +49,13 @@ def main():
     t0 = time.time()
     rows = []
     for n, k in SHAPES:
-        fp4_bytes = n * k * 9 // 16
         ws, w_bf16 = dense_weight_copies(n, k, device)
         copies, bf16_copies = len(ws), len(w_bf16)
         for m in ROWS:
             x = torch.randn(m, k, device=device).bfloat16()
             out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
             ref = ops_gemm.nvfp4_linear(x, ws[0]).float()
-            floor = (fp4_bytes + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6
+            floor = dense_floor_us(n, m, k)
             row = dict(n=n, k=k, m=m, floor_us=floor, times={})
 
             def timed(name, make, check=True):

@@ -20,15 +20,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HIDDEN, INTER, TOKENS, TOPK = 4096, 2048, 4096, 6
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tag", default="")
-    args = ap.parse_args()
+def flash_4096_cases(device):
+    """Yield (routing, gemm, n, k, flops, launch kwargs for ``launch_nvfp4_wgmma_pipe``) of the V4-Flash 4096-token
+    GEMMs (also used by ab_pipe_wait_depth.py): x in the MMA K order, ``out`` preallocated, fixed random data."""
     from megamoe.format.tensor import NVFP4Tensor
-    from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
     from megamoe.kernels.gemm.mma_k_order import launch_to_mma_k_order
 
-    device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
     for routing, experts in (("all-on-6", TOPK), ("uniform", 256)):
         per = TOKENS * TOPK // experts
@@ -42,23 +39,29 @@ def main():
             w = NVFP4Tensor(data, scale, torch.full((experts, 1, 1), 1e-3, device=device), (experts, n, k))
             x = launch_to_mma_k_order(torch.randn(src, k, device=device, generator=gen).bfloat16())
             out = torch.empty(TOKENS * TOPK, n // 2 if swiglu else n, dtype=torch.bfloat16, device=device)
+            yield routing, gemm, n, k, 2 * TOKENS * TOPK * n * k, dict(
+                x=x, data=w.data, block_scale=w.block_scale, global_scale=w.global_scale, out=out,
+                expert_offsets=offsets, row_index=row_index if swiglu else None, swiglu=swiglu,
+                swiglu_limit=7.0 if swiglu else None, x_in_mma_order=True)
 
-            def call():
-                pipe.launch_nvfp4_wgmma_pipe(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
-                                             row_index=row_index if swiglu else None, swiglu=swiglu,
-                                             swiglu_limit=7.0 if swiglu else None, x_in_mma_order=True)
 
-            call()
-            torch.cuda.synchronize()
-            checksum = float(out.float().abs().sum())
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call()
-            us = triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median") * 1e3
-            print(json.dumps(dict(tag=args.tag, routing=routing, gemm=gemm, us=round(us, 1),
-                                  tflops=round(2 * TOKENS * TOPK * n * k / us / 1e6, 1), checksum=checksum)),
-                  flush=True)
-            w = x = out = graph = None
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
+
+    for routing, gemm, n, k, flops, kwargs in flash_4096_cases(torch.device("cuda")):
+        pipe.launch_nvfp4_wgmma_pipe(**kwargs)
+        torch.cuda.synchronize()
+        checksum = float(kwargs["out"].float().abs().sum())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            pipe.launch_nvfp4_wgmma_pipe(**kwargs)
+        us = triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median") * 1e3
+        print(json.dumps(dict(tag=args.tag, routing=routing, gemm=gemm, us=round(us, 1),
+                              tflops=round(flops / us / 1e6, 1), checksum=checksum)), flush=True)
+        graph = kwargs = None
 
 
 if __name__ == "__main__":

@@ -299,6 +299,17 @@ if GLUON_AVAILABLE:
         return acc
 
     @gluon.jit
+    def gathered_source_rows(row_index_ptr, rows, real, num_src_rows):
+        """x rows of a tile for cp.async copies through ``row_index``: ``rows`` (a 1-D tile of output rows), ``real``
+        = rows below the tile end. Returns (source row int64, source row in range, copy mask (rows, 1)): rows past
+        the end and out-of-range values address row 0; the mask is False for out-of-range values of real rows
+        (those rows are stored, so their copies zero-fill: the reference's drop rule) and everywhere when x has no
+        rows (row 0 does not exist). The one rule of every x ring (pipelined, wgmma x ring, mma x-smem)."""
+        src = gl.load(row_index_ptr + rows, mask=real, other=0).to(gl.int64)
+        src_ok = (src >= 0) & (src < num_src_rows)
+        return gl.where(src_ok & real, src, 0), src_ok, (src_ok | ~real)[:, None] & (num_src_rows > 0)
+
+    @gluon.jit
     def add_i32(a, b):
         return a + b
 

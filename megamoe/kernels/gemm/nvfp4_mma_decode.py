@@ -57,6 +57,7 @@ if GLUON_AVAILABLE:
 
     from .nvfp4_gluon_jit import (
         decode_a_operand,
+        gathered_source_rows,
         grouped_tile_table,
         load_weights,
         locate_tile,
@@ -390,10 +391,7 @@ if GLUON_AVAILABLE:
                 xs_rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xs_layout))
                 xs_ok = xs_rows < row_end
                 if HAS_ROW_INDEX:  # rows past the chunk read row 0 (never stored); out-of-range values zeros
-                    xs_src = gl.load(row_index_ptr + xs_rows, mask=xs_ok, other=0).to(gl.int64)
-                    xs_src_ok = (xs_src >= 0) & (xs_src < num_src_rows)
-                    xs_src = gl.where(xs_src_ok & xs_ok, xs_src, 0)
-                    xs_mask = (xs_src_ok | ~xs_ok)[:, None] & (num_src_rows > 0)
+                    xs_src, _, xs_mask = gathered_source_rows(row_index_ptr, xs_rows, xs_ok, num_src_rows)
                 else:
                     xs_src = gl.where(xs_ok, xs_rows, 0).to(gl.int64)
                     xs_mask = None

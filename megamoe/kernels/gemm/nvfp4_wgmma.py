@@ -42,6 +42,7 @@ if GLUON_AVAILABLE:
 
     from .nvfp4_gluon_jit import (
         decode_a_operand,
+        gathered_source_rows,
         grouped_tile_table,
         load_weights,
         locate_tile,
@@ -189,11 +190,7 @@ if GLUON_AVAILABLE:
                 r_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xr_layout))
                 r_ok = r_rows < row_end
                 if HAS_ROW_INDEX:
-                    r_src = gl.load(row_index_ptr + r_rows, mask=r_ok, other=0).to(gl.int64)
-                    src_ok = (r_src >= 0) & (r_src < num_src_rows)
-                    r_src = gl.where(src_ok & r_ok, r_src, 0)
-                    # out-of-range values read zeros (the reference's drop rule), not row 0: those rows are stored
-                    xr_mask = (src_ok | ~r_ok)[:, None] & (num_src_rows > 0)
+                    r_src, _, xr_mask = gathered_source_rows(row_index_ptr, r_rows, r_ok, num_src_rows)
                 else:
                     r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
                     xr_mask = None

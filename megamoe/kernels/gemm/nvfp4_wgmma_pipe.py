@@ -46,8 +46,8 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-    from .nvfp4_gluon_jit import (decode_words, grouped_tile_table, locate_tile, scale_layout, store_epilogue,
-                                  store_plain_epilogue, weight_layout, word_bytes)
+    from .nvfp4_gluon_jit import (decode_words, gathered_source_rows, grouped_tile_table, locate_tile, scale_layout,
+                                  store_epilogue, store_plain_epilogue, weight_layout, word_bytes)
 
 # (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows, BLOCK_K, num_warps, STAGES).
 # Shared memory: STAGES * (BLOCK_M * BLOCK_K * 2 + BLOCK_N * BLOCK_K * 9 / 16) bytes (200 KB at the default).
@@ -211,14 +211,9 @@ if GLUON_AVAILABLE:
             r_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xr_layout))
             r_ok = r_rows < row_end
             if HAS_ROW_INDEX:
-                r_src = gl.load(row_index_ptr + r_rows, mask=r_ok, other=0).to(gl.int64)
-                src_ok = (r_src >= 0) & (r_src < num_src_rows)
+                r_src, src_ok, xr_mask = gathered_source_rows(row_index_ptr, r_rows, r_ok, num_src_rows)
                 if ERR_FLAG != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only)
                     bad_rows += gl.sum((r_ok & ~src_ok & is_real).to(gl.int32), axis=0)
-                r_src = gl.where(src_ok & r_ok, r_src, 0)
-                # rows past the tile end read row 0 (never stored); out-of-range values read zeros, not row 0
-                # (those rows are stored), and with no source rows at all nothing is read
-                xr_mask = (src_ok | ~r_ok)[:, None] & (num_src_rows > 0)
             else:
                 r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
                 xr_mask = None

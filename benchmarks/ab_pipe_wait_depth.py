@@ -21,7 +21,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from time_pipe_kernel import TOKENS, TOPK, flash_4096_cases  # noqa: E402 (benchmarks/, the same cases)
+from time_pipe_kernel import TOKENS, TOPK, flash_cases  # noqa: E402 (benchmarks/, the same cases)
 
 
 def _graph_us(fn):
@@ -40,7 +40,7 @@ def main():
     from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
 
     rows = []
-    for routing, gemm, n, k, flops, kwargs in flash_4096_cases(torch.device("cuda")):
+    for routing, gemm, n, k, flops, kwargs in flash_cases(torch.device("cuda")):
         out = {d: torch.empty_like(kwargs["out"]) for d in (1, 2, 3)}
 
         def call(d):

@@ -462,7 +462,7 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
             t2 = time.time()
             bf16 = bf16_weights(c, w13k, w2)
             print(f"{name}: bf16 weights built in {time.time() - t2:.0f} s", flush=True)
-    switch, alt, _ = route_switch(args.pipe or args.both_pipe)
+    switch, alt, _ = route_switch(switch_kind(args))
     switch_saved = getattr(gemm_ops, switch)
     for ri, kind in enumerate(routings):
         for t in tokens:
@@ -545,9 +545,18 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
     return rows, notes, fatal
 
 
-def route_switch(pipe: bool):
-    """The second variant of ours: (the megamoe.ops.gemm flag it sets, its row-key suffix, its column label)."""
-    return ("PIPE_ROUTE", "_pipe", "pipe") if pipe else ("WS_ROUTE", "_ws", "WS")
+SWITCHES = {"ws": ("WS_ROUTE", "_ws", "WS"), "pipe": ("PIPE_ROUTE", "_pipe", "pipe"),
+            "tail": ("PIPE_TAIL", "_tail", "tail")}
+
+
+def route_switch(kind: str):
+    """The second variant of ours (``kind`` "ws", "pipe" or "tail"): (the megamoe.ops.gemm flag it sets, its
+    row-key suffix, its column label)."""
+    return SWITCHES[kind]
+
+
+def switch_kind(args) -> str:
+    return "tail" if args.both_tail else "pipe" if (args.pipe or args.both_pipe) else "ws"
 
 
 def _routes(gemm_ops, x, w13k, w2, t, c):
@@ -562,7 +571,7 @@ def _routes(gemm_ops, x, w13k, w2, t, c):
 
 
 def _derive(row, variants):
-    for key in ("ours", "ours_ws", "ours_pipe"):
+    for key in ("ours", "ours_ws", "ours_pipe", "ours_tail"):
         us = row.get(f"{key}_us")
         if us:
             row[f"{key}_tflops"] = row["flops"] / us / 1e6
@@ -573,7 +582,7 @@ def _derive(row, variants):
                     row[f"speedup{key[4:]}_disp"] = row["peer_us"] / disp
     if row.get("peer_us"):
         row["peer_tflops"] = row["flops"] / row["peer_us"] / 1e6
-    best = max((row.get(k) or 0.0) for k in ("speedup", "speedup_ws", "speedup_pipe"))
+    best = max((row.get(k) or 0.0) for k in ("speedup", "speedup_ws", "speedup_pipe", "speedup_tail"))
     row["meets"] = bool(best >= row["target"]) if row.get("peer_us") else None
     if row.get("ours_us"):
         row["ours_over_floor"] = row["ours_us"] / row["floor_us"]
@@ -588,7 +597,7 @@ def write_results(rows, meta, out_dir, tag):
     with open(os.path.join(out_dir, f"{tag}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     both = meta["ws_variants"] == [False, True]
-    _, alt, label = route_switch(meta.get("switch") == "PIPE_ROUTE")
+    _, alt, label = next(v for v in SWITCHES.values() if v[0] == meta.get("switch", "WS_ROUTE"))
     head = ["config", "routing", "tokens", "touched", "max rows/expert", "ours us", "ours+disp us"]
     if both:
         head += [f"ours {label} us", f"ours {label}+disp us"]
@@ -645,6 +654,7 @@ def build_parser():
     ws.add_argument("--both-ws", action="store_true", help="time ours with WS_ROUTE off and on")
     ws.add_argument("--pipe", action="store_true", help="time ours with megamoe.ops.gemm.PIPE_ROUTE = True")
     ws.add_argument("--both-pipe", action="store_true", help="time ours with PIPE_ROUTE off and on")
+    ws.add_argument("--both-tail", action="store_true", help="time ours with PIPE_TAIL (tail-tile bands) off and on")
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-bf16", dest="bf16", action="store_false")
     p.add_argument("--quick", action="store_true", help="smoke run: v4-flash, 8 and 512 tokens, uniform")
@@ -680,8 +690,8 @@ def main(argv=None) -> int:
 
     start = time.time()
     deadline = start + args.budget_s
-    variants = [False, True] if args.both_ws or args.both_pipe else [bool(args.ws or args.pipe)]
-    switch, alt, _ = route_switch(args.pipe or args.both_pipe)
+    variants = [False, True] if args.both_ws or args.both_pipe or args.both_tail else [bool(args.ws or args.pipe)]
+    switch, alt, _ = route_switch(switch_kind(args))
     tk, where = (None, "disabled (--no-peer)") if args.no_peer else load_peer()
     peer_desc = f"triton_kernels from {where}" if tk is not None else f"not run: {where}"
     print(f"peer: {peer_desc}", flush=True)

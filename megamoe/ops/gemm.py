@@ -84,6 +84,12 @@ PIPE_BANDS = os.environ.get("MEGAMOE_PIPE_BANDS", "1") not in ("", "0")
 # at 512-1024 tokens (gpu_check_v19/l_small*.md). MEGAMOE_PIPE_SMALL (read at import; the flag at every call):
 # "1" (default) on, "0" off.
 PIPE_SMALL = os.environ.get("MEGAMOE_PIPE_SMALL", "1") not in ("", "0")
+# With PIPE_BANDS: tail-tile bands (nvfp4_wgmma_pipe.PIPE_TAIL_BANDS): experts of 65-96 rows take one 96-row
+# (64 + 32) tile instead of a 128-row one whose last 32-63 rows would be padding, and experts of 129-192 rows two.
+# MEGAMOE_PIPE_TAIL (read at import; the flag at every call): "1" (default) on, "0" off. Layer (H100, 60 ms of graph
+# replays per point, gpu_check_v23/peer_tail_*_c.md): V4-Pro 4096 uniform 1.09x, V4-Flash 4096 uniform 1.025x, the
+# other points (2048 / 8192 tokens, Zipf) within the run's +-3% spread.
+PIPE_TAIL = os.environ.get("MEGAMOE_PIPE_TAIL", "1") not in ("", "0")
 # Split-K of the banded route's small band (experts with <= MMA_SMALL_BAND_ROWS rows: every decode step at
 # 1-16 tokens; issue 11, NOTES_gemm.md "decode split-K (grouped)"): the ``splits`` argument of that launch.
 # MEGAMOE_DECODE_SPLITK (read at import): "0" (default) off (the kernel as before), "1" planned from host
@@ -298,7 +304,8 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         bands.append(("mma", dict(config=mma.MMA16_CONFIG, row_band=(lo, hi))))
         lo = hi
     if pipe_bands:
-        lo = add_pipe_bands(lo, sorted(pipe.PIPE_BAND_CONFIGS.items()) + [(mma.ROW_HI_UNBOUNDED, pipe.PIPE_CONFIG)])
+        configs = {**pipe.PIPE_BAND_CONFIGS, **(pipe.PIPE_TAIL_BANDS if PIPE_TAIL else {})}
+        lo = add_pipe_bands(lo, sorted(configs.items()) + [(mma.ROW_HI_UNBOUNDED, pipe.PIPE_CONFIG)])
     if most > lo:
         hi = mma.MMA_MAX_BAND_ROWS if most > mma.MMA_MAX_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))

@@ -81,13 +81,14 @@ def test_chunk_schedule_edge_cases():
     assert mma.chunk_schedule_reference([3, 12, 12, 40], 40, 8, 3, 9, False) == [(1, 3, 11), (1, 11, 12)]
 
 
-@pytest.mark.parametrize("pipe_bands", [False, True])
-def test_bands_partition_every_routing(monkeypatch, pipe_bands):
+@pytest.mark.parametrize("pipe_bands,tail", [(False, False), (True, False), (True, True)])
+def test_bands_partition_every_routing(monkeypatch, pipe_bands, tail):
     """The launches of plan_row_bands take every expert exactly once (any row count up to T), the first
     owns the padding, the last band is unbounded (a wrong max_rows_per_expert hint never drops rows); with
-    PIPE_BANDS as well (pipelined bands by BLOCK_M)."""
+    PIPE_BANDS as well (pipelined bands by BLOCK_M), and PIPE_TAIL (96-row tiles)."""
     monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", True)
     monkeypatch.setattr(ops_gemm, "PIPE_BANDS", pipe_bands)
+    monkeypatch.setattr(ops_gemm, "PIPE_TAIL", tail)
     rng = random.Random(0)
     for t, e, hint in [(7, 257, 1), (56, 257, 8), (56, 257, None), (384, 256, 64), (3072, 256, 512),
                        (24576, 256, 4096), (64, 1, None), (100, 8, 3)]:
@@ -135,10 +136,21 @@ def test_band_plan_keeps_decode_and_adds_launches_only_where_needed(monkeypatch)
     # is no decode band: 16 / 32-row bands two programs per SM, then 64 / 128-row tiles
     monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", True)
     monkeypatch.setattr(ops_gemm, "MMA16_BAND", True)
+    monkeypatch.setattr(ops_gemm, "PIPE_TAIL", False)
     for t, hint in ((24576, 4096), (3072, 512)):
         plan = ops_gemm.plan_row_bands(t, 256, 4096, hint)
         assert [(r, kw["config"][0], kw["row_lo"]) for r, kw in plan] == [
             ("pipe", 16, 0), ("pipe", 32, 16), ("pipe", 64, 32), ("pipe", 128, 64)]
+    # PIPE_TAIL: 96 (64 + 32)-row tiles for the experts of 65-96 and 129-192 rows
+    monkeypatch.setattr(ops_gemm, "PIPE_TAIL", True)
+    plan = ops_gemm.plan_row_bands(24576, 256, 4096, 4096)
+    assert [(r, kw["config"][0], kw["row_lo"], kw["row_hi"]) for r, kw in plan] == [
+        ("pipe", 16, 0, 16), ("pipe", 32, 16, 32), ("pipe", 64, 32, 64), ("pipe", 96, 64, 96), ("pipe", 128, 96, 128),
+        ("pipe", 96, 128, 192), ("pipe", 128, 192, UNB)]
+    # a band no expert can reach is not launched: at most 80 rows per expert, no 128-row band
+    plan = ops_gemm.plan_row_bands(24576, 256, 4096, 80)
+    assert [(kw["config"][0], kw["row_hi"]) for _, kw in plan][-1] == (96, UNB)
+    monkeypatch.setattr(ops_gemm, "PIPE_TAIL", False)
     monkeypatch.setattr(ops_gemm, "PIPE_SMALL", False)  # MEGAMOE_PIPE_SMALL=0
     assert [r for r, _ in ops_gemm.plan_row_bands(24576, 256, 4096, 4096)] == ["pipe"] * 3
     assert [r for r, _ in ops_gemm.plan_row_bands(3072, 256, 4096, 512)] == ["mma"] + ["pipe"] * 3

@@ -57,6 +57,16 @@ PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_PIPE_CONFIG", "128,2
 # experts in one tile; deeper rings where the x tile is small (offline sm_90: 180-244 registers, no spills,
 # 3.5 SASS per weight in the K loop).
 PIPE_BAND_CONFIGS = {32: (32, 256, 128, 8, 6), 64: (64, 256, 128, 8, 4)}
+# Tail-tile band configs (megamoe.ops.gemm.PIPE_TAIL): BLOCK_M the sum of two powers of two (split_tile_rows), so
+# that experts of 65-96 rows fill 96-row (64 + 32) tiles instead of 128 (uniform V4-Flash routing at 4096 tokens puts
+# ~half the experts there). Shared memory 4 x 42 KB. Kernel alone (H100, gpu_check_v23/ab_pipe_tail.md, 96 rows per
+# expert): 1.12x (gate_up) / 1.22x (down) faster than the 128-row tile, the same bits. A 48-row (32 + 16) tile for
+# 33-48 rows compiles and is tested, but was 0.96-0.97x of the 64-row tile there: not a band.
+PIPE_TAIL_CONFIGS = {96: (96, 256, 128, 8, 4)}
+# The row bands (lo, hi] -> config that PIPE_TAIL adds to PIPE_BAND_CONFIGS (keyed by hi, as there): 65-96 rows in
+# one 96-row tile, 97-128 in one 128-row tile, 129-192 in two 96-row tiles (two 128-row tiles would be 50-75% rows).
+PIPE_TAIL_BANDS = {96: PIPE_TAIL_CONFIGS[96], 128: PIPE_CONFIG, 192: PIPE_TAIL_CONFIGS[96]}
+PIPE_BM48_CONFIG = (48, 256, 128, 8, 6)
 PIPE_BM16_CONFIG = (16, 256, 128, 8, 6)  # compiles (161 registers) and is tested, but slower than mma.sync's 16
 # One warpgroup, 128 weight rows, two programs per SM (188 / 215 registers x 128 threads, 78 / 102 KB of ring):
 # two independent rings per SM for the memory-bound small-row bands (megamoe.ops.gemm.PIPE_SMALL, NOTES_gemm.md
@@ -98,21 +108,28 @@ if GLUON_AVAILABLE:
         return gl.convert_layout(w, a_layout)
 
     @gluon.jit
-    def _fill(x_ring, w_ring, s_ring, slot, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step, BLOCK_K: gl.constexpr):
-        """cp.async of K step ``step``'s x, weight words and scale bytes into ring ``slot`` (x rows where
-        ``xr_mask`` is False, i.e. out-of-range ``row_index`` values, are zero-filled: the reference's drop rule)."""
+    def _fill(x_ring, w_ring, s_ring, slot, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step, xt_ring, xt_ptrs, xt_mask,
+              BLOCK_K: gl.constexpr, BLOCK_M_TAIL: gl.constexpr):
+        """cp.async of K step ``step``'s x (head rows, and the tail rows into ``xt_ring`` when BLOCK_M_TAIL > 0),
+        weight words and scale bytes into ring ``slot`` (x rows where the mask is False, i.e. out-of-range
+        ``row_index`` values, are zero-filled: the reference's drop rule)."""
         async_copy.async_copy_global_to_shared(x_ring.index(slot), xr_ptrs + step * BLOCK_K, mask=xr_mask)
+        if BLOCK_M_TAIL > 0:
+            async_copy.async_copy_global_to_shared(xt_ring.index(slot), xt_ptrs + step * BLOCK_K, mask=xt_mask)
         async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (BLOCK_K // 8))
         async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
 
     @gluon.jit
-    def _k_step(acc, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step,
-                k_tiles, a_layout: gl.constexpr, w_layout: gl.constexpr, s_layout: gl.constexpr,
-                BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, WAIT_DEPTH: gl.constexpr):
+    def _k_step(acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
+                xt_ring, xt_ptrs, xt_mask, step, k_tiles, a_layout: gl.constexpr, at_layout: gl.constexpr,
+                w_layout: gl.constexpr, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                STAGES: gl.constexpr, WAIT_DEPTH: gl.constexpr, BLOCK_M_TAIL: gl.constexpr):
         """One 128-K step: wait for its ring slot, refill the slot of step - 2 with step + STAGES - 2, then four
-        32-K sub-steps (decode, async wgmma, wait until at most WAIT_DEPTH sub-steps are in flight). Returns
-        (acc, the A operands of the last three sub-steps, newest first: those still in flight stay live; with
-        WAIT_DEPTH 1 the last two are passed through untouched)."""
+        32-K sub-steps (decode, async wgmma, wait until at most WAIT_DEPTH sub-steps are in flight). With
+        BLOCK_M_TAIL > 0 each sub-step's decoded A also feeds a second wgmma into ``acc_t`` (the tile's tail
+        rows, from ``xt_ring``); otherwise ``acc_t`` is passed through untouched. Returns (acc, acc_t, the A
+        operands of the last three sub-steps, newest first: those still in flight stay live; with WAIT_DEPTH 1
+        the last two are passed through untouched)."""
         slot = step % STAGES
         async_copy.wait_group(STAGES - 3)  # this thread's copies of `step` have landed
         # the compiler's barrier after the wait: everyone's have, and every warpgroup's MMAs of step - 2 (waited
@@ -120,14 +137,22 @@ if GLUON_AVAILABLE:
         words = w_ring.index(slot).load(w_layout)
         scale_bytes = s_ring.index(slot).load(s_layout)
         xs = x_ring.index(slot)
+        xts = xt_ring.index(slot)
         ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
         if ahead < k_tiles:
-            _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, ahead, BLOCK_K)
+            _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, ahead, xt_ring, xt_ptrs,
+                  xt_mask, BLOCK_K, BLOCK_M_TAIL)
         async_copy.commit_group()
         for i in gl.static_range(BLOCK_K // _SUB_K):
             a = _decode_sub(words, scale_bytes, i, a_layout, BLOCK_N)
             acc = warpgroup_mma(a, xs.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), acc, is_async=True)
-            if WAIT_DEPTH == 1:
+            if BLOCK_M_TAIL > 0:
+                # the same A registers (a layout conversion between equal linear layouts: no instructions)
+                acc_t = warpgroup_mma(gl.convert_layout(a, at_layout),
+                                      xts.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), acc_t, is_async=True)
+                # two commit groups per sub-step: "the sub-step before is complete" is at most 2 groups pending
+                acc, acc_t, a_prev = warpgroup_mma_wait(2, deps=[acc, acc_t, a_prev])
+            elif WAIT_DEPTH == 1:
                 acc, a_prev = warpgroup_mma_wait(1, deps=[acc, a_prev])
             elif WAIT_DEPTH == 2:
                 acc, a_prev2 = warpgroup_mma_wait(2, deps=[acc, a_prev2])
@@ -137,7 +162,7 @@ if GLUON_AVAILABLE:
                 a_prev3 = a_prev2
                 a_prev2 = a_prev
             a_prev = a
-        return acc, a_prev, a_prev2, a_prev3
+        return acc, acc_t, a_prev, a_prev2, a_prev3
 
     @gluon.jit
     def _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M: gl.constexpr,
@@ -153,6 +178,19 @@ if GLUON_AVAILABLE:
         gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], zeros,
                  mask=(rows < row_end)[:, None] & (cols < n_out)[None, :])
 
+    @gluon.jit
+    def _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge, stride_gn,
+                    bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, num_warps: gl.constexpr):
+        """The epilogue of one accumulator (BLOCK_N weight rows x BLOCK_M token rows from ``row_start``)."""
+        if SWIGLU:
+            store_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
+                           stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU,
+                           HAS_LIMIT, num_warps)
+        else:
+            store_plain_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
+                                 stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
+
     @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "row_hi", "own_pad"])
     def _nvfp4_wgmma_pipe_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
@@ -161,21 +199,34 @@ if GLUON_AVAILABLE:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
-        STAGES: gl.constexpr = 4, WAIT_DEPTH: gl.constexpr = 1,
+        STAGES: gl.constexpr = 4, WAIT_DEPTH: gl.constexpr = 1, BLOCK_M_TAIL: gl.constexpr = 0,
     ):
         """Grouped NVFP4 GEMM, x in the MMA K order: one cp.async ring for x, weights and scales, and a
-        32-K-grained async wgmma chain (module docstring)."""
+        32-K-grained async wgmma chain (module docstring). A tile holds BLOCK_M + BLOCK_M_TAIL token rows: the
+        head (the wgmma N = BLOCK_M) and, when BLOCK_M_TAIL > 0, a tail of BLOCK_M_TAIL rows with its own ring
+        part and accumulator, fed by the same decoded weights (tiles of 96 = 64 + 32 rows, say, where shapes
+        must be powers of two)."""
         gl.static_assert(BLOCK_K == 128)
         gl.static_assert(STAGES >= 3)
         gl.static_assert(WAIT_DEPTH >= 1 and WAIT_DEPTH <= 3)
+        gl.static_assert(BLOCK_M_TAIL == 0 or (WAIT_DEPTH == 1 and BLOCK_M_TAIL < BLOCK_M))
+        TILE_M: gl.constexpr = BLOCK_M + BLOCK_M_TAIL
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        MT: gl.constexpr = BLOCK_M_TAIL if BLOCK_M_TAIL > 0 else BLOCK_M
+        mma_t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                               instr_shape=[16, MT, 16])
+        at_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_t_layout, k_width=2)
         w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
         s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
         x_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], x_smem_layout)
+        if BLOCK_M_TAIL > 0:
+            xt_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M_TAIL, BLOCK_K], x_smem_layout)
+        else:
+            xt_ring = x_ring  # not read
         w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], flat_layout)
         s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BLOCK_K // 16], flat_layout)
         # copy layouts: 16-byte chunks of x (8 bf16) and of weight words (4 int32), one 8-byte chunk of scales
@@ -191,7 +242,7 @@ if GLUON_AVAILABLE:
         n_tiles = (N + BLOCK_N - 1) // BLOCK_N
         # per-expert tiles of the band row_lo < rows <= row_hi (lane E: the padding pseudo-expert, with own_pad)
         lane, starts, ends, tiles, tile_ends, total_tiles = grouped_tile_table(
-            offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, BLOCK_M, BLOCK_E, 1, num_warps)
+            offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, TILE_M, BLOCK_E, 1, num_warps)
         total_work = total_tiles * n_tiles
         k_tiles = K // BLOCK_K
 
@@ -200,7 +251,7 @@ if GLUON_AVAILABLE:
         while work < total_work:
             tile = work // n_tiles
             n_start = (work % n_tiles) * BLOCK_N
-            row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, BLOCK_M)
+            row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, TILE_M)
             is_real = expert < num_experts
             expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
             # weight rows past N read row N - 1 (never stored); x rows past the tile end read a valid row
@@ -218,6 +269,20 @@ if GLUON_AVAILABLE:
                 r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
                 xr_mask = None
             xr_ptrs = x_bf16 + r_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
+            if BLOCK_M_TAIL > 0:
+                t_rows = row_start + BLOCK_M + gl.arange(0, BLOCK_M_TAIL, layout=gl.SliceLayout(1, xr_layout))
+                t_ok = t_rows < row_end
+                if HAS_ROW_INDEX:
+                    t_src, t_src_ok, xt_mask = gathered_source_rows(row_index_ptr, t_rows, t_ok, num_src_rows)
+                    if ERR_FLAG != 0:
+                        bad_rows += gl.sum((t_ok & ~t_src_ok & is_real).to(gl.int32), axis=0)
+                else:
+                    t_src = gl.where(t_ok, t_rows, 0).to(gl.int64)
+                    xt_mask = None
+                xt_ptrs = x_bf16 + t_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
+            else:
+                xt_ptrs = xr_ptrs  # not read
+                xt_mask = xr_mask
             if is_real:
                 # (a path from the accumulator's zeroing to the final wait that skips every wgmma, e.g. a
                 # zero-trip K loop, makes ptxas serialise all wgmmas: C7515)
@@ -225,37 +290,61 @@ if GLUON_AVAILABLE:
                 gl.thread_barrier()  # every warpgroup's MMAs of the previous tile have read the ring
                 for j in gl.static_range(STAGES - 2):
                     if j < k_tiles:
-                        _fill(x_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, j, BLOCK_K)
+                        _fill(x_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, j, xt_ring, xt_ptrs,
+                              xt_mask, BLOCK_K, BLOCK_M_TAIL)
                     async_copy.commit_group()
                 a_prev = gl.zeros([BLOCK_N, _SUB_K], gl.bfloat16, layout=a_layout)
                 a_prev2 = a_prev
                 a_prev3 = a_prev
+                if BLOCK_M_TAIL > 0:
+                    acc_t = gl.zeros([BLOCK_N, BLOCK_M_TAIL], gl.float32, layout=mma_t_layout)
+                else:
+                    acc_t = a_prev  # passed through untouched
                 # step 0 peeled: every path from the zeroing to the final wait passes a wgmma
-                acc, a_prev, a_prev2, a_prev3 = _k_step(
-                    acc, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, 0,
-                    k_tiles, a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES, WAIT_DEPTH)
+                acc, acc_t, a_prev, a_prev2, a_prev3 = _k_step(
+                    acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
+                    xt_ring, xt_ptrs, xt_mask, 0, k_tiles, a_layout, at_layout, w_layout, s_layout, BLOCK_N, BLOCK_K,
+                    STAGES, WAIT_DEPTH, BLOCK_M_TAIL)
                 for step in range(1, k_tiles):
-                    acc, a_prev, a_prev2, a_prev3 = _k_step(
-                        acc, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
-                        step, k_tiles, a_layout, w_layout, s_layout, BLOCK_N, BLOCK_K, STAGES, WAIT_DEPTH)
-                if WAIT_DEPTH == 1:
+                    acc, acc_t, a_prev, a_prev2, a_prev3 = _k_step(
+                        acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs,
+                        sr_ptrs, xt_ring, xt_ptrs, xt_mask, step, k_tiles, a_layout, at_layout, w_layout, s_layout,
+                        BLOCK_N, BLOCK_K, STAGES, WAIT_DEPTH, BLOCK_M_TAIL)
+                if BLOCK_M_TAIL > 0:
+                    acc, acc_t = warpgroup_mma_wait(0, deps=[acc, acc_t, a_prev])[:2]
+                elif WAIT_DEPTH == 1:
                     acc = warpgroup_mma_wait(0, deps=[acc, a_prev])[0]
                 else:
                     acc = warpgroup_mma_wait(0, deps=[acc, a_prev, a_prev2, a_prev3])[0]
-                if SWIGLU:
-                    store_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
-                                   stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N,
-                                   HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
-                else:
-                    store_plain_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
-                                         stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
+                _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
+                            stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU,
+                            HAS_LIMIT, num_warps)
+                if BLOCK_M_TAIL > 0:
+                    _store_tile(acc_t, row_start + BLOCK_M, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
+                                stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M_TAIL,
+                                BLOCK_N, HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
             else:
                 _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M, BLOCK_N, SWIGLU,
                              num_warps)
+                if BLOCK_M_TAIL > 0:
+                    _store_zeros(out_ptr, row_start + BLOCK_M, row_end, n_start, N, stride_om, BLOCK_M_TAIL, BLOCK_N,
+                                 SWIGLU, num_warps)
             work += num_programs
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+
+
+def split_tile_rows(tile_m: int) -> tuple[int, int]:
+    """A config's BLOCK_M (token rows per tile) -> (head, tail): the kernel's BLOCK_M (the largest power of two
+    <= tile_m) and BLOCK_M_TAIL (the rest: 0 or a smaller power of two, >= 16), e.g. 96 -> (64, 32)."""
+    if type(tile_m) is not int or tile_m < 16:
+        raise ValueError(f"config: BLOCK_M must be an int >= 16, got {tile_m!r}")
+    head = 1 << (tile_m.bit_length() - 1)
+    tail = tile_m - head
+    if tail and (tail & (tail - 1) or tail < 16):
+        raise ValueError(f"config: BLOCK_M={tile_m} must be a power of two or the sum of two (each >= 16), e.g. 96")
+    return head, tail
 
 
 def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True,
@@ -263,9 +352,13 @@ def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=F
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we",
                "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om", "row_hi"]
-    return compile_sm90(_nvfp4_wgmma_pipe_kernel, scalars, config[:3], config[3], grouped=True, row_index=row_index,
-                        bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
-                        extra_constants=dict(STAGES=config[4], WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH))
+    head, tail = split_tile_rows(config[0])
+    extra = dict(STAGES=config[4], WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH)
+    if tail:  # the default build keeps its constants (and its cache key) as before the tail existed
+        extra["BLOCK_M_TAIL"] = tail
+    return compile_sm90(_nvfp4_wgmma_pipe_kernel, scalars, (head,) + tuple(config[1:3]), config[3], grouped=True,
+                        row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                        extra_constants=extra)
 
 
 def pipe_supported(k: int, config=PIPE_CONFIG) -> bool:
@@ -300,7 +393,8 @@ def launch_nvfp4_wgmma_pipe(
 
     ``x``: (S, K) bf16 activations in memory K order (copied once into the MMA K order, a (S, K) temporary),
     or already in it with ``x_in_mma_order=True``. ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES[,
-    programs per SM (default 1)]).
+    programs per SM (default 1)]); BLOCK_M (token rows per tile) a power of two or the sum of two
+    (:func:`split_tile_rows`: 96 = 64 + 32 runs a 64-row and a 32-row wgmma on the same decoded weights).
     ``row_lo`` / ``row_hi``: compute only the experts with ``row_lo < rows <= row_hi`` (a band of
     :func:`megamoe.ops.gemm.plan_row_bands`; others' rows are left untouched); ``own_pad``: write zeros to the
     padding rows ``[offsets[E-1], T)``. ``wait_depth``: 1-3 sub-steps left in flight (default
@@ -320,6 +414,9 @@ def launch_nvfp4_wgmma_pipe(
     config = config or PIPE_CONFIG
     block_m, block_n, block_k, num_warps, stages = config[:5]
     per_sm = config[5] if len(config) > 5 else 1
+    head_m, tail_m = split_tile_rows(block_m)
+    if tail_m and (wait_depth or PIPE_WAIT_DEPTH) != 1:
+        raise ValueError(f"wait_depth: a BLOCK_M={block_m} tile (head + tail) runs with wait_depth 1 only")
     if not pipe_supported(k, config):
         raise ValueError(f"data: K={k} must be a multiple of 256 (and BLOCK_K={block_k} = {MMA_K_GROUP}) for this "
                          "kernel")
@@ -333,8 +430,8 @@ def launch_nvfp4_wgmma_pipe(
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
     _nvfp4_wgmma_pipe_kernel[(programs,)](
-        *head, programs, row_lo, int(own_pad), *strides, row_hi, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        *head, programs, row_lo, int(own_pad), *strides, row_hi, BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
-        WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH, **flags,
+        WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH, **flags, **({"BLOCK_M_TAIL": tail_m} if tail_m else {}),
     )
     return out

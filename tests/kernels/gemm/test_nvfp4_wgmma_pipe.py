@@ -71,6 +71,40 @@ def test_sm90_pipe_wait_depth(tmp_path, depth):
     assert levels == {"0x0", hex(depth)}, levels  # the final wait, and the chain's
 
 
+@gluon_only
+@pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
+def test_sm90_pipe_tail_tile_k_loop(tmp_path):
+    """A 96-row tile (64 + 32, PIPE_TAIL_CONFIGS): per 128-K step each decoded A sub-step feeds two wgmma pairs (N 64
+    and N 32), so 32 HGMMA and a chain wait of 2 groups; the A registers are shared (no shuffle or shared-memory
+    round trip for the second wgmma's operand), no spill in the loop; x copies cover 96 rows."""
+    import re
+    import subprocess
+
+    config = pipe.PIPE_TAIL_CONFIGS[96]
+    cubin = _compile_in_subprocess(config, dict(swiglu=True), tmp_path, kind="pipe")
+    k_loops = [(n, ops) for n, ops in _inner_loops(cubin, tmp_path) if ops["HGMMA"]]
+    assert len(k_loops) == 1, k_loops
+    count, ops = k_loops[0]
+    assert ops["HGMMA"] == 32, ops
+    assert not ops["LDL"] and not ops["STL"] and not ops["SHFL"] and not ops["STS"] and not ops["LDG"], ops
+    threads = 32 * config[3]
+    assert ops["LDGSTS"] == (96 * 128 * 2 + 256 * 128 // 2) // 16 // threads + 256 // threads
+    assert ops["BAR"] == 2 and not ops["MEMBAR"], ops
+    sass = subprocess.run([_cuobjdump(), "-sass", str(tmp_path / "kernel.cubin")], capture_output=True, text=True,
+                          check=True).stdout
+    assert set(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)) == {"0x0", "0x2"}
+    # measured 526 SASS per step (4.1 per weight; the 128-row tile: 471, 3.68)
+    assert count / (256 * 128 // threads) <= 4.1 * 1.05, (count, ops)
+
+
+def test_split_tile_rows():
+    assert [pipe.split_tile_rows(m) for m in (16, 32, 48, 64, 80, 96, 128, 192)] == [
+        (16, 0), (32, 0), (32, 16), (64, 0), (64, 16), (64, 32), (128, 0), (128, 64)]
+    for bad in (8, 24, 100, 112, 96.0):
+        with pytest.raises(ValueError, match="BLOCK_M"):
+            pipe.split_tile_rows(bad)
+
+
 def test_wait_depth_argument_is_checked():
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
     for bad in (0, 4, True, 2.0):
@@ -213,19 +247,23 @@ def test_cuda_pipe_route(monkeypatch, rows_per_expert):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("block_m,small", [(16, False), (32, False), (64, False), (16, True), (32, True)])
+@pytest.mark.parametrize("block_m,small", [(16, False), (32, False), (64, False), (16, True), (32, True), (48, False),
+                                           (96, False)])
 def test_cuda_pipe_band_configs_compute_only_their_band(block_m, small):
-    """A band launch (row_lo < rows <= row_hi, the band configs of PIPE_BAND_CONFIGS) writes exactly its experts'
-    rows (others keep their NaN), correct to the float32 bound; own_pad zeroes the padding rows."""
+    """A band launch (row_lo < rows <= row_hi, the band configs of PIPE_BAND_CONFIGS / PIPE_TAIL_CONFIGS, and the
+    48-row tail tile that is not a band) writes
+    exactly its experts' rows (others keep their NaN), correct to the float32 bound; own_pad zeroes the padding
+    rows."""
     device = torch.device("cuda")
-    counts = [0, 5, 16, 17, 32, 33, 64, 65, 200]
+    counts = [0, 5, 16, 17, 32, 33, 40, 48, 49, 64, 65, 80, 96, 97, 200]
     e, n, k = len(counts), 512, 1024
-    lo, hi = block_m // 2 if block_m > 16 else 0, block_m
+    lo, hi = {48: 32, 96: 64}.get(block_m, block_m // 2 if block_m > 16 else 0), block_m
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
     t = sum(counts) + 7
     x = torch.randn(t, k, device=device).bfloat16()
     offsets = offsets_of(counts, device)
-    config = pipe.PIPE_SMALL_CONFIGS[block_m] if small else pipe.PIPE_BAND_CONFIGS.get(block_m, pipe.PIPE_BM16_CONFIG)
+    configs = {**pipe.PIPE_BAND_CONFIGS, **pipe.PIPE_TAIL_CONFIGS, 48: pipe.PIPE_BM48_CONFIG}
+    config = pipe.PIPE_SMALL_CONFIGS[block_m] if small else configs.get(block_m, pipe.PIPE_BM16_CONFIG)
     out = _run(x, w, (t, n), expert_offsets=offsets, config=config, row_lo=lo, row_hi=hi)
     ref = grouped_f32(x, w, offsets_of(counts, "cpu"))
     start = 0
@@ -237,3 +275,25 @@ def test_cuda_pipe_band_configs_compute_only_their_band(block_m, small):
             assert torch.isnan(rows.float()).all(), c
         start += c
     assert (out[start:] == 0).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tile_m", [48, 96])
+def test_cuda_pipe_tail_tile_same_bits_as_power_of_two_tile(tile_m):
+    """A 48 / 96-row tile (head + tail wgmma on the same decoded A) issues, per output element, the same bf16
+    products in the same k16 order as the 64 / 128-row tile: the same bits, with the row gather and SwiGLU (a
+    skipped or shifted tail row, or a tail reading the head's x, fails it)."""
+    device = torch.device("cuda")
+    counts = [0, 1, 17, 33, 47, 48, 65, 95, 96, 130, 200]
+    e, n, k = len(counts), 512, 1024
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    t = sum(counts) + 3
+    x = torch.randn(t, k, device=device).bfloat16()
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    offsets = offsets_of(counts, device)
+    power = pipe.PIPE_BAND_CONFIGS[64] if tile_m == 48 else pipe.PIPE_CONFIG
+    for kwargs, width in ((dict(row_index=row_index, swiglu=True, swiglu_limit=7.0), n // 2), (dict(), n)):
+        config = pipe.PIPE_BM48_CONFIG if tile_m == 48 else pipe.PIPE_TAIL_CONFIGS[tile_m]
+        tail = _run(x, w, (t, width), expert_offsets=offsets, config=config, **kwargs)
+        full = _run(x, w, (t, width), expert_offsets=offsets, config=power, **kwargs)
+        assert torch.equal(tail, full)

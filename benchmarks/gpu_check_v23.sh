@@ -9,6 +9,8 @@
 #        pipelined kernel, the bands, the grouped op and the MoE layer with PIPE_TAIL on (the default now).
 #   e -> the "+disp" columns of c / d at V4-Pro 8192 varied by up to 30%: the same points with 400 ms of replays
 #        (no peer), V4-Pro 8192 and V4-Flash 4096 uniform, PIPE_TAIL off / on, twice.
+#   f -> the MMA-K-order copy with contiguous loads (bench_mma_k_order.py, the first version beside it), its CUDA
+#        test, then the layer points of e again and the profile of probe_dispatch_cost.py.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -54,5 +56,14 @@ e)
     timeout 100 python benchmarks/bench_peer.py --configs v4-flash --tokens 4096 --routings uniform --both-tail --no-peer \
       --no-bf16 --rep-ms 400 --budget-s 60 --out-dir "$OUT" --tag peer_tail_flash_e$run 2>&1 | grep "deepseek" | tail -1
   done ;;
+f)
+  timeout 120 python benchmarks/bench_mma_k_order.py --out "$OUT" 2>&1 | tail -5
+  timeout 100 python -m pytest -q -m cuda -p no:cacheprovider tests/kernels/gemm/test_mma_k_order.py 2>&1 | tail -1
+  timeout 140 python benchmarks/bench_peer.py --configs v4-pro --tokens 8192 --routings uniform --both-tail --no-peer \
+    --no-bf16 --rep-ms 400 --budget-s 100 --out-dir "$OUT" --tag peer_tail_pro_f 2>&1 | grep "deepseek" | tail -1
+  timeout 100 python benchmarks/bench_peer.py --configs v4-flash --tokens 4096 --routings uniform --both-tail --no-peer \
+    --no-bf16 --rep-ms 400 --budget-s 60 --out-dir "$OUT" --tag peer_tail_flash_f 2>&1 | grep "deepseek" | tail -1
+  mkdir -p /tmp/probe && timeout 150 python benchmarks/probe_dispatch_cost.py --out /tmp/probe 2>&1 | grep "us" | head -8
+  cp /tmp/probe/probe_dispatch_cost.md "$OUT/probe_dispatch_cost_f.md" ;;
 esac
 ls "$OUT"

@@ -3,8 +3,10 @@
 One kernel, one launcher (:func:`launch_to_mma_k_order`); the pure-PyTorch definition and reference is
 ``megamoe.format.mma_order.to_mma_k_order`` (an ``index_select``, which measured ~2x the copy's HBM time:
 58 / 151 us for the V4-Flash gate_up / down inputs at 4096 tokens, NOTES_gemm.md v16). Each program copies a
-(BLOCK_R rows, one K group) tile: gathered loads within the group's contiguous bytes (every sector the warp
-touches is used), contiguous stores. Exact (a permutation), any 2-byte dtype.
+(BLOCK_R rows, one K group) tile with contiguous loads and stores; the permutation is a reshape / permute of the
+tile in registers (the compiler's layout conversion through shared memory). The first version loaded one 2-byte
+element per address (gathered within the group) and ran at ~1/3 of the HBM rate on the H100 (293 us for the two
+V4-Flash 4096-token copies, gpu_check_v23/probe_dispatch_cost.md). Exact (a permutation), any 2-byte dtype.
 """
 from __future__ import annotations
 
@@ -14,22 +16,21 @@ import triton.language as tl
 
 from ...format.mma_order import MMA_K_GROUP
 
-BLOCK_ROWS = 32  # rows per program (x 128 columns of bf16: 8 KB)
+BLOCK_ROWS = 64  # rows per program (x one K group of 128 / 256 bf16: 16 / 32 KB)
 
 
 @triton.jit
 def _to_mma_k_order_kernel(x_ptr, out_ptr, num_rows, stride_xm, stride_om, BLOCK_R: tl.constexpr,
                            GROUP: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    base = tl.program_id(1) * GROUP
-    kappa = tl.arange(0, GROUP)
-    # MMA position kappa = c0 + 2q + 8 c1 + 16 nib + 32 i holds memory m = (GROUP / 4) q + 8 i + 4 c1 + 2 c0 + nib
-    m = (GROUP // 4) * ((kappa >> 1) & 3) + 8 * (kappa >> 5) + 4 * ((kappa >> 3) & 1) + 2 * (kappa & 1) + \
-        ((kappa >> 4) & 1)
+    cols = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
     mask = (rows < num_rows)[:, None]
     r = rows.to(tl.int64)[:, None]
-    v = tl.load(x_ptr + r * stride_xm + base + m[None, :], mask=mask)
-    tl.store(out_ptr + r * stride_om + base + kappa[None, :], v, mask=mask)
+    v = tl.load(x_ptr + r * stride_xm + cols[None, :], mask=mask)
+    # memory m = (GROUP / 4) q + 8 i + 4 c1 + 2 c0 + nib  ->  MMA position kappa = c0 + 2q + 8 c1 + 16 nib + 32 i
+    v = v.reshape(BLOCK_R, 4, GROUP // 32, 2, 2, 2)  # r, q, i, c1, c0, nib
+    v = tl.permute(v, (0, 2, 5, 3, 1, 4)).reshape(BLOCK_R, GROUP)  # r, i, nib, c1, q, c0
+    tl.store(out_ptr + r * stride_om + cols[None, :], v, mask=mask)
 
 
 def launch_to_mma_k_order(x: torch.Tensor, out: torch.Tensor | None = None, block_k: int = MMA_K_GROUP,
@@ -54,5 +55,5 @@ def launch_to_mma_k_order(x: torch.Tensor, out: torch.Tensor | None = None, bloc
     if x.is_cuda == interpreter:
         raise ValueError("interpreter: True for CPU tensors (Triton interpreter), False for CUDA tensors")
     _to_mma_k_order_kernel[(triton.cdiv(m, BLOCK_ROWS), k // block_k)](
-        x, out, m, x.stride(0), out.stride(0), BLOCK_R=BLOCK_ROWS, GROUP=block_k, num_warps=4)
+        x, out, m, x.stride(0), out.stride(0), BLOCK_R=BLOCK_ROWS, GROUP=block_k, num_warps=8)
     return out

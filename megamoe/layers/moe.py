@@ -714,7 +714,7 @@ class Nvfp4MoE:
         e = c.num_experts if experts_touched is None else experts_touched
         per_expert = (getattr(self, "_expert_bytes", None) if self.w13 is None
                       else (self.w13.nbytes() + self.w2.nbytes()) // c.num_experts)
-        total = e * per_expert + self.gate_weight.numel() * 2  # the checkpoint's bf16 gate (held as fp32 here)
+        total = e * per_expert + self.gate_weight.numel() * 2  # the checkpoint's bf16 gate
         if self.shared is not None:
             total += self.shared.w13.nbytes() + self.shared.w2.nbytes()
         return total
@@ -751,7 +751,9 @@ def dispatch_buffers(pairs: int, groups: int, device) -> dict:
 
 def check_router_weights(c: MoEConfig, dev, gate_weight, correction_bias, tid2eid):
     """The router's weights checked (before any state changes) and returned as a layer stores them: gate (E, H)
-    float32 (bf16 -> fp32 is exact; the router computes its logits in fp32), correction bias (E,) float32 or None,
+    in its own dtype, bf16 or float32 (the router computes its logits in fp32 from either: bf16 -> fp32 is exact;
+    a bf16 gate halves the decode GEMV's bytes and needs one tensor-core product per element in prefill instead of
+    the fp32 gate's three), correction bias (E,) float32 or None,
     hash table (vocab, k) int32 or None. Shared by :class:`Nvfp4MoE` and the expert-parallel layer."""
     if not isinstance(gate_weight, torch.Tensor) or gate_weight.dtype not in (torch.bfloat16, torch.float32):
         raise TypeError("gate_weight: expected a bf16/fp32 tensor (E, H)")
@@ -782,7 +784,7 @@ def check_router_weights(c: MoEConfig, dev, gate_weight, correction_bias, tid2ei
         correction_bias = correction_bias.float().contiguous()
     else:
         correction_bias = None
-    return gate_weight.float().contiguous(), correction_bias, tid2eid
+    return gate_weight.contiguous(), correction_bias, tid2eid
 
 
 def _per_expert_global_scale(gs: torch.Tensor, experts: int) -> torch.Tensor:

@@ -156,8 +156,13 @@ def route(
     then one kernel (``megamoe/kernels/moe_router.py``) for bias, NaN policy,
     stable top-k, gather, renormalisation and scaling -- identical ids, weights
     equal up to the last ulp; group-limited routing too when E and n_group are
-    powers of two. "triton" falls back to "torch" otherwise, or when the tensors
-    do not take the Triton path.
+    powers of two. From ``ROUTER_TC_MIN_TOKENS`` bf16 tokens the "triton"
+    backend's logits come from the tensor-core kernel
+    (``megamoe/kernels/router_logits.py``): another fp32 summation order, so its
+    ids follow the routing guarantee of :func:`route_dispatch` instead (equal
+    to the torch backend's except at near-ties within the float32 bound).
+    "triton" falls back to "torch" otherwise, or when the tensors do not take
+    the Triton path.
     out: optional ``(weights (>=T, >=k) fp32, ids (>=T, >=k) int32)`` buffers
     with unit column stride on the same device (triton backend: written in
     place; the first T rows / k columns are returned).
@@ -187,7 +192,7 @@ def route(
     if backend == "triton" and use_triton(hidden_states) and (hashed or _router_kernel_supports(num_experts, n_group)):
         from ..kernels.moe_router import launch_moe_topk
 
-        scores = _reference.router_scores(hidden_states, gate_weight, scoring_func)
+        scores = _router_scores(hidden_states, gate_weight, scoring_func)
         if out is None:
             out = (torch.empty((num_tokens, top_k), dtype=torch.float32, device=device),
                    torch.empty((num_tokens, top_k), dtype=torch.int32, device=device))
@@ -216,6 +221,28 @@ def route(
         out[0][:num_tokens, :top_k].copy_(result[0])
         out[1][:num_tokens, :top_k].copy_(result[1])
     return result
+
+
+#: From this many tokens the "triton" route backend computes the logits on the tensor cores
+#: (``megamoe/kernels/router_logits.py``: bf16 x, exact products, promotion of each 64-K chunk into the fp32
+#: accumulator) instead of torch's ``x.float() @ gate.float().T`` (an fp32 copy of x and an SGEMM). Its ids obey the
+#: routing guarantee of :func:`route_dispatch`, not bit equality with the torch backend. H100 (route op, top-6, graph
+#: replay; gpu_check_v23/bench_router_logits.md): V4-Flash 64 / 256 / 1024 / 4096 tokens 0.93x / 1.30x / 2.26x / 4.25x
+#: (269 -> 63 us at 4096), V4-Pro 4096 5.74x (579 -> 101 us).
+ROUTER_TC_MIN_TOKENS = 256
+
+
+def _router_scores(hidden_states: torch.Tensor, gate_weight: torch.Tensor, scoring_func: str) -> torch.Tensor:
+    """Steps 1-2 of the router for the "triton" backend: the reference's float32 scores, with the logits from the
+    tensor-core kernel for bf16 activations from :data:`ROUTER_TC_MIN_TOKENS` tokens (host shapes only)."""
+    if hidden_states.dtype != torch.bfloat16 or hidden_states.shape[0] < ROUTER_TC_MIN_TOKENS:
+        return _reference.router_scores(hidden_states, gate_weight, scoring_func)
+    from ..kernels.router_logits import launch_router_logits
+
+    x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
+    w = gate_weight if gate_weight.stride(-1) == 1 else gate_weight.contiguous()
+    logits = launch_router_logits(x, w, interpreter=not x.is_cuda)
+    return _reference.score_function(logits, scoring_func)
 
 
 #: The fused decode route + dispatch launch is used up to this many tokens (host decision on the shape); above

@@ -40,13 +40,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="1,8,64")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--gate-dtype", choices=("bf16", "fp32"), default="bf16",
+                    help="the gate as the layer holds it (bf16 since 2026-11-26; fp32 before)")
+    ap.add_argument("--split-min-tokens", type=int, default=None,
+                    help="moe_route_dispatch.SPLIT_H_MIN_TOKENS for this run (A/B of the GEMV plan)")
     args = ap.parse_args()
+    if args.split_min_tokens:
+        from megamoe.kernels import moe_route_dispatch
+
+        moe_route_dispatch.SPLIT_H_MIN_TOKENS = args.split_min_tokens
     moe_ops.FUSED_ROUTE_MAX_TOKENS = 1 << 30  # measure the fused launch at every size, whatever the layer's limit
     k = 6
     lines = [f"# route + dispatch, {datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}",
-             "", "| shape | tokens | unfused (us) | fused (us) | speed-up |", "|---|---|---|---|---|"]
+             "", f"Command: `python {' '.join(sys.argv)}`", "", "| shape | tokens | unfused (us) | fused (us) | speed-up |", "|---|---|---|---|---|"]
     for name, (e, h) in SHAPES.items():
-        gate = (torch.randn(e, h, device="cuda") * h ** -0.5).bfloat16().float()
+        gate = (torch.randn(e, h, device="cuda") * h ** -0.5).bfloat16()
+        gate = gate.float() if args.gate_dtype == "fp32" else gate
         bias = torch.rand(e, device="cuda") * 0.1
         for t in (int(v) for v in args.tokens.split(",")):
             x = torch.randn(t, h, device="cuda").bfloat16()

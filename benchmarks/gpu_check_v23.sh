@@ -11,6 +11,8 @@
 #        (no peer), V4-Pro 8192 and V4-Flash 4096 uniform, PIPE_TAIL off / on, twice.
 #   f -> the MMA-K-order copy with contiguous loads (bench_mma_k_order.py, the first version beside it), its CUDA
 #        test, then the layer points of e again and the profile of probe_dispatch_cost.py.
+#   g -> the fused route at 8-16 tokens with one program per expert (SPLIT_H_MIN_TOKENS 64, FUSED_ROUTE_MAX_TOKENS 16):
+#        CUDA tests of the route / router / MoE layer, bench_route, bench_moe (V4-Flash 1-64 tokens), the V4-Pro probe.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -65,5 +67,13 @@ f)
     --no-bf16 --rep-ms 400 --budget-s 60 --out-dir "$OUT" --tag peer_tail_flash_f 2>&1 | grep "deepseek" | tail -1
   mkdir -p /tmp/probe && timeout 150 python benchmarks/probe_dispatch_cost.py --out /tmp/probe 2>&1 | grep "us" | head -8
   cp /tmp/probe/probe_dispatch_cost.md "$OUT/probe_dispatch_cost_f.md" ;;
+g)
+  timeout 200 python -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_moe_route_dispatch.py \
+    tests/kernels/test_router_logits.py tests/layers/test_moe_layer.py tests/ops/test_moe_ops.py \
+    > "$OUT/tests_g.log" 2>&1; tail -1 "$OUT/tests_g.log"
+  timeout 100 python benchmarks/bench_route.py --tokens 1,8,16,32 --out "$OUT/route_g.md" 2>&1 | grep "^| v4"
+  timeout 200 python benchmarks/bench_moe.py --configs v4-flash --tokens 1,8,16,64 --out-dir "$OUT" --tag moe_g \
+    2>&1 | tail -3
+  timeout 150 python benchmarks/probe_moe_decode.py --tokens 1,8,16 --configs v4-pro --out "$OUT" 2>&1 | grep "^## " ;;
 esac
 ls "$OUT"

@@ -2,7 +2,8 @@
 
 ``Nvfp4MoE.random`` at V4-Flash / V4-Pro dimensions (w4a16, default flags), x random; per token count: the layer's
 CUDA-graph replay median (L2 cleared before each replay, ``triton.testing.do_bench``) and, under the torch profiler,
-the kernels of one replay with their device time (L2 warm there: the sum is a lower bound of the replay).
+the kernels of one replay with their device time (L2 warm there: the sum is a lower bound of the replay). x is
+seeded by the token count (since 2026-11-26 part 12; the earlier files of gpu_check_v23 used unseeded inputs).
 
 Run (H100): ``python benchmarks/probe_moe_decode.py [--tokens 1,8] [--configs v4-flash,v4-pro] [--out DIR]``
 -> DIR/probe_moe_decode.md.
@@ -37,7 +38,7 @@ def main():
         c = PRESETS[name]
         layer = Nvfp4MoE.random(c, seed=0, device=dev, max_num_tokens=max(int(v) for v in args.tokens.split(",")))
         for t in (int(v) for v in args.tokens.split(",")):
-            x = torch.randn(t, c.hidden_size, device=dev).bfloat16()
+            x = torch.randn(t, c.hidden_size, device=dev, generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
             layer(x)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()

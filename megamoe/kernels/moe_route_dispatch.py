@@ -8,8 +8,8 @@ tokens; the op picks it from the token count, a host shape). It replaces the gat
 **Stage 1, gate GEMV** (every program; v2): program ``(pid_e, pid_s)`` loads its gate tile (``BLOCK_E``
 experts x ``CHUNK`` of H, fp32/bf16 -> fp32, about 32 values per thread, every load in flight at once), then
 for the tokens in blocks of ``TB`` (a runtime loop) loads x (bf16/fp32 -> fp32) and sums the fp32 products
-(per-thread chains, then a fixed tree; no tensor cores). Below 8 tokens the tile is one expert x the whole H
-(H <= 8192: no partials): the logits go straight to ``logits (T, E)``. Otherwise (16 experts x 256/512 of
+(per-thread chains, then a fixed tree; no tensor cores). Below ``SPLIT_H_MIN_TOKENS`` (64) tokens the tile is one
+expert x the whole H (H <= 8192: no partials): the logits go straight to ``logits (T, E)``. Otherwise (16 experts x 256/512 of
 H) the partials go to a workspace ``(splits, T, E)``; after a CTA barrier the program draws a ticket on its
 expert block's counter (``atomic_add``, acq_rel, gpu scope) and the program drawing ticket ``splits - 1``
 sums the block's partials as one tile (tree over the split axis) into ``logits`` and resets the counter. The
@@ -79,6 +79,13 @@ def route_dispatch_counters(device) -> torch.Tensor | None:
     return counters
 
 
+#: From this many tokens (padded to a power of two) the gate GEMV splits H over programs of 16 experts (partials and a
+#: per-block ticket); below, one program per expert takes the whole H (plan_route_dispatch). 8 until 2026-11-26; H100
+#: (bench_route.py, bf16 gate, gpu_check_v23/route_split): one program per expert is faster at 8 / 16 / 32 tokens,
+#: V4-Flash 25.3 / 40.0 / 59.3 -> 17.6 / 25.3 / 40.4 us, V4-Pro 44.6 / 77.6 / 117.9 -> 33.0 / 54.2 / 96.7 us.
+SPLIT_H_MIN_TOKENS = 64
+
+
 def plan_route_dispatch(num_tokens: int, num_experts: int, hidden: int, programs: int) -> dict:
     """Launch shape from host sizes only (``programs``, the SM count, is unused since v2: the tiles fix it).
 
@@ -89,7 +96,7 @@ def plan_route_dispatch(num_tokens: int, num_experts: int, hidden: int, programs
     t_pad = triton.next_power_of_2(max(num_tokens, 1))
     h_pad = triton.next_power_of_2(max(hidden, 16))
     use_dot = False  # the fp32 FMA tl.dot keeps whole K rows per thread: stack (local memory) at these tiles
-    if t_pad >= 8:
+    if t_pad >= SPLIT_H_MIN_TOKENS:
         num_warps = 8 if t_pad >= 32 else 4
         block_e, chunk = 16, min(h_pad, 64 * num_warps)
         tb = max(1, min(t_pad, 64 * 32 * num_warps // (block_e * chunk)))

@@ -7,9 +7,11 @@ Pipeline of :meth:`Nvfp4MoE.forward` (all on the device, no host syncs):
    ONE launch (``megamoe/kernels/moe_route_dispatch.py``: fp32 gate GEMV,
    scoring, bias, top-k, renormalisation, scaling and the grouping below; ids
    equal to the float64 routing except at float32 near-ties, see that op);
-   above, the fp32 gate GEMM and scoring in torch, one Triton kernel for bias,
-   top-k (the reference's tie-break), renormalisation and scaling (ids identical
-   to the reference router; group-limited configs use torch), then the dispatch
+   above, the fp32 gate GEMM (from ``ROUTER_TC_MIN_TOKENS`` bf16 tokens on the
+   tensor cores, ``megamoe/kernels/router_logits.py``, under the same routing
+   guarantee; below, torch's, ids identical to the reference router) and scoring,
+   one Triton kernel for bias, top-k (the reference's tie-break), renormalisation
+   and scaling (group-limited configs use torch), then the dispatch
    (``megamoe.ops.moe.dispatch``): stable grouping of the T*k pairs by expert ->
    ``expert_offsets``, ``row_index`` (token of each sorted row), ``inv_perm``;
    one Triton launch up to ``DISPATCH_KERNEL_MAX_PAIRS`` pairs, torch sort +

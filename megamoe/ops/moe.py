@@ -250,7 +250,10 @@ def _router_scores(hidden_states: torch.Tensor, gate_weight: torch.Tensor, scori
 #: kernel v2 (benchmarks/results/gpu_check_v10/route_v2.md), unfused vs fused: V4-Flash 1 / 2 / 4 / 8 / 16 / 64
 #: tokens 25.4 / 32.1 / 32.0 / 41.6 / 47.3 / 72.3 vs 14.1 / 14.6 / 15.3 / 26.2 / 41.0 / 110.3 us; V4-Pro 29.4 /
 #: 47.2 / 47.2 / 47.7 / 53.1 / 94.2 vs 17.5 / 20.7 / 25.2 / 47.1 / 79.6 / 227.0 us: faster up to 8 tokens.
-FUSED_ROUTE_MAX_TOKENS = 8
+#: 16 since 2026-11-26 (one program per expert up to 32 tokens, gpu_check_v23/route_split/route_split64.md): fused vs
+#: unfused V4-Flash 8 / 16 / 32 tokens 17.6 / 25.3 / 40.4 vs 44.1 / 49.9 / 53.6 us, V4-Pro 33.0 / 54.2 / 96.7 vs 54.8 /
+#: 59.8 / 67.9 (Pro loses at 32).
+FUSED_ROUTE_MAX_TOKENS = 16
 
 
 def route_dispatch(

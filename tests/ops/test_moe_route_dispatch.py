@@ -68,9 +68,9 @@ CASES = [  # tokens, experts, hidden, k, scoring
     (1, 16, 64, 3, "sqrtsoftplus"),
     (3, 24, 96, 6, "sigmoid"),
     (7, 40, 200, 4, "softmax"),
-    (13, 64, 128, 6, "sqrtsoftplus"),  # dot path (>= 8 tokens), T not a power of two
+    (13, 64, 128, 6, "sqrtsoftplus"),  # T not a power of two
     (33, 32, 64, 2, "sqrtsoftplus"),
-    (9, 20, 600, 6, "sqrtsoftplus"),  # H splits (partials + per-block ticket), 2 expert blocks, ragged ones
+    (9, 20, 600, 6, "sqrtsoftplus"),  # with SPLIT_H_MIN_TOKENS 8: H splits, 2 expert blocks, ragged ones
 ]
 
 
@@ -87,6 +87,17 @@ def test_fused_route_dispatch_guarantee(tokens, experts, hidden, k, scoring):
     # the unfused path obeys the same guarantee (it is a float32 routing too)
     w2, ids2 = moe_ops.route(x, gate, bias, top_k=k, scoring_func=scoring, routed_scaling_factor=1.5)
     _check_guarantee(x, gate, bias, w2, ids2, k, scoring, 1.5)
+
+
+@pytest.mark.parametrize("tokens,experts,hidden,k,scoring", [c for c in CASES if c[0] >= 8])
+def test_fused_route_dispatch_guarantee_split_h(monkeypatch, tokens, experts, hidden, k, scoring):
+    """The H-split GEMV plan (16-expert programs, partials, per-block tickets), used from SPLIT_H_MIN_TOKENS (64)
+    tokens, forced here from 8 (the default before 2026-11-26)."""
+    from megamoe.kernels import moe_route_dispatch
+
+    monkeypatch.setattr(moe_route_dispatch, "SPLIT_H_MIN_TOKENS", 8)
+    assert moe_route_dispatch.plan_route_dispatch(tokens, experts, hidden, 132)["BLOCK_E"] == 16
+    test_fused_route_dispatch_guarantee(tokens, experts, hidden, k, scoring)
 
 
 def test_guarantee_detects_a_wrong_selection():

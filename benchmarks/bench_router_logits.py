@@ -19,7 +19,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-CASES = (("V4-Flash", 4096, 256, (64, 256, 1024, 4096, 16384)), ("V4-Pro", 7168, 384, (64, 1024, 4096, 8192)))
+CASES = (("V4-Flash", 4096, 256, (16, 32, 64, 128, 256, 4096)), ("V4-Pro", 7168, 384, (16, 32, 64, 128, 256, 4096)))
 
 
 def _graph_us(fn):
@@ -41,9 +41,22 @@ def main():
     dev = torch.device("cuda")
     lines = [f"# Router logits and route op ({torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
              f"{triton.__version__})", "", "Command: `python " + " ".join(sys.argv) + "`. Graph replay, L2 cleared, "
-             "median us.", "",
-             "| shape | tokens | logits torch fp32 | logits TC, bf16 gate | logits TC, fp32 gate | route SGEMM | "
-             "route TC | route speed-up | ids differing |", "|---|---|---|---|---|---|---|---|---|"]
+             "median us."]
+    from megamoe.kernels import router_logits as rl
+
+    sweep = [(64, 32, 128, 4, 3), (64, 16, 128, 4, 3), (64, 32, 64, 4, 4), (64, 64, 64, 4, 4), (128, 64, 64, 8, 4)]
+    lines += ["", "Logits alone, bf16 gate, by config (BLOCK_T, BLOCK_E, BLOCK_K, warps, stages), us:", "",
+              "| shape | tokens | " + " | ".join(str(c) for c in sweep) + " |", "|---|---|" + "---|" * len(sweep)]
+    for name, h, e, _ in CASES:
+        gate = (torch.randn(e, h, device=dev) * h ** -0.5).bfloat16()
+        for t in (16, 32, 64, 128, 256):
+            x = torch.randn(t, h, device=dev).bfloat16()
+            out = torch.empty(t, e, device=dev)
+            us = [_graph_us(lambda c=c: rl.launch_router_logits(x, gate, out, config=c)) for c in sweep]
+            lines.append(f"| {name} | {t} | " + " | ".join(f"{u:.1f}" for u in us) + " |")
+            print(lines[-1], flush=True)
+    lines += ["", "| shape | tokens | logits torch fp32 | logits TC, bf16 gate | logits TC, fp32 gate | route SGEMM | "
+              "route TC | route speed-up | ids differing |", "|---|---|---|---|---|---|---|---|---|"]
     saved = moe_ops.ROUTER_TC_MIN_TOKENS
     for name, h, e, tokens in CASES:
         gen = torch.Generator(device=dev).manual_seed(h)

@@ -13,6 +13,8 @@
 #        test, then the layer points of e again and the profile of probe_dispatch_cost.py.
 #   g -> the fused route at 8-16 tokens with one program per expert (SPLIT_H_MIN_TOKENS 64, FUSED_ROUTE_MAX_TOKENS 16):
 #        CUDA tests of the route / router / MoE layer, bench_route, bench_moe (V4-Flash 1-64 tokens), the V4-Pro probe.
+#   h -> the dispatch as one sort, the router logits' small-T config: bench_dispatch, bench_router_logits, the CUDA
+#        tests of dispatch / router / MoE ops / PDL.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -75,5 +77,11 @@ g)
   timeout 200 python benchmarks/bench_moe.py --configs v4-flash --tokens 1,8,16,64 --out-dir "$OUT" --tag moe_g \
     2>&1 | tail -3
   timeout 150 python benchmarks/probe_moe_decode.py --tokens 1,8,16 --configs v4-pro --out "$OUT" 2>&1 | grep "^## " ;;
+h)
+  timeout 100 python benchmarks/bench_dispatch.py --out "$OUT" 2>&1 | grep "^| [0-9]"
+  timeout 250 python benchmarks/bench_router_logits.py --out "$OUT" 2>&1 | grep "^| V4"
+  timeout 200 python -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_moe_ops.py tests/kernels/test_router_logits.py \
+    tests/ops/test_moe_op_validation.py tests/kernels/test_pdl.py tests/ops/test_errors.py > "$OUT/tests_h.log" 2>&1
+  tail -1 "$OUT/tests_h.log" ;;
 esac
 ls "$OUT"

@@ -7,14 +7,12 @@ as the torch path of ``megamoe.ops.moe.dispatch`` (a stable sort by expert id):
 * ``sorted_expert[r]`` -- expert of sorted row r; ``row_index[r]`` -- its token;
 * ``inv_perm[p]`` -- sorted row of pair ``p = t*k + j``.
 
-A single program walks the pairs twice in chunks of BLOCK: pass 1 builds the
-per-expert histogram (``tl.histogram``) and its prefix sum; pass 2 gives each
-pair the next free row of its expert (running start + its rank among the
-earlier pairs of the chunk with the same expert), which keeps pairs of one expert
-in pair order (stable). Decode-sized inputs (tens to hundreds of pairs) finish in
-one or a few chunk steps, replacing the multi-kernel radix sort + searchsorted +
-scatter of the torch path; large prefill batches should keep the torch path
-(the single program is serial over chunks).
+A single program sorts the packed keys ``bin * P_PAD + pair`` of all pairs at once (``tl.sort``; P_PAD = the
+pair count padded to a power of two, a host shape): position r of the sorted keys is the row of that pair, so the
+pairs of one expert keep their pair order (stable), and one ``tl.histogram`` of the bins gives the offsets. This
+replaced (2026-11-26) a program that walked the pairs twice in 32-pair chunks (histogram, then ranks), serial in
+the chunks: 17 / 33 us for 224 / 448 pairs on the H100 (``benchmarks/bench_dispatch.py`` keeps it as the baseline).
+Decode- and small-prefill-sized inputs; above ``DISPATCH_KERNEL_MAX_PAIRS`` (megamoe.layers.moe) the torch path.
 
 An id outside [0, E) drops its pair: it is grouped as expert E (after every real expert, i.e. into the
 padding rows past ``expert_offsets[E-1]`` that the grouped GEMM writes as zeros; ``sorted_expert`` holds E
@@ -29,7 +27,10 @@ import triton.language as tl
 
 from .pdl import grid_dependency_prologue, pdl_enabled
 
-DISPATCH_CONFIG = {"BLOCK": 32, "num_warps": 4}
+
+def dispatch_num_warps(pairs_pad: int) -> int:
+    """Warps of the one-program sort for ``pairs_pad`` (power-of-two) pairs."""
+    return 4 if pairs_pad <= 1024 else 8
 
 
 @triton.jit
@@ -43,52 +44,30 @@ def _moe_dispatch_kernel(
     num_pairs,
     num_groups,
     TOP_K: tl.constexpr,
-    BINS: tl.constexpr,  # power of two > num_groups; bin BINS-1 collects masked lanes
-    BLOCK: tl.constexpr,
+    BINS: tl.constexpr,  # power of two > num_groups; bin BINS-1 collects the padding lanes
+    P_PAD: tl.constexpr,  # power of two >= num_pairs
     ERR_FLAG: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
-    bins = tl.arange(0, BINS)
-    lanes = tl.arange(0, BLOCK)
-    counts = tl.zeros((BINS,), dtype=tl.int32)
-    bad = 0
-    start = 0
-    while start < num_pairs:
-        p = start + lanes
-        e = tl.load(ids_ptr + p, mask=p < num_pairs, other=BINS - 1)
-        if ERR_FLAG != 0:
-            ok = (e >= 0) & (e < num_groups)
-            bad += tl.sum(((p < num_pairs) & ~ok).to(tl.int32), 0)
-            e = tl.where(ok, e, num_groups)
-        else:  # guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only): ids trusted
-            e = tl.where(p < num_pairs, e, num_groups)
-        counts += tl.histogram(e, BINS)
-        start += BLOCK
+    p = tl.arange(0, P_PAD)
+    valid = p < num_pairs
+    e = tl.load(ids_ptr + p, mask=valid, other=0)
     if ERR_FLAG != 0:
-        tl.atomic_or(err_ptr, ERR_FLAG, mask=bad > 0)
-    counts = tl.where(bins < num_groups, counts, 0)
-    ends = tl.cumsum(counts, 0)
-    tl.store(offsets_ptr + bins, ends, mask=bins < num_groups)
-    running = ends - counts  # next free sorted row of each expert
-    start = 0
-    while start < num_pairs:
-        p = start + lanes
-        valid = p < num_pairs
-        e = tl.load(ids_ptr + p, mask=valid, other=BINS - 1)
-        if ERR_FLAG != 0:
-            e = tl.where((e >= 0) & (e < num_groups), e, num_groups)  # dropped pairs: pseudo-expert E
-        else:
-            e = tl.where(valid, e, num_groups)
-        earlier_same = (e[:, None] == e[None, :]) & (lanes[None, :] < lanes[:, None])
-        rank = tl.sum(earlier_same.to(tl.int32), axis=1)
-        base = tl.sum(tl.where(e[:, None] == bins[None, :], running[None, :], 0), axis=1)
-        row = base + rank
-        tl.store(inv_perm_ptr + p, row, mask=valid)
-        tl.store(sorted_expert_ptr + row, e, mask=valid)
-        tl.store(row_index_ptr + row, p // TOP_K, mask=valid)
-        running += tl.histogram(e, BINS)
-        start += BLOCK
+        bad = valid & ((e < 0) | (e >= num_groups))
+        e = tl.where(bad, num_groups, e)  # dropped pairs: pseudo-expert E, after every real expert
+        tl.atomic_or(err_ptr, ERR_FLAG, mask=tl.max(bad.to(tl.int32), 0) > 0)
+    else:  # guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only): ids trusted
+        e = tl.where(valid, e, num_groups)
+    e = tl.where(valid, e, BINS - 1)  # padding lanes sort last (after any dropped pair: larger pair index)
+    counts = tl.histogram(e, BINS)
+    bins = tl.arange(0, BINS)
+    tl.store(offsets_ptr + bins, tl.cumsum(counts, 0), mask=bins < num_groups)
+    key = tl.sort(e * P_PAD + p)  # stable by expert: the pair index breaks the ties
+    pair = key % P_PAD
+    tl.store(sorted_expert_ptr + p, key // P_PAD, mask=valid)
+    tl.store(row_index_ptr + p, pair // TOP_K, mask=valid)
+    tl.store(inv_perm_ptr + pair, p, mask=valid)
 
 
 def launch_moe_dispatch(ids: torch.Tensor, top_k: int, num_groups: int, offsets: torch.Tensor,
@@ -99,11 +78,17 @@ def launch_moe_dispatch(ids: torch.Tensor, top_k: int, num_groups: int, offsets:
     from ..ops import errors
 
     num_pairs = ids.shape[0]
+    if num_pairs == 0:
+        offsets.zero_()
+        return
     bins = triton.next_power_of_2(num_groups + 1)
+    pairs_pad = triton.next_power_of_2(num_pairs)
+    if bins * pairs_pad > 2 ** 31:
+        raise ValueError(f"ids: {num_pairs} pairs x {num_groups} groups exceed the kernel's int32 sort keys")
     pdl = pdl_enabled(ids)
     _moe_dispatch_kernel[(1,)](
         ids, offsets, sorted_expert, row_index, inv_perm,
         error_word if error_word is not None else errors.error_word(ids.device), num_pairs, num_groups,
-        TOP_K=top_k, BINS=bins, BLOCK=DISPATCH_CONFIG["BLOCK"], ERR_FLAG=errors.kernel_flag("dispatch", "topk_ids"),
-        num_warps=DISPATCH_CONFIG["num_warps"], PDL=pdl, launch_pdl=pdl,
+        TOP_K=top_k, BINS=bins, P_PAD=pairs_pad, ERR_FLAG=errors.kernel_flag("dispatch", "topk_ids"),
+        num_warps=dispatch_num_warps(pairs_pad), PDL=pdl, launch_pdl=pdl,
     )

@@ -10,9 +10,10 @@ three bf16 terms ``w = hi + mid + lo`` (exact for normal values: each term takes
 per element, the two small ones summed apart. The tensor cores sum one ``BLOCK_K`` chunk of products from zero
 (their internal adds may truncate: at most ``2u`` relative each); each chunk is then added to the float32 accumulator
 by an FMA on the CUDA cores (round to nearest), the DeepSeek-style promotion. So the logit error is at most
-``(2 BLOCK_K + H / BLOCK_K + 4) u * sum_h |x_h| |w_eh|`` (~200 u at H = 4096, BLOCK_K = 64), well inside the guarantee's
-``gamma_H = H u / (1 - H u)``: the selected experts obey :func:`megamoe.reference.moe.routing_key_bounds`. The bits
-differ from the SGEMM's (another summation order); the same bits on every run (fixed tiles and order).
+``(2 BLOCK_K + H / BLOCK_K + 4) u * sum_h |x_h| |w_eh|`` (~200 u at H = 4096, BLOCK_K = 64; ~300 u at BLOCK_K 128),
+well inside the guarantee's ``gamma_H = H u / (1 - H u)``: the selected experts obey
+:func:`megamoe.reference.moe.routing_key_bounds`. The bits differ from the SGEMM's (another summation order); the
+same bits on every run (fixed tiles and order).
 """
 from __future__ import annotations
 
@@ -22,6 +23,18 @@ import triton.language as tl
 
 # (BLOCK_T tokens, BLOCK_E experts, BLOCK_K, num_warps, num_stages)
 ROUTER_LOGITS_CONFIG = (128, 64, 64, 8, 4)
+# Up to SMALL_T_MAX_TOKENS tokens: one warpgroup (m64) and narrower expert tiles, so that more programs share the
+# K loop (at 64 tokens the default config runs 4 programs of 64 steps each).
+# H100 sweep (gpu_check_v23/h/bench_router_logits.md, 16-256 tokens): (64, 16, 128, 4, 3) 18.0-18.8 us on V4-Flash,
+# 27.9-29.0 on V4-Pro; (64, 32, 128, 4, 3) +1.5-2.5 us; the default config 27.5-28.9 / 43.6-45.9.
+SMALL_T_MAX_TOKENS = 128
+ROUTER_LOGITS_SMALL_T_CONFIG = (64, 16, 128, 4, 3)
+#: The largest BLOCK_K of the configs (the error bound's chunk).
+MAX_BLOCK_K = max(ROUTER_LOGITS_CONFIG[2], ROUTER_LOGITS_SMALL_T_CONFIG[2])
+
+
+def select_router_logits_config(num_tokens: int):
+    return ROUTER_LOGITS_SMALL_T_CONFIG if num_tokens <= SMALL_T_MAX_TOKENS else ROUTER_LOGITS_CONFIG
 
 
 @triton.jit
@@ -77,10 +90,11 @@ def launch_router_logits(x: torch.Tensor, gate_weight: torch.Tensor, out: torch.
         out = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
     if num_tokens == 0 or num_experts == 0:
         return out
-    block_t, block_e, block_k, num_warps, num_stages = config or ROUTER_LOGITS_CONFIG
+    block_t, block_e, block_k, num_warps, num_stages = config or select_router_logits_config(num_tokens)
     grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(num_experts, block_e))
     _router_logits_kernel[grid](
         x, gate_weight, out, 1.0, num_tokens, num_experts, hidden, x.stride(0), gate_weight.stride(0), out.stride(0),
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=block_k, K_STEPS=triton.cdiv(hidden, block_k), SPLIT=1 if gate_weight.dtype == torch.bfloat16 else 3,
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=block_k, K_STEPS=triton.cdiv(hidden, block_k),
+        SPLIT=1 if gate_weight.dtype == torch.bfloat16 else 3,
         INTERPRET=interpreter, num_warps=num_warps, num_stages=num_stages)
     return out

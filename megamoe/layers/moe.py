@@ -217,9 +217,9 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
 # 2087 -> 2317 / 1145 -> 1351 us (fused worse: the shared group's T rows loop over 8-row MMA tiles, each
 # streaming its weights again).
 FUSE_SHARED_MAX_TOKENS = 16
-# "auto" dispatch uses the single-program Triton kernel (megamoe/kernels/moe_dispatch.py) up to this many
-# (token, slot) pairs and the torch sort path above (the kernel is serial over 32-pair chunks).
-DISPATCH_KERNEL_MAX_PAIRS = 512
+# "auto" dispatch uses the single-program Triton sort kernel (megamoe/kernels/moe_dispatch.py) up to this many
+# (token, slot) pairs and the torch sort path above (the op's constant, measured there).
+DISPATCH_KERNEL_MAX_PAIRS = moe_ops.DISPATCH_KERNEL_MAX_PAIRS
 
 _LAYERS: "weakref.WeakValueDictionary[int, Nvfp4MoE]" = weakref.WeakValueDictionary()
 _LAYER_IDS = itertools.count()

@@ -223,13 +223,20 @@ def route(
     return result
 
 
+#: "auto" dispatch: the one-program sort kernel (megamoe/kernels/moe_dispatch.py) up to this many pairs, the torch
+#: sort path above. H100 (gpu_check_v23/h/bench_dispatch.md, 257 groups): kernel vs torch 5.8 vs 30.1 us at 7 pairs,
+#: 8.7 vs 53.4 at 448, 24.6 vs 56.5 at 1792, 208 vs 81 at 7168.
+DISPATCH_KERNEL_MAX_PAIRS = 2048
+
 #: From this many tokens the "triton" route backend computes the logits on the tensor cores
 #: (``megamoe/kernels/router_logits.py``: bf16 x, exact products, promotion of each 64-K chunk into the fp32
 #: accumulator) instead of torch's ``x.float() @ gate.float().T`` (an fp32 copy of x and an SGEMM). Its ids obey the
 #: routing guarantee of :func:`route_dispatch`, not bit equality with the torch backend. H100 (route op, top-6, graph
 #: replay; gpu_check_v23/bench_router_logits.md): V4-Flash 64 / 256 / 1024 / 4096 tokens 0.93x / 1.30x / 2.26x / 4.25x
-#: (269 -> 63 us at 4096), V4-Pro 4096 5.74x (579 -> 101 us).
-ROUTER_TC_MIN_TOKENS = 256
+#: (269 -> 63 us at 4096), V4-Pro 4096 5.74x (579 -> 101 us). With the small-T config (gpu_check_v23/h): 16 / 32 /
+#: 64 / 128 tokens 1.31x / 1.17x / 1.18x / 1.39x (V4-Flash), 1.20x / 1.19x / 1.54x / 1.49x (V4-Pro), so from 16 (below,
+#: decode takes the fused route launch anyway).
+ROUTER_TC_MIN_TOKENS = 16
 
 
 def _router_scores(hidden_states: torch.Tensor, gate_weight: torch.Tensor, scoring_func: str) -> torch.Tensor:
@@ -289,7 +296,8 @@ def route_dispatch(
     ``1 <= T <= FUSED_ROUTE_MAX_TOKENS`` and ``n_group == 1``, ONE launch of
     ``megamoe/kernels/moe_route_dispatch.py`` (gate GEMV in fp32, scoring, bias, top-k, renormalisation,
     scaling, grouping; hash routing with ``tid2eid``); otherwise :func:`route` then :func:`dispatch`
-    (``dispatch_backend``: "auto" = the one-launch dispatch kernel up to 512 pairs, torch above).
+    (``dispatch_backend``: "auto" = the one-launch dispatch kernel up to ``DISPATCH_KERNEL_MAX_PAIRS`` pairs, torch
+    above).
 
     **Routing guarantee** of the fused path (it sums the float32 logits in its own fixed order, so its keys
     may differ from the torch path's in the last bits): its ids equal those of the float64 evaluation of the
@@ -341,7 +349,7 @@ def route_dispatch(
         pair_ids = out[1][:num_tokens, :slots] if slots > top_k else ids
         pairs = num_tokens * slots
         if dispatch_backend == "auto":
-            dispatch_backend = "triton" if pairs <= 512 else "torch"
+            dispatch_backend = "triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"
         d = dispatch(pair_ids, num_groups, buffers=buffers, backend=dispatch_backend)
         if num_tokens == 0:
             d["expert_offsets"].zero_()

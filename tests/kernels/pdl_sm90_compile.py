@@ -44,7 +44,7 @@ def build(name: str, pdl: bool):
         from megamoe.kernels import moe_dispatch as m
         types = dict(ids_ptr="*i32", offsets_ptr="*i32", sorted_expert_ptr="*i32", row_index_ptr="*i32",
                      inv_perm_ptr="*i32", err_ptr="*i32", num_pairs="i32", num_groups="i32")
-        return _triton(m._moe_dispatch_kernel, types, dict(TOP_K=6, BINS=512, BLOCK=32, ERR_FLAG=1), 4, pdl)
+        return _triton(m._moe_dispatch_kernel, types, dict(TOP_K=6, BINS=512, P_PAD=512, ERR_FLAG=1), 4, pdl)
     if name == "moe_router":
         from megamoe.kernels import moe_router as m
         types = dict(scores_ptr="*fp32", bias_ptr="*fp32", weights_ptr="*fp32", ids_ptr="*i32", num_experts="i32",

@@ -143,9 +143,11 @@ def test_combine_kernel_matches_torch(with_shared, tokens):
     torch.testing.assert_close(out.float(), ref, rtol=2 ** -8, atol=1e-6)
 
 
-@pytest.mark.parametrize("tokens,k,e", [(1, 6, 257), (5, 2, 8), (40, 3, 8), (33, 1, 4)])
+@pytest.mark.parametrize("tokens,k,e", [(1, 6, 257), (5, 2, 8), (40, 3, 8), (33, 1, 4), (73, 7, 385),
+                                         (300, 7, 257)])
 def test_dispatch_triton_kernel_equals_torch_path(tokens, k, e, device):
-    # multi-chunk (40*3 = 120 pairs > BLOCK 32), E+1 groups with an empty last group, k = 1
+    # pair counts not a power of two (120, 511, 2100: the sort's padding lanes), E+1 groups with an empty last
+    # group, k = 1, 8 warps from 1025 pairs
     ids = torch.stack([torch.randperm(e - 1 if e > 8 else e)[:k] for _ in range(tokens)]).int().to(device)
     ref = moe_ops.dispatch(ids, e, backend="torch")
     got = moe_ops.dispatch(ids, e, backend="triton")

@@ -22,7 +22,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ab_pipe_wait_depth import _graph_us  # noqa: E402 (benchmarks/)
+from graph_timing import graph_replay_us  # noqa: E402 (benchmarks/)
 from time_pipe_kernel import TOPK, flash_cases  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def main():
             runs = {name: [] for name in configs}
             for _ in range(3):
                 for name in configs:
-                    runs[name].append(_graph_us(call(name)))
+                    runs[name].append(graph_replay_us(call(name), rep=60))
             us = {name: statistics.median(v) for name, v in runs.items()}
             row = dict(tokens=tokens, gemm=gemm, n=n, k=k, rows_per_expert=tokens * TOPK // 256, same_bits=same,
                        configs={name: list(c) for name, c in configs.items()}, us=us, runs=runs,

@@ -21,16 +21,9 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from graph_timing import graph_replay_us  # noqa: E402 (benchmarks/)
 from time_pipe_kernel import TOKENS, TOPK, flash_cases  # noqa: E402 (benchmarks/, the same cases)
 
-
-def _graph_us(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3
 
 
 def main():
@@ -53,7 +46,7 @@ def main():
         runs = {d: [] for d in (1, 2, 3)}
         for _ in range(3):
             for d in (1, 2, 3):
-                runs[d].append(_graph_us(call(d)))
+                runs[d].append(graph_replay_us(call(d), rep=60))
         us = {d: statistics.median(v) for d, v in runs.items()}
         per = TOKENS * TOPK // kwargs["expert_offsets"].shape[0]
         row = dict(routing=routing, gemm=gemm, n=n, k=k, rows_per_expert=per, same_bits=same,

@@ -17,6 +17,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from graph_timing import graph_replay_us  # noqa: E402 (benchmarks/)
 
 
 @triton.jit
@@ -54,14 +57,6 @@ def _chunked_v1_kernel(ids_ptr, offsets_ptr, sorted_expert_ptr, row_index_ptr, i
         start += BLOCK
 
 
-def _graph_us(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=20, rep=200, return_mode="median") * 1e3
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -90,8 +85,9 @@ def main():
             _chunked_v1_kernel[(1,)](flat, o[0], o[1], o[2], o[3], pairs, groups, TOP_K=slots,
                                      BINS=triton.next_power_of_2(groups + 1), BLOCK=32, num_warps=4)
 
-        us = {"sort": _graph_us(lambda: launch_moe_dispatch(flat, slots, groups, *outs["sort"])), "v1": _graph_us(v1),
-              "torch": _graph_us(lambda: moe_ops.dispatch(ids, groups, buffers=bufs, backend="torch"))}
+        fns = {"sort": lambda: launch_moe_dispatch(flat, slots, groups, *outs["sort"]), "v1": v1,
+               "torch": lambda: moe_ops.dispatch(ids, groups, buffers=bufs, backend="torch")}
+        us = {v: graph_replay_us(f, warmup=20, rep=200) for v, f in fns.items()}
         ref = moe_ops.dispatch(ids, groups, backend="torch")
         for v in ("sort", "v1"):
             for i, key in enumerate(("expert_offsets", "sorted_expert", "row_index", "inv_perm")):
@@ -99,7 +95,7 @@ def main():
         lines.append(f"| {tokens} | {pairs} | {us['sort']:.1f} | {us['v1']:.1f} | {us['torch']:.1f} | "
                      f"{us['v1'] / us['sort']:.2f}x | {us['torch'] / us['sort']:.2f}x |")
         print(lines[-1], flush=True)
-        outs = bufs = ids = flat = None
+        outs = bufs = ids = flat = fns = None
     os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "bench_dispatch.md"), "w").write("\n".join(lines) + "\n")
 

@@ -19,6 +19,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from graph_timing import graph_replay_us  # noqa: E402 (benchmarks/)
 
 SHAPES = (("V4-Flash gate_up x, 4096 tokens", 4096, 4096), ("V4-Flash down h, 4096 tokens", 24576, 2048),
           ("V4-Pro gate_up x, 8192 tokens", 8192, 7168), ("V4-Pro down h, 8192 tokens", 49152, 3072))
@@ -37,14 +40,6 @@ def _gather_v1_kernel(x_ptr, out_ptr, num_rows, stride_xm, stride_om, BLOCK_R: t
     v = tl.load(x_ptr + r * stride_xm + base + m[None, :], mask=mask)
     tl.store(out_ptr + r * stride_om + base + kappa[None, :], v, mask=mask)
 
-
-def _graph_us(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median") * 1e3
 
 
 def main():
@@ -70,7 +65,7 @@ def main():
 
         fns = {"clone": lambda: outs["clone"].copy_(x), "new": lambda: launch_to_mma_k_order(x, out=outs["new"]),
                "v1": v1, "torch": lambda: to_mma_k_order(x, out=outs["torch"])}
-        us = {v: _graph_us(f) for v, f in fns.items()}
+        us = {v: graph_replay_us(f) for v, f in fns.items()}
         for v in ("new", "v1", "torch"):
             assert torch.equal(outs[v], ref), (name, v)
         gb = 2 * x.numel() * 2 / 1e3

@@ -18,17 +18,12 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from graph_timing import graph_replay_us  # noqa: E402 (benchmarks/)
 
 CASES = (("V4-Flash", 4096, 256, (16, 32, 64, 128, 256, 4096)), ("V4-Pro", 7168, 384, (16, 32, 64, 128, 256, 4096)))
 
-
-def _graph_us(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median") * 1e3
 
 
 def main():
@@ -52,7 +47,7 @@ def main():
         for t in (16, 32, 64, 128, 256):
             x = torch.randn(t, h, device=dev).bfloat16()
             out = torch.empty(t, e, device=dev)
-            us = [_graph_us(lambda c=c: rl.launch_router_logits(x, gate, out, config=c)) for c in sweep]
+            us = [graph_replay_us(lambda c=c: rl.launch_router_logits(x, gate, out, config=c)) for c in sweep]
             lines.append(f"| {name} | {t} | " + " | ".join(f"{u:.1f}" for u in us) + " |")
             print(lines[-1], flush=True)
     lines += ["", "| shape | tokens | logits torch fp32 | logits TC, bf16 gate | logits TC, fp32 gate | route SGEMM | "
@@ -66,16 +61,16 @@ def main():
         for t in tokens:
             x = torch.randn(t, h, device=dev, generator=gen).bfloat16()
             out = torch.empty(t, e, device=dev)
-            us_torch = _graph_us(lambda: torch.matmul(x.float(), gate32.t(), out=out))
-            us_bf16 = _graph_us(lambda: launch_router_logits(x, gate, out))
-            us_fp32 = _graph_us(lambda: launch_router_logits(x, gate32, out))
+            us_torch = graph_replay_us(lambda: torch.matmul(x.float(), gate32.t(), out=out))
+            us_bf16 = graph_replay_us(lambda: launch_router_logits(x, gate, out))
+            us_fp32 = graph_replay_us(lambda: launch_router_logits(x, gate32, out))
             route = {}
             for label, threshold in (("sgemm", 1 << 30), ("tc", 0)):
                 moe_ops.ROUTER_TC_MIN_TOKENS = threshold
                 buf = (torch.empty(t, 6, device=dev), torch.empty(t, 6, dtype=torch.int32, device=dev))
                 fn = lambda: moe_ops.route(x, gate, bias, top_k=6, scoring_func="sqrtsoftplus",  # noqa: E731
                                            routed_scaling_factor=1.5, backend="triton", out=buf)
-                route[label] = (_graph_us(fn), buf[1].clone())
+                route[label] = (graph_replay_us(fn), buf[1].clone())
             moe_ops.ROUTER_TC_MIN_TOKENS = saved
             differ = int((route["sgemm"][1] != route["tc"][1]).any(dim=1).sum())
             lines.append(f"| {name} | {t} | {us_torch:.1f} | {us_bf16:.1f} | {us_fp32:.1f} | {route['sgemm'][0]:.1f} "

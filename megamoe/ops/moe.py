@@ -227,6 +227,9 @@ def route(
 #: sort path above. H100 (gpu_check_v23/h/bench_dispatch.md, 257 groups): kernel vs torch 5.8 vs 30.1 us at 7 pairs,
 #: 8.7 vs 53.4 at 448, 24.6 vs 56.5 at 1792, 208 vs 81 at 7168.
 DISPATCH_KERNEL_MAX_PAIRS = 2048
+#: The largest pair count the sort kernel takes even when asked for (``backend="triton"``): it sorts them all in one
+#: program (8192 int32 keys, 8 warps: 208 us for 7168 pairs on the H100); above, the torch path.
+DISPATCH_SORT_MAX_PAIRS = 8192
 
 #: From this many tokens the "triton" route backend computes the logits on the tensor cores
 #: (``megamoe/kernels/router_logits.py``: bf16 x, exact products, promotion of each 64-K chunk into the fp32
@@ -419,9 +422,10 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
     on the kernel path, topk_ids' dtype on the torch path), else ValueError /
     TypeError before anything is written.
     backend: "torch" (stable radix sort + searchsorted + scatter; any size) or
-    "triton" (``megamoe/kernels/moe_dispatch.py``: one single-program launch,
+    "triton" (``megamoe/kernels/moe_dispatch.py``: one single-program sort,
     meant for decode-sized batches; int32 ids; identical outputs). "triton" on
-    a CPU tensor without ``TRITON_INTERPRET=1`` falls back to "torch".
+    a CPU tensor without ``TRITON_INTERPRET=1``, or above
+    ``DISPATCH_SORT_MAX_PAIRS`` pairs, falls back to "torch".
 
     An id outside ``[0, E)`` drops its pair on both backends: the pair is grouped
     as a pseudo-expert E after every real expert (``sorted_expert`` = E), i.e. into
@@ -437,7 +441,8 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
     pairs = num_tokens * top_k
     device = topk_ids.device
     flat = topk_ids.reshape(-1)
-    kernel = backend == "triton" and use_triton(topk_ids) and pairs > 0
+    # the one-program sort holds every pair at once: above DISPATCH_SORT_MAX_PAIRS the torch path (same outputs)
+    kernel = backend == "triton" and use_triton(topk_ids) and 0 < pairs <= DISPATCH_SORT_MAX_PAIRS
     # the kernel writes int32 sorted experts; the torch sort keeps the ids' dtype
     b = _check_dispatch_buffers(buffers, pairs, num_experts, device, torch.int32 if kernel else topk_ids.dtype,
                                 topk_ids.dtype)

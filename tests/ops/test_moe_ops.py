@@ -143,6 +143,17 @@ def test_combine_kernel_matches_torch(with_shared, tokens):
     torch.testing.assert_close(out.float(), ref, rtol=2 ** -8, atol=1e-6)
 
 
+def test_dispatch_triton_above_the_sort_limit_takes_the_torch_path(monkeypatch):
+    """backend="triton" with more pairs than the one-program sort holds: the torch path's outputs (and its dtype)."""
+    monkeypatch.setattr(moe_ops, "DISPATCH_SORT_MAX_PAIRS", 8)
+    ids = torch.stack([torch.randperm(8)[:2] for _ in range(5)])  # int64, 10 pairs
+    got = moe_ops.dispatch(ids, 8, backend="triton")
+    want = moe_ops.dispatch(ids, 8, backend="torch")
+    for key in ("expert_offsets", "sorted_expert", "row_index", "inv_perm"):
+        assert torch.equal(got[key], want[key]), key
+    assert got["sorted_expert"].dtype == torch.int64
+
+
 @pytest.mark.parametrize("tokens,k,e", [(1, 6, 257), (5, 2, 8), (40, 3, 8), (33, 1, 4), (73, 7, 385),
                                          (300, 7, 257)])
 def test_dispatch_triton_kernel_equals_torch_path(tokens, k, e, device):

@@ -19,7 +19,7 @@ import official_v4 as official  # tests/reference/official_v4.py (the test file'
 from megamoe.format.tensor import NVFP4Tensor
 from megamoe.models.config import V4_FLASH_MODEL, V4_TINY_MODEL
 from megamoe.models.v4_weights import decoded_state_dict, nvfp4_weight, random_state_dict
-from megamoe.reference import v4_attention, v4_model
+from megamoe.reference import moe as moe_reference, v4_attention, v4_model
 from megamoe.reference.moe import moe_forward
 from megamoe.reference.v4_attention import attention_forward, head_rms_norm, index_scores
 from megamoe.reference.v4_model import gate_forward, greedy_generate, model_forward, moe_block_forward
@@ -310,18 +310,29 @@ def _mostly_close(a, b, tol, frac=0.9):
     return (err <= tol).float().mean().item() >= frac, err
 
 
-def test_model_logits_match_official():
+def test_model_logits_match_official(monkeypatch):
     sd, w = _checkpoint()
     tokens = torch.randint(0, CFG.vocab_size, (T,))
     ref = model_forward(CFG, w, tokens)
     assert torch.equal(model_forward(CFG, sd, tokens), ref)  # checkpoint tensors are decoded as they are read
     off = official.Transformer(CFG, w, max_seq_len=CFG.max_seq_len).forward(tokens, 0)
-    ok, err = _mostly_close(off, ref, 2 ** -8)
+    # The reference scores the router's float32 logits in float64 on CPU (batch invariance, see
+    # reference.moe.score_function); the official code in float32. That moves a routing weight's last bit, and now
+    # and then a bf16 rounding of one token's MoE output, which attention carries to every later position (seed 9 of
+    # 60: 40% of the positions off by <= 5.4e-3 of max |logit|).
+    ok, err = _mostly_close(off, ref, 2 ** -6)
     assert ok, err
-    assert (err == 0).float().mean() > 0.5  # the same ops on the same shapes: bit-identical in practice
+    # With the official float32 scoring the reference runs the same ops on the same shapes: bit-identical
+    # (60 of 60 seeds).
+    monkeypatch.setattr(moe_reference, "score_function", lambda logits, func: moe_reference._score(logits, func))
+    assert torch.equal(model_forward(CFG, w, tokens), off)
+    monkeypatch.undo()
     per_entry = model_forward(CFG, w, tokens, numerics="per_entry")
     assert not torch.equal(per_entry, ref)
-    assert _mostly_close(per_entry, ref, 2 ** -3)[0]
+    # other storage numerics: other FP8 / FP4 roundings of the cached entries, so now and then another indexer or router
+    # choice moves a whole row (60 seeds: >= 36 of 40 rows within 2^-3, median <= 1.1e-2)
+    ok, err = _mostly_close(per_entry, ref, 2 ** -3, frac=0.8)
+    assert ok and err.median() < 2 ** -5, err
 
 
 def test_model_decode_handoff_and_greedy_generation():

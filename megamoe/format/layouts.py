@@ -79,3 +79,31 @@ def from_triton_5d(scale_5d: torch.Tensor, rows: int, cols: int) -> torch.Tensor
     if scale_5d.shape[1] * 128 != rows_p or scale_5d.shape[2] * 4 != cols_p:
         raise ValueError(f"scale_5d: shape {tuple(scale_5d.shape)} does not match ({rows}, {cols}) scales")
     return from_swizzled_128x4(scale_5d.reshape(rows_p, cols_p), rows, cols)
+
+
+def interleave_weight_rows(packed: torch.Tensor, group: int = 4, step_bytes: int = 64) -> torch.Tensor:
+    """Row-interleaved copy of a row-major (..., N, C) byte matrix (packed FP4 ``data``: C = K / 2, step_bytes 64 =
+    one 128-K step; ``block_scale`` viewed as bytes: C = K / 16, step_bytes 8): rows ``g*group .. g*group+group-1``
+    become one run per K step, ``group * step_bytes`` contiguous bytes (row r of the group at ``(r % group) *
+    step_bytes`` in it), for longer DRAM bursts (the peer's Hopper value layout groups 4 rows the same way). Same
+    shape and dtype; ``N % group == 0`` and ``C % step_bytes == 0``. The pipelined GEMM reads it with
+    ``weight_interleave=group``."""
+    n, c = packed.shape[-2], packed.shape[-1]
+    if n % group or c % step_bytes:
+        raise ValueError(f"packed: expected N % {group} == 0 and C % {step_bytes} == 0, got shape "
+                         f"{tuple(packed.shape)}")
+    lead = packed.shape[:-2]
+    steps = c // step_bytes
+    x = packed.reshape(*lead, n // group, group, steps, step_bytes).transpose(-3, -2)
+    return x.contiguous().reshape(packed.shape)
+
+
+def deinterleave_weight_rows(packed: torch.Tensor, group: int = 4, step_bytes: int = 64) -> torch.Tensor:
+    """The inverse of :func:`interleave_weight_rows` (row-major again)."""
+    n, c = packed.shape[-2], packed.shape[-1]
+    if n % group or c % step_bytes:
+        raise ValueError(f"packed: expected N % {group} == 0 and C % {step_bytes} == 0, got shape "
+                         f"{tuple(packed.shape)}")
+    lead = packed.shape[:-2]
+    x = packed.reshape(*lead, n // group, c // step_bytes, group, step_bytes).transpose(-3, -2)
+    return x.contiguous().reshape(packed.shape)

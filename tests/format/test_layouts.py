@@ -52,3 +52,22 @@ def test_layout_errors_name_the_argument():
         from_swizzled_128x4(torch.zeros(128, 8, dtype=torch.uint8), 128, 3)
     with pytest.raises(ValueError, match="scale_5d"):
         from_triton_5d(torch.zeros(1, 1, 1, 2, 128, dtype=torch.uint8), 128, 4)
+
+
+def test_interleave_weight_rows_places_each_step_run():
+    """Row r, K step s, byte b of a (E, N, C) matrix lands at (r // 4) * 4 * C + s * 4 * step + (r % 4) * step + b
+    of its expert; scales (step 8) the same way; shapes that do not tile are refused."""
+    from megamoe.format.layouts import interleave_weight_rows
+
+    for c, step in ((256, 64), (32, 8)):
+        data = torch.randint(0, 256, (3, 12, c), dtype=torch.uint8)
+        out = interleave_weight_rows(data, 4, step)
+        assert out.shape == data.shape and out.dtype == data.dtype
+        r, s, b = torch.meshgrid(torch.arange(12), torch.arange(c // step), torch.arange(step), indexing="ij")
+        flat = (r // 4) * 4 * c + s * 4 * step + (r % 4) * step + b
+        for e in range(3):
+            assert torch.equal(out[e].flatten()[flat.flatten()], data[e][r.flatten(), (s * step + b).flatten()])
+    with pytest.raises(ValueError, match="packed"):
+        interleave_weight_rows(torch.zeros(2, 6, 128, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="packed"):
+        interleave_weight_rows(torch.zeros(2, 8, 96, dtype=torch.uint8))

@@ -232,9 +232,12 @@ if GLUON_AVAILABLE:
         )
 
     @gluon.jit
-    def load_weights(w_ptrs, s_ptrs, k0):
+    def load_weights(w_ptrs, s_ptrs, k0, W_IL: gl.constexpr = 1):
         """Weight words and scale bytes of the step starting at K element ``k0`` (int32 words: the
-        loop carries whole registers, not bytes)."""
+        loop carries whole registers, not bytes). ``W_IL`` > 1: rows interleaved in groups of W_IL per 128-K
+        step (``megamoe.format.layouts.interleave_weight_rows``; ``k0`` a multiple of 128)."""
+        if W_IL > 1:
+            return gl.load(w_ptrs + k0 * W_IL // 8), gl.load(s_ptrs + k0 * W_IL // 16)
         return gl.load(w_ptrs + k0 // 8), gl.load(s_ptrs + k0 // 16)
 
     @gluon.jit

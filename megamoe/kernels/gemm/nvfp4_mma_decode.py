@@ -279,6 +279,7 @@ if GLUON_AVAILABLE:
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
         num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False, X_SMEM: gl.constexpr = False,
+        W_IL: gl.constexpr = 1,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
@@ -312,10 +313,18 @@ if GLUON_AVAILABLE:
         n_start = pid_n * BLOCK_N
         w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout)), N - 1)
         w_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, w_layout))
-        w_offs = w_rows.to(gl.int64)[:, None] * stride_wn + w_cols[None, :]
+        if W_IL > 1:  # rows interleaved in groups of W_IL per 128-K step (16 words of a row per group run)
+            w_offs = (((w_rows // W_IL) * W_IL).to(gl.int64) * stride_wn + (w_rows % W_IL) * 16)[:, None] + (
+                (w_cols // 16) * (W_IL * 16) + w_cols % 16)[None, :]
+        else:
+            w_offs = w_rows.to(gl.int64)[:, None] * stride_wn + w_cols[None, :]
         s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)), N - 1)
         s_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_layout))
-        s_offs = s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
+        if W_IL > 1:
+            s_offs = (((s_rows // W_IL) * W_IL).to(gl.int64) * stride_sn + (s_rows % W_IL) * 8)[:, None] + (
+                (s_cols // 8) * (W_IL * 8) + s_cols % 8)[None, :]
+        else:
+            s_offs = s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
         x_cols = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
         if STAGES >= 2:
             # weight-stream ring (peer study, benchmarks/NOTES_peer_study.md): the weight words and scale
@@ -329,7 +338,11 @@ if GLUON_AVAILABLE:
             s_copy_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_K // 16], [32, 1], [num_warps, 1], [1, 0])
             sc_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_copy_layout)), N - 1)
             sc_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_copy_layout))
-            sc_offs = sc_rows.to(gl.int64)[:, None] * stride_sn + sc_cols[None, :]
+            if W_IL > 1:
+                sc_offs = (((sc_rows // W_IL) * W_IL).to(gl.int64) * stride_sn + (sc_rows % W_IL) * 8)[:, None] + (
+                    (sc_cols // 8) * (W_IL * 8) + sc_cols % 8)[None, :]
+            else:
+                sc_offs = sc_rows.to(gl.int64)[:, None] * stride_sn + sc_cols[None, :]
 
         if X_SMEM:
             # x tiles (already in the MMA K order, megamoe/format/mma_order.py) by cp.async into two shared
@@ -382,8 +395,8 @@ if GLUON_AVAILABLE:
             x_ptrs = x_ptr + src_rows[:, None] * stride_xm + x_cols[None, :]
             if SPLIT != 0:  # the split's first K element: a multiple of the constexpr BLOCK_K (aligned loads)
                 k_begin = first * BLOCK_K
-                w_ptrs += k_begin // 8
-                s_ptrs += k_begin // 16
+                w_ptrs += k_begin * W_IL // 8
+                s_ptrs += k_begin * W_IL // 16
                 x_ptrs += k_begin // 2
             x_mask = row_mask[:, None]
             acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
@@ -400,10 +413,10 @@ if GLUON_AVAILABLE:
                 if k_steps > 0:
                     async_copy.async_copy_global_to_shared(xs_ring.index(0), xs_ptrs, mask=xs_mask)
                 async_copy.commit_group()
-                words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+                words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0, W_IL)
                 for step in range(0, k_steps):
                     nxt = gl.minimum((step + 1) * BLOCK_K, last)
-                    words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+                    words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt, W_IL)
                     async_copy.wait_group(0)  # this thread's copy of `step` has landed
                     gl.thread_barrier()  # everyone's has; everyone has read the other buffer (step - 1)
                     if step + 1 < k_steps:
@@ -421,8 +434,10 @@ if GLUON_AVAILABLE:
                     gl.thread_barrier()
                     for j in gl.static_range(STAGES - 1):
                         if j < k_steps:
-                            async_copy.async_copy_global_to_shared(w_ring.index(j), w_ptrs + j * (BLOCK_K // 8))
-                            async_copy.async_copy_global_to_shared(s_ring.index(j), sc_ptrs + j * (BLOCK_K // 16))
+                            async_copy.async_copy_global_to_shared(w_ring.index(j),
+                                                                   w_ptrs + j * (W_IL * BLOCK_K // 8))
+                            async_copy.async_copy_global_to_shared(s_ring.index(j),
+                                                                   sc_ptrs + j * (W_IL * BLOCK_K // 16))
                         async_copy.commit_group()
                     x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
                     for step in range(0, k_steps):
@@ -434,9 +449,9 @@ if GLUON_AVAILABLE:
                         if ahead < k_steps:  # refill the slot read at step - 1; past the end: an empty group
                             slot_a = ahead % STAGES
                             async_copy.async_copy_global_to_shared(w_ring.index(slot_a),
-                                                                   w_ptrs + ahead * (BLOCK_K // 8))
+                                                                   w_ptrs + ahead * (W_IL * BLOCK_K // 8))
                             async_copy.async_copy_global_to_shared(s_ring.index(slot_a),
-                                                                   sc_ptrs + ahead * (BLOCK_K // 16))
+                                                                   sc_ptrs + ahead * (W_IL * BLOCK_K // 16))
                         async_copy.commit_group()
                         slot = step % STAGES
                         words = w_ring.index(slot).load(w_layout)
@@ -447,11 +462,11 @@ if GLUON_AVAILABLE:
                 else:
                     # register double-buffering: step i+1's loads are in flight while step i is decoded;
                     # the load past the end re-reads the last step (in bounds) and is discarded
-                    words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+                    words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0, W_IL)
                     x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
                     for step in range(0, k_steps):
                         nxt = gl.minimum((step + 1) * BLOCK_K, last)
-                        words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+                        words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt, W_IL)
                         x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
                         acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
                                         BLOCK_K)
@@ -565,6 +580,7 @@ def launch_nvfp4_mma_decode(
     max_rows_per_expert: int | None = None,
     splits: int | None = 1,
     x_smem=None,
+    weight_interleave: int = 1,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -582,9 +598,13 @@ def launch_nvfp4_mma_decode(
     equal to S = 1 up to fp32 summation order); the tile counters are ``nvfp4_splitk.splitk_counters``.
     ``x_smem``: the BLOCK_M values that stream x through shared memory (default :data:`MMA_X_SMEM_BLOCK_M`;
     without split-K and the weight ring only); the same MMAs in the same K order, so the same bits.
+    ``weight_interleave`` (1 or 4): ``data`` and ``block_scale`` hold groups of that many rows interleaved per 128-K
+    step (:func:`megamoe.format.layouts.interleave_weight_rows`); the same bits as the row-major layout.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
+    if weight_interleave not in (1, 4) or (weight_interleave > 1 and data.shape[-2] % weight_interleave):
+        raise ValueError(f"weight_interleave: expected 1, or 4 with N % 4 == 0, got {weight_interleave!r}")
     grouped = expert_offsets is not None
     num_rows = out.shape[0]
     n, k = data.shape[-2], 2 * data.shape[-1]
@@ -595,8 +615,9 @@ def launch_nvfp4_mma_decode(
     config = tuple(config or select_mma_decode_config(rows_per_expert, k))
     block_m, block_n, block_k, num_warps = config[:4]
     stages = config[4] if len(config) > 4 else 0
-    if k % block_k:
-        raise ValueError(f"data: K={k} must be a multiple of BLOCK_K={block_k} for this kernel")
+    if k % block_k or (weight_interleave > 1 and block_k % 128):
+        raise ValueError(f"data: K={k} must be a multiple of BLOCK_K={block_k} for this kernel (and BLOCK_K of 128 "
+                         "with weight_interleave)")
     row_lo, row_hi = row_band if grouped else (0, ROW_HI_UNBOUNDED)
     if grouped:
         chunks = chunk_bound(num_rows, num_experts, block_m, row_lo, row_hi, own_pad, max_rows_per_expert)
@@ -609,6 +630,8 @@ def launch_nvfp4_mma_decode(
                   BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
                   num_warps=num_warps, **flags)
     consts["STAGES"] = ring_stages(stages, block_scale.data_ptr(), strides[3:5])
+    if weight_interleave > 1:
+        consts["W_IL"] = weight_interleave
     n_tiles = triton.cdiv(n, block_n)
     num_sms = _num_sms(x.device.index or 0)
     if grouped and splits != 1:

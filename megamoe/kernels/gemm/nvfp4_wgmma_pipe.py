@@ -68,10 +68,13 @@ PIPE_TAIL_CONFIGS = {96: (96, 256, 128, 8, 4)}
 PIPE_TAIL_BANDS = {96: PIPE_TAIL_CONFIGS[96], 128: PIPE_CONFIG, 192: PIPE_TAIL_CONFIGS[96]}
 PIPE_BM48_CONFIG = (48, 256, 128, 8, 6)
 PIPE_BM16_CONFIG = (16, 256, 128, 8, 6)  # compiles (161 registers) and is tested, but slower than mma.sync's 16
-# One warpgroup, 128 weight rows, two programs per SM (188 / 215 registers x 128 threads, 78 / 102 KB of ring):
+# One warpgroup, 128 weight rows, two programs per SM (174 / 215 registers x 128 threads, 104 / 102 KB of ring):
 # two independent rings per SM for the memory-bound small-row bands (megamoe.ops.gemm.PIPE_SMALL, NOTES_gemm.md
-# v17: 1.04-1.15x at 512-1024 tokens of V4-Flash / V4-Pro; the same for the 64-row band measured equal).
-PIPE_SMALL_CONFIGS = {16: (16, 128, 128, 4, 6, 2), 32: (32, 128, 128, 4, 6, 2)}
+# v17: 1.04-1.15x at 512-1024 tokens of V4-Flash / V4-Pro; the same for the 64-row band measured equal). The 16-row
+# band keeps 6 steps in flight (8 stages; NOTES_gemm.md v21: 1.02-1.06x over 6 stages, kernel alone at 512 tokens,
+# the same bits); three programs per SM (5 stages, maxnreg 168), 8-row tiles, wait depth 2 / 3 and one 32-row band
+# for all <= 32-row experts were measured slower or equal there.
+PIPE_SMALL_CONFIGS = {16: (16, 128, 128, 4, 8, 2), 32: (32, 128, 128, 4, 6, 2)}
 SUB_K = 32  # K per wgmma of the chain: one packed word per lane
 # Sub-steps (each 4 wgmmas: 2 m64 tiles x 2 k16) left in flight when the next one is decoded: 1 (default) waits for
 # the one before; 2 / 3 keep one / two more A operand sets live (16 registers each). Offline sm_90 (2026-11-26): all
@@ -109,21 +112,21 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _fill(x_ring, w_ring, s_ring, slot, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step, xt_ring, xt_ptrs, xt_mask,
-              BLOCK_K: gl.constexpr, BLOCK_M_TAIL: gl.constexpr):
+              BLOCK_K: gl.constexpr, BLOCK_M_TAIL: gl.constexpr, W_IL: gl.constexpr = 1):
         """cp.async of K step ``step``'s x (head rows, and the tail rows into ``xt_ring`` when BLOCK_M_TAIL > 0),
         weight words and scale bytes into ring ``slot`` (x rows where the mask is False, i.e. out-of-range
         ``row_index`` values, are zero-filled: the reference's drop rule)."""
         async_copy.async_copy_global_to_shared(x_ring.index(slot), xr_ptrs + step * BLOCK_K, mask=xr_mask)
         if BLOCK_M_TAIL > 0:
             async_copy.async_copy_global_to_shared(xt_ring.index(slot), xt_ptrs + step * BLOCK_K, mask=xt_mask)
-        async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (BLOCK_K // 8))
-        async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
+        async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (W_IL * BLOCK_K // 8))
+        async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (W_IL * BLOCK_K // 16))
 
     @gluon.jit
     def _k_step(acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
                 xt_ring, xt_ptrs, xt_mask, step, k_tiles, a_layout: gl.constexpr, at_layout: gl.constexpr,
                 w_layout: gl.constexpr, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                STAGES: gl.constexpr, WAIT_DEPTH: gl.constexpr, BLOCK_M_TAIL: gl.constexpr):
+                STAGES: gl.constexpr, WAIT_DEPTH: gl.constexpr, BLOCK_M_TAIL: gl.constexpr, W_IL: gl.constexpr = 1):
         """One 128-K step: wait for its ring slot, refill the slot of step - 2 with step + STAGES - 2, then four
         32-K sub-steps (decode, async wgmma, wait until at most WAIT_DEPTH sub-steps are in flight). With
         BLOCK_M_TAIL > 0 each sub-step's decoded A also feeds a second wgmma into ``acc_t`` (the tile's tail
@@ -141,7 +144,7 @@ if GLUON_AVAILABLE:
         ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
         if ahead < k_tiles:
             _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, ahead, xt_ring, xt_ptrs,
-                  xt_mask, BLOCK_K, BLOCK_M_TAIL)
+                  xt_mask, BLOCK_K, BLOCK_M_TAIL, W_IL)
         async_copy.commit_group()
         for i in gl.static_range(BLOCK_K // _SUB_K):
             a = _decode_sub(words, scale_bytes, i, a_layout, BLOCK_N)
@@ -199,7 +202,7 @@ if GLUON_AVAILABLE:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
-        STAGES: gl.constexpr = 4, WAIT_DEPTH: gl.constexpr = 1, BLOCK_M_TAIL: gl.constexpr = 0,
+        STAGES: gl.constexpr = 4, WAIT_DEPTH: gl.constexpr = 1, BLOCK_M_TAIL: gl.constexpr = 0, W_IL: gl.constexpr = 1,
     ):
         """Grouped NVFP4 GEMM, x in the MMA K order: one cp.async ring for x, weights and scales, and a
         32-K-grained async wgmma chain (module docstring). A tile holds BLOCK_M + BLOCK_M_TAIL token rows: the
@@ -256,9 +259,18 @@ if GLUON_AVAILABLE:
             expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
             # weight rows past N read row N - 1 (never stored); x rows past the tile end read a valid row
             w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wr_layout)), N - 1)
-            wr_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + wr_cols[None, :]
+            if W_IL > 1:  # rows interleaved in groups of W_IL, each K step's words of a group contiguous
+                w_off = ((w_rows // W_IL) * W_IL).to(gl.int64) * stride_wn + (w_rows % W_IL) * (BLOCK_K // 8)
+                wr_ptrs = w_ptr + expert_c * stride_we + w_off[:, None] + wr_cols[None, :]
+            else:
+                wr_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + wr_cols[None, :]
             s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sr_layout)), N - 1)
-            sr_ptrs = scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn + sr_cols[None, :]
+            if W_IL > 1:
+                s_off = ((s_rows // W_IL) * W_IL).to(gl.int64) * stride_sn + (s_rows % W_IL) * (BLOCK_K // 16)
+                sr_ptrs = scale_ptr + expert_c * stride_se + s_off[:, None] + sr_cols[None, :]
+            else:
+                sr_ptrs = (scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn
+                           + sr_cols[None, :])
             r_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xr_layout))
             r_ok = r_rows < row_end
             if HAS_ROW_INDEX:
@@ -291,7 +303,7 @@ if GLUON_AVAILABLE:
                 for j in gl.static_range(STAGES - 2):
                     if j < k_tiles:
                         _fill(x_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, j, xt_ring, xt_ptrs,
-                              xt_mask, BLOCK_K, BLOCK_M_TAIL)
+                              xt_mask, BLOCK_K, BLOCK_M_TAIL, W_IL)
                     async_copy.commit_group()
                 a_prev = gl.zeros([BLOCK_N, _SUB_K], gl.bfloat16, layout=a_layout)
                 a_prev2 = a_prev
@@ -304,12 +316,12 @@ if GLUON_AVAILABLE:
                 acc, acc_t, a_prev, a_prev2, a_prev3 = _k_step(
                     acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
                     xt_ring, xt_ptrs, xt_mask, 0, k_tiles, a_layout, at_layout, w_layout, s_layout, BLOCK_N, BLOCK_K,
-                    STAGES, WAIT_DEPTH, BLOCK_M_TAIL)
+                    STAGES, WAIT_DEPTH, BLOCK_M_TAIL, W_IL)
                 for step in range(1, k_tiles):
                     acc, acc_t, a_prev, a_prev2, a_prev3 = _k_step(
                         acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs,
                         sr_ptrs, xt_ring, xt_ptrs, xt_mask, step, k_tiles, a_layout, at_layout, w_layout, s_layout,
-                        BLOCK_N, BLOCK_K, STAGES, WAIT_DEPTH, BLOCK_M_TAIL)
+                        BLOCK_N, BLOCK_K, STAGES, WAIT_DEPTH, BLOCK_M_TAIL, W_IL)
                 if BLOCK_M_TAIL > 0:
                     acc, acc_t = warpgroup_mma_wait(0, deps=[acc, acc_t, a_prev])[:2]
                 elif WAIT_DEPTH == 1:
@@ -387,23 +399,29 @@ def launch_nvfp4_wgmma_pipe(
     own_pad: bool = True,
     x_in_mma_order: bool = False,
     wait_depth: int | None = None,
+    weight_interleave: int = 1,
 ) -> torch.Tensor:
     """Launch the pipelined wgmma grouped GEMM (contract of
     :func:`megamoe.kernels.gemm.nvfp4_wgmma.launch_nvfp4_wgmma`, grouped only).
 
     ``x``: (S, K) bf16 activations in memory K order (copied once into the MMA K order, a (S, K) temporary),
     or already in it with ``x_in_mma_order=True``. ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES[,
-    programs per SM (default 1)]); BLOCK_M (token rows per tile) a power of two or the sum of two
-    (:func:`split_tile_rows`: 96 = 64 + 32 runs a 64-row and a 32-row wgmma on the same decoded weights).
+    programs per SM (default 1)[, register cap per thread (ptxas maxnreg; default none)]]); BLOCK_M (token rows per
+    tile) a power of two or the sum of two (:func:`split_tile_rows`: 96 = 64 + 32 runs a 64-row and a 32-row wgmma
+    on the same decoded weights).
     ``row_lo`` / ``row_hi``: compute only the experts with ``row_lo < rows <= row_hi`` (a band of
     :func:`megamoe.ops.gemm.plan_row_bands`; others' rows are left untouched); ``own_pad``: write zeros to the
     padding rows ``[offsets[E-1], T)``. ``wait_depth``: 1-3 sub-steps left in flight (default
-    :data:`PIPE_WAIT_DEPTH`); the same bits for every value.
+    :data:`PIPE_WAIT_DEPTH`); the same bits for every value. ``weight_interleave`` (1 or 4): ``data`` and
+    ``block_scale`` hold groups of that many weight rows interleaved per 128-K step
+    (:func:`megamoe.format.layouts.interleave_weight_rows`; an experiment, NOTES_gemm.md v21).
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
     if expert_offsets is None:
         raise ValueError("expert_offsets: this kernel is grouped only")
+    if weight_interleave not in (1, 4) or (weight_interleave > 1 and data.shape[-2] % weight_interleave):
+        raise ValueError(f"weight_interleave: expected 1, or 4 with N % 4 == 0, got {weight_interleave!r}")
     if wait_depth is not None and (type(wait_depth) is not int or wait_depth not in (1, 2, 3)):
         raise ValueError(f"wait_depth: expected None or 1, 2 or 3, got {wait_depth!r}")
     num_rows = out.shape[0]
@@ -414,6 +432,7 @@ def launch_nvfp4_wgmma_pipe(
     config = config or PIPE_CONFIG
     block_m, block_n, block_k, num_warps, stages = config[:5]
     per_sm = config[5] if len(config) > 5 else 1
+    maxnreg = config[6] if len(config) > 6 else None  # registers per thread, for per_sm programs of num_warps
     head_m, tail_m = split_tile_rows(block_m)
     if tail_m and (wait_depth or PIPE_WAIT_DEPTH) != 1:
         raise ValueError(f"wait_depth: a BLOCK_M={block_m} tile (head + tail) runs with wait_depth 1 only")
@@ -433,5 +452,6 @@ def launch_nvfp4_wgmma_pipe(
         *head, programs, row_lo, int(own_pad), *strides, row_hi, BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
         WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH, **flags, **({"BLOCK_M_TAIL": tail_m} if tail_m else {}),
+        **({"maxnreg": maxnreg} if maxnreg else {}), **({"W_IL": weight_interleave} if weight_interleave > 1 else {}),
     )
     return out

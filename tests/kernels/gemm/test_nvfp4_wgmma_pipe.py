@@ -278,6 +278,63 @@ def test_cuda_pipe_band_configs_compute_only_their_band(block_m, small):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("config", [(16, 128, 128, 4, 8, 2), (32, 128, 128, 4, 6, 2), (96, 256, 128, 8, 4), None])
+def test_cuda_pipe_interleaved_weights_same_bits(config):
+    """Weights and scales with 4 rows interleaved per K step (format.layouts.interleave_weight_rows), read with
+    weight_interleave=4: the same bits as the row-major layout, SwiGLU and gather included, N not a multiple of the
+    tile (rows past N are clamped in both layouts); a layout read as the other one fails."""
+    from megamoe.format.layouts import interleave_weight_rows
+
+    device = torch.device("cuda")
+    counts = [0, 1, 9, 16, 40, 100, 3]
+    e, n, k = len(counts), 328, 1024
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    data_il = interleave_weight_rows(w.data, 4, 64)
+    scale_il = interleave_weight_rows(w.block_scale.view(torch.uint8), 4, 8).view(w.block_scale.dtype)
+    t = sum(counts) + 2
+    x = torch.randn(t, k, device=device).bfloat16()
+    kwargs = dict(expert_offsets=offsets_of(counts, device), row_index=torch.randperm(t, device=device).to(torch.int32),
+                  swiglu=True, swiglu_limit=7.0, config=config)
+    out = torch.full((t, n // 2), float("nan"), dtype=torch.bfloat16, device=device)
+    plain = _run(x, w, (t, n // 2), **kwargs)
+    pipe.launch_nvfp4_wgmma_pipe(x, data_il, scale_il, w.global_scale, out, weight_interleave=4, **kwargs)
+    assert torch.equal(out, plain)
+    pipe.launch_nvfp4_wgmma_pipe(x, data_il, scale_il, w.global_scale, out, **kwargs)  # read as row-major
+    assert not torch.equal(out, plain)
+
+
+def test_weight_interleave_argument_is_checked():
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    data = torch.zeros(2, 6, 128, dtype=torch.uint8)
+    scale = torch.zeros(2, 6, 16, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    for bad, shape_data in ((2, data), (4, data), (8, torch.zeros(2, 8, 128, dtype=torch.uint8))):
+        with pytest.raises(ValueError, match="weight_interleave"):
+            pipe.launch_nvfp4_wgmma_pipe(x, shape_data, scale, torch.ones(()), torch.empty(4, 6), weight_interleave=bad,
+                                         expert_offsets=torch.tensor([2, 4], dtype=torch.int32))
+
+
+@pytest.mark.cuda
+def test_cuda_pipe_ring_depth_and_register_cap_same_bits():
+    """The 16-row small band at 6 / 8 ring stages, and three programs per SM under a register cap (the config's
+    7th entry, ptxas maxnreg 168): the same MMAs in the same order, so the same bits, with the gather and SwiGLU and
+    a ring deeper than the K loop (K = 512: 4 steps)."""
+    device = torch.device("cuda")
+    counts = [0, 1, 9, 16, 3, 12]
+    for k in (512, 2048):
+        e, n = len(counts), 384
+        w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+        t = sum(counts) + 2
+        x = torch.randn(t, k, device=device).bfloat16()
+        row_index = torch.randperm(t, device=device).to(torch.int32)
+        offsets = offsets_of(counts, device)
+        kwargs = dict(expert_offsets=offsets, row_index=row_index, swiglu=True, swiglu_limit=7.0)
+        outs = [_run(x, w, (t, n // 2), config=config, **kwargs)
+                for config in ((16, 128, 128, 4, 6, 2), (16, 128, 128, 4, 8, 2), (16, 128, 128, 4, 5, 3, 168))]
+        assert not torch.isnan(outs[0][:sum(counts)].float()).any()
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("tile_m", [48, 96])
 def test_cuda_pipe_tail_tile_same_bits_as_power_of_two_tile(tile_m):
     """A 48 / 96-row tile (head + tail wgmma on the same decoded A) issues, per output element, the same bf16

@@ -1,0 +1,54 @@
+"""The row-interleaved weight layout (``megamoe.format.layouts.interleave_weight_rows``, ``weight_interleave=4``) in the
+mma.sync decode kernel: every path (register double-buffering, the cp.async weight ring, x through shared memory,
+split-K) writes the same bits as the row-major layout, and the argument is checked."""
+import pytest
+import torch
+
+from gemm_helpers import grouped_f32, offsets_of, random_weight, rel_err
+
+from megamoe.format.layouts import interleave_weight_rows
+from megamoe.kernels.gemm import nvfp4_mma_decode as mma
+
+
+def _interleaved(w):
+    return (interleave_weight_rows(w.data, 4, 64),
+            interleave_weight_rows(w.block_scale.view(torch.uint8), 4, 8).view(w.block_scale.dtype))
+
+
+def test_mma_weight_interleave_argument_is_checked():
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    scale = torch.zeros(2, 6, 16, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    for bad, n in ((2, 8), (4, 6), (8, 8)):
+        with pytest.raises(ValueError, match="weight_interleave"):
+            mma.launch_nvfp4_mma_decode(x, torch.zeros(2, n, 128, dtype=torch.uint8), scale, torch.ones(()),
+                                        torch.empty(4, n), expert_offsets=torch.tensor([2, 4], dtype=torch.int32),
+                                        weight_interleave=bad)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config,kwargs", [
+    ((8, 128, 256, 4), {}),  # the decode band's config: register double-buffering, 256-K steps
+    ((16, 128, 128, 4, 4), {}),  # MMA16_CONFIG: the cp.async weight ring
+    ((32, 128, 128, 4), dict(x_smem=(32,))),  # x through shared memory
+    ((8, 128, 256, 4), dict(splits=3)),  # split-K (single-launch reduction)
+])
+def test_cuda_mma_interleaved_weights_same_bits(config, kwargs):
+    device = torch.device("cuda")
+    counts = [0, 1, 3, 8, 5, 30]
+    e, n, k = len(counts), 328, 1536
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    data_il, scale_il = _interleaved(w)
+    t = sum(counts) + 2
+    x = torch.randn(t, k, device=device).bfloat16()
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    offsets = offsets_of(counts, device)
+    args = dict(expert_offsets=offsets, row_index=row_index, config=config, max_rows_per_expert=max(counts), **kwargs)
+    plain = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device=device)
+    inter = plain.clone()
+    mma.launch_nvfp4_mma_decode(x, w.data, w.block_scale, w.global_scale, plain, **args)
+    mma.launch_nvfp4_mma_decode(x, data_il, scale_il, w.global_scale, inter, weight_interleave=4, **args)
+    assert torch.equal(inter, plain)
+    ref = grouped_f32(x, w, offsets, row_index)
+    assert rel_err(plain[:sum(counts)], ref[:sum(counts)]) < 4e-3
+    mma.launch_nvfp4_mma_decode(x, data_il, scale_il, w.global_scale, inter, **args)  # read as row-major
+    assert not torch.equal(inter, plain)

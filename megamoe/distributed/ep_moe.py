@@ -86,7 +86,7 @@ def slice_experts(weight: NVFP4Tensor, start: int, stop: int) -> NVFP4Tensor:
     if gs.dim() == 3 and gs.shape[0] != 1:
         gs = gs[start:stop]
     return NVFP4Tensor(weight.data[start:stop].contiguous(), weight.block_scale[start:stop].contiguous(),
-                       gs.contiguous(), (stop - start,) + tuple(weight.shape[1:]))
+                       gs.contiguous(), (stop - start,) + tuple(weight.shape[1:]), weight.row_interleave)
 
 
 def _excl_cumsum(t: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -21,6 +21,11 @@ class NVFP4Tensor:
             ``shape[:-1] + (1,)`` (per row; ``(E, 1, 1)`` per expert for stacked
             ``(E, N, K)`` weights).
         shape: the logical shape ``(..., K)``.
+        row_interleave: the physical row order of ``data`` and ``block_scale`` along ``(N, K)`` (the last two
+            dimensions): 1 (default) row-major, as above and as checkpoints store it; 4: groups of 4 rows
+            interleaved per 128-K step (:func:`megamoe.format.layouts.interleave_weight_rows`: 256-byte runs that
+            HBM streams faster, NOTES_gemm.md v21), read only by ``nvfp4_grouped_mm``'s Gluon routes on sm_90 (other
+            ops refuse it; :meth:`rows_in_order` undoes it). Made by :meth:`interleave_rows`.
 
     Decoded value: ``e2m1(code) * (block_scale * global_scale)`` in float32.
     """
@@ -29,6 +34,7 @@ class NVFP4Tensor:
     block_scale: torch.Tensor
     global_scale: torch.Tensor
     shape: torch.Size
+    row_interleave: int = 1
 
     def __post_init__(self):
         try:
@@ -81,6 +87,11 @@ class NVFP4Tensor:
                     f"global_scale: expected a 0-d tensor or a shape broadcastable to {row_shape} "
                     f"with last dimension 1, got {gs}"
                 )
+        if type(self.row_interleave) is not int or self.row_interleave not in (1, 4):
+            raise ValueError(f"row_interleave: expected 1 or 4, got {self.row_interleave!r}")
+        if self.row_interleave > 1 and (len(self.shape) < 2 or self.shape[-2] % self.row_interleave or k % 128):
+            raise ValueError(f"row_interleave: {self.row_interleave} needs N % {self.row_interleave} == 0 and "
+                             f"K % 128 == 0 for shape (..., N, K), got {tuple(self.shape)}")
         devices = {self.data.device, self.block_scale.device, self.global_scale.device}
         if len(devices) != 1:
             raise ValueError(f"data, block_scale and global_scale must share one device, got {devices}")
@@ -97,8 +108,31 @@ class NVFP4Tensor:
     def to(self, device) -> "NVFP4Tensor":
         """Copy to ``device`` (not for hot paths)."""
         return NVFP4Tensor(
-            self.data.to(device), self.block_scale.to(device), self.global_scale.to(device), self.shape
+            self.data.to(device), self.block_scale.to(device), self.global_scale.to(device), self.shape,
+            self.row_interleave,
         )
+
+    def interleave_rows(self, group: int = 4) -> "NVFP4Tensor":
+        """A copy with ``row_interleave = group`` (from row-major; not for hot paths)."""
+        from .layouts import interleave_weight_rows
+
+        if self.row_interleave != 1:
+            raise ValueError(f"row_interleave: already {self.row_interleave}; interleave a row-major tensor")
+        NVFP4Tensor(self.data, self.block_scale, self.global_scale, self.shape, group)  # shape checks
+        return NVFP4Tensor(interleave_weight_rows(self.data, group, 64),
+                           interleave_weight_rows(self.block_scale.view(torch.uint8), group, 8).view(
+                               self.block_scale.dtype), self.global_scale, self.shape, group)
+
+    def rows_in_order(self) -> "NVFP4Tensor":
+        """The row-major tensor (itself when ``row_interleave`` is 1, else a copy; not for hot paths)."""
+        from .layouts import deinterleave_weight_rows
+
+        if self.row_interleave == 1:
+            return self
+        g = self.row_interleave
+        return NVFP4Tensor(deinterleave_weight_rows(self.data, g, 64),
+                           deinterleave_weight_rows(self.block_scale.view(torch.uint8), g, 8).view(
+                               self.block_scale.dtype), self.global_scale, self.shape)
 
     def nbytes(self) -> int:
         """Bytes of packed data + block scales + global scales."""

@@ -207,7 +207,7 @@ class Nvfp4SharedExpert:
 def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
     gs = t.global_scale
     gs = gs.reshape(1, 1, 1) if gs.dim() == 0 else gs.unsqueeze(0)
-    return NVFP4Tensor(t.data.unsqueeze(0), t.block_scale.unsqueeze(0), gs, (1,) + tuple(t.shape))
+    return NVFP4Tensor(t.data.unsqueeze(0), t.block_scale.unsqueeze(0), gs, (1,) + tuple(t.shape), t.row_interleave)
 
 
 # Fused shared expert only up to this many tokens. H100, graph replay, with the Gluon decode kernel
@@ -239,12 +239,18 @@ class Nvfp4MoE:
 
     fused_decode: the single-launch decode MoE for 1..16 tokens (see the module docstring); None reads
     ``MEGAMOE_MOE_FUSED_DECODE`` (``"1"``: on) once, here. Default off.
+
+    row_interleave: 1 (default) or 4: the routed experts' kernel copies (not ``w13`` / ``w2``) with 4 rows
+    interleaved per 128-K step (:attr:`megamoe.format.NVFP4Tensor.row_interleave`), "w4a16" only, no fused decode.
+    HBM streams them faster in the memory-bound prefill bands (V4-Pro, 512 tokens: gate_up 1.50x, down 1.31x) and
+    the decode kernel reads them at about the same speed, slower at V4-Pro 1 token (NOTES_gemm.md v21). For
+    prefill-heavy deployments; measured, not the default.
     """
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
                  fuse_shared_expert: bool = True, fuse_shared_max_tokens: int | None = None,
                  dispatch_backend: str = "auto", router_backend: str = "triton", shared_overlap: bool = False,
-                 fused_decode: bool | None = None):
+                 fused_decode: bool | None = None, row_interleave: int = 1):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
         if mode not in MODES:
@@ -291,6 +297,11 @@ class Nvfp4MoE:
         if not isinstance(fused_decode, bool):
             raise TypeError(f"fused_decode: expected a bool, got {type(fused_decode).__name__}")
         self.fused_decode = fused_decode
+        if type(row_interleave) is not int or row_interleave not in (1, 4):
+            raise ValueError(f"row_interleave: expected 1 or 4, got {row_interleave!r}")
+        if row_interleave != 1 and mode != "w4a16":
+            raise ValueError(f"row_interleave: {row_interleave} runs mode 'w4a16' only, got mode {mode!r}")
+        self.row_interleave = row_interleave
         self._side_stream = None  # created on the first overlapped CUDA forward
         self._slots = c.top_k + (1 if self.fused_shared else 0)  # rows per token in the grouped GEMMs
         self._groups = c.num_experts + (1 if self.fused_shared else 0)
@@ -356,6 +367,9 @@ class Nvfp4MoE:
         else:
             self._w13_kernel = gemm_ops.interleave_gate_up(w13)
             self._w2_kernel = w2
+        if self.row_interleave != 1:  # the kernel copies only: w13 / w2 stay in checkpoint order
+            self._w13_kernel = self._w13_kernel.interleave_rows(self.row_interleave)
+            self._w2_kernel = self._w2_kernel.interleave_rows(self.row_interleave)
 
     @classmethod
     def from_bf16(cls, config: MoEConfig, gate_weight, correction_bias, w13_bf16, w2_bf16,
@@ -656,6 +670,9 @@ class Nvfp4MoE:
     def set_mode(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        if self.row_interleave != 1 and mode != "w4a16":
+            raise ValueError(f"mode: a layer with row_interleave={self.row_interleave} runs 'w4a16' only, got "
+                             f"{mode!r}")
         self.mode = mode
         if self.shared is not None:
             self.shared.mode = mode
@@ -800,6 +817,8 @@ def _per_expert_global_scale(gs: torch.Tensor, experts: int) -> torch.Tensor:
 
 def _append_expert(stacked: NVFP4Tensor, extra: NVFP4Tensor) -> NVFP4Tensor:
     """(E, N, K) stacked experts + one (N, K) expert -> (E+1, N, K), global scales merged exactly (load time)."""
+    if stacked.row_interleave != 1 or extra.row_interleave != 1:
+        raise ValueError("weights: expected row-major experts (row_interleave 1) to append the shared expert")
     e = stacked.shape[0]
     gs_a = _per_expert_global_scale(stacked.global_scale, e)
     gs_b = _per_expert_global_scale(extra.global_scale, 1)

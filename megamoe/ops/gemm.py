@@ -120,9 +120,12 @@ def _check_x(x, k: int | None, name: str = "x") -> None:
         raise ValueError(f"{name}: expected K={k} columns (the weight's K), got {x.shape[1]}")
 
 
-def _check_weight(weight, dims: int, x: torch.Tensor) -> None:
+def _check_weight(weight, dims: int, x: torch.Tensor, interleave_ok: bool = False) -> None:
     if not isinstance(weight, NVFP4Tensor):
         raise TypeError(f"weight: expected an NVFP4Tensor, got {type(weight).__name__}")
+    if weight.row_interleave != 1 and not interleave_ok:
+        raise ValueError(f"weight: row_interleave={weight.row_interleave} is read by nvfp4_grouped_mm only; pass "
+                         "weight.rows_in_order()")
     if len(weight.shape) != dims:
         layout = "(N, K)" if dims == 2 else "(E, N, K)"
         raise ValueError(f"weight: expected logical shape {layout}, got {tuple(weight.shape)}")
@@ -418,7 +421,8 @@ def nvfp4_grouped_mm(
         dispatch gather fused into the activation loads).
     weight: NVFP4Tensor of logical shape (E, N, K): data (E, N, K//2) uint8,
         block_scale (E, N, K//16) float8_e4m3fn, global_scale fp32 0-d,
-        (E, 1, 1) or (E, N, 1).
+        (E, 1, 1) or (E, N, 1); row-major, or ``row_interleave`` 4 (mode "w4a16"; on CUDA the Gluon
+        mma.sync / pipelined routes read it, others raise ValueError; on CPU a row-major copy is used).
     expert_offsets: (E,) int32 cumulative, non-decreasing row ends on the device
         (expert e owns rows [offsets[e-1], offsets[e])); never read on the host. Any stride (expert_offsets
         and row_index are copied when not contiguous).
@@ -434,11 +438,13 @@ def nvfp4_grouped_mm(
         (:func:`plan_row_bands`): results never depend on it, even if wrong.
     """
     _check_x(x, None)
-    _check_weight(weight, 3, x)
+    _check_weight(weight, 3, x, interleave_ok=True)
     num_experts, n, k = weight.shape
     _check_x(x, k)
     _check_mode(mode)
     _check_w4a8_k(mode, k)
+    if weight.row_interleave != 1 and mode != "w4a16":
+        raise ValueError(f"mode: weights with row_interleave={weight.row_interleave} run 'w4a16' only, got {mode!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
     if activation == "swiglu" and n % 2:
@@ -470,7 +476,7 @@ def nvfp4_grouped_mm(
         if row_index is not None:  # same drop rule and flag as the kernels (megamoe/ops/errors.py)
             _record_row_index(x, row_index, expert_offsets)
         return _reference.nvfp4_grouped_mm(
-            x, weight, expert_offsets, mode=mode, out=out, row_index=row_index,
+            x, weight.rows_in_order(), expert_offsets, mode=mode, out=out, row_index=row_index,
             activation=activation, swiglu_limit=swiglu_limit,
         )
     if out is None:
@@ -485,8 +491,14 @@ def nvfp4_grouped_mm(
             swiglu_limit=swiglu_limit, interpreter=not x.is_cuda,
         )
     xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
+    if weight.row_interleave != 1 and not x.is_cuda:  # the interpreter's kernels read row-major weights (tests)
+        weight = weight.rows_in_order()
     data = weight.data.contiguous()
     route = decode_route(xa, data, num_rows, num_experts, n, k)
+    interleave = {}
+    if weight.row_interleave != 1:
+        _check_interleaved_route(route, num_rows, num_experts, k, max_rows_per_expert, weight.row_interleave)
+        interleave = dict(weight_interleave=weight.row_interleave)
     launch = _launcher(route)
     return launch(
         xa,
@@ -499,5 +511,16 @@ def nvfp4_grouped_mm(
         swiglu=activation == "swiglu",
         swiglu_limit=swiglu_limit,
         interpreter=not x.is_cuda,
-        **({"max_rows_per_expert": max_rows_per_expert} if route == "banded" else {}),
+        **({"max_rows_per_expert": max_rows_per_expert} if route == "banded" else {}), **interleave,
     )
+
+
+def _check_interleaved_route(route: str, num_rows: int, num_experts: int, k: int, max_rows_per_expert,
+                             row_interleave: int) -> None:
+    """Row-interleaved weights (NVFP4Tensor.row_interleave) are read by the mma.sync decode and pipelined wgmma
+    kernels only: the route, and each launch of a banded route, must be one of them (host shapes only)."""
+    kinds = [route] if route != "banded" else [r for r, _ in plan_row_bands(num_rows, num_experts, k,
+                                                                            max_rows_per_expert)]
+    if any(kind not in ("mma", "pipe") for kind in kinds):
+        raise ValueError(f"weight: row_interleave={row_interleave} needs the Gluon grouped kernels (sm_90, "
+                         f"K % 256 == 0, PIPE_ROUTE on); this GEMM would run {kinds}")

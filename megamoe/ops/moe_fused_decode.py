@@ -41,7 +41,8 @@ def fused_decode_supported(hidden_states: torch.Tensor, w13: NVFP4Tensor, w2: NV
     from ..kernels.moe_fused_decode import FUSED_DECODE_MAX_TOKENS
 
     hidden, inter = w13.shape[-1], w2.shape[-1]
-    return (use_triton(hidden_states) and hidden % 32 == 0 and inter % 32 == 0
+    return (w13.row_interleave == 1 and w2.row_interleave == 1  # the kernel reads row-major weights
+            and use_triton(hidden_states) and hidden % 32 == 0 and inter % 32 == 0
             and 1 <= hidden_states.shape[0] <= FUSED_DECODE_MAX_TOKENS
             and gemv_supports(hidden_states, w13.data) and w2.data.is_contiguous() and w2.data.data_ptr() % 4 == 0)
 
@@ -102,6 +103,9 @@ def moe_fused_decode(
         if len(w.shape) != 3 or w.device != device:
             raise ValueError(f"{name}: expected a stacked (G, N, K) NVFP4Tensor on {device}, got {tuple(w.shape)} "
                              f"on {w.device}")
+        if w.row_interleave != 1:
+            raise ValueError(f"{name}: expected row-major weights (row_interleave 1), got row_interleave "
+                             f"{w.row_interleave}; pass {name}.rows_in_order()")
     groups, two_i, h_w = w13.shape
     if h_w != hidden or two_i % 2:
         raise ValueError(f"w13: expected shape (G, 2I, {hidden}), got {tuple(w13.shape)}")

@@ -206,6 +206,7 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16, *, out: torc
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"t: expected an NVFP4Tensor, got {type(t).__name__}")
     t.validate()
+    t = t.rows_in_order()  # a row-interleaved kernel layout (NVFP4Tensor.row_interleave): row-major first (a copy)
     if dtype not in _OUT_DTYPES:
         raise TypeError(f"dtype: expected torch.bfloat16, torch.float16 or torch.float32, got {dtype}")
     if out is not None:

@@ -46,6 +46,8 @@ def interleave_gate_up(weight: NVFP4Tensor) -> NVFP4Tensor:
     if len(weight.shape) < 2 or weight.shape[-2] % 2:
         raise ValueError(f"weight: expected shape (..., 2*I, K) with an even row count, got {tuple(weight.shape)}")
 
+    _check_rows_in_order(weight)
+
     def interleave(t: torch.Tensor) -> torch.Tensor:
         rows = t.shape[-2]
         gate, up = t[..., : rows // 2, :], t[..., rows // 2 :, :]
@@ -57,10 +59,18 @@ def interleave_gate_up(weight: NVFP4Tensor) -> NVFP4Tensor:
     return NVFP4Tensor(interleave(weight.data), interleave(weight.block_scale), gs, weight.shape)
 
 
+def _check_rows_in_order(weight: NVFP4Tensor) -> None:
+    if weight.row_interleave != 1:
+        raise ValueError(f"weight: expected row-major rows (row_interleave 1), got {weight.row_interleave}; "
+                         "permute the gate/up rows before interleaving them (NVFP4Tensor.interleave_rows)")
+
+
 def deinterleave_gate_up(weight: NVFP4Tensor) -> NVFP4Tensor:
     """Inverse of :func:`interleave_gate_up` (rows back to ``[gate(I); up(I)]``)."""
     if not isinstance(weight, NVFP4Tensor):
         raise TypeError(f"weight: expected an NVFP4Tensor, got {type(weight).__name__}")
+
+    _check_rows_in_order(weight)
 
     def deinterleave(t: torch.Tensor) -> torch.Tensor:
         return torch.cat((t[..., 0::2, :], t[..., 1::2, :]), dim=-2).contiguous()
@@ -169,6 +179,7 @@ def nvfp4_grouped_mm(
                 weight.block_scale[e],
                 _expert_global_scale(weight.global_scale, e),
                 weight.shape[1:],
+                weight.row_interleave,
             )
             y[start:end] = xa[start:end].float() @ dequantize(w_e, torch.float32).t()
         start = end

@@ -216,7 +216,7 @@ def _expert_slice(weight: NVFP4Tensor, e: int) -> NVFP4Tensor:
     gs = weight.global_scale
     if gs.dim() != 0:
         gs = gs[e] if gs.shape[0] != 1 else gs[0]
-    return NVFP4Tensor(weight.data[e], weight.block_scale[e], gs, weight.shape[1:])
+    return NVFP4Tensor(weight.data[e], weight.block_scale[e], gs, weight.shape[1:], weight.row_interleave)
 
 
 def _fake_quant(x: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:

@@ -149,6 +149,7 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Ten
     """
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"t: expected an NVFP4Tensor, got {type(t).__name__}")
+    t = t.rows_in_order()  # the row-interleaved kernel layout (NVFP4Tensor.row_interleave): back to row-major
     lead = tuple(t.shape[:-1])
     k = t.shape[-1]
     values = e2m1_decode(unpack_nibbles(t.data)).reshape(*lead, k // BLOCK_SIZE, BLOCK_SIZE)

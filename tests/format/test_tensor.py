@@ -37,3 +37,29 @@ def test_invalid(kwargs, match):
     args.update(kwargs)
     with pytest.raises((TypeError, ValueError), match=match):
         NVFP4Tensor(**args)
+
+
+def test_row_interleave_round_trip_decodes_the_same_and_is_checked():
+    """interleave_rows / rows_in_order invert each other, dequantize reads either layout to the same values, the
+    layout survives .to(), and shapes that cannot be interleaved are refused (N % 4, K % 128, 1-D, bad values)."""
+    from megamoe.reference.quantize import dequantize, quantize
+
+    w = quantize(torch.randn(2, 12, 256))
+    w4 = w.interleave_rows(4)
+    assert w4.row_interleave == 4 and not torch.equal(w4.data, w.data)
+    assert w4.to("cpu").row_interleave == 4
+    back = w4.rows_in_order()
+    assert back.row_interleave == 1 and torch.equal(back.data, w.data) and torch.equal(
+        back.block_scale.view(torch.uint8), w.block_scale.view(torch.uint8))
+    assert w.rows_in_order() is w
+    assert torch.equal(dequantize(w4, torch.float32), dequantize(w, torch.float32))
+    with pytest.raises(ValueError, match="row_interleave"):
+        w4.interleave_rows(4)
+    for lead, k in (((6,), 256), ((8,), 64)):
+        with pytest.raises(ValueError, match="row_interleave"):
+            NVFP4Tensor(*_parts(lead, k), shape=lead + (k,), row_interleave=4)
+    with pytest.raises(ValueError, match="row_interleave"):
+        NVFP4Tensor(*_parts((), 256), shape=(256,), row_interleave=4)
+    for bad in (2, 4.0, True):
+        with pytest.raises(ValueError, match="row_interleave"):
+            NVFP4Tensor(*_parts((8,), 256), shape=(8, 256), row_interleave=bad)

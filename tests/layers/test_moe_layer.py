@@ -239,3 +239,26 @@ def test_cuda_fused_decode_graph_sync_free(tokens):
     assert torch.equal(replay(x), eager)
     x2 = torch.randn_like(x)
     assert torch.equal(replay(x2), lay.forward(x2))
+
+
+def test_row_interleaved_layer_gives_the_same_output(monkeypatch):
+    """Nvfp4MoE(row_interleave=4): the routed experts' kernel copies interleaved, w13 / w2 kept in checkpoint order;
+    the same output bits as the row-major layer at decode and prefill sizes (CPU: the torch reference reads a
+    row-major copy, the interpreter path is tests/ops/test_gemm.py's; CUDA: the Gluon routes read the interleaved
+    bytes); w4a16 only."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")  # the interpreter takes minutes at H = 256
+    cfg = TINY.replace(hidden_size=256, intermediate_size=128, shared_intermediate_size=128)
+    plain = Nvfp4MoE.random(cfg, seed=5, max_num_tokens=96, device=device)
+    inter = Nvfp4MoE.random(cfg, seed=5, max_num_tokens=96, device=device, row_interleave=4)
+    assert inter._w13_kernel.row_interleave == 4 and inter._w2_kernel.row_interleave == 4
+    assert inter.w13.row_interleave == 1 and torch.equal(inter.w13.data, plain.w13.data)
+    for t in (1, 5, 96):
+        x = torch.randn(t, cfg.hidden_size, device=device).bfloat16()
+        assert torch.equal(inter(x).clone(), plain(x).clone()), t
+    with pytest.raises(ValueError, match="w4a16"):
+        inter.set_mode("w4a8")
+    for kw in (dict(row_interleave=2), dict(row_interleave=4, mode="w4a4")):
+        with pytest.raises(ValueError, match="row_interleave"):
+            Nvfp4MoE(cfg, max_num_tokens=4, **kw)

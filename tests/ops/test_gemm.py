@@ -197,3 +197,28 @@ def test_grouped_swiglu_limit_must_be_finite_positive(limit):
     with pytest.raises((ValueError, TypeError), match="swiglu_limit"):
         nvfp4_grouped_mm(torch.randn(4, 32).bfloat16(), _weight(3, 16, 32), torch.tensor([1, 2, 4], dtype=torch.int32),
                          activation="swiglu", swiglu_limit=limit)
+
+
+def test_grouped_mm_row_interleaved_weights_same_result_and_refusals():
+    """Row-interleaved expert weights (NVFP4Tensor.row_interleave 4) give the row-major result on every device
+    (CPU / interpreter: a row-major copy; CUDA: the Gluon routes read them, the same bits); other ops and modes
+    refuse them with a ValueError."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    counts = [0, 3, 17, 40, 1, 90] if cuda else [0, 3, 1, 5]  # the interpreter is slow: small on CPU
+    e, n, k = len(counts), 256 if cuda else 64, 512 if cuda else 256
+    w = quantize(torch.randn(e, n, k, device=device))
+    w4 = w.interleave_rows(4)
+    t = sum(counts) + 3
+    x = torch.randn(t, k, device=device).bfloat16()
+    offsets = torch.tensor(counts, device=device).cumsum(0).to(torch.int32)
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    for kwargs in (dict(), dict(row_index=row_index, activation="swiglu", swiglu_limit=7.0)):
+        for hint in (None, max(counts)) if cuda else (None,):
+            plain = nvfp4_grouped_mm(x, w, offsets, max_rows_per_expert=hint, **kwargs)
+            inter = nvfp4_grouped_mm(x, w4, offsets, max_rows_per_expert=hint, **kwargs)
+            assert torch.equal(inter, plain)
+    with pytest.raises(ValueError, match="w4a16"):
+        nvfp4_grouped_mm(x, w4, offsets, mode="w4a4")
+    with pytest.raises(ValueError, match="row_interleave"):
+        nvfp4_linear(x, NVFP4Tensor(w4.data[0], w4.block_scale[0], w4.global_scale, (n, k), 4))

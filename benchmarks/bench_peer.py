@@ -434,6 +434,9 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
     w13k, w2 = build_ours(c, args.seed, dev)
     expert_bytes = (w13k.nbytes() + w2.nbytes()) // c.num_experts
     print(f"{name}: our NVFP4 experts built in {time.time() - t0:.0f} s", flush=True)
+    # --both-interleave: the second variant reads copies with 4 rows interleaved per 128-K step (the peer and the
+    # references keep the row-major ones)
+    w_il = (w13k.interleave_rows(4), w2.interleave_rows(4)) if args.both_interleave else None
     peer = None
     if tk is not None:
         t1 = time.time()
@@ -463,7 +466,7 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
             bf16 = bf16_weights(c, w13k, w2)
             print(f"{name}: bf16 weights built in {time.time() - t2:.0f} s", flush=True)
     switch, alt, _ = route_switch(switch_kind(args))
-    switch_saved = getattr(gemm_ops, switch)
+    switch_saved = getattr(gemm_ops, switch, None)  # None: not a megamoe.ops.gemm flag (--both-interleave)
     for ri, kind in enumerate(routings):
         for t in tokens:
             if fatal:
@@ -488,8 +491,10 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
             for v in variants:
                 suffix = alt if (v and len(variants) > 1) else ""
                 try:
-                    setattr(gemm_ops, switch, v)
-                    gemms, full, d0 = ours_forward_fns(c, w13k, w2, ids, weights, bufs)
+                    if switch_saved is not None:
+                        setattr(gemm_ops, switch, v)
+                    wa, wb = w_il if (v and w_il is not None) else (w13k, w2)
+                    gemms, full, d0 = ours_forward_fns(c, wa, wb, ids, weights, bufs)
                     g, out = _graph(gemms, x)
                     g.replay()
                     torch.cuda.synchronize()
@@ -507,7 +512,8 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
                     row["errors"].append(f"ours{suffix}: {type(e).__name__}: {e}")
                     fatal = fatal or _is_cuda_fault(e)
                 finally:
-                    setattr(gemm_ops, switch, switch_saved)
+                    if switch_saved is not None:
+                        setattr(gemm_ops, switch, switch_saved)
             if peer is not None and not fatal:
                 try:
                     rd, gi, si = peer_routing_objects(tk, ids, weights, c.num_experts)
@@ -546,7 +552,7 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
 
 
 SWITCHES = {"ws": ("WS_ROUTE", "_ws", "WS"), "pipe": ("PIPE_ROUTE", "_pipe", "pipe"),
-            "tail": ("PIPE_TAIL", "_tail", "tail")}
+            "tail": ("PIPE_TAIL", "_tail", "tail"), "interleave": ("ROW_INTERLEAVE", "_il", "rows x4")}
 
 
 def route_switch(kind: str):
@@ -556,6 +562,8 @@ def route_switch(kind: str):
 
 
 def switch_kind(args) -> str:
+    if args.both_interleave:
+        return "interleave"
     return "tail" if args.both_tail else "pipe" if (args.pipe or args.both_pipe) else "ws"
 
 
@@ -571,7 +579,7 @@ def _routes(gemm_ops, x, w13k, w2, t, c):
 
 
 def _derive(row, variants):
-    for key in ("ours", "ours_ws", "ours_pipe", "ours_tail"):
+    for key in ("ours", "ours_ws", "ours_pipe", "ours_tail", "ours_il"):
         us = row.get(f"{key}_us")
         if us:
             row[f"{key}_tflops"] = row["flops"] / us / 1e6
@@ -582,7 +590,7 @@ def _derive(row, variants):
                     row[f"speedup{key[4:]}_disp"] = row["peer_us"] / disp
     if row.get("peer_us"):
         row["peer_tflops"] = row["flops"] / row["peer_us"] / 1e6
-    best = max((row.get(k) or 0.0) for k in ("speedup", "speedup_ws", "speedup_pipe", "speedup_tail"))
+    best = max((row.get(k) or 0.0) for k in ("speedup", "speedup_ws", "speedup_pipe", "speedup_tail", "speedup_il"))
     row["meets"] = bool(best >= row["target"]) if row.get("peer_us") else None
     if row.get("ours_us"):
         row["ours_over_floor"] = row["ours_us"] / row["floor_us"]
@@ -655,6 +663,8 @@ def build_parser():
     ws.add_argument("--pipe", action="store_true", help="time ours with megamoe.ops.gemm.PIPE_ROUTE = True")
     ws.add_argument("--both-pipe", action="store_true", help="time ours with PIPE_ROUTE off and on")
     ws.add_argument("--both-tail", action="store_true", help="time ours with PIPE_TAIL (tail-tile bands) off and on")
+    ws.add_argument("--both-interleave", action="store_true",
+                    help="time ours on row-major experts and on a copy with NVFP4Tensor.row_interleave 4")
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-bf16", dest="bf16", action="store_false")
     p.add_argument("--quick", action="store_true", help="smoke run: v4-flash, 8 and 512 tokens, uniform")
@@ -690,7 +700,8 @@ def main(argv=None) -> int:
 
     start = time.time()
     deadline = start + args.budget_s
-    variants = [False, True] if args.both_ws or args.both_pipe or args.both_tail else [bool(args.ws or args.pipe)]
+    variants = ([False, True] if args.both_ws or args.both_pipe or args.both_tail or args.both_interleave
+                else [bool(args.ws or args.pipe)])
     switch, alt, _ = route_switch(switch_kind(args))
     tk, where = (None, "disabled (--no-peer)") if args.no_peer else load_peer()
     peer_desc = f"triton_kernels from {where}" if tk is not None else f"not run: {where}"

@@ -1,7 +1,7 @@
 """Nsight Compute look at the prefill expert GEMMs (issue 10): where our banded route loses to the peer at 4096
 tokens (results/gpu_check_v16: 5026 vs 3197 us; fewer instructions per weight did not become time).
 
-V4-Flash experts as bench_peer.py draws them (random NVFP4 codes; the peer's MXFP4 copy of the same values),
+V4-Flash (or ``--config``) experts as bench_peer.py draws them (random NVFP4 codes; the peer's MXFP4 copy of the same values),
 one top-6 routing (``--routing``, default uniform) of ``--tokens`` tokens; runs ours (gate_up + SwiGLU, down, combine) and then the
 peer's two ``matmul_ogs`` calls ``--calls`` times each, eagerly. Profile the last call of each kernel with
 
@@ -34,11 +34,12 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=2)
     p.add_argument("--routing", default="uniform", help="bench_moe_skew.py's routings (uniform, zipf, ...)")
     p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--config", default="v4-flash", help="a preset of megamoe.models.config.PRESETS")
     args = p.parse_args()
     import bench_peer as bp
     from megamoe.models.config import PRESETS
 
-    c, dev = PRESETS["v4-flash"], torch.device("cuda")
+    c, dev = PRESETS[args.config], torch.device("cuda")
     w13k, w2 = bp.build_ours(c, 0, dev)
     gen = torch.Generator().manual_seed(0)
     weights, ids = (v.to(dev) for v in bp.routing(args.routing, args.tokens, c.num_experts, c.top_k, gen))

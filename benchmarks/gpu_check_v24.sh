@@ -22,6 +22,9 @@
 #        routed experts row-major vs interleaved against the peer (V4-Flash, 1-4096 tokens, uniform).
 #   l -> the same for V4-Pro.
 #   m -> k / l at 512-8192 tokens under uniform, Zipf and all-on-k routing, 60 ms of replays per point.
+#   n -> interleave groups of 2 / 4 / 8 rows in the mma.sync decode kernel and the 16-row band (kernel alone): is there
+#        a group that keeps decode as fast as row-major and prefill as fast as 4? (Run with the launchers' check
+#        temporarily widened to 1 / 2 / 4 / 8; they accept 1 / 4 again, as NVFP4Tensor does.)
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -106,4 +109,9 @@ m)
     --both-interleave --no-bf16 --rep-ms 60 --budget-s 260 --out-dir "$OUT" --tag m_peer_il_flash 2>&1 | grep -v "^  " | tail -4
   timeout 290 python benchmarks/bench_peer.py --configs v4-pro --tokens 512,2048,8192 --routings uniform,zipf,all-on-k \
     --both-interleave --no-bf16 --rep-ms 60 --budget-s 260 --out-dir "$OUT" --tag m_peer_il_pro 2>&1 | grep -v "^  " | tail -4 ;;
+n)
+  timeout 500 python benchmarks/sweep_pipe_small.py --out "$OUT" --tag n_groups \
+    --shapes v4-pro:e7x1,v4-flash:e50x1,v4-pro:e50x1,v4-pro:t512,v4-flash:t512 --configs \
+    "mma:8,128,256,4;mma:8,128,256,4@i2;mma:8,128,256,4@i4;mma:8,128,256,4@i8;pipe:16,128,128,4,8,2;pipe:16,128,128,4,8,2@i2;pipe:16,128,128,4,8,2@i4;pipe:16,128,128,4,8,2@i8" \
+    2>&1 | grep -v "^{" | tail -3 ;;
 esac

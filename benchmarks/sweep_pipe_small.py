@@ -95,14 +95,15 @@ def launcher(spec, kw, out):
     wait = dict(wait_depth=int(depth)) if depth else {}
     if inter:
         wait["weight_interleave"] = int(inter)
-        if "data_il" not in kw:
+        if f"data_il{inter}" not in kw:
             from megamoe.format.layouts import interleave_weight_rows
 
-            kw["data_il"] = interleave_weight_rows(kw["data"], int(inter), 64)
-            kw["scale_il"] = interleave_weight_rows(kw["block_scale"].view(torch.uint8), int(inter), 8).view(
+            kw[f"data_il{inter}"] = interleave_weight_rows(kw["data"], int(inter), 64)
+            kw[f"scale_il{inter}"] = interleave_weight_rows(kw["block_scale"].view(torch.uint8), int(inter), 8).view(
                 kw["block_scale"].dtype)
     config = tuple(int(v) for v in values.split(",")) if kind in ("pipe", "mma") else None
-    common = dict(data=kw["data_il" if inter else "data"], block_scale=kw["scale_il" if inter else "block_scale"],
+    common = dict(data=kw[f"data_il{inter}" if inter else "data"],
+                  block_scale=kw[f"scale_il{inter}" if inter else "block_scale"],
                   global_scale=kw["global_scale"], out=out,
                   expert_offsets=kw["expert_offsets"], row_index=kw["row_index"], swiglu=kw["swiglu"],
                   swiglu_limit=kw["swiglu_limit"])

@@ -25,6 +25,8 @@
 #   n -> interleave groups of 2 / 4 / 8 rows in the mma.sync decode kernel and the 16-row band (kernel alone): is there
 #        a group that keeps decode as fast as row-major and prefill as fast as 4? (Run with the launchers' check
 #        temporarily widened to 1 / 2 / 4 / 8; they accept 1 / 4 again, as NVFP4Tensor does.)
+#   o -> decode configs of the mma.sync kernel (BLOCK_K 128 / 256, BLOCK_N 64 / 128, the weight ring) row-major vs
+#        interleaved: does some config read the interleaved layout at decode as fast as today's reads row-major?
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -113,5 +115,10 @@ n)
   timeout 500 python benchmarks/sweep_pipe_small.py --out "$OUT" --tag n_groups \
     --shapes v4-pro:e7x1,v4-flash:e50x1,v4-pro:e50x1,v4-pro:t512,v4-flash:t512 --configs \
     "mma:8,128,256,4;mma:8,128,256,4@i2;mma:8,128,256,4@i4;mma:8,128,256,4@i8;pipe:16,128,128,4,8,2;pipe:16,128,128,4,8,2@i2;pipe:16,128,128,4,8,2@i4;pipe:16,128,128,4,8,2@i8" \
+    2>&1 | grep -v "^{" | tail -3 ;;
+o)
+  timeout 400 python benchmarks/sweep_pipe_small.py --out "$OUT" --tag o_decode_configs \
+    --shapes v4-pro:e7x1,v4-flash:e50x1,v4-pro:e50x1 --configs \
+    "mma:8,128,256,4;mma:8,128,256,4@i4;mma:8,128,128,4;mma:8,128,128,4@i4;mma:8,64,256,4;mma:8,64,256,4@i4;mma:8,128,256,4,3;mma:8,128,256,4,3@i4" \
     2>&1 | grep -v "^{" | tail -3 ;;
 esac

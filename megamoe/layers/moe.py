@@ -242,9 +242,10 @@ class Nvfp4MoE:
 
     row_interleave: 1 (default) or 4: the routed experts' kernel copies (not ``w13`` / ``w2``) with 4 rows
     interleaved per 128-K step (:attr:`megamoe.format.NVFP4Tensor.row_interleave`), "w4a16" only, no fused decode.
-    HBM streams them faster in the memory-bound prefill bands (V4-Pro, 512 tokens: gate_up 1.50x, down 1.31x) and
-    the decode kernel reads them at about the same speed, slower at V4-Pro 1 token (NOTES_gemm.md v21). For
-    prefill-heavy deployments; measured, not the default.
+    HBM streams them faster in the memory-bound prefill bands: routed experts 1.02-1.44x faster at 512-8192 tokens,
+    and 0.98x (64 tokens) to 1.08x (1 token) of the row-major speed at decode sizes (H100; NOTES_gemm.md v21).
+    Needs hidden and intermediate sizes that are multiples of 256. For prefill-heavy deployments; not the default
+    (decode at 64 tokens is 1-2% slower with it).
     """
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
@@ -301,6 +302,10 @@ class Nvfp4MoE:
             raise ValueError(f"row_interleave: expected 1 or 4, got {row_interleave!r}")
         if row_interleave != 1 and mode != "w4a16":
             raise ValueError(f"row_interleave: {row_interleave} runs mode 'w4a16' only, got mode {mode!r}")
+        if row_interleave != 1 and (config.hidden_size % 256 or config.intermediate_size % 256):
+            raise ValueError(f"row_interleave: {row_interleave} needs hidden and intermediate sizes that are multiples "
+                             f"of 256 (the pipelined kernel's K), got {config.hidden_size} / "
+                             f"{config.intermediate_size}")
         self.row_interleave = row_interleave
         self._side_stream = None  # created on the first overlapped CUDA forward
         self._slots = c.top_k + (1 if self.fused_shared else 0)  # rows per token in the grouped GEMMs

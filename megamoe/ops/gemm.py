@@ -332,12 +332,22 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
         from ..kernels.gemm.mma_k_order import launch_to_mma_k_order
 
         x_mma = launch_to_mma_k_order(args[0])
+    gathered_interleaved = kwargs.get("weight_interleave", 1) > 1 and kwargs.get("row_index") is not None
     for route, band in plan:
         band_args = args
         if route == "pipe" and x_mma is not None:
             band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
+        if route == "mma" and gathered_interleaved and band["config"][0] == INTERLEAVED_DECODE_BLOCK_M:
+            band = dict(band, config=(band["config"][0], INTERLEAVED_DECODE_BLOCK_N) + tuple(band["config"][2:]))
         _launcher(route)(*band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
     return out
+
+
+# The decode band (BLOCK_M 8) of a gathered GEMM (row_index: the MoE gate_up) on row-interleaved weights runs 64
+# weight rows per program instead of 128: with 128 it read them 4-14% slower than row-major ones at 1-8 tokens, with
+# 64 within 0-3% (H100, kernel alone, results/gpu_check_v24/sweep_pipe_small_o_decode_configs.md; the down GEMM is
+# 1-2% faster interleaved at 128 and keeps it). NOTES_gemm.md v21.
+INTERLEAVED_DECODE_BLOCK_M, INTERLEAVED_DECODE_BLOCK_N = 8, 64
 
 
 def _launcher(route: str):

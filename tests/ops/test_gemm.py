@@ -218,6 +218,14 @@ def test_grouped_mm_row_interleaved_weights_same_result_and_refusals():
             plain = nvfp4_grouped_mm(x, w, offsets, max_rows_per_expert=hint, **kwargs)
             inter = nvfp4_grouped_mm(x, w4, offsets, max_rows_per_expert=hint, **kwargs)
             assert torch.equal(inter, plain)
+    if cuda:  # decode sizes: the BLOCK_M 8 band (64 weight rows per program when gathered and interleaved)
+        small = torch.tensor([1, 2, 0, 1, 3, 1], device=device).cumsum(0).to(torch.int32)
+        gather = torch.randint(0, 4, (int(small[-1]) + 1,), device=device, dtype=torch.int32)
+        for kwargs in (dict(), dict(row_index=gather, activation="swiglu", swiglu_limit=7.0)):
+            xs = x[:gather.shape[0]]
+            plain = nvfp4_grouped_mm(xs, w, small, max_rows_per_expert=3, **kwargs)
+            inter = nvfp4_grouped_mm(xs, w4, small, max_rows_per_expert=3, **kwargs)
+            assert torch.equal(inter, plain)
     with pytest.raises(ValueError, match="w4a16"):
         nvfp4_grouped_mm(x, w4, offsets, mode="w4a4")
     with pytest.raises(ValueError, match="row_interleave"):

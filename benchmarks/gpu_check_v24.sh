@@ -27,6 +27,11 @@
 #        temporarily widened to 1 / 2 / 4 / 8; they accept 1 / 4 again, as NVFP4Tensor does.)
 #   o -> decode configs of the mma.sync kernel (BLOCK_K 128 / 256, BLOCK_N 64 / 128, the weight ring) row-major vs
 #        interleaved: does some config read the interleaved layout at decode as fast as today's reads row-major?
+#   p -> with the decode band of a gathered GEMM on interleaved weights at BLOCK_N 64 (INTERLEAVED_DECODE_BLOCK_N): the
+#        CUDA tests, then the routed experts row-major vs interleaved vs the peer at 1 / 8 / 64 tokens (uniform, Zipf).
+#   q -> the op and layer tests of the interleaved layout on the GPU (not marked cuda: k and p ran "-m cuda" and so
+#        deselected them).
+#   r -> the whole op / layer / format / quantize test files touched by the layout on the GPU (cuda-marked or not).
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -121,4 +126,20 @@ o)
     --shapes v4-pro:e7x1,v4-flash:e50x1,v4-pro:e50x1 --configs \
     "mma:8,128,256,4;mma:8,128,256,4@i4;mma:8,128,128,4;mma:8,128,128,4@i4;mma:8,64,256,4;mma:8,64,256,4@i4;mma:8,128,256,4,3;mma:8,128,256,4,3@i4" \
     2>&1 | grep -v "^{" | tail -3 ;;
+p)
+  timeout 200 python -m pytest -q -m cuda -rfE --tb=short -p no:cacheprovider tests/ops/test_gemm.py tests/layers/test_moe_layer.py \
+    -k "interleave" > "$OUT/p_tests.log" 2>&1
+  tail -3 "$OUT/p_tests.log"
+  timeout 170 python benchmarks/bench_peer.py --configs v4-flash --tokens 1,8,64 --routings uniform,zipf \
+    --both-interleave --no-bf16 --rep-ms 60 --budget-s 150 --out-dir "$OUT" --tag p_peer_il_flash_decode 2>&1 | grep -v "^  " | tail -7
+  timeout 200 python benchmarks/bench_peer.py --configs v4-pro --tokens 1,8,64 --routings uniform,zipf \
+    --both-interleave --no-bf16 --rep-ms 60 --budget-s 170 --out-dir "$OUT" --tag p_peer_il_pro_decode 2>&1 | grep -v "^  " | tail -7 ;;
+q)
+  timeout 300 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/ops/test_gemm.py tests/layers/test_moe_layer.py \
+    tests/format -k "interleave" > "$OUT/q_tests.log" 2>&1
+  tail -3 "$OUT/q_tests.log" ;;
+r)
+  timeout 560 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/ops/test_gemm.py tests/layers/test_moe_layer.py \
+    tests/format tests/ops/test_quantize.py tests/ops/test_moe_ops.py > "$OUT/r_tests.log" 2>&1
+  tail -3 "$OUT/r_tests.log" ;;
 esac

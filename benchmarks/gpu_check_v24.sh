@@ -32,6 +32,7 @@
 #   q -> the op and layer tests of the interleaved layout on the GPU (not marked cuda: k and p ran "-m cuda" and so
 #        deselected them).
 #   r -> the whole op / layer / format / quantize test files touched by the layout on the GPU (cuda-marked or not).
+#   s -> the MoE layer's kernels at 64 tokens, row-major vs interleaved (where do the 1.4-2.3% go?).
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -142,4 +143,9 @@ r)
   timeout 560 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/ops/test_gemm.py tests/layers/test_moe_layer.py \
     tests/format tests/ops/test_quantize.py tests/ops/test_moe_ops.py > "$OUT/r_tests.log" 2>&1
   tail -3 "$OUT/r_tests.log" ;;
+s)
+  for il in 1 4; do
+    timeout 200 python benchmarks/probe_moe_decode.py --tokens 64 --configs v4-flash,v4-pro --row-interleave $il \
+      --out "$OUT" --tag s_il$il 2>&1 | grep -E "^## |_nvfp4" | head -12
+  done ;;
 esac

@@ -5,8 +5,8 @@ CUDA-graph replay median (L2 cleared before each replay, ``triton.testing.do_ben
 the kernels of one replay with their device time (L2 warm there: the sum is a lower bound of the replay). x is
 seeded by the token count (since 2026-11-26 part 12; the earlier files of gpu_check_v23 used unseeded inputs).
 
-Run (H100): ``python benchmarks/probe_moe_decode.py [--tokens 1,8] [--configs v4-flash,v4-pro] [--out DIR]``
--> DIR/probe_moe_decode.md.
+Run (H100): ``python benchmarks/probe_moe_decode.py [--tokens 1,8] [--configs v4-flash,v4-pro] [--out DIR]
+[--row-interleave 4] [--tag T]`` -> DIR/probe_moe_decode[_T].md.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def main():
     ap.add_argument("--tokens", default="1,8")
     ap.add_argument("--configs", default="v4-flash,v4-pro")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--row-interleave", type=int, default=1, help="Nvfp4MoE(row_interleave=...): 1 or 4")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
@@ -36,7 +38,8 @@ def main():
              f"triton {triton.__version__})", "", "Command: `python " + " ".join(sys.argv) + "`.", ""]
     for name in args.configs.split(","):
         c = PRESETS[name]
-        layer = Nvfp4MoE.random(c, seed=0, device=dev, max_num_tokens=max(int(v) for v in args.tokens.split(",")))
+        layer = Nvfp4MoE.random(c, seed=0, device=dev, max_num_tokens=max(int(v) for v in args.tokens.split(",")),
+                                row_interleave=args.row_interleave)
         for t in (int(v) for v in args.tokens.split(",")):
             x = torch.randn(t, c.hidden_size, device=dev, generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
             layer(x)
@@ -67,7 +70,8 @@ def main():
         del layer
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
-    open(os.path.join(args.out, "probe_moe_decode.md"), "w").write("\n".join(lines) + "\n")
+    name = "probe_moe_decode" + (f"_{args.tag}" if args.tag else "")
+    open(os.path.join(args.out, name + ".md"), "w").write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -414,7 +414,7 @@ def launch_nvfp4_wgmma_pipe(
     padding rows ``[offsets[E-1], T)``. ``wait_depth``: 1-3 sub-steps left in flight (default
     :data:`PIPE_WAIT_DEPTH`); the same bits for every value. ``weight_interleave`` (1 or 4): ``data`` and
     ``block_scale`` hold groups of that many weight rows interleaved per 128-K step
-    (:func:`megamoe.format.layouts.interleave_weight_rows`; an experiment, NOTES_gemm.md v21).
+    (:func:`megamoe.format.layouts.interleave_weight_rows`, ``NVFP4Tensor.row_interleave``; NOTES_gemm.md v21).
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")

@@ -33,6 +33,7 @@
 #        deselected them).
 #   r -> the whole op / layer / format / quantize test files touched by the layout on the GPU (cuda-marked or not).
 #   s -> the MoE layer's kernels at 64 tokens, row-major vs interleaved (where do the 1.4-2.3% go?).
+#   t -> decode-band configs for the gathered gate_up on interleaved weights at 16 / 64 tokens of uniform routing.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -148,4 +149,9 @@ s)
     timeout 200 python benchmarks/probe_moe_decode.py --tokens 64 --configs v4-flash,v4-pro --row-interleave $il \
       --out "$OUT" --tag s_il$il 2>&1 | grep -E "^## |_nvfp4" | head -12
   done ;;
+t)
+  timeout 400 python benchmarks/sweep_pipe_small.py --out "$OUT" --tag t_decode64 \
+    --shapes v4-flash:t64,v4-pro:t64,v4-flash:t16 --configs \
+    "op:;mma:8,128,256,4;mma:8,64,256,4@i4;mma:8,64,128,4@i4;mma:8,64,256,4,3@i4;mma:8,128,256,4@i4" \
+    2>&1 | grep -v "^{" | tail -3 ;;
 esac

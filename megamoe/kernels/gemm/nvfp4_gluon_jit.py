@@ -102,6 +102,12 @@ def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, g
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
+def check_weight_interleave(weight_interleave, data: torch.Tensor) -> None:
+    """The launchers' ``weight_interleave``: 1 (row-major) or 4 (``NVFP4Tensor.row_interleave``), dividing N."""
+    if weight_interleave not in (1, 4) or (weight_interleave > 1 and data.shape[-2] % weight_interleave):
+        raise ValueError(f"weight_interleave: expected 1, or 4 with N % 4 == 0, got {weight_interleave!r}")
+
+
 def kernel_arguments(x, data, block_scale, global_scale, out, *, expert_offsets, row_index, bias, swiglu,
                      swiglu_limit, error_word=None):
     """The shared launch arguments of the Gluon GEMM kernels: (head, strides, flags).
@@ -239,6 +245,19 @@ if GLUON_AVAILABLE:
         if W_IL > 1:
             return gl.load(w_ptrs + k0 * W_IL // 8), gl.load(s_ptrs + k0 * W_IL // 16)
         return gl.load(w_ptrs + k0 // 8), gl.load(s_ptrs + k0 // 16)
+
+    @gluon.jit
+    def interleaved_row_offsets(rows, stride, CHUNK: gl.constexpr, W_IL: gl.constexpr):
+        """Offset of each row's first K chunk in a matrix of row stride ``stride`` stored with rows interleaved in
+        groups of ``W_IL`` per chunk of ``CHUNK`` elements (``megamoe.format.layouts.interleave_weight_rows``: 16
+        words or 8 scale bytes per 128-K step), int64."""
+        return ((rows // W_IL) * W_IL).to(gl.int64) * stride + (rows % W_IL) * CHUNK
+
+    @gluon.jit
+    def interleaved_offsets(rows, cols, stride, CHUNK: gl.constexpr, W_IL: gl.constexpr):
+        """(rows, cols) offsets of that layout: column c sits in chunk c // CHUNK, W_IL chunks after the one before."""
+        return interleaved_row_offsets(rows, stride, CHUNK, W_IL)[:, None] + (
+            (cols // CHUNK) * (W_IL * CHUNK) + cols % CHUNK)[None, :]
 
     @gluon.jit
     def word_bytes(words):

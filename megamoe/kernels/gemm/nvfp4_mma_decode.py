@@ -48,7 +48,7 @@ import triton
 from ..pdl import gl_grid_dependency_prologue, pdl_enabled
 from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
-from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, check_weight_interleave, compile_sm90, kernel_arguments
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -59,6 +59,7 @@ if GLUON_AVAILABLE:
         decode_a_operand,
         gathered_source_rows,
         grouped_tile_table,
+        interleaved_offsets,
         load_weights,
         locate_tile,
         scale_layout,
@@ -314,15 +315,13 @@ if GLUON_AVAILABLE:
         w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout)), N - 1)
         w_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, w_layout))
         if W_IL > 1:  # rows interleaved in groups of W_IL per 128-K step (16 words of a row per group run)
-            w_offs = (((w_rows // W_IL) * W_IL).to(gl.int64) * stride_wn + (w_rows % W_IL) * 16)[:, None] + (
-                (w_cols // 16) * (W_IL * 16) + w_cols % 16)[None, :]
+            w_offs = interleaved_offsets(w_rows, w_cols, stride_wn, 16, W_IL)
         else:
             w_offs = w_rows.to(gl.int64)[:, None] * stride_wn + w_cols[None, :]
         s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)), N - 1)
         s_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_layout))
         if W_IL > 1:
-            s_offs = (((s_rows // W_IL) * W_IL).to(gl.int64) * stride_sn + (s_rows % W_IL) * 8)[:, None] + (
-                (s_cols // 8) * (W_IL * 8) + s_cols % 8)[None, :]
+            s_offs = interleaved_offsets(s_rows, s_cols, stride_sn, 8, W_IL)
         else:
             s_offs = s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
         x_cols = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
@@ -339,8 +338,7 @@ if GLUON_AVAILABLE:
             sc_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_copy_layout)), N - 1)
             sc_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, s_copy_layout))
             if W_IL > 1:
-                sc_offs = (((sc_rows // W_IL) * W_IL).to(gl.int64) * stride_sn + (sc_rows % W_IL) * 8)[:, None] + (
-                    (sc_cols // 8) * (W_IL * 8) + sc_cols % 8)[None, :]
+                sc_offs = interleaved_offsets(sc_rows, sc_cols, stride_sn, 8, W_IL)
             else:
                 sc_offs = sc_rows.to(gl.int64)[:, None] * stride_sn + sc_cols[None, :]
 
@@ -603,8 +601,7 @@ def launch_nvfp4_mma_decode(
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
-    if weight_interleave not in (1, 4) or (weight_interleave > 1 and data.shape[-2] % weight_interleave):
-        raise ValueError(f"weight_interleave: expected 1, or 4 with N % 4 == 0, got {weight_interleave!r}")
+    check_weight_interleave(weight_interleave, data)
     grouped = expert_offsets is not None
     num_rows = out.shape[0]
     n, k = data.shape[-2], 2 * data.shape[-1]

@@ -37,7 +37,7 @@ import triton
 from ...format.mma_order import MMA_K_GROUP
 from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
-from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, check_weight_interleave, compile_sm90, kernel_arguments
 from .nvfp4_mma_decode import ROW_HI_UNBOUNDED
 
 if GLUON_AVAILABLE:
@@ -46,8 +46,9 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-    from .nvfp4_gluon_jit import (decode_words, gathered_source_rows, grouped_tile_table, locate_tile, scale_layout,
-                                  store_epilogue, store_plain_epilogue, weight_layout, word_bytes)
+    from .nvfp4_gluon_jit import (decode_words, gathered_source_rows, grouped_tile_table, interleaved_row_offsets,
+                                  locate_tile, scale_layout, store_epilogue, store_plain_epilogue, weight_layout,
+                                  word_bytes)
 
 # (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows, BLOCK_K, num_warps, STAGES).
 # Shared memory: STAGES * (BLOCK_M * BLOCK_K * 2 + BLOCK_N * BLOCK_K * 9 / 16) bytes (200 KB at the default).
@@ -259,14 +260,14 @@ if GLUON_AVAILABLE:
             expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
             # weight rows past N read row N - 1 (never stored); x rows past the tile end read a valid row
             w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wr_layout)), N - 1)
-            if W_IL > 1:  # rows interleaved in groups of W_IL, each K step's words of a group contiguous
-                w_off = ((w_rows // W_IL) * W_IL).to(gl.int64) * stride_wn + (w_rows % W_IL) * (BLOCK_K // 8)
+            if W_IL > 1:  # rows interleaved in groups of W_IL; one 128-K step = one chunk, so the columns stay
+                w_off = interleaved_row_offsets(w_rows, stride_wn, BLOCK_K // 8, W_IL)
                 wr_ptrs = w_ptr + expert_c * stride_we + w_off[:, None] + wr_cols[None, :]
             else:
                 wr_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + wr_cols[None, :]
             s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sr_layout)), N - 1)
             if W_IL > 1:
-                s_off = ((s_rows // W_IL) * W_IL).to(gl.int64) * stride_sn + (s_rows % W_IL) * (BLOCK_K // 16)
+                s_off = interleaved_row_offsets(s_rows, stride_sn, BLOCK_K // 16, W_IL)
                 sr_ptrs = scale_ptr + expert_c * stride_se + s_off[:, None] + sr_cols[None, :]
             else:
                 sr_ptrs = (scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn
@@ -420,8 +421,7 @@ def launch_nvfp4_wgmma_pipe(
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
     if expert_offsets is None:
         raise ValueError("expert_offsets: this kernel is grouped only")
-    if weight_interleave not in (1, 4) or (weight_interleave > 1 and data.shape[-2] % weight_interleave):
-        raise ValueError(f"weight_interleave: expected 1, or 4 with N % 4 == 0, got {weight_interleave!r}")
+    check_weight_interleave(weight_interleave, data)
     if wait_depth is not None and (type(wait_depth) is not int or wait_depth not in (1, 2, 3)):
         raise ValueError(f"wait_depth: expected None or 1, 2 or 3, got {wait_depth!r}")
     num_rows = out.shape[0]

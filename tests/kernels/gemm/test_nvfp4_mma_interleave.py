@@ -1,4 +1,4 @@
-"""The row-interleaved weight layout (``megamoe.format.layouts.interleave_weight_rows``, ``weight_interleave=4``) in the
+"""The row-interleaved weight layout (``NVFP4Tensor.interleave_rows``, ``weight_interleave=4``) in the
 mma.sync decode kernel: every path (register double-buffering, the cp.async weight ring, x through shared memory,
 split-K) writes the same bits as the row-major layout, and the argument is checked."""
 import pytest
@@ -6,13 +6,7 @@ import torch
 
 from gemm_helpers import grouped_f32, offsets_of, random_weight, rel_err
 
-from megamoe.format.layouts import interleave_weight_rows
 from megamoe.kernels.gemm import nvfp4_mma_decode as mma
-
-
-def _interleaved(w):
-    return (interleave_weight_rows(w.data, 4, 64),
-            interleave_weight_rows(w.block_scale.view(torch.uint8), 4, 8).view(w.block_scale.dtype))
 
 
 def test_mma_weight_interleave_argument_is_checked():
@@ -37,7 +31,8 @@ def test_cuda_mma_interleaved_weights_same_bits(config, kwargs):
     counts = [0, 1, 3, 8, 5, 30]
     e, n, k = len(counts), 328, 1536
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
-    data_il, scale_il = _interleaved(w)
+    w4 = w.interleave_rows(4)
+    data_il, scale_il = w4.data, w4.block_scale
     t = sum(counts) + 2
     x = torch.randn(t, k, device=device).bfloat16()
     row_index = torch.randperm(t, device=device).to(torch.int32)

@@ -280,17 +280,15 @@ def test_cuda_pipe_band_configs_compute_only_their_band(block_m, small):
 @pytest.mark.cuda
 @pytest.mark.parametrize("config", [(16, 128, 128, 4, 8, 2), (32, 128, 128, 4, 6, 2), (96, 256, 128, 8, 4), None])
 def test_cuda_pipe_interleaved_weights_same_bits(config):
-    """Weights and scales with 4 rows interleaved per K step (format.layouts.interleave_weight_rows), read with
+    """Weights and scales with 4 rows interleaved per K step (NVFP4Tensor.interleave_rows), read with
     weight_interleave=4: the same bits as the row-major layout, SwiGLU and gather included, N not a multiple of the
     tile (rows past N are clamped in both layouts); a layout read as the other one fails."""
-    from megamoe.format.layouts import interleave_weight_rows
-
     device = torch.device("cuda")
     counts = [0, 1, 9, 16, 40, 100, 3]
     e, n, k = len(counts), 328, 1024
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
-    data_il = interleave_weight_rows(w.data, 4, 64)
-    scale_il = interleave_weight_rows(w.block_scale.view(torch.uint8), 4, 8).view(w.block_scale.dtype)
+    w4 = w.interleave_rows(4)
+    data_il, scale_il = w4.data, w4.block_scale
     t = sum(counts) + 2
     x = torch.randn(t, k, device=device).bfloat16()
     kwargs = dict(expert_offsets=offsets_of(counts, device), row_index=torch.randperm(t, device=device).to(torch.int32),

@@ -254,7 +254,8 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
     return "tensor-core"
 
 
-def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert: int | None = None) -> list:
+def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert: int | None = None, *,
+                   weight_interleave: int = 1, gathered: bool = False) -> list:
     """The launches of the "banded" route: [(route, launcher keyword arguments)], host shapes only.
 
     Each launch computes only the experts whose row count r (read on the
@@ -273,6 +274,10 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     token count: top-k experts are distinct per token). The last launch's band
     is unbounded above, so a wrong hint costs speed, never rows. The first
     launch writes the padding rows ``[offsets[E-1], T)``.
+
+    ``weight_interleave`` > 1 (``NVFP4Tensor.row_interleave``): every launch must be "mma" or "pipe" (else
+    ValueError), and the decode band of a ``gathered`` GEMM (``row_index``: the MoE gate_up) takes
+    :data:`INTERLEAVED_DECODE_BLOCK_N` weight rows per program.
     """
     from ..kernels.gemm import nvfp4_mma_decode as mma, nvfp4_wgmma_pipe as pipe
 
@@ -319,28 +324,12 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         kwargs["own_pad"] = i == 0
         if route == "mma":
             kwargs["max_rows_per_expert"] = most
+    if weight_interleave > 1:
+        _check_interleaved_routes([route for route, _ in bands], weight_interleave)
+        for route, kwargs in bands:
+            if route == "mma" and gathered and kwargs["config"][0] == INTERLEAVED_DECODE_BLOCK_M:
+                kwargs["config"] = (kwargs["config"][0], INTERLEAVED_DECODE_BLOCK_N) + tuple(kwargs["config"][2:])
     return bands
-
-
-def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, **kwargs):
-    """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream."""
-    out = args[4]
-    data = args[1]
-    plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert)
-    x_mma = None
-    if sum(route == "pipe" for route, _ in plan) > 1:  # the x copy in the MMA K order is made once for all of them
-        from ..kernels.gemm.mma_k_order import launch_to_mma_k_order
-
-        x_mma = launch_to_mma_k_order(args[0])
-    gathered_interleaved = kwargs.get("weight_interleave", 1) > 1 and kwargs.get("row_index") is not None
-    for route, band in plan:
-        band_args = args
-        if route == "pipe" and x_mma is not None:
-            band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
-        if route == "mma" and gathered_interleaved and band["config"][0] == INTERLEAVED_DECODE_BLOCK_M:
-            band = dict(band, config=(band["config"][0], INTERLEAVED_DECODE_BLOCK_N) + tuple(band["config"][2:]))
-        _launcher(route)(*band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
-    return out
 
 
 # The decode band (BLOCK_M 8) of a gathered GEMM (row_index: the MoE gate_up) on row-interleaved weights runs 64
@@ -348,6 +337,34 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
 # 64 within 0-3% (H100, kernel alone, results/gpu_check_v24/sweep_pipe_small_o_decode_configs.md; the down GEMM is
 # 1-2% faster interleaved at 128 and keeps it). NOTES_gemm.md v21.
 INTERLEAVED_DECODE_BLOCK_M, INTERLEAVED_DECODE_BLOCK_N = 8, 64
+
+
+def _check_interleaved_routes(kinds: list, row_interleave: int) -> None:
+    """Row-interleaved weights (NVFP4Tensor.row_interleave) are read by the mma.sync decode and pipelined wgmma
+    kernels only (host shapes)."""
+    if any(kind not in ("mma", "pipe") for kind in kinds):
+        raise ValueError(f"weight: row_interleave={row_interleave} needs the Gluon grouped kernels (sm_90, "
+                         f"K % 256 == 0, PIPE_ROUTE on); this GEMM would run {kinds}")
+
+
+def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, **kwargs):
+    """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream."""
+    out = args[4]
+    data = args[1]
+    plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert,
+                          weight_interleave=kwargs.get("weight_interleave", 1),
+                          gathered=kwargs.get("row_index") is not None)
+    x_mma = None
+    if sum(route == "pipe" for route, _ in plan) > 1:  # the x copy in the MMA K order is made once for all of them
+        from ..kernels.gemm.mma_k_order import launch_to_mma_k_order
+
+        x_mma = launch_to_mma_k_order(args[0])
+    for route, band in plan:
+        band_args = args
+        if route == "pipe" and x_mma is not None:
+            band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
+        _launcher(route)(*band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
+    return out
 
 
 def _launcher(route: str):
@@ -506,8 +523,9 @@ def nvfp4_grouped_mm(
     data = weight.data.contiguous()
     route = decode_route(xa, data, num_rows, num_experts, n, k)
     interleave = {}
-    if weight.row_interleave != 1:
-        _check_interleaved_route(route, num_rows, num_experts, k, max_rows_per_expert, weight.row_interleave)
+    if weight.row_interleave != 1:  # a banded route checks each of its launches (plan_row_bands)
+        if route != "banded":
+            _check_interleaved_routes([route], weight.row_interleave)
         interleave = dict(weight_interleave=weight.row_interleave)
     launch = _launcher(route)
     return launch(
@@ -524,13 +542,3 @@ def nvfp4_grouped_mm(
         **({"max_rows_per_expert": max_rows_per_expert} if route == "banded" else {}), **interleave,
     )
 
-
-def _check_interleaved_route(route: str, num_rows: int, num_experts: int, k: int, max_rows_per_expert,
-                             row_interleave: int) -> None:
-    """Row-interleaved weights (NVFP4Tensor.row_interleave) are read by the mma.sync decode and pipelined wgmma
-    kernels only: the route, and each launch of a banded route, must be one of them (host shapes only)."""
-    kinds = [route] if route != "banded" else [r for r, _ in plan_row_bands(num_rows, num_experts, k,
-                                                                            max_rows_per_expert)]
-    if any(kind not in ("mma", "pipe") for kind in kinds):
-        raise ValueError(f"weight: row_interleave={row_interleave} needs the Gluon grouped kernels (sm_90, "
-                         f"K % 256 == 0, PIPE_ROUTE on); this GEMM would run {kinds}")

@@ -88,22 +88,21 @@ def interleave_weight_rows(packed: torch.Tensor, group: int = 4, step_bytes: int
     step_bytes`` in it), for longer DRAM bursts (the peer's Hopper value layout groups 4 rows the same way). Same
     shape and dtype; ``N % group == 0`` and ``C % step_bytes == 0``. The pipelined GEMM reads it with
     ``weight_interleave=group``."""
-    n, c = packed.shape[-2], packed.shape[-1]
-    if n % group or c % step_bytes:
-        raise ValueError(f"packed: expected N % {group} == 0 and C % {step_bytes} == 0, got shape "
-                         f"{tuple(packed.shape)}")
-    lead = packed.shape[:-2]
-    steps = c // step_bytes
-    x = packed.reshape(*lead, n // group, group, steps, step_bytes).transpose(-3, -2)
-    return x.contiguous().reshape(packed.shape)
+    return _swap_group_and_step(packed, group, step_bytes, inverse=False)
 
 
 def deinterleave_weight_rows(packed: torch.Tensor, group: int = 4, step_bytes: int = 64) -> torch.Tensor:
     """The inverse of :func:`interleave_weight_rows` (row-major again)."""
+    return _swap_group_and_step(packed, group, step_bytes, inverse=True)
+
+
+def _swap_group_and_step(packed: torch.Tensor, group: int, step_bytes: int, *, inverse: bool) -> torch.Tensor:
+    """(..., N, C) viewed as (N / group, group, steps, step_bytes) (row-major) or (N / group, steps, group,
+    step_bytes) (interleaved, ``inverse``), the middle two axes swapped, as a contiguous tensor of the same shape."""
     n, c = packed.shape[-2], packed.shape[-1]
     if n % group or c % step_bytes:
         raise ValueError(f"packed: expected N % {group} == 0 and C % {step_bytes} == 0, got shape "
                          f"{tuple(packed.shape)}")
-    lead = packed.shape[:-2]
-    x = packed.reshape(*lead, n // group, c // step_bytes, group, step_bytes).transpose(-3, -2)
+    middle = (c // step_bytes, group) if inverse else (group, c // step_bytes)
+    x = packed.reshape(*packed.shape[:-2], n // group, *middle, step_bytes).transpose(-3, -2)
     return x.contiguous().reshape(packed.shape)

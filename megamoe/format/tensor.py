@@ -119,9 +119,7 @@ class NVFP4Tensor:
         if self.row_interleave != 1:
             raise ValueError(f"row_interleave: already {self.row_interleave}; interleave a row-major tensor")
         NVFP4Tensor(self.data, self.block_scale, self.global_scale, self.shape, group)  # shape checks
-        return NVFP4Tensor(interleave_weight_rows(self.data, group, 64),
-                           interleave_weight_rows(self.block_scale.view(torch.uint8), group, 8).view(
-                               self.block_scale.dtype), self.global_scale, self.shape, group)
+        return self._rows_permuted(interleave_weight_rows, group, group)
 
     def rows_in_order(self) -> "NVFP4Tensor":
         """The row-major tensor (itself when ``row_interleave`` is 1, else a copy; not for hot paths)."""
@@ -129,10 +127,12 @@ class NVFP4Tensor:
 
         if self.row_interleave == 1:
             return self
-        g = self.row_interleave
-        return NVFP4Tensor(deinterleave_weight_rows(self.data, g, 64),
-                           deinterleave_weight_rows(self.block_scale.view(torch.uint8), g, 8).view(
-                               self.block_scale.dtype), self.global_scale, self.shape)
+        return self._rows_permuted(deinterleave_weight_rows, self.row_interleave, 1)
+
+    def _rows_permuted(self, permute, group: int, row_interleave: int) -> "NVFP4Tensor":
+        """``permute(bytes, group, step_bytes)`` applied to the data (64 bytes per 128-K step) and the scales (8)."""
+        scale = permute(self.block_scale.view(torch.uint8), group, 8).view(self.block_scale.dtype)
+        return NVFP4Tensor(permute(self.data, group, 64), scale, self.global_scale, self.shape, row_interleave)
 
     def nbytes(self) -> int:
         """Bytes of packed data + block scales + global scales."""

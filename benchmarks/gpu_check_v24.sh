@@ -34,6 +34,8 @@
 #   r -> the whole op / layer / format / quantize test files touched by the layout on the GPU (cuda-marked or not).
 #   s -> the MoE layer's kernels at 64 tokens, row-major vs interleaved (where do the 1.4-2.3% go?).
 #   t -> decode-band configs for the gathered gate_up on interleaved weights at 16 / 64 tokens of uniform routing.
+#   u -> after the review refactor (one offsets helper, the band plan owning the interleaved rules): every test of the
+#        interleaved layout on the GPU, cuda-marked or not.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -154,4 +156,9 @@ t)
     --shapes v4-flash:t64,v4-pro:t64,v4-flash:t16 --configs \
     "op:;mma:8,128,256,4;mma:8,64,256,4@i4;mma:8,64,128,4@i4;mma:8,64,256,4,3@i4;mma:8,128,256,4@i4" \
     2>&1 | grep -v "^{" | tail -3 ;;
+u)
+  timeout 400 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/ops/test_gemm.py tests/layers/test_moe_layer.py \
+    tests/ops/test_gemm_bands.py tests/format tests/kernels/gemm/test_nvfp4_mma_interleave.py \
+    tests/kernels/gemm/test_nvfp4_wgmma_pipe.py -k "interleave" > "$OUT/u_tests.log" 2>&1
+  tail -3 "$OUT/u_tests.log" ;;
 esac

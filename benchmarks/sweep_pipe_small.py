@@ -15,8 +15,9 @@ Configs (";"-separated), all of which must write the same bits:
 * ``op:`` (the grouped op's banded route with the layer's row hint);
 * ``bands:HI=CONFIG|HI=CONFIG|inf=CONFIG`` (pipelined launches for the row bands (lo, HI], as
   ``megamoe.ops.gemm.plan_row_bands`` emits them);
-* suffixes ``@wDEPTH`` (the pipelined kernel's wait_depth) and ``@iGROUP`` (weights and scales with rows interleaved
-  in groups: ``megamoe.format.layouts.interleave_weight_rows``, ``weight_interleave``).
+* suffixes ``@wDEPTH`` (the pipelined kernel's wait_depth) and ``@i4`` (weights and scales with rows interleaved in
+  groups of 4: ``NVFP4Tensor.interleave_rows``, ``weight_interleave``). gpu_check_v24 call n also ran groups of 2 and
+  8, with an earlier version of this script that permuted the bytes itself and the launchers' check widened.
 
 Run (H100): ``python benchmarks/sweep_pipe_small.py --configs "pipe:16,128,128,4,8,2;mma:16,128,128,4,4"
 [--shapes v4-flash:12,v4-pro:t512] [--out DIR] [--tag T]`` -> DIR/sweep_pipe_small[_T].{md,json}.
@@ -77,7 +78,8 @@ def cases(device, shape, rows):
         x = torch.randn(src, k, device=device, generator=gen).bfloat16()
         out = torch.empty(total, n // 2 if swiglu else n, dtype=torch.bfloat16, device=device)
         nbytes = touched * n * k * 9 // 16 + x.numel() * 2 + out.numel() * 2
-        yield gemm, n, k, nbytes, dict(x=x, x_mma=launch_to_mma_k_order(x), data=w.data, block_scale=w.block_scale,
+        yield gemm, n, k, nbytes, dict(x=x, x_mma=launch_to_mma_k_order(x), weight=w, data=w.data,
+                                       block_scale=w.block_scale,
                                        global_scale=w.global_scale, out=out, expert_offsets=offsets,
                                        row_index=row_index if swiglu else None, swiglu=swiglu,
                                        swiglu_limit=7.0 if swiglu else None,
@@ -90,17 +92,14 @@ def launcher(spec, kw, out):
 
     kind, values = spec.split(":")
     values, planned, _ = values.partition("@s")  # "@s" (mma): split-K planned (splits=None)
-    values, _, inter = values.partition("@i")  # "@iG": weights and scales with rows interleaved in groups of G
+    values, _, inter = values.partition("@i")  # "@i4": weights and scales with rows interleaved in groups of 4
     values, _, depth = values.partition("@w")  # "@wD": the pipelined kernel's wait_depth D
-    wait = dict(wait_depth=int(depth)) if depth else {}
+    layout = dict(weight_interleave=int(inter)) if inter else {}  # both kernels
+    pipe_opts = dict(layout, **({"wait_depth": int(depth)} if depth else {}))
     if inter:
-        wait["weight_interleave"] = int(inter)
         if f"data_il{inter}" not in kw:
-            from megamoe.format.layouts import interleave_weight_rows
-
-            kw[f"data_il{inter}"] = interleave_weight_rows(kw["data"], int(inter), 64)
-            kw[f"scale_il{inter}"] = interleave_weight_rows(kw["block_scale"].view(torch.uint8), int(inter), 8).view(
-                kw["block_scale"].dtype)
+            w_il = kw["weight"].interleave_rows(int(inter))
+            kw[f"data_il{inter}"], kw[f"scale_il{inter}"] = w_il.data, w_il.block_scale
     config = tuple(int(v) for v in values.split(",")) if kind in ("pipe", "mma") else None
     common = dict(data=kw[f"data_il{inter}" if inter else "data"],
                   block_scale=kw[f"scale_il{inter}" if inter else "block_scale"],
@@ -108,7 +107,7 @@ def launcher(spec, kw, out):
                   expert_offsets=kw["expert_offsets"], row_index=kw["row_index"], swiglu=kw["swiglu"],
                   swiglu_limit=kw["swiglu_limit"])
     if kind == "pipe":
-        return lambda: pipe.launch_nvfp4_wgmma_pipe(x=kw["x_mma"], x_in_mma_order=True, config=config, **wait,
+        return lambda: pipe.launch_nvfp4_wgmma_pipe(x=kw["x_mma"], x_in_mma_order=True, config=config, **pipe_opts,
                                                     **common)
     if kind == "bands":  # "HI=CONFIG|HI=CONFIG|...": pipelined launches for the row bands (lo, HI] in order
         plan, lo = [], 0
@@ -121,7 +120,7 @@ def launcher(spec, kw, out):
         def run():
             for i, (lo, hi, cfg) in enumerate(plan):
                 pipe.launch_nvfp4_wgmma_pipe(x=kw["x_mma"], x_in_mma_order=True, config=cfg, row_lo=lo, row_hi=hi,
-                                             own_pad=i == 0, **wait, **common)
+                                             own_pad=i == 0, **pipe_opts, **common)
         return run
     if kind == "op":  # the grouped op's banded route as the layer runs it (megamoe.ops.gemm._launch_banded)
         from megamoe.ops import gemm as gemm_ops
@@ -131,9 +130,7 @@ def launcher(spec, kw, out):
                                                swiglu=kw["swiglu"], swiglu_limit=kw["swiglu_limit"],
                                                max_rows_per_expert=kw["max_rows"])
     if kind == "mma":
-        extra = dict(splits=None) if planned else {}
-        if inter:
-            extra["weight_interleave"] = int(inter)
+        extra = dict(layout, **({"splits": None} if planned else {}))
         return lambda: mma.launch_nvfp4_mma_decode(x=kw["x"], config=config, max_rows_per_expert=kw["max_rows"],
                                                    **extra, **common)
     raise ValueError(f"--configs: unknown kind {kind!r} in {spec!r}")

@@ -16,8 +16,9 @@ Configs (";"-separated), all of which must write the same bits:
 * ``bands:HI=CONFIG|HI=CONFIG|inf=CONFIG`` (pipelined launches for the row bands (lo, HI], as
   ``megamoe.ops.gemm.plan_row_bands`` emits them);
 * suffixes ``@wDEPTH`` (the pipelined kernel's wait_depth) and ``@i4`` (weights and scales with rows interleaved in
-  groups of 4: ``NVFP4Tensor.interleave_rows``, ``weight_interleave``). gpu_check_v24 call n also ran groups of 2 and
-  8, with an earlier version of this script that permuted the bytes itself and the launchers' check widened.
+  groups of 4: ``NVFP4Tensor.interleave_rows``, ``weight_interleave``; ``op:@i4``: the op's plan for that layout).
+  gpu_check_v24 call n also ran groups of 2 and 8, with an earlier version of this script that permuted the bytes
+  itself and the launchers' check widened.
 
 Run (H100): ``python benchmarks/sweep_pipe_small.py --configs "pipe:16,128,128,4,8,2;mma:16,128,128,4,4"
 [--shapes v4-flash:12,v4-pro:t512] [--out DIR] [--tag T]`` -> DIR/sweep_pipe_small[_T].{md,json}.
@@ -125,10 +126,10 @@ def launcher(spec, kw, out):
     if kind == "op":  # the grouped op's banded route as the layer runs it (megamoe.ops.gemm._launch_banded)
         from megamoe.ops import gemm as gemm_ops
 
-        args = (kw["x"], kw["data"], kw["block_scale"], kw["global_scale"], out)
+        args = (kw["x"], common["data"], common["block_scale"], kw["global_scale"], out)
         return lambda: gemm_ops._launch_banded(*args, expert_offsets=kw["expert_offsets"], row_index=kw["row_index"],
                                                swiglu=kw["swiglu"], swiglu_limit=kw["swiglu_limit"],
-                                               max_rows_per_expert=kw["max_rows"])
+                                               max_rows_per_expert=kw["max_rows"], **layout)
     if kind == "mma":
         extra = dict(layout, **({"splits": None} if planned else {}))
         return lambda: mma.launch_nvfp4_mma_decode(x=kw["x"], config=config, max_rows_per_expert=kw["max_rows"],

@@ -225,6 +225,22 @@ _LAYERS: "weakref.WeakValueDictionary[int, Nvfp4MoE]" = weakref.WeakValueDiction
 _LAYER_IDS = itertools.count()
 
 
+def default_row_interleave(config: MoEConfig, mode: str, device, fused_decode: bool = False) -> int:
+    """The routed experts' layout of ``Nvfp4MoE(row_interleave=None)``: 4 (NVFP4Tensor.row_interleave) where every
+    grouped GEMM of the layer runs on a Gluon kernel that reads it (a CUDA sm_90 device with the Gluon kernels and
+    the pipelined route, mode "w4a16", hidden and intermediate sizes multiples of 256, no fused decode), else 1
+    (row-major: CPU, the interpreter, other GPUs, the other modes)."""
+    device = torch.device(device)
+    if (mode != "w4a16" or fused_decode or config.hidden_size % 256 or config.intermediate_size % 256
+            or device.type != "cuda"):
+        return 1
+    from ..kernels.gemm.nvfp4_gluon_jit import GLUON_AVAILABLE, _capability
+
+    if not (GLUON_AVAILABLE and gemm_ops.PIPE_ROUTE and _capability(device.index or 0)[0] == 9):
+        return 1
+    return 4
+
+
 class Nvfp4MoE:
     """DeepSeek-V4-style MoE block with NVFP4 expert weights (routed experts + shared expert).
 
@@ -240,18 +256,19 @@ class Nvfp4MoE:
     fused_decode: the single-launch decode MoE for 1..16 tokens (see the module docstring); None reads
     ``MEGAMOE_MOE_FUSED_DECODE`` (``"1"``: on) once, here. Default off.
 
-    row_interleave: 1 (default) or 4: the routed experts' kernel copies (not ``w13`` / ``w2``) with 4 rows
-    interleaved per 128-K step (:attr:`megamoe.format.NVFP4Tensor.row_interleave`), "w4a16" only, no fused decode.
-    HBM streams them faster in the memory-bound prefill bands: routed experts 1.02-1.44x faster at 512-8192 tokens,
-    and 0.98x (64 tokens) to 1.08x (1 token) of the row-major speed at decode sizes (H100; NOTES_gemm.md v21).
-    Needs hidden and intermediate sizes that are multiples of 256. For prefill-heavy deployments; not the default
-    (decode at 64 tokens is 1-2% slower with it).
+    row_interleave: None (default: 4 where it runs, else 1; :func:`default_row_interleave`), 1 or 4: the routed
+    experts' kernel copies (not ``w13`` / ``w2``) with 4 rows interleaved per 128-K step
+    (:attr:`megamoe.format.NVFP4Tensor.row_interleave`), read by the Gluon grouped kernels only (sm_90): mode
+    "w4a16", no fused decode, hidden and intermediate sizes multiples of 256. HBM streams them faster: the routed
+    experts run 1.02-1.44x faster at 512-8192 tokens, and each decode-band GEMM 1.005-1.04x faster at 1-64 tokens
+    (H100; NOTES_gemm.md v21, v22). An explicit 4 where it cannot run is a ValueError; the default falls back to 1,
+    and :meth:`set_mode` to another mode turns a defaulted layer's copies back to row-major.
     """
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
                  fuse_shared_expert: bool = True, fuse_shared_max_tokens: int | None = None,
                  dispatch_backend: str = "auto", router_backend: str = "triton", shared_overlap: bool = False,
-                 fused_decode: bool | None = None, row_interleave: int = 1):
+                 fused_decode: bool | None = None, row_interleave: int | None = None):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
         if mode not in MODES:
@@ -298,8 +315,12 @@ class Nvfp4MoE:
         if not isinstance(fused_decode, bool):
             raise TypeError(f"fused_decode: expected a bool, got {type(fused_decode).__name__}")
         self.fused_decode = fused_decode
+        # None: the layout that runs fastest here, chosen once (re-laid row-major by set_mode to another mode)
+        self._row_interleave_default = row_interleave is None
+        if row_interleave is None:
+            row_interleave = default_row_interleave(config, mode, dev, fused_decode)
         if type(row_interleave) is not int or row_interleave not in (1, 4):
-            raise ValueError(f"row_interleave: expected 1 or 4, got {row_interleave!r}")
+            raise ValueError(f"row_interleave: expected None, 1 or 4, got {row_interleave!r}")
         if row_interleave != 1 and mode != "w4a16":
             raise ValueError(f"row_interleave: {row_interleave} runs mode 'w4a16' only, got mode {mode!r}")
         if row_interleave != 1 and (config.hidden_size % 256 or config.intermediate_size % 256):
@@ -308,6 +329,7 @@ class Nvfp4MoE:
                              f"{config.intermediate_size}")
         self.row_interleave = row_interleave
         self._side_stream = None  # created on the first overlapped CUDA forward
+        self._captured = False  # capture() was called (set_mode then keeps the weight layout)
         self._slots = c.top_k + (1 if self.fused_shared else 0)  # rows per token in the grouped GEMMs
         self._groups = c.num_experts + (1 if self.fused_shared else 0)
         pairs = max_num_tokens * self._slots
@@ -673,11 +695,24 @@ class Nvfp4MoE:
         self._fuse_scales()
 
     def set_mode(self, mode: str) -> None:
+        """Switch the activation mode. A layer whose row-interleaved kernel copies came from the default
+        (``row_interleave=None``) re-lays them row-major for the other modes (one copy of the routed experts; it stays
+        row-major after) unless graphs were captured from it (they would read the old copies: ValueError); an
+        explicit ``row_interleave=4`` runs "w4a16" only."""
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         if self.row_interleave != 1 and mode != "w4a16":
-            raise ValueError(f"mode: a layer with row_interleave={self.row_interleave} runs 'w4a16' only, got "
-                             f"{mode!r}")
+            if not self._row_interleave_default:
+                raise ValueError(f"mode: a layer with row_interleave={self.row_interleave} runs 'w4a16' only, got "
+                                 f"{mode!r}")
+            if self._captured:
+                raise ValueError(f"mode: {mode!r} needs the routed experts row-major, and graphs captured from this "
+                                 "layer read its row-interleaved copies; set the mode before capture(), or build "
+                                 "the layer with row_interleave=1")
+            if self._w13_kernel is not None:
+                self._w13_kernel = self._w13_kernel.rows_in_order()
+                self._w2_kernel = self._w2_kernel.rows_in_order()
+            self.row_interleave = 1
         self.mode = mode
         if self.shared is not None:
             self.shared.mode = mode
@@ -693,6 +728,7 @@ class Nvfp4MoE:
         """
         if self.device.type != "cuda":
             raise RuntimeError("capture: CUDA graphs need a CUDA layer")
+        self._captured = True  # set_mode may no longer re-lay the kernel copies these graphs read
         if not 1 <= num_tokens <= self.max_num_tokens:
             raise ValueError(f"num_tokens: expected 1..{self.max_num_tokens}, got {num_tokens}")
         static_in = torch.zeros((num_tokens, self.config.hidden_size), dtype=torch.bfloat16, device=self.device)

@@ -255,7 +255,7 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
 
 
 def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert: int | None = None, *,
-                   weight_interleave: int = 1, gathered: bool = False) -> list:
+                   weight_interleave: int = 1) -> list:
     """The launches of the "banded" route: [(route, launcher keyword arguments)], host shapes only.
 
     Each launch computes only the experts whose row count r (read on the
@@ -276,8 +276,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     launch writes the padding rows ``[offsets[E-1], T)``.
 
     ``weight_interleave`` > 1 (``NVFP4Tensor.row_interleave``): every launch must be "mma" or "pipe" (else
-    ValueError), and the decode band of a ``gathered`` GEMM (``row_index``: the MoE gate_up) takes
-    :data:`INTERLEAVED_DECODE_BLOCK_N` weight rows per program.
+    ValueError); the plan is the row-major one.
     """
     from ..kernels.gemm import nvfp4_mma_decode as mma, nvfp4_wgmma_pipe as pipe
 
@@ -326,17 +325,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
             kwargs["max_rows_per_expert"] = most
     if weight_interleave > 1:
         _check_interleaved_routes([route for route, _ in bands], weight_interleave)
-        for route, kwargs in bands:
-            if route == "mma" and gathered and kwargs["config"][0] == INTERLEAVED_DECODE_BLOCK_M:
-                kwargs["config"] = (kwargs["config"][0], INTERLEAVED_DECODE_BLOCK_N) + tuple(kwargs["config"][2:])
     return bands
-
-
-# The decode band (BLOCK_M 8) of a gathered GEMM (row_index: the MoE gate_up) on row-interleaved weights runs 64
-# weight rows per program instead of 128: with 128 it read them 4-14% slower than row-major ones at 1-8 tokens, with
-# 64 within 0-3% (H100, kernel alone, results/gpu_check_v24/sweep_pipe_small_o_decode_configs.md; the down GEMM is
-# 1-2% faster interleaved at 128 and keeps it). NOTES_gemm.md v21.
-INTERLEAVED_DECODE_BLOCK_M, INTERLEAVED_DECODE_BLOCK_N = 8, 64
 
 
 def _check_interleaved_routes(kinds: list, row_interleave: int) -> None:
@@ -352,8 +341,7 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
     out = args[4]
     data = args[1]
     plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert,
-                          weight_interleave=kwargs.get("weight_interleave", 1),
-                          gathered=kwargs.get("row_index") is not None)
+                          weight_interleave=kwargs.get("weight_interleave", 1))
     x_mma = None
     if sum(route == "pipe" for route, _ in plan) > 1:  # the x copy in the MMA K order is made once for all of them
         from ..kernels.gemm.mma_k_order import launch_to_mma_k_order

@@ -253,8 +253,9 @@ def test_row_interleaved_layer_gives_the_same_output(monkeypatch):
     if device.type == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "0")  # the interpreter takes minutes at H = 256
     cfg = TINY.replace(hidden_size=256, intermediate_size=256, shared_intermediate_size=256)
-    plain = Nvfp4MoE.random(cfg, seed=5, max_num_tokens=96, device=device)
+    plain = Nvfp4MoE.random(cfg, seed=5, max_num_tokens=96, device=device, row_interleave=1)
     inter = Nvfp4MoE.random(cfg, seed=5, max_num_tokens=96, device=device, row_interleave=4)
+    assert plain._w13_kernel.row_interleave == 1
     assert inter._w13_kernel.row_interleave == 4 and inter._w2_kernel.row_interleave == 4
     assert inter.w13.row_interleave == 1 and torch.equal(inter.w13.data, plain.w13.data)
     for t in (1, 5, 96):
@@ -266,3 +267,66 @@ def test_row_interleaved_layer_gives_the_same_output(monkeypatch):
                   (cfg.replace(intermediate_size=128), dict(row_interleave=4))):
         with pytest.raises(ValueError, match="row_interleave"):
             Nvfp4MoE(c, max_num_tokens=4, **kw)
+
+
+def test_default_row_interleave_rule(monkeypatch):
+    """row_interleave=None picks 4 exactly where every grouped GEMM of the layer has a Gluon kernel that reads it."""
+    from megamoe.kernels.gemm import nvfp4_gluon_jit
+    from megamoe.layers import moe as moe_layer
+    from megamoe.ops import gemm as gemm_ops
+
+    cfg = TINY.replace(hidden_size=256, intermediate_size=256, shared_intermediate_size=256)
+    monkeypatch.setattr(nvfp4_gluon_jit, "GLUON_AVAILABLE", True)
+    monkeypatch.setattr(nvfp4_gluon_jit, "_capability", lambda index: (9, 0))
+    rule = moe_layer.default_row_interleave
+    assert rule(cfg, "w4a16", "cuda") == 4 and rule(cfg, "w4a16", "cuda:0") == 4
+    assert rule(cfg, "w4a16", "cpu") == 1
+    for mode in ("w4a8", "w4a4"):
+        assert rule(cfg, mode, "cuda") == 1
+    assert rule(cfg, "w4a16", "cuda", fused_decode=True) == 1
+    assert rule(cfg.replace(intermediate_size=128), "w4a16", "cuda") == 1
+    assert rule(cfg.replace(hidden_size=320), "w4a16", "cuda") == 1
+    monkeypatch.setattr(gemm_ops, "PIPE_ROUTE", False)
+    assert rule(cfg, "w4a16", "cuda") == 1
+    monkeypatch.setattr(gemm_ops, "PIPE_ROUTE", True)
+    for capability in ((8, 0), (10, 0), (12, 0)):
+        monkeypatch.setattr(nvfp4_gluon_jit, "_capability", lambda index, c=capability: c)
+        assert rule(cfg, "w4a16", "cuda") == 1, capability
+
+
+def test_defaulted_row_interleave_goes_row_major_for_other_modes(monkeypatch):
+    """A layer whose interleaved layout came from the default re-lays its kernel copies row-major when set to another
+    mode (then the same bits as a row-major layer in that mode), and refuses once graphs were captured from it; an
+    explicit row_interleave=4 keeps refusing other modes."""
+    from megamoe.layers import moe as moe_layer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")  # the torch reference paths (the interpreter takes minutes)
+        monkeypatch.setattr(moe_layer, "default_row_interleave", lambda *args, **kwargs: 4)
+    cfg = TINY.replace(hidden_size=256, intermediate_size=256, shared_intermediate_size=256)
+    layer = Nvfp4MoE.random(cfg, seed=7, max_num_tokens=64, device=device)
+    if device.type == "cuda" and moe_layer.default_row_interleave(cfg, "w4a16", device) == 1:
+        pytest.skip("this GPU runs the row-major layout by default")
+    plain = Nvfp4MoE.random(cfg, seed=7, max_num_tokens=64, device=device, row_interleave=1)
+    assert layer.row_interleave == 4 and layer._w13_kernel.row_interleave == 4
+    x = torch.randn(40, cfg.hidden_size, device=device).bfloat16()
+    assert torch.equal(layer(x).clone(), plain(x).clone())
+    layer.set_mode("w4a8")
+    plain.set_mode("w4a8")
+    assert layer.row_interleave == 1 and layer._w13_kernel.row_interleave == 1 and layer._w2_kernel.row_interleave == 1
+    assert torch.equal(layer._w13_kernel.data, plain._w13_kernel.data)
+    assert torch.equal(layer(x).clone(), plain(x).clone())
+    layer.set_mode("w4a16")  # stays row-major
+    assert layer.row_interleave == 1
+    captured = Nvfp4MoE.random(cfg, seed=7, max_num_tokens=64, device=device)
+    if device.type == "cuda":
+        captured.capture(8)
+    else:
+        captured._captured = True  # capture() needs CUDA: what it records
+    with pytest.raises(ValueError, match="capture"):
+        captured.set_mode("w4a4")
+    assert captured.row_interleave == 4 and captured.mode == "w4a16"
+    explicit = Nvfp4MoE(cfg, max_num_tokens=4, device=device, row_interleave=4)
+    with pytest.raises(ValueError, match="w4a16"):
+        explicit.set_mode("w4a8")

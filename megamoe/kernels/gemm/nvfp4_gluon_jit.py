@@ -74,14 +74,16 @@ def _device_guard() -> bool:
 
 
 def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, grouped=True, row_index=True,
-                 bias=False, swiglu=False, swiglu_limit=True, extra_signature=None, extra_constants=None):
+                 bias=False, swiglu=False, swiglu_limit=True, extra_signature=None, extra_constants=None,
+                 maxnreg=None):
     """Compile a Gluon GEMM kernel of this family for sm_90 without a GPU (for tests and offline SASS).
 
     ``scalars``: the kernel's i32 arguments (``swiglu_limit`` is fp32);
     ``block_sizes``: (BLOCK_M, BLOCK_N, BLOCK_K). The pointers, N, K and the
     row strides are specialised as 16-byte aligned, as a launch on aligned
     tensors specialises them. ``extra_signature`` / ``extra_constants``: a
-    kernel's further arguments (types / constexpr values).
+    kernel's further arguments (types / constexpr values); ``maxnreg``: the ptxas register cap, as a launch's
+    ``maxnreg`` keyword passes it.
     """
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -99,7 +101,8 @@ def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, g
                      **(extra_signature or {}), **{name: "constexpr" for name in constants})
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED_ARGS}
     source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def check_weight_interleave(weight_interleave, data: torch.Tensor) -> None:

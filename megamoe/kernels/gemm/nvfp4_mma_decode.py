@@ -132,6 +132,24 @@ def ring_stages(stages: int, scale_address: int, scale_strides) -> int:
     return stages
 
 
+#: Register cap (ptxas maxnreg) of the register-buffered builds (no weight ring) that read row-interleaved weights
+#: (``W_IL`` > 1), per (BLOCK_M, BLOCK_N, BLOCK_K, num_warps): the interleaved offsets took the gathered SwiGLU
+#: decode build from 168 to 170 registers, i.e. from 3 to 2 programs per SM, and its gate_up from 90% to 85% of
+#: 3.0 TB/s at 64 tokens (ncu: grid 384 -> 256 programs, results/gpu_check_v25/a_ncu_decode64.csv). Capped at 168
+#: it keeps 3 (one register spilled, stored and reloaded once before the K loop); its other builds (split-K, no
+#: row_index) take 166-168 without the cap. Other configs keep their residency interleaved (their register counts
+#: move within one residency step; capping them at 168 would spill 56-192 B).
+INTERLEAVED_MAXNREG = {(8, 128, 256, 4): 168}
+
+
+def interleave_constants(config, stages: int, weight_interleave: int) -> dict:
+    """The compile keywords of a build reading ``weight_interleave``-row interleaved weights: ``W_IL`` and, for a
+    register-buffered build (``stages`` 0) of a config in :data:`INTERLEAVED_MAXNREG`, its ``maxnreg``."""
+    if weight_interleave == 1:
+        return {}
+    cap = INTERLEAVED_MAXNREG.get(tuple(config[:4])) if stages == 0 else None
+    return dict(W_IL=weight_interleave, **({"maxnreg": cap} if cap else {}))
+
 #: The BLOCK_M 16 band (megamoe/ops/gemm.py: MMA16_BAND): experts with at most this many rows, tile config
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps, ring stages) measured on the H100 at 512 tokens (results/gpu_check_v13b/
 #: mma_ring_v1.md: V4-Flash gate_up + down 2096 vs 2263 us uniform, 2148 vs 2322 zipf, same bits as registers).
@@ -510,17 +528,21 @@ if GLUON_AVAILABLE:
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
-                     swiglu_limit=True, split=0, x_smem=False):
+                     swiglu_limit=True, split=0, x_smem=False, weight_interleave=1):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
-    ``split``: the SPLIT mode (0 no split-K, 1 single launch, 2 partials, 3 reduction)."""
+    ``split``: the SPLIT mode (0 no split-K, 1 single launch, 2 partials, 3 reduction); ``weight_interleave``: as
+    the launcher's (its ``W_IL`` and register cap)."""
+    stages = config[4] if len(config) > 4 else 0
+    interleave = interleave_constants(config, stages, weight_interleave)
+    maxnreg = interleave.pop("maxnreg", None)
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
                "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om",
                "splits", "chunk_steps", "slot_chunks"]
     return compile_sm90(_nvfp4_mma_decode_kernel, scalars, config[:3], config[3], grouped=grouped,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=dict(ws_ptr="*fp32", cnt_ptr="*i32"),
-                        extra_constants=dict(SPLIT=split, STAGES=config[4] if len(config) > 4 else 0,
-                                             X_SMEM=x_smem))
+                        extra_constants=dict(SPLIT=split, STAGES=stages, X_SMEM=x_smem, **interleave),
+                        maxnreg=maxnreg)
 
 
 def plan_decode_splits(items: int, k: int, block_k: int, num_sms: int, splits: int | None = None) -> tuple[int, int]:
@@ -627,8 +649,6 @@ def launch_nvfp4_mma_decode(
                   BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
                   num_warps=num_warps, **flags)
     consts["STAGES"] = ring_stages(stages, block_scale.data_ptr(), strides[3:5])
-    if weight_interleave > 1:
-        consts["W_IL"] = weight_interleave
     n_tiles = triton.cdiv(n, block_n)
     num_sms = _num_sms(x.device.index or 0)
     if grouped and splits != 1:
@@ -652,6 +672,7 @@ def launch_nvfp4_mma_decode(
         slot_chunks = 0
     if splits > 1:  # the ring reads whole-K slabs from the chunk's start: split-K keeps register buffering
         consts["STAGES"] = 0
+    consts.update(interleave_constants(config, consts["STAGES"], weight_interleave))
     x_smem = MMA_X_SMEM_BLOCK_M if x_smem is None else x_smem
     consts["X_SMEM"] = block_m in x_smem and splits == 1 and consts["STAGES"] == 0
     if consts["X_SMEM"]:  # x in the kernel's MMA K order (a (S, K) temporary), streamed by cp.async

@@ -1,12 +1,15 @@
 """The row-interleaved weight layout (``NVFP4Tensor.interleave_rows``, ``weight_interleave=4``) in the
 mma.sync decode kernel: every path (register double-buffering, the cp.async weight ring, x through shared memory,
 split-K) writes the same bits as the row-major layout, and the argument is checked."""
+import subprocess
+
 import pytest
 import torch
 
 from gemm_helpers import grouped_f32, offsets_of, random_weight, rel_err
 
 from megamoe.kernels.gemm import nvfp4_mma_decode as mma
+from megamoe.kernels.gemm.nvfp4_gluon_jit import GLUON_AVAILABLE
 
 
 def test_mma_weight_interleave_argument_is_checked():
@@ -47,3 +50,25 @@ def test_cuda_mma_interleaved_weights_same_bits(config, kwargs):
     assert rel_err(plain[:sum(counts)], ref[:sum(counts)]) < 4e-3
     mma.launch_nvfp4_mma_decode(x, data_il, scale_il, w.global_scale, inter, **args)  # read as row-major
     assert not torch.equal(inter, plain)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
+@pytest.mark.parametrize("flags", [dict(swiglu=True), dict(row_index=False), dict(swiglu=True, split=1)])
+def test_sm90_interleaved_decode_build_keeps_three_programs_per_sm(tmp_path, flags):
+    """The decode config's interleaved builds fit 168 registers (3 programs of 4 warps per SM, as row-major): the
+    gathered SwiGLU build needs the INTERLEAVED_MAXNREG cap for it (170 without), and its K loop does not spill."""
+    tk = pytest.importorskip("test_nvfp4_gluon")
+    if tk._cuobjdump() is None:
+        pytest.skip("needs cuobjdump")
+    config = mma.MMA_DECODE_CONFIGS[4]
+    assert tuple(config) == (8, 128, 256, 4) and mma.INTERLEAVED_MAXNREG[tuple(config)] == 168
+    cubin = tk._compile_in_subprocess(config, dict(flags, weight_interleave=4), tmp_path)
+    path = tmp_path / "res.cubin"
+    path.write_bytes(cubin)
+    usage = subprocess.run([tk._cuobjdump(), "-res-usage", str(path)], capture_output=True, text=True).stdout
+    regs = int(usage.split("REG:")[1].split()[0])
+    assert regs <= 168 and mma.resident_programs(regs, 4, 0) >= 3, usage
+    assert "LOCAL:0" in usage, usage
+    loops = [ops for _, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"]]
+    assert len(loops) == 1 and not loops[0]["LDL"] and not loops[0]["STL"], loops

@@ -1,0 +1,41 @@
+# GPU check v25 (2026-11-26, part 14): can the row-interleaved expert layout become the default (issue 10)?
+#   a -> decode shapes (1-64 tokens): the mma.sync decode band row-major vs interleaved, and the pipelined 16-row band
+#        on interleaved weights as a decode band; ncu of the gathered gate_up decode band row-major vs interleaved at
+#        64 tokens (the 3-6% loss of gpu_check_v24 call t).
+#   b -> a showed the cause: the interleaved gathered SwiGLU decode build takes 170 registers (2 programs per SM instead
+#        of 3). With it capped at 168 (INTERLEAVED_MAXNREG): the op's plan row-major vs interleaved, the capped
+#        decode config at BLOCK_N 128 (with and without split-K) and the 16-row pipelined band, 1-64 tokens.
+#   c -> with the cap (the decode band back at BLOCK_N 128) and Nvfp4MoE's default layout interleaved where it runs:
+#        the GEMM / band / layer tests on the GPU (cuda-marked or not), then the routed experts row-major vs
+#        interleaved vs the peer at 1 / 8 / 64 tokens (uniform, Zipf), V4-Flash and V4-Pro.
+# Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
+export PYTHONUNBUFFERED=1
+export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
+OUT=${OUT:-benchmarks/results/gpu_check_v25}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+case "$1" in
+a)
+  timeout 150 ncu --kernel-name regex:'nvfp4_mma_decode' --launch-count 2 \
+    --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+    --metrics dram__sectors_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    --csv --page details python benchmarks/sweep_pipe_small.py --out /tmp/ncu_sweep --shapes v4-flash:t64 --repeats 1 \
+    --configs "mma:8,128,256,4;mma:8,128,256,4@i4" > "$OUT/a_ncu_decode64.csv" 2> "$OUT/a_ncu_decode64.err"
+  tail -2 "$OUT/a_ncu_decode64.err"; wc -l "$OUT/a_ncu_decode64.csv"
+  timeout 420 python benchmarks/sweep_pipe_small.py --out "$OUT" --tag a_decode --repeats 3 \
+    --shapes v4-flash:e7x1,v4-pro:e7x1,v4-flash:t8,v4-pro:t8,v4-flash:t16,v4-flash:t64,v4-pro:t64 --configs \
+    "op:;mma:8,64,256,4@i4;pipe:16,128,128,4,8,2@i4;pipe:16,128,128,4,5,3,168@i4" 2>&1 | grep -v "^{" | tail -5 ;;
+b)
+  timeout 540 python benchmarks/sweep_pipe_small.py --out "$OUT" --tag b_capped --repeats 3 \
+    --shapes v4-flash:e7x1,v4-pro:e7x1,v4-flash:t8,v4-pro:t8,v4-flash:t16,v4-flash:t32,v4-flash:t64,v4-pro:t64 --configs \
+    "op:;op:@i4;mma:8,128,256,4@i4;mma:8,128,256,4@i4@s;pipe:16,128,128,4,8,2@i4" 2>&1 | grep -v "^{" | tail -5 ;;
+c)
+  timeout 280 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/kernels/gemm/test_nvfp4_mma_interleave.py \
+    tests/ops/test_gemm_bands.py tests/layers/test_moe_layer.py tests/format > "$OUT/c_tests.log" 2>&1
+  tail -3 "$OUT/c_tests.log"
+  timeout 150 python benchmarks/bench_peer.py --configs v4-flash --tokens 1,8,64 --routings uniform,zipf \
+    --both-interleave --no-bf16 --rep-ms 60 --budget-s 130 --out-dir "$OUT" --tag c_peer_il_flash_decode 2>&1 | grep -v "^  " | tail -7
+  timeout 160 python benchmarks/bench_peer.py --configs v4-pro --tokens 1,8,64 --routings uniform,zipf \
+    --both-interleave --no-bf16 --rep-ms 60 --budget-s 140 --out-dir "$OUT" --tag c_peer_il_pro_decode 2>&1 | grep -v "^  " | tail -7 ;;
+esac

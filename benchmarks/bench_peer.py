@@ -436,7 +436,7 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
     print(f"{name}: our NVFP4 experts built in {time.time() - t0:.0f} s", flush=True)
     # --both-interleave: the second variant reads copies with 4 rows interleaved per 128-K step (the peer and the
     # references keep the row-major ones)
-    w_il = (w13k.interleave_rows(4), w2.interleave_rows(4)) if args.both_interleave else None
+    w_il = (w13k.interleave_rows(4), w2.interleave_rows(4)) if (args.both_interleave or args.interleaved) else None
     peer = None
     if tk is not None:
         t1 = time.time()
@@ -493,7 +493,7 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
                 try:
                     if switch_saved is not None:
                         setattr(gemm_ops, switch, v)
-                    wa, wb = w_il if (v and w_il is not None) else (w13k, w2)
+                    wa, wb = w_il if (w_il is not None and (v or args.interleaved)) else (w13k, w2)
                     gemms, full, d0 = ours_forward_fns(c, wa, wb, ids, weights, bufs)
                     g, out = _graph(gemms, x)
                     g.replay()
@@ -552,7 +552,9 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
 
 
 SWITCHES = {"ws": ("WS_ROUTE", "_ws", "WS"), "pipe": ("PIPE_ROUTE", "_pipe", "pipe"),
-            "tail": ("PIPE_TAIL", "_tail", "tail"), "interleave": ("ROW_INTERLEAVE", "_il", "rows x4")}
+            "tail": ("PIPE_TAIL", "_tail", "tail"), "interleave": ("ROW_INTERLEAVE", "_il", "rows x4"),
+            "after-decode": ("PIPE_AFTER_DECODE", "_pad", "pipe after decode"),
+            "concurrent": ("BANDS_CONCURRENT", "_conc", "bands concurrent")}
 
 
 def route_switch(kind: str):
@@ -564,6 +566,10 @@ def route_switch(kind: str):
 def switch_kind(args) -> str:
     if args.both_interleave:
         return "interleave"
+    if args.both_after_decode:
+        return "after-decode"
+    if args.both_concurrent:
+        return "concurrent"
     return "tail" if args.both_tail else "pipe" if (args.pipe or args.both_pipe) else "ws"
 
 
@@ -665,6 +671,12 @@ def build_parser():
     ws.add_argument("--both-tail", action="store_true", help="time ours with PIPE_TAIL (tail-tile bands) off and on")
     ws.add_argument("--both-interleave", action="store_true",
                     help="time ours on row-major experts and on a copy with NVFP4Tensor.row_interleave 4")
+    ws.add_argument("--both-after-decode", action="store_true",
+                    help="time ours with megamoe.ops.gemm.PIPE_AFTER_DECODE off and on (use with --interleaved)")
+    ws.add_argument("--both-concurrent", action="store_true",
+                    help="time ours with megamoe.ops.gemm.BANDS_CONCURRENT off and on")
+    p.add_argument("--interleaved", action="store_true",
+                   help="ours reads copies with NVFP4Tensor.row_interleave 4 in every variant (the layer's default)")
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-bf16", dest="bf16", action="store_false")
     p.add_argument("--quick", action="store_true", help="smoke run: v4-flash, 8 and 512 tokens, uniform")
@@ -700,8 +712,8 @@ def main(argv=None) -> int:
 
     start = time.time()
     deadline = start + args.budget_s
-    variants = ([False, True] if args.both_ws or args.both_pipe or args.both_tail or args.both_interleave
-                else [bool(args.ws or args.pipe)])
+    variants = ([False, True] if (args.both_ws or args.both_pipe or args.both_tail or args.both_interleave
+                                  or args.both_after_decode or args.both_concurrent) else [bool(args.ws or args.pipe)])
     switch, alt, _ = route_switch(switch_kind(args))
     tk, where = (None, "disabled (--no-peer)") if args.no_peer else load_peer()
     peer_desc = f"triton_kernels from {where}" if tk is not None else f"not run: {where}"

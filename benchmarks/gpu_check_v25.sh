@@ -8,6 +8,18 @@
 #   c -> with the cap (the decode band back at BLOCK_N 128) and Nvfp4MoE's default layout interleaved where it runs:
 #        the GEMM / band / layer tests on the GPU (cuda-marked or not), then the routed experts row-major vs
 #        interleaved vs the peer at 1 / 8 / 64 tokens (uniform, Zipf), V4-Flash and V4-Pro.
+#   d -> the rows above the decode band on interleaved weights: mma.sync 32-row chunks vs the pipelined small-row
+#        bands (PIPE_AFTER_DECODE), routed experts at 16-256 tokens, uniform / Zipf / all-on-k, peer in the run.
+#   e -> d: the pipelined bands after the decode band win all-on-k 16-64 tokens by 1.2-1.6x but lose Zipf 64-128 by
+#        3-8% (more band launches, each ending in a partial wave). The bands on side streams (BANDS_CONCURRENT):
+#        the CUDA tests, then the A/B on interleaved weights with and without PIPE_AFTER_DECODE, 16-256 and 512-8192
+#        tokens.
+#   f -> e again with the bands on side streams of falling priority (the first band's resident programs are scheduled
+#        before the next band's): e had the first band on the main stream (priority 0, the lowest) and lost 3-14%
+#        where an empty band's programs displaced the decode band's.
+#   g -> f lost 1-19% at 16-256 tokens wherever one band held the rows (all-on-k) and won 3-28% on Zipf: the
+#        concurrent bands only for plans without a decode band (prefill sizes); the CUDA tests, then the A/B at
+#        512-8192 tokens (V4-Flash) and 512-4096 (V4-Pro) under uniform, Zipf and all-on-k routing.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -38,4 +50,33 @@ c)
     --both-interleave --no-bf16 --rep-ms 60 --budget-s 130 --out-dir "$OUT" --tag c_peer_il_flash_decode 2>&1 | grep -v "^  " | tail -7
   timeout 160 python benchmarks/bench_peer.py --configs v4-pro --tokens 1,8,64 --routings uniform,zipf \
     --both-interleave --no-bf16 --rep-ms 60 --budget-s 140 --out-dir "$OUT" --tag c_peer_il_pro_decode 2>&1 | grep -v "^  " | tail -7 ;;
+d)
+  timeout 290 python benchmarks/bench_peer.py --configs v4-flash --tokens 16,32,64,128,256 --routings uniform,zipf,all-on-k \
+    --interleaved --both-after-decode --no-bf16 --rep-ms 40 --budget-s 260 --out-dir "$OUT" --tag d_after_decode_flash \
+    2>&1 | grep -v "^  " | tail -3
+  timeout 290 python benchmarks/bench_peer.py --configs v4-pro --tokens 16,32,64,128,256 --routings uniform,zipf,all-on-k \
+    --interleaved --both-after-decode --no-bf16 --rep-ms 40 --budget-s 250 --out-dir "$OUT" --tag d_after_decode_pro \
+    2>&1 | grep -v "^  " | tail -3 ;;
+e|f)
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/ops/test_gemm_bands.py -k "concurrent" \
+    > "$OUT/$1_tests.log" 2>&1
+  tail -3 "$OUT/$1_tests.log"
+  for pad in 0 1; do
+    MEGAMOE_PIPE_AFTER_DECODE=$pad timeout 140 python benchmarks/bench_peer.py --configs v4-flash --tokens 16,64,128,256 \
+      --routings uniform,zipf,all-on-k --interleaved --both-concurrent --no-bf16 --no-peer --rep-ms 30 --budget-s 120 \
+      --out-dir "$OUT" --tag $1_conc_pad$pad 2>&1 | grep -v "^  " | tail -2
+  done
+  timeout 150 python benchmarks/bench_peer.py --configs v4-flash --tokens 512,2048,4096,8192 --routings uniform,zipf \
+    --interleaved --both-concurrent --no-bf16 --no-peer --rep-ms 40 --budget-s 130 --out-dir "$OUT" --tag $1_conc_prefill \
+    2>&1 | grep -v "^  " | tail -2 ;;
+g)
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/ops/test_gemm_bands.py -k "concurrent" \
+    > "$OUT/g_tests.log" 2>&1
+  tail -3 "$OUT/g_tests.log"
+  timeout 260 python benchmarks/bench_peer.py --configs v4-flash --tokens 512,1024,2048,4096,8192 \
+    --routings uniform,zipf,all-on-k --interleaved --both-concurrent --no-bf16 --rep-ms 40 --budget-s 240 \
+    --out-dir "$OUT" --tag g_conc_flash 2>&1 | grep -v "^  " | tail -2
+  timeout 280 python benchmarks/bench_peer.py --configs v4-pro --tokens 512,2048,4096 --routings uniform,zipf,all-on-k \
+    --interleaved --both-concurrent --no-bf16 --rep-ms 40 --budget-s 250 --out-dir "$OUT" --tag g_conc_pro \
+    2>&1 | grep -v "^  " | tail -2 ;;
 esac

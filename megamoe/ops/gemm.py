@@ -108,6 +108,19 @@ DECODE_SPLITK = None if _SPLITK_ENV == "1" else max(1, int(_SPLITK_ENV or "0"))
 # the rest the BLOCK_M 32 band. MEGAMOE_MMA16_BAND (read at import): "1" (default) on, "0" off.
 MMA16_BAND = os.environ.get("MEGAMOE_MMA16_BAND", "1").strip() not in ("", "0")
 
+# Row-interleaved weights (NVFP4Tensor.row_interleave) at decode sizes: the experts above the decode band (9-64 rows:
+# a skewed router's hot experts) take the pipelined small-row bands, which read that layout 1.2-1.5x faster than
+# row-major (NOTES_gemm.md v21), instead of the mma.sync BLOCK_M 32 chunks (two passes over a 64-row expert's
+# weights). Row-major weights keep the chunks (pipelined bands there measured 3-9% slower at 64 tokens, v17).
+# MEGAMOE_PIPE_AFTER_DECODE (read at import): "1" on, "0" (default) off, until measured.
+PIPE_AFTER_DECODE = os.environ.get("MEGAMOE_PIPE_AFTER_DECODE", "0").strip() not in ("", "0")
+
+# The banded route's launches on side streams (:func:`_launch_banded`), for plans without a decode band (prefill
+# sizes): each band is a persistent launch that ends in a partial wave; run concurrently, the next band's tiles fill
+# the SMs the previous one frees. Same bits (the bands write disjoint rows). MEGAMOE_BANDS_CONCURRENT (read at
+# import): "1" on, "0" (default) off, until measured.
+BANDS_CONCURRENT = os.environ.get("MEGAMOE_BANDS_CONCURRENT", "0").strip() not in ("", "0")
+
 
 def _check_x(x, k: int | None, name: str = "x") -> None:
     if not isinstance(x, torch.Tensor):
@@ -276,7 +289,8 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     launch writes the padding rows ``[offsets[E-1], T)``.
 
     ``weight_interleave`` > 1 (``NVFP4Tensor.row_interleave``): every launch must be "mma" or "pipe" (else
-    ValueError); the plan is the row-major one.
+    ValueError); the plan is the row-major one, except that with :data:`PIPE_AFTER_DECODE` the rows above a
+    decode band take the pipelined bands.
     """
     from ..kernels.gemm import nvfp4_mma_decode as mma, nvfp4_wgmma_pipe as pipe
 
@@ -293,7 +307,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     # measured 3% / 9% slower layers at 64 uniform / Zipf tokens on the H100, gpu_check_v19/z_moe_skew_pipe*.md,
     # though 14% faster when all 64 tokens pick the same experts)
     pipe_ok = PIPE_ROUTE and pipe.pipe_supported(k)
-    pipe_bands = pipe_ok and PIPE_BANDS and not decode_band
+    pipe_bands = pipe_ok and PIPE_BANDS and (not decode_band or (PIPE_AFTER_DECODE and weight_interleave > 1))
 
     def add_pipe_bands(lo, configs):
         """Pipelined launches for the row bands (lo, hi] of ``configs`` that some expert can reach; the new lo."""
@@ -337,7 +351,9 @@ def _check_interleaved_routes(kinds: list, row_interleave: int) -> None:
 
 
 def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, **kwargs):
-    """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream."""
+    """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream (with
+    :data:`BANDS_CONCURRENT`: the first there, each other one on a side stream of :func:`_band_streams` forked
+    from and joined back into it)."""
     out = args[4]
     data = args[1]
     plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert,
@@ -347,12 +363,54 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
         from ..kernels.gemm.mma_k_order import launch_to_mma_k_order
 
         x_mma = launch_to_mma_k_order(args[0])
+    launches = []
     for route, band in plan:
         band_args = args
         if route == "pipe" and x_mma is not None:
             band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
-        _launcher(route)(*band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band)
+        launches.append(lambda route=route, band_args=band_args, band=band: _launcher(route)(
+            *band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band))
+    # not with a decode band (the only launch planned with "splits"): at 16-256 tokens the concurrent launches lost
+    # 1-19% wherever one band held the rows (results/gpu_check_v25/e_*, f_*); split-K launches would also share the
+    # device's tile counters (nvfp4_splitk.splitk_counters)
+    concurrent = (BANDS_CONCURRENT and out.is_cuda and len(plan) > 1
+                  and not any("splits" in band for _, band in plan))
+    if not concurrent:
+        for launch in launches:
+            launch()
+        return out
+    # the bands write disjoint rows (their experts'; the first also the padding rows), so they may overlap: a
+    # band's partial last wave then runs beside the next band's tiles (the same bits, in any order). Band i runs
+    # on a stream of priority rank i (the first highest): each persistent launch gets its resident programs
+    # before the next one's are scheduled, which then take the SMs the earlier ones free.
+    main = torch.cuda.current_stream(out.device)
+    fork = torch.cuda.Event()
+    fork.record(main)
+    joins = []
+    for stream, launch in zip(_band_streams(out.device, len(launches)), launches):
+        stream.wait_event(fork)
+        with torch.cuda.stream(stream):
+            launch()
+        joins.append(torch.cuda.Event())
+        joins[-1].record(stream)
+    for done in joins:  # x_mma and out are the main stream's: it waits for every band before reusing them
+        main.wait_event(done)
     return out
+
+
+# Band launches on side streams (the banded route with BANDS_CONCURRENT): created on first use, per device, and kept
+# (the documented cache of this module; graphs captured with them keep referring to them). Stream i has priority
+# BAND_STREAM_PRIORITY + i (lower = higher priority; CUDA clamps to the device's range, [-5, 0] on sm_90).
+_BAND_STREAMS: dict = {}
+BAND_STREAM_PRIORITY = -5
+
+
+def _band_streams(device: torch.device, count: int) -> list:
+    """``count`` side streams of ``device`` for :func:`_launch_banded`, in falling priority (the same every call)."""
+    streams = _BAND_STREAMS.setdefault(device.index if device.index is not None else torch.cuda.current_device(), [])
+    while len(streams) < count:
+        streams.append(torch.cuda.Stream(device, priority=min(0, BAND_STREAM_PRIORITY + len(streams))))
+    return streams[:count]
 
 
 def _launcher(route: str):

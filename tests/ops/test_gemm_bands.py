@@ -281,3 +281,68 @@ def test_plan_row_bands_for_row_interleaved_weights():
         assert tuple(ops_gemm.plan_row_bands(*args, weight_interleave=4)[0][1]["config"])[:2] == (8, 128)
     with pytest.raises(ValueError, match="row_interleave"):
         ops_gemm.plan_row_bands(100, 4, 384, weight_interleave=4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("interleave,after_decode", [(1, False), (4, False), (4, True)])
+@pytest.mark.parametrize("t,hint", [(56, 56), (384, 64), (3000, None)])
+def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, t, hint):
+    """BANDS_CONCURRENT (the bands on side streams) writes the same bits as the launches in order, eager and in a
+    sync-free graph replayed after the routing moved; PIPE_AFTER_DECODE's plan too (within float32 bounds)."""
+    from gemm_helpers import grouped_f32, random_weight, rel_err
+
+    device = torch.device("cuda")
+    e, n, k = 40, 256, 512
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    wk = w.interleave_rows(interleave) if interleave > 1 else w
+    gen = torch.Generator().manual_seed(t)
+    counts = _skewed_counts("zipf", e, t - 3, gen)
+    if hint is not None:
+        counts = counts.clamp(max=hint)
+    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    x = torch.randn(t, k, device=device).bfloat16()
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    monkeypatch.setattr(ops_gemm, "PIPE_AFTER_DECODE", after_decode)
+    outs = {}
+    for concurrent in (False, True):
+        monkeypatch.setattr(ops_gemm, "BANDS_CONCURRENT", concurrent)
+        out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device=device)
+
+        def launch():
+            return ops_gemm.nvfp4_grouped_mm(x, wk, offsets, row_index=row_index, out=out, max_rows_per_expert=hint)
+
+        launch()
+        outs[concurrent] = out.clone()
+        graph, _ = sync_free_graph(launch)
+        for kind in ("one", "uniform"):
+            moved = _skewed_counts(kind, e, t - 3, gen)
+            if hint is not None:
+                moved = moved.clamp(max=hint)
+            offsets.copy_(moved.cumsum(0).to(torch.int32))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            replayed = out.clone()
+            assert torch.equal(replayed, launch()), (concurrent, kind)
+            real = int(moved.sum())
+            assert (replayed[real:] == 0).all()
+            assert rel_err(replayed[:real], grouped_f32(x, w, offsets, row_index)[:real]) < 4e-3
+        offsets.copy_(counts.cumsum(0).to(torch.int32).to(device))
+    assert torch.equal(outs[True], outs[False])
+    real = int(counts.sum())
+    assert rel_err(outs[True][:real], grouped_f32(x, w, offsets, row_index)[:real]) < 4e-3
+
+
+def test_plan_pipe_after_decode(monkeypatch):
+    """PIPE_AFTER_DECODE (opt-in): on row-interleaved weights the rows above the decode band take the pipelined bands
+    (16 / 32 / 64-row tiles) instead of the mma.sync 32-row chunks; row-major weights keep the chunks."""
+    args = (384, 257, 4096, 64)  # 64 tokens of top-6 over 256 experts + the shared one
+    monkeypatch.setattr(ops_gemm, "PIPE_AFTER_DECODE", False)
+    before = ops_gemm.plan_row_bands(*args, weight_interleave=4)
+    assert [r for r, _ in before] == ["mma", "mma"]
+    monkeypatch.setattr(ops_gemm, "PIPE_AFTER_DECODE", True)
+    assert ops_gemm.plan_row_bands(*args) == before
+    plan = ops_gemm.plan_row_bands(*args, weight_interleave=4)
+    assert plan[0] == before[0] and [r for r, _ in plan] == ["mma", "pipe", "pipe", "pipe"]
+    bands = [(b["row_lo"], b["row_hi"], b["config"][0]) for _, b in plan[1:]]
+    assert bands == [(8, 16, 16), (16, 32, 32), (32, mma.ROW_HI_UNBOUNDED, 64)], bands

@@ -15,6 +15,18 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    # Define every Triton kernel for the GPU now. ``triton.jit`` reads TRITON_INTERPRET when a kernel is defined, so a
+    # kernel module first imported inside a CPU test that sets it (tests/guard_helpers.set_interpret) would otherwise
+    # stay interpreted for the rest of the session, and the CUDA tests after it would run the interpreter.
+    import importlib  # noqa: E402
+    import pkgutil  # noqa: E402
+
+    import megamoe.kernels  # noqa: E402
+
+    for _module in pkgutil.walk_packages(megamoe.kernels.__path__, "megamoe.kernels."):
+        importlib.import_module(_module.name)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

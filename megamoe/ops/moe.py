@@ -164,8 +164,8 @@ def route(
     "triton" falls back to "torch" otherwise, or when the tensors do not take
     the Triton path.
     out: optional ``(weights (>=T, >=k) fp32, ids (>=T, >=k) int32)`` buffers
-    with unit column stride on the same device (triton backend: written in
-    place; the first T rows / k columns are returned).
+    with unit column stride on the same device, written in place on both
+    backends; their first T rows / k columns are returned.
 
     gate_weight: (E, H) bf16/fp32 on the same device; correction_bias: None or
     (E,) fp32 (``e_score_correction_bias``, selection only). Semantics, tie-break
@@ -217,9 +217,10 @@ def route(
             n_group=n_group, topk_group=topk_group, norm_topk_prob=norm_topk_prob,
             routed_scaling_factor=routed_scaling_factor,
         )
-    if out is not None:
+    if out is not None:  # the buffers' views, as the Triton path returns them
         out[0][:num_tokens, :top_k].copy_(result[0])
         out[1][:num_tokens, :top_k].copy_(result[1])
+        return out[0][:num_tokens, :top_k], out[1][:num_tokens, :top_k]
     return result
 
 

@@ -205,6 +205,10 @@ def test_interpreter_forced_on_launches_with_pdl_and_same_bits(monkeypatch, case
     forced-on run (the prologue is a no-op in the interpreter) gives the same bits as the off run."""
     from triton.runtime.interpreter import InterpretedFunction
 
+    from guard_helpers import require_interpreter
+
+    require_interpreter()  # the cases run CPU tensors through the interpreter's kernels
+
     launches = []
     original = InterpretedFunction.run
 

@@ -22,6 +22,7 @@ from megamoe.ops import attention as ops
 from megamoe.ops._dispatch import use_triton
 from megamoe.reference import attention as ref
 from sync_helpers import no_host_syncs
+from guard_helpers import set_interpret  # tests/guard_helpers.py (tests/ is on sys.path)
 
 MAX_TOL = 1e-2
 FRO_TOL = 4e-3
@@ -566,7 +567,7 @@ def test_out_of_range_flags_both_backends(kind, monkeypatch):
     bad, expected = _bad_case(kind, inputs)
     words = []
     for interp, splits in (("1", 1), ("1", 3), ("0", None)):
-        monkeypatch.setenv("TRITON_INTERPRET", interp)
+        set_interpret(monkeypatch, interp)
         err.clear_errors("cpu")
         got = run_op(bad, num_splits=splits) if splits else run_op(bad)
         words.append(err.peek_errors("cpu"))
@@ -574,7 +575,7 @@ def test_out_of_range_flags_both_backends(kind, monkeypatch):
     err.clear_errors("cpu")
     assert words == [expected] * 3, (kind, words)
     if expected:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        set_interpret(monkeypatch, "1")
         run_op(bad)
         with pytest.raises(err.DeviceIndexError, match=r"sparse_attention: argument"):
             err.check_errors("cpu")
@@ -637,7 +638,7 @@ def test_slot_not_flagged_without_entries(interp, monkeypatch):
     """K = 0 (window-only layers pass a (1, 1) dummy table): the slot addresses nothing and is not flagged."""
     from megamoe.ops import errors as err
 
-    monkeypatch.setenv("TRITON_INTERPRET", interp)
+    set_interpret(monkeypatch, interp)
     inputs = make_inputs(N=3, K=0, num_slots=1, pages_per_slot=1)
     inputs["slots"] = torch.tensor([0, 5, 7], dtype=torch.int32)
     err.clear_errors("cpu")

@@ -7,7 +7,7 @@ import torch
 import megamoe.reference.kvcache as ref
 import megamoe.reference.v4_numerics as v4
 from megamoe.kvcache import BlockAllocator, CompressedCacheConfig, CompressedKVCache, DecodeBatch, ops
-from guard_helpers import on_both_backends  # tests/guard_helpers.py (tests/ is on sys.path)
+from guard_helpers import on_both_backends, set_interpret  # tests/guard_helpers.py (tests/ is on sys.path)
 
 SMALL = dict(head_dim=144, rope_dim=16, index_head_dim=64, index_n_heads=16, index_topk=8, window_size=8,
              entries_per_block=4, max_slots=3, max_context=64)
@@ -154,7 +154,7 @@ def test_hca_decode_step_rejects_indexer_inputs():
 @pytest.mark.parametrize("interpret", ["1", "0"])
 def test_decode_step_slot_out_of_range_is_masked(interpret, monkeypatch):
     """Rows with slot >= max_slots or -1 (and a negative position) change nothing, on both backends."""
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     cache = _cache(batch=3)
     for s in range(3):
         cache.join(s)
@@ -173,7 +173,7 @@ def _both_backends(monkeypatch, fn):
     """Run fn() on the Triton path (interpreter) and on the reference path; return both results."""
     out = []
     for flag in ("1", "0"):
-        monkeypatch.setenv("TRITON_INTERPRET", flag)
+        set_interpret(monkeypatch, flag)
         out.append(fn())
     return out
 
@@ -558,7 +558,7 @@ def _op_args(cache):
 def test_kvcache_ops_reject_non_tensors(op, arg, value, interpret, monkeypatch):
     """A list / None where a tensor (or the pool / state) belongs: TypeError naming the argument (used to be an
     AttributeError from inside the op)."""
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     cache = _cache()
     kw = _op_args(cache)[op]
     kw[arg] = value
@@ -571,7 +571,7 @@ def test_kvcache_ops_reject_non_tensors(op, arg, value, interpret, monkeypatch):
 @pytest.mark.parametrize("ratio", [0, -4, True, 4.0, None, "4"])
 @pytest.mark.parametrize("interpret", ["1", "0"])
 def test_flush_write_rejects_bad_ratio(ratio, interpret, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     cache = _cache()
     cache.join(0)
     cache.join(1)

@@ -9,6 +9,7 @@ from megamoe.models.config import V4_TINY_MODEL
 from megamoe.models.decoder import attention_weights
 from megamoe.models.v4_weights import random_state_dict
 from megamoe.ops import errors
+from guard_helpers import set_interpret  # tests/guard_helpers.py (tests/ is on sys.path)
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -145,7 +146,7 @@ def test_constructor_rejects_bools_and_bad_devices(name, value, exc):
 def test_empty_prefill_returns_empty(monkeypatch, interpret, i):
     """T = 0 prompt tokens: a (0, dim) result and no state change on both paths (the output projection used to
     raise 'cannot reshape tensor of 0 elements')."""
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     att = _layer(i)
     att.join(0)
     before = _state(att)

@@ -6,6 +6,7 @@ import torch
 
 from megamoe.ops import attention as ops
 from megamoe.reference import attention as ref
+from guard_helpers import set_interpret  # tests/guard_helpers.py (tests/ is on sys.path)
 
 
 def _inputs(N=3, H=4, D=32, rope=16, scale_block=16, epb=4, P=6, S=2, L=2, R=10, W=5, K=6):
@@ -151,7 +152,7 @@ def test_workspace_must_hold_tensors(workspace):
 def test_empty_batch_returns_empty_on_both_paths(interpret, monkeypatch):
     """N = 0 queries (T = 0 prefill chunk): an empty (0, H, D) result on both paths (the torch path used to raise
     'cannot reshape tensor of 0 elements')."""
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     inputs = _inputs(N=0)
     got = _call(ops.sparse_mqa_attention, inputs)
     assert got.shape == (0, 4, 32) and got.dtype == torch.bfloat16
@@ -195,7 +196,7 @@ def test_nan_and_empty_rows_same_policy_on_both_backends(num_splits, monkeypatch
     inputs["attn_sink"][5] = float("-inf")
     outs = {}
     for interpret in ("0", "1"):
-        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+        set_interpret(monkeypatch, interpret)
         outs[interpret] = _call(ops.sparse_mqa_attention, inputs, num_splits=num_splits).float()
     want_nan = torch.zeros(outs["0"].shape, dtype=torch.bool)
     want_nan[1, 2] = True

@@ -8,7 +8,7 @@ from megamoe.ops import errors
 from megamoe.ops import gemm as gemm_ops
 from megamoe.ops import moe as moe_ops
 from gemm_helpers import offsets_of, random_weight  # tests/gemm_helpers.py (tests/ is on sys.path)
-from guard_helpers import on_both_backends
+from guard_helpers import on_both_backends, require_interpreter
 from sync_helpers import no_host_syncs
 
 
@@ -74,6 +74,8 @@ def test_grouped_mm_padding_row_index_not_flagged(monkeypatch):
 def test_gemv_launcher_row_index_guard(bad):
     """The CUDA-core decode kernel under the interpreter: same drop rule and flag."""
     from megamoe.kernels.gemm.nvfp4_gemv import launch_nvfp4_gemv
+
+    require_interpreter()
 
     w = random_weight((2, 32, 64), "cpu")
     x = torch.randn(4, 64).to(torch.bfloat16)

@@ -4,6 +4,7 @@ import torch
 
 from megamoe.ops import hyper_connection as hc_ops
 from megamoe.reference import v4_numerics as nx
+from guard_helpers import set_interpret  # tests/guard_helpers.py (tests/ is on sys.path)
 
 
 @pytest.mark.parametrize("tokens", [0, 1, 5, 17, 40])
@@ -57,7 +58,7 @@ def _hc_inputs(T=3, hc=4, D=16):
     (dict(rms_eps=-1.0), ValueError, "rms_eps"), (dict(rms_eps=True), TypeError, "rms_eps"),
 ])
 def test_hc_pre_rejects_bad_scalars(kw, exc, match, interpret, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     args = dict(hc=4, iters=2, hc_eps=1e-6, norm_eps=1e-6, norm_weight=torch.ones(16))
     args.update(kw)
     with pytest.raises(exc, match=f"^{match}: expected"):
@@ -70,7 +71,7 @@ def test_hc_pre_rejects_bad_scalars(kw, exc, match, interpret, monkeypatch):
     (dict(eps=float("nan")), ValueError, "eps"), (dict(eps=-1.0), ValueError, "eps"),
 ])
 def test_hc_split_sinkhorn_rejects_bad_scalars(kw, exc, match, interpret, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     args = dict(hc=4, iters=2, eps=1e-6)
     args.update(kw)
     with pytest.raises(exc, match=f"^{match}: expected"):

@@ -9,6 +9,7 @@ from megamoe.reference import moe as moe_ref
 
 from test_moe_ops import score_oracle  # noqa: E402  (tests/ops is on sys.path under pytest's rootdir-based import)
 from sync_helpers import no_host_syncs
+from guard_helpers import set_interpret  # tests/guard_helpers.py (tests/ is on sys.path)
 
 
 def _oracle(x, gate, table, tokens, scoring, norm, scale):
@@ -120,7 +121,7 @@ def test_invalid_token_ids_and_entries_are_flagged(backend, monkeypatch):
     token's row sets ("route", "tid2eid"), on both backends; valid inputs set nothing and give the same outputs."""
     from megamoe.ops import errors
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    set_interpret(monkeypatch, "1")
     x, gate, table, tokens = _invalid_inputs("cpu")
     k, vocab = table.shape[1], table.shape[0]
     kw = dict(top_k=k, tid2eid=table, backend=backend)
@@ -209,11 +210,12 @@ def test_cuda_hash_route_sync_free_and_graph():
     out = (torch.empty(t, k, device="cuda"), torch.empty(t, k, dtype=torch.int32, device="cuda"))
     kw = dict(top_k=k, routed_scaling_factor=1.5, token_ids=tokens, tid2eid=table, backend="triton", out=out)
     ref = moe_ops.route(x, gate, None, **{**kw, "backend": "torch", "out": None})
+    moe_ops.route(x, gate, None, **kw)  # compile outside the sync check
     torch.cuda.synchronize()
     with no_host_syncs():
         moe_ops.route(x, gate, None, **kw)
     assert torch.equal(out[1], ref[1])
-    torch.testing.assert_close(out[0], ref[0], rtol=4e-7, atol=0)
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-6, atol=0)  # fp32 sums of <= k terms in two orders: a few ulp
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         moe_ops.route(x, gate, None, **kw)

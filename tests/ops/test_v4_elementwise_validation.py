@@ -5,6 +5,7 @@ import torch
 
 from megamoe.ops import v4_elementwise as ew
 from megamoe.reference import v4_numerics as nx
+from guard_helpers import set_interpret  # tests/guard_helpers.py (tests/ is on sys.path)
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -62,7 +63,7 @@ def _post_pool(positions, **kw):
 def test_non_contiguous_positions_give_the_contiguous_result(op, interpret, monkeypatch):
     """positions with a stride: the kernels index them as contiguous, so the Triton path used to read the wrong
     positions (q_kv_path: 225 of 768 elements wrong)."""
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     pos = _positions()
     want = op(pos)
     got = op(_strided(pos))
@@ -74,7 +75,7 @@ def test_non_contiguous_positions_give_the_contiguous_result(op, interpret, monk
 def test_empty_batch_on_both_paths(interpret, monkeypatch):
     """T = 0 tokens: empty results on both paths (the torch path used to raise 'cannot reshape tensor of 0
     elements')."""
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     pos = torch.zeros(0, dtype=torch.int32)
     o = ew.output_path(torch.zeros(0, 4, 128, dtype=BF16), _freqs(), pos, groups=2)
     assert o.shape == (2, 0, 256) and o.dtype == BF16
@@ -91,7 +92,7 @@ def test_empty_batch_on_both_paths(interpret, monkeypatch):
                                      ("x", TypeError), (None, TypeError), (True, TypeError),
                                      (torch.tensor(1e-6), TypeError)])
 def test_eps_must_be_a_finite_non_negative_float(eps, exc, interpret, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     x = torch.randn(3, 64).to(BF16)
     with pytest.raises(exc, match="^eps: expected a finite float >= 0"):
         ew.rms_norm(x, torch.ones(64), eps)
@@ -116,6 +117,6 @@ def test_post_pool_rotate_must_be_a_bool(rotate):
 @pytest.mark.parametrize("interpret", ["1", "0"])
 @pytest.mark.parametrize("scale", ["x", None, torch.tensor(0.25), float("nan"), True])
 def test_index_q_weight_scale_must_be_a_finite_float(scale, interpret, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpret(monkeypatch, interpret)
     with pytest.raises((TypeError, ValueError), match="^weight_scale: expected a finite float"):
         _index_q(_positions(), weight_scale=scale)

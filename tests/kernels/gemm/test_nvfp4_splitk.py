@@ -114,7 +114,11 @@ def test_single_launch_matches_reference(device, m, n, k, splits):
 
 def test_counters_are_used(device):
     """A counter left non-zero (e.g. by an aborted launch) makes a program other than the last one reduce:
-    the result changes, so the test above would see a missing reset; a second launch restores them."""
+    the result changes, so the test above would see a missing reset; a second launch restores them. The interpreter
+    runs the programs one after the other, so the early reduction misses the later partials every time; on a GPU
+    they run at once and the partials may all have landed first (the result is then right): CPU only."""
+    if device.type == "cuda":
+        pytest.skip("the stale-counter effect depends on the programs' timing on a GPU")
     n, k, m = 40, 256, 2
     w = random_weight((n, k), device, scale_shape=(n, 1))
     x = torch.randn(m, k).bfloat16().to(device)

@@ -26,13 +26,25 @@ def _quant(x):
     return launch_fp8_act_quant(x, codes, scales, interpreter=not x.is_cuda)
 
 
-def _assert_close_to_reference(out, ref):
-    """Same numerics up to float32 summation order: most bf16 outputs equal, the rest one rounding apart."""
+def _assert_close_to_reference(out, ref, magnitude=None):
+    """Same numerics up to float32 summation order: most bf16 outputs equal, the rest one rounding apart. On a GPU
+    the FP8 tensor cores sum each 128-K block's products in their own order and reduced precision (DeepSeek-V3
+    reports ~14 bits kept): outputs near a cancellation may then differ by more than their own rounding, so there
+    at most 1% of them may, by at most 2**-10 of ``magnitude`` (default the largest output; after an activation,
+    the largest GEMM output times the activation's Lipschitz bound)."""
+    cuda = out.is_cuda
     out, ref = out.float().cpu(), ref.float().cpu()
     assert torch.equal(torch.isnan(out), torch.isnan(ref))
     ok = ~torch.isnan(ref)
-    assert rel_err(out[ok], ref[ok]) < (2e-3 if out.is_cuda else 1e-5) or rel_err(out[ok], ref[ok]) < 3e-3
-    torch.testing.assert_close(out[ok], ref[ok], rtol=2 ** -7, atol=1e-6)
+    assert rel_err(out[ok], ref[ok]) < 3e-3  # a few bf16 roundings apart (one is 2**-8 of its element)
+    if not cuda:
+        torch.testing.assert_close(out[ok], ref[ok], rtol=2 ** -7, atol=1e-6)
+        return
+    o, r = out[ok], ref[ok]
+    far = (o - r).abs() > 2 ** -7 * r.abs() + 1e-6
+    assert int(far.sum()) <= max(1, o.numel() // 100), int(far.sum())
+    magnitude = float(r.abs().max()) if magnitude is None else magnitude
+    torch.testing.assert_close(o, r, rtol=2 ** -7, atol=2 ** -10 * magnitude)
 
 
 def test_quantizer_bit_exact(device):
@@ -69,6 +81,16 @@ def test_every_code_and_scale_byte_decodes_exactly(device):
     assert torch.equal(out.cpu().view(torch.int16), ref.view(torch.int16))
 
 
+@pytest.fixture
+def fp8_kernel_everywhere(monkeypatch):
+    """On CUDA, small GEMMs of mode "w4a8" keep the w4a16 kernels (W4A8_MIN_ROWS_PER_EXPERT): the tests of the FP8
+    kernel's numerics and edge cases at small shapes make it run at every size."""
+    from megamoe.kernels.gemm import nvfp4_w4a8
+
+    monkeypatch.setattr(nvfp4_w4a8, "W4A8_MIN_ROWS_PER_EXPERT", 0)
+
+
+@pytest.mark.usefixtures("fp8_kernel_everywhere")
 @pytest.mark.parametrize("counts,scale_kind", [([0, 37, 5, 0, 21], "row"), ([63, 0, 0, 0, 0], "tensor"),
                                                ([1, 1, 1, 1, 2], "expert")])
 def test_grouped_matches_reference(device, counts, scale_kind):
@@ -84,6 +106,7 @@ def test_grouped_matches_reference(device, counts, scale_kind):
     assert torch.equal(out[t:].cpu(), torch.zeros(3, n, dtype=torch.bfloat16))
 
 
+@pytest.mark.usefixtures("fp8_kernel_everywhere")
 def test_grouped_row_index_swiglu_skewed(device):
     """Fused gather + SwiGLU + clamp, skewed routing (one hot expert), T not a multiple of the tile."""
     e, n, k, s = 4, 64, 384, 29
@@ -97,7 +120,10 @@ def test_grouped_row_index_swiglu_skewed(device):
     ref = ref_w4a8.w4a8_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu(), row_index=row_index.cpu(),
                                    activation="swiglu", swiglu_limit=0.05)
     assert out.shape == (sum(counts), n // 2)
-    _assert_close_to_reference(out, ref)
+    pre = ref_w4a8.w4a8_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu(), row_index=row_index.cpu())
+    # SwiGLU with limit L moves by at most (1.1 L + 0.28) x its inputs' error (|silu'| <= 1.1, |clamp(u)| <= L,
+    # |silu(min(g, L))| <= max(0.28, L))
+    _assert_close_to_reference(out, ref, magnitude=float(pre.float().abs().max()) * (1.1 * 0.05 + 0.28))
 
 
 def test_grouped_empty_and_zero(device):
@@ -113,6 +139,7 @@ def test_grouped_empty_and_zero(device):
     assert torch.equal(out.cpu(), torch.zeros(20, 32, dtype=torch.bfloat16))
 
 
+@pytest.mark.usefixtures("fp8_kernel_everywhere")
 def test_nan_inf_policy(device):
     """A non-finite activation makes its token's outputs NaN; a NaN block scale its weight row's outputs."""
     n, k = 32, 256

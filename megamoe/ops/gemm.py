@@ -112,13 +112,15 @@ MMA16_BAND = os.environ.get("MEGAMOE_MMA16_BAND", "1").strip() not in ("", "0")
 # a skewed router's hot experts) take the pipelined small-row bands, which read that layout 1.2-1.5x faster than
 # row-major (NOTES_gemm.md v21), instead of the mma.sync BLOCK_M 32 chunks (two passes over a 64-row expert's
 # weights). Row-major weights keep the chunks (pipelined bands there measured 3-9% slower at 64 tokens, v17).
-# MEGAMOE_PIPE_AFTER_DECODE (read at import): "1" on, "0" (default) off, until measured.
+# Measured on the interleaved layout (NOTES_gemm.md v23): all-on-k 16-64 tokens 1.2-1.6x faster, Zipf 64-128 tokens
+# 3-8% slower, so it depends on the routing. MEGAMOE_PIPE_AFTER_DECODE (read at import): "1" on, "0" (default) off.
 PIPE_AFTER_DECODE = os.environ.get("MEGAMOE_PIPE_AFTER_DECODE", "0").strip() not in ("", "0")
 
 # The banded route's launches on side streams (:func:`_launch_banded`), for plans without a decode band (prefill
 # sizes): each band is a persistent launch that ends in a partial wave; run concurrently, the next band's tiles fill
-# the SMs the previous one frees. Same bits (the bands write disjoint rows). MEGAMOE_BANDS_CONCURRENT (read at
-# import): "1" on, "0" (default) off, until measured.
+# the SMs the previous one frees. Same bits (the bands write disjoint rows). Measured (NOTES_gemm.md v23) at 512-8192
+# tokens: Zipf 1.02-1.19x faster, uniform 0.95-1.02x, all-on-k 0.91-1.0x, so it depends on the routing.
+# MEGAMOE_BANDS_CONCURRENT (read at import): "1" on, "0" (default) off.
 BANDS_CONCURRENT = os.environ.get("MEGAMOE_BANDS_CONCURRENT", "0").strip() not in ("", "0")
 
 
@@ -352,8 +354,8 @@ def _check_interleaved_routes(kinds: list, row_interleave: int) -> None:
 
 def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, **kwargs):
     """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream (with
-    :data:`BANDS_CONCURRENT`: the first there, each other one on a side stream of :func:`_band_streams` forked
-    from and joined back into it)."""
+    :data:`BANDS_CONCURRENT` and no decode band: each on its own side stream of :func:`_band_streams`, forked from
+    and joined back into the current one)."""
     out = args[4]
     data = args[1]
     plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert,

@@ -150,6 +150,7 @@ def interleave_constants(config, stages: int, weight_interleave: int) -> dict:
     cap = INTERLEAVED_MAXNREG.get(tuple(config[:4])) if stages == 0 else None
     return dict(W_IL=weight_interleave, **({"maxnreg": cap} if cap else {}))
 
+
 #: The BLOCK_M 16 band (megamoe/ops/gemm.py: MMA16_BAND): experts with at most this many rows, tile config
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps, ring stages) measured on the H100 at 512 tokens (results/gpu_check_v13b/
 #: mma_ring_v1.md: V4-Flash gate_up + down 2096 vs 2263 us uniform, 2148 vs 2322 zipf, same bits as registers).

@@ -18,12 +18,15 @@ from megamoe.ops import errors  # noqa: E402
 from megamoe.ops import gemm as gemm_ops  # noqa: E402
 from megamoe.ops import moe as moe_ops  # noqa: E402
 from gemm_helpers import random_weight  # noqa: E402  (tests/ is on sys.path)
+from guard_helpers import require_interpreter  # noqa: E402
 
 FUZZ = settings(max_examples=int(os.environ.get("MEGAMOE_FUZZ_EXAMPLES", 12)), deadline=None, derandomize=True,
                 suppress_health_check=list(HealthCheck), database=None)
 
 
 def _on_backend(interpret: str, fn):
+    if interpret != "0":
+        require_interpreter()  # CPU tensors through the interpreter's kernels
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = interpret
     errors.clear_errors("cpu")

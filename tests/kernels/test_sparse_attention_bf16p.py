@@ -13,6 +13,7 @@ import torch
 
 from megamoe.kernels import sparse_attention as kernels
 from megamoe.reference import attention as ref
+from guard_helpers import require_interpreter  # tests/guard_helpers.py (tests/ is on sys.path)
 from test_sparse_attention import make_inputs, run_op  # tests/kernels/ (pytest's rootdir-less import)
 
 MIRROR_FRO = 2e-4
@@ -70,6 +71,7 @@ def _assert_mirrors(got, want):
     dict(N=2, W=16, K=0, num_splits=None),    # window-only layer
 ])
 def test_kernel_equals_bf16p_mirror(case):
+    require_interpreter()  # the interpreter's kernel on CPU tensors (a GPU machine would run the torch path)
     case = dict(case)
     num_splits = case.pop("num_splits")
     inputs = make_inputs(H=16, **case)
@@ -90,6 +92,7 @@ def test_kernel_equals_bf16p_mirror(case):
 def test_per_row_split_counts():
     """Rows of one call with different split counts (a stateless reference over prefill and decode rows): each row
     equals the kernel run with that row's count."""
+    require_interpreter()
     inputs = make_inputs(N=4, H=16, W=20, K=40)
     counts = [1, 3, 5, 2]
     want = _mirror(inputs, kernels.INTERPRETER_CONFIG["BLOCK_N"], torch.tensor(counts))

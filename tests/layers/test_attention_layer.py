@@ -18,6 +18,7 @@ from megamoe.ops import v4_elementwise as ew
 # other ops run their references; the interpreter imports gluon lazily and needs the variable at that moment).
 import megamoe.kernels.v4_elementwise  # noqa: E402,F401
 import triton.experimental.gluon  # noqa: E402,F401
+from guard_helpers import require_interpreter  # tests/guard_helpers.py (tests/ is on sys.path)
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -83,6 +84,7 @@ def _compare_runs(fused, plain, max_fraction):
 
 @pytest.mark.parametrize("layer", [0, 1, 2])  # window, CSA (indexer), HCA
 def test_fused_layer_equals_formulas_cpu(monkeypatch, layer):
+    require_interpreter()  # our fused kernels, forced below, run on CPU tensors through the interpreter
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the other ops run their references; ours are forced below
     cfg = V4_TINY_MODEL
     fused = _run(cfg, layer, torch.device("cpu"), monkeypatch, True, prompt_len=17, steps=3)

@@ -69,7 +69,10 @@ def _topk_problems(ref, t, other: set, k: int):
     tol = 2.0 ** -7 * kth.abs() + 1e-30
     if all((s[j] - kth).abs() <= tol for j in mine ^ other):
         return "tie"
-    return f"query {t}: reference {sorted(mine)} official {sorted(other)}"
+    # the scores, so that a rare failure (CI, 2026-11-26, not reproduced in 460 seeds) tells tie from bug
+    differ = {j: float(s[j]) for j in sorted(mine ^ other)}
+    return (f"query {t}: reference {sorted(mine)} official {sorted(other)}; reference scores of the differing "
+            f"entries {differ}, k-th {float(kth)}, tie tolerance {float(tol)}")
 
 
 def compare_prefill(cfg, layer, w, x, tol=2.0 ** -6):

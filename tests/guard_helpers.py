@@ -28,10 +28,9 @@ def set_interpret(monkeypatch, value: str) -> None:
 def on_both_backends(monkeypatch, fn):
     """fn() on the Triton path (interpreter) and on the torch path, each from a clean CPU error word:
     [(result, word)] in that order; the word is left clean. Skips where the interpreter is off (a GPU machine)."""
-    require_interpreter()
     out = []
     for flag in ("1", "0"):
-        monkeypatch.setenv("TRITON_INTERPRET", flag)
+        set_interpret(monkeypatch, flag)
         errors.clear_errors("cpu")
         result = fn()
         out.append((result, errors.peek_errors("cpu")))

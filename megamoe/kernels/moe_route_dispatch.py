@@ -12,9 +12,9 @@ for the tokens in blocks of ``TB`` (a runtime loop) loads x (bf16/fp32 -> fp32) 
 one expert x the whole H (H <= 8192: no partials): the logits go straight to ``logits (T, E)``. Otherwise (16
 experts x 256/512 of H) the partials go to a workspace ``(splits, T, E)``; after a CTA barrier the program draws a
 ticket on its expert block's counter (``atomic_add``, acq_rel, gpu scope) and the program drawing ticket
-``splits - 1`` sums the block's partials as one tile (tree over the split axis) into ``logits`` and resets the counter. The
-order of every sum is fixed by the launch shape, not by arrival order: the same bits on every run, eager or
-graph replay.
+``splits - 1`` sums the block's partials as one tile (tree over the split axis) into ``logits`` and resets the
+counter. The order of every sum is fixed by the launch shape, not by arrival order: the same bits on every run,
+eager or graph replay.
 
 **Stage 2, finish** (the last program of the launch: ticket ``e_blocks - 1`` on the final counter):
 

@@ -231,14 +231,24 @@ def default_row_interleave(config: MoEConfig, mode: str, device, fused_decode: b
     the pipelined route, mode "w4a16", hidden and intermediate sizes multiples of 256, no fused decode), else 1
     (row-major: CPU, the interpreter, other GPUs, the other modes)."""
     device = torch.device(device)
-    if (mode != "w4a16" or fused_decode or config.hidden_size % 256 or config.intermediate_size % 256
-            or device.type != "cuda"):
+    if fused_decode or device.type != "cuda" or _row_interleave_refusal(config, mode):
         return 1
     from ..kernels.gemm.nvfp4_gluon_jit import GLUON_AVAILABLE, _capability
 
     if not (GLUON_AVAILABLE and gemm_ops.PIPE_ROUTE and _capability(device.index or 0)[0] == 9):
         return 1
     return 4
+
+
+def _row_interleave_refusal(config: MoEConfig, mode: str) -> str | None:
+    """Why a layer of this config and mode cannot hold row-interleaved experts (the rest of a ValueError naming
+    ``row_interleave``), or None."""
+    if mode != "w4a16":
+        return f"runs mode 'w4a16' only, got mode {mode!r}"
+    if config.hidden_size % 256 or config.intermediate_size % 256:
+        return (f"needs hidden and intermediate sizes that are multiples of 256 (the pipelined kernel's K), got "
+                f"{config.hidden_size} / {config.intermediate_size}")
+    return None
 
 
 class Nvfp4MoE:
@@ -321,12 +331,9 @@ class Nvfp4MoE:
             row_interleave = default_row_interleave(config, mode, dev, fused_decode)
         if type(row_interleave) is not int or row_interleave not in (1, 4):
             raise ValueError(f"row_interleave: expected None, 1 or 4, got {row_interleave!r}")
-        if row_interleave != 1 and mode != "w4a16":
-            raise ValueError(f"row_interleave: {row_interleave} runs mode 'w4a16' only, got mode {mode!r}")
-        if row_interleave != 1 and (config.hidden_size % 256 or config.intermediate_size % 256):
-            raise ValueError(f"row_interleave: {row_interleave} needs hidden and intermediate sizes that are multiples "
-                             f"of 256 (the pipelined kernel's K), got {config.hidden_size} / "
-                             f"{config.intermediate_size}")
+        refusal = _row_interleave_refusal(config, mode) if row_interleave != 1 else None
+        if refusal:
+            raise ValueError(f"row_interleave: {row_interleave} {refusal}")
         self.row_interleave = row_interleave
         self._side_stream = None  # created on the first overlapped CUDA forward
         self._captured = False  # capture() was called (set_mode then keeps the weight layout)

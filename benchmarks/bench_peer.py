@@ -554,7 +554,8 @@ def bench_config(name, c, tokens, routings, args, tk, variants, deadline, progre
 SWITCHES = {"ws": ("WS_ROUTE", "_ws", "WS"), "pipe": ("PIPE_ROUTE", "_pipe", "pipe"),
             "tail": ("PIPE_TAIL", "_tail", "tail"), "interleave": ("ROW_INTERLEAVE", "_il", "rows x4"),
             "after-decode": ("PIPE_AFTER_DECODE", "_pad", "pipe after decode"),
-            "concurrent": ("BANDS_CONCURRENT", "_conc", "bands concurrent")}
+            "concurrent": ("BANDS_CONCURRENT", "_conc", "bands concurrent"),
+            "list": ("PIPE_LIST", "_list", "tile lists")}
 
 
 def route_switch(kind: str):
@@ -570,6 +571,8 @@ def switch_kind(args) -> str:
         return "after-decode"
     if args.both_concurrent:
         return "concurrent"
+    if args.both_list:
+        return "list"
     return "tail" if args.both_tail else "pipe" if (args.pipe or args.both_pipe) else "ws"
 
 
@@ -585,7 +588,7 @@ def _routes(gemm_ops, x, w13k, w2, t, c):
 
 
 def _derive(row, variants):
-    for key in ("ours", "ours_ws", "ours_pipe", "ours_tail", "ours_il"):
+    for key in ["ours"] + [f"ours{alt}" for _, alt, _ in SWITCHES.values()]:
         us = row.get(f"{key}_us")
         if us:
             row[f"{key}_tflops"] = row["flops"] / us / 1e6
@@ -596,7 +599,7 @@ def _derive(row, variants):
                     row[f"speedup{key[4:]}_disp"] = row["peer_us"] / disp
     if row.get("peer_us"):
         row["peer_tflops"] = row["flops"] / row["peer_us"] / 1e6
-    best = max((row.get(k) or 0.0) for k in ("speedup", "speedup_ws", "speedup_pipe", "speedup_tail", "speedup_il"))
+    best = max((row.get(k) or 0.0) for k in ["speedup"] + [f"speedup{alt}" for _, alt, _ in SWITCHES.values()])
     row["meets"] = bool(best >= row["target"]) if row.get("peer_us") else None
     if row.get("ours_us"):
         row["ours_over_floor"] = row["ours_us"] / row["floor_us"]
@@ -675,6 +678,9 @@ def build_parser():
                     help="time ours with megamoe.ops.gemm.PIPE_AFTER_DECODE off and on (use with --interleaved)")
     ws.add_argument("--both-concurrent", action="store_true",
                     help="time ours with megamoe.ops.gemm.BANDS_CONCURRENT off and on")
+    ws.add_argument("--both-list", action="store_true",
+                    help="time ours with megamoe.ops.gemm.PIPE_LIST (bands above 32 rows as two tile-list launches) "
+                         "off and on")
     p.add_argument("--interleaved", action="store_true",
                    help="ours reads copies with NVFP4Tensor.row_interleave 4 in every variant (the layer's default)")
     p.add_argument("--no-peer", action="store_true")
@@ -712,8 +718,9 @@ def main(argv=None) -> int:
 
     start = time.time()
     deadline = start + args.budget_s
-    variants = ([False, True] if (args.both_ws or args.both_pipe or args.both_tail or args.both_interleave
-                                  or args.both_after_decode or args.both_concurrent) else [bool(args.ws or args.pipe)])
+    both = (args.both_ws or args.both_pipe or args.both_tail or args.both_interleave or args.both_after_decode
+            or args.both_concurrent or args.both_list)
+    variants = [False, True] if both else [bool(args.ws or args.pipe)]
     switch, alt, _ = route_switch(switch_kind(args))
     tk, where = (None, "disabled (--no-peer)") if args.no_peer else load_peer()
     peer_desc = f"triton_kernels from {where}" if tk is not None else f"not run: {where}"

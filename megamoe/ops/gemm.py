@@ -90,6 +90,11 @@ PIPE_SMALL = os.environ.get("MEGAMOE_PIPE_SMALL", "1") not in ("", "0")
 # replays per point, gpu_check_v23/peer_tail_*_c.md): V4-Pro 4096 uniform 1.09x, V4-Flash 4096 uniform 1.025x, the
 # other points (2048 / 8192 tokens, Zipf) within the run's +-3% spread.
 PIPE_TAIL = os.environ.get("MEGAMOE_PIPE_TAIL", "1") not in ("", "0")
+# With PIPE_TAIL: the bands above 32 rows (64-, 96- and 128-row tiles, five launches) as two persistent launches over
+# device-built tile lists (nvfp4_wgmma_pipe.launch_nvfp4_wgmma_pipe(tile_list=True); issue 10's device-side schedule,
+# NOTES_gemm.md v24): one for the 128- and 64-row tiles, one for the 96-row tiles. Same bits as the bands.
+# MEGAMOE_PIPE_LIST (read at import; the flag at every call): "1" on, "0" (default) off until measured.
+PIPE_LIST = os.environ.get("MEGAMOE_PIPE_LIST", "0").strip() not in ("", "0")
 # Split-K of the banded route's small band (experts with <= MMA_SMALL_BAND_ROWS rows: every decode step at
 # 1-16 tokens; issue 11, NOTES_gemm.md "decode split-K (grouped)"): the ``splits`` argument of that launch.
 # MEGAMOE_DECODE_SPLITK (read at import): "0" (default) off (the kernel as before), "1" planned from host
@@ -326,7 +331,12 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         hi = mma.MMA16_BAND_ROWS if most > mma.MMA16_BAND_ROWS else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=mma.MMA16_CONFIG, row_band=(lo, hi))))
         lo = hi
-    if pipe_bands:
+    if pipe_bands and PIPE_TAIL and PIPE_LIST:  # the bands up to 32 rows, then the tile lists for the rest
+        lo = add_pipe_bands(lo, [(hi, config) for hi, config in sorted(pipe.PIPE_BAND_CONFIGS.items()) if hi <= 32])
+        if most > lo:
+            bands.append(("pipe", dict(tile_list=True, row_lo=lo)))
+            lo = mma.ROW_HI_UNBOUNDED
+    elif pipe_bands:
         configs = {**pipe.PIPE_BAND_CONFIGS, **(pipe.PIPE_TAIL_BANDS if PIPE_TAIL else {})}
         lo = add_pipe_bands(lo, sorted(configs.items()) + [(mma.ROW_HI_UNBOUNDED, pipe.PIPE_CONFIG)])
     if most > lo:

@@ -346,3 +346,30 @@ def test_plan_pipe_after_decode(monkeypatch):
     assert plan[0] == before[0] and [r for r, _ in plan] == ["mma", "pipe", "pipe", "pipe"]
     bands = [(b["row_lo"], b["row_hi"], b["config"][0]) for _, b in plan[1:]]
     assert bands == [(8, 16, 16), (16, 32, 32), (32, mma.ROW_HI_UNBOUNDED, 64)], bands
+
+
+def test_tile_list_plan_covers_every_routing(monkeypatch):
+    """With PIPE_LIST: the bands up to 32 rows as before, then one tile-list launch (row_lo = the last band's edge,
+    unbounded above); its lists (nvfp4_wgmma_pipe.tile_list_reference) and the bands below take every row once."""
+    from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
+
+    monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", True)
+    monkeypatch.setattr(ops_gemm, "PIPE_LIST", True)
+    rng = random.Random(3)
+    for t, e, hint in [(3072, 256, 512), (24576, 256, 4096), (4000, 8, None)]:
+        plan = ops_gemm.plan_row_bands(t, e, 4096, hint)
+        assert plan[-1][0] == "pipe" and plan[-1][1].get("tile_list") and "row_hi" not in plan[-1][1], plan
+        assert sum(bool(kw.get("tile_list")) for _, kw in plan) == 1
+        lo = plan[-1][1]["row_lo"]
+        for counts in _routings(e, t, rng):
+            items = []
+            for route, kw in plan[:-1]:
+                hi = kw["row_band"][1] if route == "mma" else kw["row_hi"]
+                low = kw["row_band"][0] if route == "mma" else kw["row_lo"]
+                items += mma.chunk_schedule_reference(_offsets(counts), t, kw["config"][0], low, hi, kw["own_pad"])
+            list_a, list_b = pipe.tile_list_reference(_offsets(counts), t, lo, plan[-1][1]["own_pad"])
+            heights = {0: 128, 1: 96, 2: 64}
+            items += [(ex, s, min(s + heights[kind], end)) for ex, s, end, kind in list_a + list_b]
+            assert _covered(items, t) == [1] * t
+    monkeypatch.setattr(ops_gemm, "PIPE_TAIL", False)  # the lists hold 96-row tiles: only with PIPE_TAIL
+    assert not any(kw.get("tile_list") for _, kw in ops_gemm.plan_row_bands(24576, 256, 4096, 4096))

@@ -92,6 +92,8 @@ def compile_sm90(kernel, scalars: list, block_sizes: tuple, num_warps: int, *, g
     constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=512, GROUPED=grouped,
                      HAS_ROW_INDEX=row_index, HAS_BIAS=bias, SWIGLU=swiglu, HAS_LIMIT=swiglu_limit,
                      ERR_FLAG=1 if _device_guard() else 0, num_warps=num_warps, **(extra_constants or {}))
+    if "BLOCK_E" not in kernel.arg_names:  # a kernel that reads its schedule from a list builds no expert table
+        del constants["BLOCK_E"]
     # constexpr parameters with defaults that the caller left out get their defaults: a missing one shifts the
     # specialisation silently (a PDL=True build without the later X_SMEM came out without griddepcontrol)
     for param in kernel.params:

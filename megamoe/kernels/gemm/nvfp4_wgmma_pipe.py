@@ -33,6 +33,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 from ...format.mma_order import MMA_K_GROUP
 from .mma_k_order import launch_to_mma_k_order
@@ -76,6 +77,13 @@ PIPE_BM16_CONFIG = (16, 256, 128, 8, 6)  # compiles (161 registers) and is teste
 # the same bits); three programs per SM (5 stages, maxnreg 168), 8-row tiles, wait depth 2 / 3 and one 32-row band
 # for all <= 32-row experts were measured slower or equal there.
 PIPE_SMALL_CONFIGS = {16: (16, 128, 128, 4, 8, 2), 32: (32, 128, 128, 4, 6, 2)}
+# One launch for the bands above 32 rows (``tile_list``; NOTES_gemm.md v24): a device-built list of tiles of three
+# heights walked by one persistent grid, instead of one launch per band (each ending in a partial wave). The row edges
+# of its tile kinds, the band plan's above 32 rows: <= 64 rows one 64-row tile (PIPE_BAND_CONFIGS[64]), <= 96 one
+# 96-row (64 + 32) tile and <= 128 one 128-row tile (PIPE_TAIL_BANDS), <= 192 two 96-row tiles, then 128-row tiles.
+# The ring is PIPE_CONFIG's (4 stages, 200 KB); the shorter tiles use the first 64 / 96 rows of its x slots, which
+# the 64- and 96-row band configs' 4-stage rings hold as well, so every tile is computed as its band computes it.
+PIPE_LIST_EDGES = (64, 96, 128, 192)
 SUB_K = 32  # K per wgmma of the chain: one packed word per lane
 # Sub-steps (each 4 wgmmas: 2 m64 tiles x 2 k16) left in flight when the next one is decoded: 1 (default) waits for
 # the one before; 2 / 3 keep one / two more A operand sets live (16 registers each). Offline sm_90 (2026-11-26): all
@@ -112,14 +120,26 @@ if GLUON_AVAILABLE:
         return gl.convert_layout(w, a_layout)
 
     @gluon.jit
+    def _slot(ring, slot, ROW0: gl.constexpr, ROWS: gl.constexpr):
+        """Ring slot ``slot`` of an x ring: the whole slot (``ROWS`` 0), or its rows ``[ROW0, ROW0 + ROWS)`` (the
+        tile-list kernel's shorter tiles in its 128-row slots; a 3-D ring cannot be sliced along rows itself)."""
+        view = ring.index(slot)
+        if ROWS > 0:
+            view = view.slice(ROW0, ROWS, dim=0)
+        return view
+
+    @gluon.jit
     def _fill(x_ring, w_ring, s_ring, slot, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step, xt_ring, xt_ptrs, xt_mask,
-              BLOCK_K: gl.constexpr, BLOCK_M_TAIL: gl.constexpr, W_IL: gl.constexpr = 1):
+              BLOCK_K: gl.constexpr, BLOCK_M_TAIL: gl.constexpr, W_IL: gl.constexpr = 1, X_ROW0: gl.constexpr = 0,
+              X_ROWS: gl.constexpr = 0, T_ROW0: gl.constexpr = 0, T_ROWS: gl.constexpr = 0):
         """cp.async of K step ``step``'s x (head rows, and the tail rows into ``xt_ring`` when BLOCK_M_TAIL > 0),
         weight words and scale bytes into ring ``slot`` (x rows where the mask is False, i.e. out-of-range
         ``row_index`` values, are zero-filled: the reference's drop rule)."""
-        async_copy.async_copy_global_to_shared(x_ring.index(slot), xr_ptrs + step * BLOCK_K, mask=xr_mask)
+        async_copy.async_copy_global_to_shared(_slot(x_ring, slot, X_ROW0, X_ROWS), xr_ptrs + step * BLOCK_K,
+                                               mask=xr_mask)
         if BLOCK_M_TAIL > 0:
-            async_copy.async_copy_global_to_shared(xt_ring.index(slot), xt_ptrs + step * BLOCK_K, mask=xt_mask)
+            async_copy.async_copy_global_to_shared(_slot(xt_ring, slot, T_ROW0, T_ROWS), xt_ptrs + step * BLOCK_K,
+                                                   mask=xt_mask)
         async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (W_IL * BLOCK_K // 8))
         async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (W_IL * BLOCK_K // 16))
 
@@ -127,7 +147,8 @@ if GLUON_AVAILABLE:
     def _k_step(acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
                 xt_ring, xt_ptrs, xt_mask, step, k_tiles, a_layout: gl.constexpr, at_layout: gl.constexpr,
                 w_layout: gl.constexpr, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                STAGES: gl.constexpr, WAIT_DEPTH: gl.constexpr, BLOCK_M_TAIL: gl.constexpr, W_IL: gl.constexpr = 1):
+                STAGES: gl.constexpr, WAIT_DEPTH: gl.constexpr, BLOCK_M_TAIL: gl.constexpr, W_IL: gl.constexpr = 1,
+                X_ROW0: gl.constexpr = 0, X_ROWS: gl.constexpr = 0, T_ROW0: gl.constexpr = 0, T_ROWS: gl.constexpr = 0):
         """One 128-K step: wait for its ring slot, refill the slot of step - 2 with step + STAGES - 2, then four
         32-K sub-steps (decode, async wgmma, wait until at most WAIT_DEPTH sub-steps are in flight). With
         BLOCK_M_TAIL > 0 each sub-step's decoded A also feeds a second wgmma into ``acc_t`` (the tile's tail
@@ -140,12 +161,12 @@ if GLUON_AVAILABLE:
         # for in step - 1) are complete
         words = w_ring.index(slot).load(w_layout)
         scale_bytes = s_ring.index(slot).load(s_layout)
-        xs = x_ring.index(slot)
-        xts = xt_ring.index(slot)
+        xs = _slot(x_ring, slot, X_ROW0, X_ROWS)
+        xts = _slot(xt_ring, slot, T_ROW0, T_ROWS)
         ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
         if ahead < k_tiles:
             _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, ahead, xt_ring, xt_ptrs,
-                  xt_mask, BLOCK_K, BLOCK_M_TAIL, W_IL)
+                  xt_mask, BLOCK_K, BLOCK_M_TAIL, W_IL, X_ROW0, X_ROWS, T_ROW0, T_ROWS)
         async_copy.commit_group()
         for i in gl.static_range(BLOCK_K // _SUB_K):
             a = _decode_sub(words, scale_bytes, i, a_layout, BLOCK_N)
@@ -195,6 +216,128 @@ if GLUON_AVAILABLE:
             store_plain_epilogue(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
                                  stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS)
 
+    @gluon.jit
+    def _pipe_tile(x_bf16, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, x_ring, xt_ring,
+                   w_ring, s_ring, row_start, row_end, expert, n_start, N, K, num_experts, num_src_rows,
+                   swiglu_limit, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn,
+                   stride_om, BLOCK_M: gl.constexpr, BLOCK_M_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
+                   BLOCK_K: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
+                   SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
+                   STAGES: gl.constexpr, WAIT_DEPTH: gl.constexpr, W_IL: gl.constexpr, X_ROW0: gl.constexpr = 0,
+                   X_ROWS: gl.constexpr = 0, T_ROW0: gl.constexpr = 0, T_ROWS: gl.constexpr = 0):
+        """One tile: token rows ``[row_start, row_start + BLOCK_M + BLOCK_M_TAIL)`` (those below ``row_end``) of
+        ``expert`` (``num_experts`` and up: padding, zeros without weight traffic) x weight rows ``[n_start,
+        n_start + BLOCK_N)``, through the ring (``x_ring``: the head's ``[STAGES, BLOCK_M, BLOCK_K]`` x slots, or rows
+        ``[X_ROW0, X_ROW0 + X_ROWS)`` of larger slots when X_ROWS > 0; ``xt_ring`` / T_ROW0 / T_ROWS: the tail's,
+        read when BLOCK_M_TAIL > 0). Returns how many of its rows had a ``row_index`` value
+        outside ``[0, num_src_rows)`` (0 when ERR_FLAG is 0)."""
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BLOCK_M, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        MT: gl.constexpr = BLOCK_M_TAIL if BLOCK_M_TAIL > 0 else BLOCK_M
+        mma_t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                               instr_shape=[16, MT, 16])
+        at_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_t_layout, k_width=2)
+        w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
+        s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
+        # copy layouts: 16-byte chunks of x (8 bf16) and of weight words (4 int32), one 8-byte chunk of scales
+        xr_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [num_warps, 1],
+                                                   [1, 0])
+        wr_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_K // 32), BLOCK_K // 32], [num_warps, 1],
+                                                   [1, 0])
+        sr_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_K // 16], [32, 1], [num_warps, 1], [1, 0])
+        xr_cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, xr_layout))
+        wr_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, wr_layout))
+        sr_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, sr_layout))
+        k_tiles = K // BLOCK_K
+        bad_rows = 0
+        is_real = expert < num_experts
+        expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
+        # weight rows past N read row N - 1 (never stored); x rows past the tile end read a valid row
+        w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wr_layout)), N - 1)
+        if W_IL > 1:  # rows interleaved in groups of W_IL; one 128-K step = one chunk, so the columns stay
+            w_off = interleaved_row_offsets(w_rows, stride_wn, BLOCK_K // 8, W_IL)
+            wr_ptrs = w_ptr + expert_c * stride_we + w_off[:, None] + wr_cols[None, :]
+        else:
+            wr_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + wr_cols[None, :]
+        s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sr_layout)), N - 1)
+        if W_IL > 1:
+            s_off = interleaved_row_offsets(s_rows, stride_sn, BLOCK_K // 16, W_IL)
+            sr_ptrs = scale_ptr + expert_c * stride_se + s_off[:, None] + sr_cols[None, :]
+        else:
+            sr_ptrs = (scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn
+                       + sr_cols[None, :])
+        r_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xr_layout))
+        r_ok = r_rows < row_end
+        if HAS_ROW_INDEX:
+            r_src, src_ok, xr_mask = gathered_source_rows(row_index_ptr, r_rows, r_ok, num_src_rows)
+            if ERR_FLAG != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only)
+                bad_rows += gl.sum((r_ok & ~src_ok & is_real).to(gl.int32), axis=0)
+        else:
+            r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
+            xr_mask = None
+        xr_ptrs = x_bf16 + r_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
+        if BLOCK_M_TAIL > 0:
+            t_rows = row_start + BLOCK_M + gl.arange(0, BLOCK_M_TAIL, layout=gl.SliceLayout(1, xr_layout))
+            t_ok = t_rows < row_end
+            if HAS_ROW_INDEX:
+                t_src, t_src_ok, xt_mask = gathered_source_rows(row_index_ptr, t_rows, t_ok, num_src_rows)
+                if ERR_FLAG != 0:
+                    bad_rows += gl.sum((t_ok & ~t_src_ok & is_real).to(gl.int32), axis=0)
+            else:
+                t_src = gl.where(t_ok, t_rows, 0).to(gl.int64)
+                xt_mask = None
+            xt_ptrs = x_bf16 + t_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
+        else:
+            xt_ptrs = xr_ptrs  # not read
+            xt_mask = xr_mask
+        if is_real:
+            # (a path from the accumulator's zeroing to the final wait that skips every wgmma, e.g. a
+            # zero-trip K loop, makes ptxas serialise all wgmmas: C7515)
+            acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+            gl.thread_barrier()  # every warpgroup's MMAs of the previous tile have read the ring
+            for j in gl.static_range(STAGES - 2):
+                if j < k_tiles:
+                    _fill(x_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, j, xt_ring, xt_ptrs,
+                          xt_mask, BLOCK_K, BLOCK_M_TAIL, W_IL, X_ROW0, X_ROWS, T_ROW0, T_ROWS)
+                async_copy.commit_group()
+            a_prev = gl.zeros([BLOCK_N, _SUB_K], gl.bfloat16, layout=a_layout)
+            a_prev2 = a_prev
+            a_prev3 = a_prev
+            if BLOCK_M_TAIL > 0:
+                acc_t = gl.zeros([BLOCK_N, BLOCK_M_TAIL], gl.float32, layout=mma_t_layout)
+            else:
+                acc_t = a_prev  # passed through untouched
+            # step 0 peeled: every path from the zeroing to the final wait passes a wgmma
+            acc, acc_t, a_prev, a_prev2, a_prev3 = _k_step(
+                acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
+                xt_ring, xt_ptrs, xt_mask, 0, k_tiles, a_layout, at_layout, w_layout, s_layout, BLOCK_N, BLOCK_K,
+                STAGES, WAIT_DEPTH, BLOCK_M_TAIL, W_IL, X_ROW0, X_ROWS, T_ROW0, T_ROWS)
+            for step in range(1, k_tiles):
+                acc, acc_t, a_prev, a_prev2, a_prev3 = _k_step(
+                    acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs,
+                    sr_ptrs, xt_ring, xt_ptrs, xt_mask, step, k_tiles, a_layout, at_layout, w_layout, s_layout,
+                    BLOCK_N, BLOCK_K, STAGES, WAIT_DEPTH, BLOCK_M_TAIL, W_IL, X_ROW0, X_ROWS, T_ROW0, T_ROWS)
+            if BLOCK_M_TAIL > 0:
+                acc, acc_t = warpgroup_mma_wait(0, deps=[acc, acc_t, a_prev])[:2]
+            elif WAIT_DEPTH == 1:
+                acc = warpgroup_mma_wait(0, deps=[acc, a_prev])[0]
+            else:
+                acc = warpgroup_mma_wait(0, deps=[acc, a_prev, a_prev2, a_prev3])[0]
+            _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
+                        stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU,
+                        HAS_LIMIT, num_warps)
+            if BLOCK_M_TAIL > 0:
+                _store_tile(acc_t, row_start + BLOCK_M, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
+                            stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M_TAIL,
+                            BLOCK_N, HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
+        else:
+            _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M, BLOCK_N, SWIGLU, num_warps)
+            if BLOCK_M_TAIL > 0:
+                _store_zeros(out_ptr, row_start + BLOCK_M, row_end, n_start, N, stride_om, BLOCK_M_TAIL, BLOCK_N,
+                             SWIGLU, num_warps)
+        return bad_rows
+
     @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "row_hi", "own_pad"])
     def _nvfp4_wgmma_pipe_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
@@ -215,15 +358,6 @@ if GLUON_AVAILABLE:
         gl.static_assert(WAIT_DEPTH >= 1 and WAIT_DEPTH <= 3)
         gl.static_assert(BLOCK_M_TAIL == 0 or (WAIT_DEPTH == 1 and BLOCK_M_TAIL < BLOCK_M))
         TILE_M: gl.constexpr = BLOCK_M + BLOCK_M_TAIL
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                             instr_shape=[16, BLOCK_M, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-        MT: gl.constexpr = BLOCK_M_TAIL if BLOCK_M_TAIL > 0 else BLOCK_M
-        mma_t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                               instr_shape=[16, MT, 16])
-        at_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_t_layout, k_width=2)
-        w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
-        s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
         x_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], x_smem_layout)
@@ -233,22 +367,12 @@ if GLUON_AVAILABLE:
             xt_ring = x_ring  # not read
         w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], flat_layout)
         s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BLOCK_K // 16], flat_layout)
-        # copy layouts: 16-byte chunks of x (8 bf16) and of weight words (4 int32), one 8-byte chunk of scales
-        xr_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [num_warps, 1],
-                                                   [1, 0])
-        wr_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_K // 32), BLOCK_K // 32], [num_warps, 1],
-                                                   [1, 0])
-        sr_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_K // 16], [32, 1], [num_warps, 1], [1, 0])
-        xr_cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, xr_layout))
-        wr_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, wr_layout))
-        sr_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, sr_layout))
         x_bf16 = x_ptr.to(gl.pointer_type(gl.bfloat16), bitcast=True)
         n_tiles = (N + BLOCK_N - 1) // BLOCK_N
         # per-expert tiles of the band row_lo < rows <= row_hi (lane E: the padding pseudo-expert, with own_pad)
         lane, starts, ends, tiles, tile_ends, total_tiles = grouped_tile_table(
             offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, TILE_M, BLOCK_E, 1, num_warps)
         total_work = total_tiles * n_tiles
-        k_tiles = K // BLOCK_K
 
         work = gl.program_id(0)
         bad_rows = 0  # row_index values outside [0, num_src_rows) (flagged once)
@@ -256,96 +380,147 @@ if GLUON_AVAILABLE:
             tile = work // n_tiles
             n_start = (work % n_tiles) * BLOCK_N
             row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, TILE_M)
-            is_real = expert < num_experts
-            expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
-            # weight rows past N read row N - 1 (never stored); x rows past the tile end read a valid row
-            w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wr_layout)), N - 1)
-            if W_IL > 1:  # rows interleaved in groups of W_IL; one 128-K step = one chunk, so the columns stay
-                w_off = interleaved_row_offsets(w_rows, stride_wn, BLOCK_K // 8, W_IL)
-                wr_ptrs = w_ptr + expert_c * stride_we + w_off[:, None] + wr_cols[None, :]
-            else:
-                wr_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + wr_cols[None, :]
-            s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sr_layout)), N - 1)
-            if W_IL > 1:
-                s_off = interleaved_row_offsets(s_rows, stride_sn, BLOCK_K // 16, W_IL)
-                sr_ptrs = scale_ptr + expert_c * stride_se + s_off[:, None] + sr_cols[None, :]
-            else:
-                sr_ptrs = (scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn
-                           + sr_cols[None, :])
-            r_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xr_layout))
-            r_ok = r_rows < row_end
-            if HAS_ROW_INDEX:
-                r_src, src_ok, xr_mask = gathered_source_rows(row_index_ptr, r_rows, r_ok, num_src_rows)
-                if ERR_FLAG != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only)
-                    bad_rows += gl.sum((r_ok & ~src_ok & is_real).to(gl.int32), axis=0)
-            else:
-                r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
-                xr_mask = None
-            xr_ptrs = x_bf16 + r_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
-            if BLOCK_M_TAIL > 0:
-                t_rows = row_start + BLOCK_M + gl.arange(0, BLOCK_M_TAIL, layout=gl.SliceLayout(1, xr_layout))
-                t_ok = t_rows < row_end
-                if HAS_ROW_INDEX:
-                    t_src, t_src_ok, xt_mask = gathered_source_rows(row_index_ptr, t_rows, t_ok, num_src_rows)
-                    if ERR_FLAG != 0:
-                        bad_rows += gl.sum((t_ok & ~t_src_ok & is_real).to(gl.int32), axis=0)
-                else:
-                    t_src = gl.where(t_ok, t_rows, 0).to(gl.int64)
-                    xt_mask = None
-                xt_ptrs = x_bf16 + t_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
-            else:
-                xt_ptrs = xr_ptrs  # not read
-                xt_mask = xr_mask
-            if is_real:
-                # (a path from the accumulator's zeroing to the final wait that skips every wgmma, e.g. a
-                # zero-trip K loop, makes ptxas serialise all wgmmas: C7515)
-                acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-                gl.thread_barrier()  # every warpgroup's MMAs of the previous tile have read the ring
-                for j in gl.static_range(STAGES - 2):
-                    if j < k_tiles:
-                        _fill(x_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, j, xt_ring, xt_ptrs,
-                              xt_mask, BLOCK_K, BLOCK_M_TAIL, W_IL)
-                    async_copy.commit_group()
-                a_prev = gl.zeros([BLOCK_N, _SUB_K], gl.bfloat16, layout=a_layout)
-                a_prev2 = a_prev
-                a_prev3 = a_prev
-                if BLOCK_M_TAIL > 0:
-                    acc_t = gl.zeros([BLOCK_N, BLOCK_M_TAIL], gl.float32, layout=mma_t_layout)
-                else:
-                    acc_t = a_prev  # passed through untouched
-                # step 0 peeled: every path from the zeroing to the final wait passes a wgmma
-                acc, acc_t, a_prev, a_prev2, a_prev3 = _k_step(
-                    acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
-                    xt_ring, xt_ptrs, xt_mask, 0, k_tiles, a_layout, at_layout, w_layout, s_layout, BLOCK_N, BLOCK_K,
-                    STAGES, WAIT_DEPTH, BLOCK_M_TAIL, W_IL)
-                for step in range(1, k_tiles):
-                    acc, acc_t, a_prev, a_prev2, a_prev3 = _k_step(
-                        acc, acc_t, a_prev, a_prev2, a_prev3, x_ring, w_ring, s_ring, xr_ptrs, xr_mask, wr_ptrs,
-                        sr_ptrs, xt_ring, xt_ptrs, xt_mask, step, k_tiles, a_layout, at_layout, w_layout, s_layout,
-                        BLOCK_N, BLOCK_K, STAGES, WAIT_DEPTH, BLOCK_M_TAIL, W_IL)
-                if BLOCK_M_TAIL > 0:
-                    acc, acc_t = warpgroup_mma_wait(0, deps=[acc, acc_t, a_prev])[:2]
-                elif WAIT_DEPTH == 1:
-                    acc = warpgroup_mma_wait(0, deps=[acc, a_prev])[0]
-                else:
-                    acc = warpgroup_mma_wait(0, deps=[acc, a_prev, a_prev2, a_prev3])[0]
-                _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
-                            stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU,
-                            HAS_LIMIT, num_warps)
-                if BLOCK_M_TAIL > 0:
-                    _store_tile(acc_t, row_start + BLOCK_M, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
-                                stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M_TAIL,
-                                BLOCK_N, HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
-            else:
-                _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M, BLOCK_N, SWIGLU,
-                             num_warps)
-                if BLOCK_M_TAIL > 0:
-                    _store_zeros(out_ptr, row_start + BLOCK_M, row_end, n_start, N, stride_om, BLOCK_M_TAIL, BLOCK_N,
-                                 SWIGLU, num_warps)
+            bad_rows += _pipe_tile(
+                x_bf16, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, x_ring, xt_ring, w_ring,
+                s_ring, row_start, row_end, expert, n_start, N, K, num_experts, num_src_rows, swiglu_limit, stride_xm,
+                stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om, BLOCK_M, BLOCK_M_TAIL,
+                BLOCK_N, BLOCK_K, HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT, ERR_FLAG, num_warps, STAGES,
+                WAIT_DEPTH, W_IL)
             work += num_programs
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+
+
+    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows"])
+    def _nvfp4_wgmma_pipe_list_kernel(
+        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
+        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, tile_list_ptr, num_programs,
+        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUPED: gl.constexpr,
+        HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr,
+        ERR_FLAG: gl.constexpr, num_warps: gl.constexpr, STAGES: gl.constexpr = 4, W_IL: gl.constexpr = 1,
+        KINDS: gl.constexpr = 5,
+    ):
+        """The pipelined GEMM over a device-built tile list (:func:`_pipe_tile_list_kernel`): one persistent launch
+        for tiles of 128, 96 (64 + 32) and 64 token rows (kinds 0, 1, 2), each computed exactly as the band kernel
+        of that height computes it (the same wgmmas in the same order). One ring sized for the 128-row tile; the
+        shorter tiles use the first 64 rows of its x slots as their head and the next 32 as the 96-row tile's tail.
+        ``offsets_ptr`` and ``num_rows`` are not read (the list holds the schedule)."""
+        gl.static_assert(BLOCK_M == 128 and BLOCK_K == 128 and STAGES >= 3)
+        x_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        if KINDS == 2:  # 96-row tiles only: the 96-row band kernel's rings (head and tail in two allocations)
+            x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 64, BLOCK_K], x_smem_layout)
+            xt_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 32, BLOCK_K], x_smem_layout)
+        else:  # one 128-row x slot per stage; the 96-row tile's head and tail are row slices of it (one more CTA
+            # barrier per K step: Triton orders accesses to slices of one allocation)
+            x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], x_smem_layout)
+            xt_ring = x_ring
+        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], flat_layout)
+        s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BLOCK_K // 16], flat_layout)
+        HEAD96: gl.constexpr = 0 if KINDS == 2 else 64  # rows of the 96-row tile's head / tail in their slots (0: all)
+        TAIL96: gl.constexpr = 0 if KINDS == 2 else 32
+        x_bf16 = x_ptr.to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        n_tiles = (N + BLOCK_N - 1) // BLOCK_N
+        total_work = gl.load(tile_list_ptr) * n_tiles
+
+        work = gl.program_id(0)
+        bad_rows = 0  # row_index values outside [0, num_src_rows) (flagged once)
+        while work < total_work:
+            item = tile_list_ptr + 4 + 4 * (work // n_tiles)
+            n_start = (work % n_tiles) * BLOCK_N
+            expert = gl.load(item)
+            row_start = gl.load(item + 1)
+            row_end = gl.load(item + 2)
+            kind = gl.load(item + 3)
+            # kinds outside KINDS compile to nothing: ptxas keeps the 128- and 64-row paths (KINDS 5) and the 96-row
+            # path (KINDS 2) free of spills, but 128 + 96 in one kernel spill in the K loop, and all three serialise
+            # every wgmma (C7512, NOTES_gemm.md v24)
+            if (KINDS & 1) != 0:
+                if kind == 0:
+                    bad_rows += _pipe_tile(
+                        x_bf16, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, x_ring, x_ring,
+                        w_ring, s_ring, row_start, row_end, expert, n_start, N, K, num_experts, num_src_rows,
+                        swiglu_limit, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn,
+                        stride_om, 128, 0, BLOCK_N, BLOCK_K, HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT, ERR_FLAG,
+                        num_warps, STAGES, 1, W_IL)
+            if (KINDS & 2) != 0:
+                if kind == 1:
+                    bad_rows += _pipe_tile(
+                        x_bf16, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, x_ring, xt_ring,
+                        w_ring, s_ring, row_start, row_end, expert, n_start, N, K, num_experts, num_src_rows,
+                        swiglu_limit, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn,
+                        stride_om, 64, 32, BLOCK_N, BLOCK_K, HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT, ERR_FLAG,
+                        num_warps, STAGES, 1, W_IL, 0, HEAD96, HEAD96, TAIL96)
+            if (KINDS & 4) != 0:
+                if kind == 2:
+                    bad_rows += _pipe_tile(
+                        x_bf16, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, x_ring, x_ring,
+                        w_ring, s_ring, row_start, row_end, expert, n_start, N, K, num_experts, num_src_rows,
+                        swiglu_limit, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn,
+                        stride_om, 64, 0, BLOCK_N, BLOCK_K, HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT, ERR_FLAG,
+                        num_warps, STAGES, 1, W_IL, 0, 64)
+            work += num_programs
+        if HAS_ROW_INDEX:
+            if ERR_FLAG != 0:
+                gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+
+
+@triton.jit
+def _pipe_tile_list_kernel(offsets_ptr, list_a_ptr, list_b_ptr, num_rows, num_experts, row_lo, own_pad, capacity,
+                           HI_64: tl.constexpr, HI_96: tl.constexpr, HI_128: tl.constexpr, HI_96X2: tl.constexpr,
+                           BLOCK_E: tl.constexpr):
+    """The two tile lists of :func:`_nvfp4_wgmma_pipe_list_kernel`, from ``expert_offsets`` on the device (one
+    program). A list: ``list[0]`` = its number of items, item i = ``list[4 + 4 i: 8 + 4 i]`` = (expert, first row,
+    the expert's row end, kind). Experts with ``row_lo < r`` rows: r <= HI_64 one 64-row tile (kind 2), <= HI_96 one
+    96-row tile (kind 1), <= HI_128 one 128-row tile (kind 0), <= HI_96X2 two 96-row tiles, beyond that 128-row
+    tiles. List A: the kind-0 tiles, then the kind-2 tiles (each in expert order: the longest first, so the
+    persistent walk balances), then with ``own_pad`` the padding rows ``[offsets[E-1], T)`` as expert E in 128-row
+    zero tiles; list B: the kind-1 tiles. At most ``capacity`` items per list (the host bound; only offsets that
+    decrease, against the contract, could need more)."""
+    lane = tl.arange(0, BLOCK_E)
+    ends = tl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
+    prev = tl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
+    starts = tl.where(lane > num_experts, num_rows, prev)
+    ends = tl.minimum(tl.maximum(ends, 0), num_rows)
+    starts = tl.minimum(tl.maximum(starts, 0), num_rows)
+    counts = tl.maximum(ends - starts, 0)
+    band = (lane < num_experts) & (counts > row_lo)
+    n64 = tl.where(band & (counts <= HI_64), 1, 0)
+    n96 = tl.where(band & (counts > HI_64) & (counts <= HI_96), 1,
+                   tl.where(band & (counts > HI_128) & (counts <= HI_96X2), 2, 0))
+    n128 = tl.where(band & (counts > HI_96) & (counts <= HI_128), 1,
+                    tl.where(band & (counts > HI_96X2), (counts + 127) // 128, 0))
+    npad = tl.where((lane == num_experts) & (own_pad != 0), (counts + 127) // 128, 0)
+    tot128 = tl.sum(n128, axis=0)
+    tot64 = tl.sum(n64, axis=0)
+    first128 = tl.cumsum(n128, axis=0) - n128
+    first64 = tot128 + tl.cumsum(n64, axis=0) - n64
+    first_pad = tot128 + tot64
+    first96 = tl.cumsum(n96, axis=0) - n96
+    tl.store(list_a_ptr, tl.minimum(first_pad + tl.sum(npad, axis=0), capacity))
+    tl.store(list_b_ptr, tl.minimum(tl.sum(n96, axis=0), capacity))
+    most = tl.max(n128 + n96 + n64 + npad, axis=0)
+    j = 0
+    while j < most:  # tile j of every lane at once (a while loop: the interpreter's range() takes no device value)
+        for part in tl.static_range(4):  # 128-row tiles, 64-row, padding (128-row zero tiles): list A; 96-row: B
+            if part == 0:
+                n, first, height, code, list_ptr = n128, first128, 128, 0, list_a_ptr
+            elif part == 1:
+                n, first, height, code, list_ptr = n64, first64, 64, 2, list_a_ptr
+            elif part == 2:  # the padding lane (lane E: expert E, zeros)
+                n, first, height, code, list_ptr = npad, first_pad + 0 * lane, 128, 0, list_a_ptr
+            else:
+                n, first, height, code, list_ptr = n96, first96, 96, 1, list_b_ptr
+            idx = first + j
+            ok = (j < n) & (idx < capacity)
+            item = list_ptr + 4 + 4 * idx
+            tl.store(item, lane, mask=ok)
+            tl.store(item + 1, starts + height * j, mask=ok)
+            tl.store(item + 2, ends, mask=ok)
+            tl.store(item + 3, tl.full([BLOCK_E], code, tl.int32), mask=ok)
+        j += 1
 
 
 def split_tile_rows(tile_m: int) -> tuple[int, int]:
@@ -372,6 +547,67 @@ def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=F
     return compile_sm90(_nvfp4_wgmma_pipe_kernel, scalars, (head,) + tuple(config[1:3]), config[3], grouped=True,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_constants=extra)
+
+
+def compile_list_for_sm90(kinds: int, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True,
+                          weight_interleave=1):
+    """Compile the tile-list kernel (``launch_nvfp4_wgmma_pipe(..., tile_list=True)``) for sm_90 without a GPU;
+    ``kinds``: its KINDS (5: list A's 128- and 64-row tiles, 2: list B's 96-row tiles)."""
+    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "stride_xm", "stride_we", "stride_wn",
+               "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+    extra = dict(STAGES=PIPE_CONFIG[4], **({"W_IL": weight_interleave} if weight_interleave > 1 else {}),
+                 KINDS=kinds)
+    return compile_sm90(_nvfp4_wgmma_pipe_list_kernel, scalars, tuple(PIPE_CONFIG[:3]), PIPE_CONFIG[3],
+                        grouped=True, row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                        extra_signature=dict(tile_list_ptr="*i32"), extra_constants=extra)
+
+
+def tile_list_capacity(num_rows: int, num_experts: int, row_lo: int, own_pad: bool) -> int:
+    """Host bound on the items of the tile list (any routing of ``num_rows`` rows with non-decreasing offsets):
+    at most ``min(E, T // (row_lo + 1))`` experts take tiles, each at most two besides ``r // 128`` (a 128-row
+    expert's ``cdiv(r, 128) < r / 128 + 1``), plus the padding rows' ``cdiv(T, 128)`` zero tiles."""
+    experts = min(num_experts, num_rows // (row_lo + 1))
+    return 2 * experts + num_rows // 128 + 1 + (triton.cdiv(num_rows, 128) if own_pad else 0)
+
+
+def tile_list_reference(offsets, num_rows: int, row_lo: int = 0, own_pad: bool = True) -> tuple[list, list]:
+    """The two tile lists in Python (tests): ([(expert, first row, the expert's row end, kind)] of list A, of list B),
+    in the kernel's order."""
+    e64, e96, e128, e192 = PIPE_LIST_EDGES
+    ends = [min(max(int(v), 0), num_rows) for v in offsets]
+    starts = [0] + ends[:-1]
+    kinds = {0: [], 1: [], 2: []}
+    for e, (s, end) in enumerate(zip(starts, ends)):
+        r = max(end - s, 0)
+        if r <= row_lo:
+            continue
+        if r <= e64:
+            tiles = [(2, 0)]
+        elif r <= e96:
+            tiles = [(1, 0)]
+        elif r <= e128:
+            tiles = [(0, 0)]
+        elif r <= e192:
+            tiles = [(1, 0), (1, 96)]
+        else:
+            tiles = [(0, j) for j in range(0, r, 128)]
+        for kind, first in tiles:
+            kinds[kind].append((e, s + first, end, kind))
+    last = ends[-1] if ends else 0
+    pad = [(len(ends), j, num_rows, 0) for j in range(last, num_rows, 128)] if own_pad else []
+    return kinds[0] + kinds[2] + pad, kinds[1]
+
+
+def launch_tile_lists(expert_offsets: torch.Tensor, num_rows: int, num_experts: int, row_lo: int = 0,
+                      own_pad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device-built tile lists A and B (int32, ``4 + 4 x`` :func:`tile_list_capacity` each): one launch of
+    :func:`_pipe_tile_list_kernel`, no host read of the offsets (the interpreter runs it on CPU tensors)."""
+    capacity = tile_list_capacity(num_rows, num_experts, row_lo, own_pad)
+    lists = torch.empty(2, 4 + 4 * capacity, dtype=torch.int32, device=expert_offsets.device)
+    _pipe_tile_list_kernel[(1,)](expert_offsets, lists[0], lists[1], num_rows, num_experts, row_lo, int(own_pad),
+                                 capacity, *PIPE_LIST_EDGES, BLOCK_E=max(32, triton.next_power_of_2(num_experts + 1)),
+                                 num_warps=4)
+    return lists[0], lists[1]
 
 
 def pipe_supported(k: int, config=PIPE_CONFIG) -> bool:
@@ -401,6 +637,7 @@ def launch_nvfp4_wgmma_pipe(
     x_in_mma_order: bool = False,
     wait_depth: int | None = None,
     weight_interleave: int = 1,
+    tile_list: bool = False,
 ) -> torch.Tensor:
     """Launch the pipelined wgmma grouped GEMM (contract of
     :func:`megamoe.kernels.gemm.nvfp4_wgmma.launch_nvfp4_wgmma`, grouped only).
@@ -416,6 +653,9 @@ def launch_nvfp4_wgmma_pipe(
     :data:`PIPE_WAIT_DEPTH`); the same bits for every value. ``weight_interleave`` (1 or 4): ``data`` and
     ``block_scale`` hold groups of that many weight rows interleaved per 128-K step
     (:func:`megamoe.format.layouts.interleave_weight_rows`, ``NVFP4Tensor.row_interleave``; NOTES_gemm.md v21).
+    ``tile_list``: every expert with more than ``row_lo`` rows in ONE persistent launch over a device-built list of
+    128-, 96- and 64-row tiles (:data:`PIPE_LIST_EDGES`; the same bits as the band launches of those heights);
+    ``config`` (None: :data:`PIPE_CONFIG`'s ring), ``row_hi`` (None) and ``wait_depth`` (None or 1) are fixed then.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -429,6 +669,9 @@ def launch_nvfp4_wgmma_pipe(
     num_experts = data.shape[0]
     if num_rows == 0 or n == 0:
         return out
+    if tile_list and (config is not None or row_hi is not None or wait_depth not in (None, 1)):
+        raise ValueError("tile_list: the tile-list launch takes no config, row_hi or wait_depth other than 1 "
+                         f"(got config={config!r}, row_hi={row_hi!r}, wait_depth={wait_depth!r})")
     config = config or PIPE_CONFIG
     block_m, block_n, block_k, num_warps, stages = config[:5]
     per_sm = config[5] if len(config) > 5 else 1
@@ -448,6 +691,15 @@ def launch_nvfp4_wgmma_pipe(
     head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
+    if tile_list:  # list A: the 128- and 64-row tiles (and the padding rows), then list B: the 96-row tiles
+        items = tile_list_capacity(num_rows, num_experts, row_lo, own_pad)
+        programs = min(items * triton.cdiv(n, block_n), _num_sms(x.device.index or 0))
+        for tiles, kinds in zip(launch_tile_lists(expert_offsets, num_rows, num_experts, row_lo, own_pad), (5, 2)):
+            _nvfp4_wgmma_pipe_list_kernel[(programs,)](
+                *head, tiles, programs, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                num_warps=num_warps, STAGES=stages, KINDS=kinds, **flags,
+                **({"W_IL": weight_interleave} if weight_interleave > 1 else {}))
+        return out
     _nvfp4_wgmma_pipe_kernel[(programs,)](
         *head, programs, row_lo, int(own_pad), *strides, row_hi, BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,

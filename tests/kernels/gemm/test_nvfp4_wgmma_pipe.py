@@ -352,3 +352,155 @@ def test_cuda_pipe_tail_tile_same_bits_as_power_of_two_tile(tile_m):
         tail = _run(x, w, (t, width), expert_offsets=offsets, config=config, **kwargs)
         full = _run(x, w, (t, width), expert_offsets=offsets, config=power, **kwargs)
         assert torch.equal(tail, full)
+
+
+# ---- the tile lists: one persistent launch per list instead of one per band (NOTES_gemm.md v24) ----
+
+def _list_routings(rng):
+    """(counts, T) cases around the tile kinds' row edges: empty experts, one expert holding every row, padding."""
+    edges = [0, 1, 32, 33, 64, 65, 96, 97, 128, 129, 192, 193, 256, 257, 1000]
+    yield edges, sum(edges) + 5
+    yield [0, 0, 0], 7
+    yield [900, 0, 0, 0], 900
+    yield [0] * 7 + [300], 301
+    for _ in range(6):
+        counts = [rng.choice([0, rng.randrange(1, 40), rng.randrange(30, 200), rng.randrange(150, 700)])
+                  for _ in range(rng.randrange(1, 20))]
+        yield counts, sum(counts) + rng.randrange(0, 200)
+
+
+@pytest.mark.parametrize("row_lo,own_pad", [(32, True), (0, True), (100, False)])
+def test_tile_list_reference_covers_rows_once(row_lo, own_pad):
+    """Lists A + B take every row of the experts with more than ``row_lo`` rows exactly once (and the padding rows
+    with ``own_pad``), in tiles of their kind's height inside their expert; list A holds 128- then 64-row tiles then
+    padding, list B the 96-row tiles; both within the host capacity."""
+    import random
+
+    heights = {0: 128, 1: 96, 2: 64}
+    for counts, t in _list_routings(random.Random(row_lo)):
+        offsets = list(torch.tensor(counts).cumsum(0).tolist())
+        list_a, list_b = pipe.tile_list_reference(offsets, t, row_lo, own_pad)
+        cap = pipe.tile_list_capacity(t, len(counts), row_lo, own_pad)
+        assert len(list_a) <= cap and len(list_b) <= cap
+        assert [k for *_, k in list_b] == [1] * len(list_b)
+        kinds_a = [k for *_, k in list_a]
+        assert kinds_a == sorted(kinds_a, key=lambda k: (k != 0, k)) or kinds_a[-1] == 0  # 128, 64, then padding
+        covered = [0] * t
+        starts = [0] + offsets[:-1]
+        for expert, first, end, kind in list_a + list_b:
+            lo = starts[expert] if expert < len(counts) else offsets[-1]
+            hi = offsets[expert] if expert < len(counts) else t
+            assert lo <= first < end == hi
+            for r in range(first, min(first + heights[kind], end)):
+                covered[r] += 1
+        want = [0] * t
+        for e, c in enumerate(counts):
+            if c > row_lo:
+                want[starts[e]:starts[e] + c] = [1] * c
+        if own_pad:
+            want[offsets[-1]:] = [1] * (t - offsets[-1])
+        assert covered == want, counts
+
+
+def test_tile_list_kernel_matches_reference(device):
+    """The device-built lists (the interpreter on CPU) equal the Python reference, counts included; offsets that
+    decrease (against the contract) write no more than the capacity."""
+    import random
+
+    for counts, t in _list_routings(random.Random(1)):
+        offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
+        for row_lo, own_pad in ((32, True), (0, False)):
+            list_a, list_b = pipe.launch_tile_lists(offsets.to(device), t, len(counts), row_lo, own_pad)
+            ref_a, ref_b = pipe.tile_list_reference(offsets.tolist(), t, row_lo, own_pad)
+            for got, ref in ((list_a.cpu(), ref_a), (list_b.cpu(), ref_b)):
+                assert int(got[0]) == len(ref)
+                assert got[4:4 + 4 * len(ref)].view(-1, 4).tolist() == [list(item) for item in ref], counts
+    bad = torch.tensor([500, 0, 500, 0, 500], dtype=torch.int32, device=device)  # decreasing: 1500 rows claimed
+    cap = pipe.tile_list_capacity(500, 5, 32, True)
+    list_a, list_b = pipe.launch_tile_lists(bad, 500, 5, 32, True)
+    assert list_a.numel() == 4 + 4 * cap and int(list_a[0]) <= cap and int(list_b[0]) <= cap
+
+
+def test_tile_list_argument_rules():
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    for bad in (dict(config=pipe.PIPE_CONFIG), dict(row_hi=64), dict(wait_depth=2)):
+        with pytest.raises(ValueError, match="tile_list"):
+            pipe.launch_nvfp4_wgmma_pipe(x, torch.zeros(1, 8, 128, dtype=torch.uint8), None, None,
+                                         torch.empty(4, 8, dtype=torch.bfloat16), tile_list=True,
+                                         expert_offsets=torch.tensor([4], dtype=torch.int32), **bad)
+
+
+@gluon_only
+@pytest.mark.slow
+@pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
+@pytest.mark.parametrize("kinds", [5, 2])
+def test_sm90_tile_list_k_loops(tmp_path, kinds):
+    """The list kernels' K loops are the band kernels' (list A: the 128- and 64-row loops, 16 HGMMA per step; list
+    B: the 96-row loop, 32 HGMMA): no spill and two CTA barriers per step, and ptxas did not serialise the wgmmas
+    (the three kinds in one kernel did: C7512)."""
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    path = tmp_path / "kernel.cubin"
+    code = ("import sys; from megamoe.kernels.gemm.nvfp4_wgmma_pipe import compile_list_for_sm90; "
+            f"c = compile_list_for_sm90({kinds}, swiglu=True); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
+    subprocess.run([sys.executable, "-c", code, str(path)], env=env, check=True, timeout=600)
+    k_loops = [ops for _, ops in _inner_loops(path.read_bytes(), tmp_path) if ops["HGMMA"]]
+    assert [ops["HGMMA"] for ops in k_loops] == ([16, 16] if kinds == 5 else [32]), k_loops
+    for ops in k_loops:
+        assert not ops["LDL"] and not ops["STL"] and ops["BAR"] == 2, ops
+    sass = subprocess.run([_cuobjdump(), "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    levels = set(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass))
+    assert levels == ({"0x0", "0x1"} if kinds == 5 else {"0x0", "0x2"}), levels
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("interleave", [1, 4])
+def test_cuda_tile_list_same_bits_as_bands(monkeypatch, interleave):
+    """nvfp4_grouped_mm with PIPE_LIST (the bands above 32 rows as two tile-list launches) gives the bits of the band
+    launches, with the row gather and SwiGLU and without, on experts at every tile kind's row edges, empty experts,
+    padding rows and a hot expert; interleaved weights too."""
+    from megamoe.ops import gemm as ops_gemm
+
+    monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", True)
+    device = torch.device("cuda")
+    counts = [0, 1, 31, 32, 33, 64, 65, 96, 97, 128, 129, 192, 193, 900, 0, 40]
+    e, n, k = len(counts), 512, 1024
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    if interleave > 1:
+        w = w.interleave_rows(interleave)
+    t = sum(counts) + 9
+    x = torch.randn(t, k, device=device).bfloat16()
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    offsets = offsets_of(counts, device)
+    for kwargs in (dict(row_index=row_index, activation="swiglu", swiglu_limit=7.0), dict()):
+        monkeypatch.setattr(ops_gemm, "PIPE_LIST", False)
+        bands = ops_gemm.nvfp4_grouped_mm(x, w, offsets, **kwargs)
+        monkeypatch.setattr(ops_gemm, "PIPE_LIST", True)
+        plan = ops_gemm.plan_row_bands(t, e, k)
+        assert any(band.get("tile_list") for _, band in plan), plan
+        listed = ops_gemm.nvfp4_grouped_mm(x, w, offsets, **kwargs)
+        assert torch.equal(listed, bands)
+    assert rel_err(listed, grouped_f32(x, w, offsets_of(counts, "cpu"))) < 4e-3
+
+
+@pytest.mark.cuda
+def test_cuda_tile_list_sync_free_and_graph():
+    """The tile-list launch (lists built on the device) is sync-free and a captured graph follows a routing
+    rewritten in place, bit for bit with eager."""
+    device = torch.device("cuda")
+    e, n, k, t = 16, 512, 512, 3000
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    offsets = uniform_offsets(e, t, device)
+    x = torch.randn(t, k, device=device).bfloat16()
+    out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
+
+    def launch():
+        return pipe.launch_nvfp4_wgmma_pipe(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                            tile_list=True)
+
+    launch()
+    check_sync_free_and_graph(launch, x, offsets, t)
+    assert rel_err(out, grouped_f32(x, w, offsets)) < 4e-3

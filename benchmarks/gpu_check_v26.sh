@@ -7,6 +7,8 @@
 #        the pipelined kernel and the bands, then routed experts with PIPE_LIST off / on and the peer, 512-8192 tokens.
 #   c -> b's test run stopped at its time limit after 40 passing tests, before the tile-list CUDA tests: those, and the
 #        bands' CUDA tests.
+#   d -> a again, with names: the whole suite less the offline-compile ("slow", CPU-only) tests, 12 workers, -v so each
+#        result prints with its name as it lands.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -33,4 +35,8 @@ c)
   timeout 400 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
     tests/kernels/gemm/test_nvfp4_wgmma_pipe.py -k "tile_list" tests/ops/test_gemm_bands.py > "$OUT/c_tests.log" 2>&1
   grep -E "PASSED|FAILED|ERROR" "$OUT/c_tests.log" | grep -i "list\|FAIL\|ERROR" | head; tail -2 "$OUT/c_tests.log" ;;
+d)
+  timeout 540 python -m pytest -v -rfE --tb=line -p no:cacheprovider -n 12 -m "not slow" tests > "$OUT/d_tests.log" 2>&1
+  echo "pytest rc=$?"
+  grep -E " (FAILED|ERROR) " "$OUT/d_tests.log" | head -30; grep -cE " PASSED " "$OUT/d_tests.log"; tail -2 "$OUT/d_tests.log" ;;
 esac

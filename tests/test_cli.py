@@ -34,7 +34,8 @@ def test_readme_commands_are_the_ones_ci_runs():
 
 
 def test_generate_runs_on_cpu_default_in_under_a_minute():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # the CPU job even on a GPU machine (there the default is the V4-Flash-sized GPU job, minutes long)
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
         [sys.executable, "-m", "megamoe", "generate"], capture_output=True, text=True, timeout=60, env=env
     )
@@ -43,8 +44,8 @@ def test_generate_runs_on_cpu_default_in_under_a_minute():
 
 
 def test_moe_layer_job_runs_on_cpu_default():
-    # as a user runs it: without the interpreter the test-suite switched on
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # as a user runs it: without the interpreter the test-suite switched on (and the CPU job on a GPU machine too)
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
         [sys.executable, "-m", "megamoe", "run"], capture_output=True, text=True, timeout=300, env=env
     )

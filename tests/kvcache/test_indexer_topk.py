@@ -49,19 +49,22 @@ def test_indexer_topk_fused_matches_unfused(device, k):
         out = ops.indexer_topk(p, cache.block_table, q, w, slots, n, scores, k, workspace=ws)
         assert torch.equal(scores, want_scores)
         assert torch.equal(out.cpu(), want)
-        assert bool((ws[:, 0] == 0).all())
+        if ws.shape[1]:  # the split path's arrival counters (a GPU plan at this size needs no workspace)
+            assert bool((ws[:, 0] == 0).all())
     assert (out[2] == -1).all() and (out[1] >= 0).all()
-    # tile maxima written by the scoring kernel: the maximum order-preserving key of each tile
-    from megamoe.kernels.kvcache.indexer import BLOCK_T
+    if plan.path == "split":
+        # tile maxima written by the scoring kernel: the maximum order-preserving key of each tile
+        from megamoe.kernels.kvcache.indexer import BLOCK_T
 
-    blk = BLOCK_T["interpreter" if interp else "gpu"]
-    nt = T // blk
-    tiles = ws[:, kt.tile_maxima_offset():kt.tile_maxima_offset() + nt].cpu()
-    assert torch.equal(tiles, _ordered(want_scores.cpu()).view(B, nt, blk).amax(-1))
+        blk = BLOCK_T["interpreter" if interp else "gpu"]
+        nt = T // blk
+        tiles = ws[:, kt.tile_maxima_offset():kt.tile_maxima_offset() + nt].cpu()
+        assert torch.equal(tiles, _ordered(want_scores.cpu()).view(B, nt, blk).amax(-1))
     # without a workspace (allocated inside) and through select_topk's semantics
     assert torch.equal(ops.indexer_topk(p, cache.block_table, q, w, slots, n, scores, k).cpu(), want)
-    with pytest.raises(ValueError, match="workspace"):
-        ops.indexer_topk(p, cache.block_table, q, w, slots, n, scores, k, workspace=ws[:, :10].contiguous())
+    if ws.shape[1] > 10:
+        with pytest.raises(ValueError, match="workspace"):
+            ops.indexer_topk(p, cache.block_table, q, w, slots, n, scores, k, workspace=ws[:, :10].contiguous())
     with pytest.raises(ValueError, match="k"):
         ops.indexer_topk(p, cache.block_table, q, w, slots, n, scores, 0)
 

@@ -157,7 +157,8 @@ def _indexer_scores_kernel(
             if unfoldable != 0:  # rare: a scale outside the foldable range (or NaN): exact per-block path
                 logits = _official_exact_logits(key_data_ptr, key_scale_ptr, q_row, src, live,
                                                 H, KEY_DIM, BLOCK, INTERPRET) * 256.0
-        score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
+        # relu that keeps NaN (a NaN key scale must give a NaN score): the GPU max.f32 returns the non-NaN operand
+        score = tl.sum(tl.maximum(logits, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :], axis=1)
         score = tl.where(live, score, float("-inf"))
         tl.store(out_row + t, score, mask=t < max_entries)
         if EMIT_MAX:  # v3: the tile's maximum order-preserving key (the top-k's row maximum without a pass)

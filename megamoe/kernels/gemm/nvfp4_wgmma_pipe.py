@@ -84,6 +84,9 @@ PIPE_SMALL_CONFIGS = {16: (16, 128, 128, 4, 8, 2), 32: (32, 128, 128, 4, 6, 2)}
 # The ring is PIPE_CONFIG's (4 stages, 200 KB); the shorter tiles use the first 64 / 96 rows of its x slots, which
 # the 64- and 96-row band configs' 4-stage rings hold as well, so every tile is computed as its band computes it.
 PIPE_LIST_EDGES = (64, 96, 128, 192)
+# List B's kernel starts on the SMs that list A's programs free (programmatic dependent launch; the list kernel's
+# OVERLAP) instead of after list A's last program: env MEGAMOE_PIPE_LIST_OVERLAP (read at import), "1" (default) on.
+PIPE_LIST_OVERLAP = os.environ.get("MEGAMOE_PIPE_LIST_OVERLAP", "1").strip() not in ("", "0")
 SUB_K = 32  # K per wgmma of the chain: one packed word per lane
 # Sub-steps (each 4 wgmmas: 2 m64 tiles x 2 k16) left in flight when the next one is decoded: 1 (default) waits for
 # the one before; 2 / 3 keep one / two more A operand sets live (16 registers each). Offline sm_90 (2026-11-26): all
@@ -392,21 +395,28 @@ if GLUON_AVAILABLE:
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
 
 
-    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows"])
+    @gluon.jit(do_not_specialize=["num_rows", "num_src_rows"])
     def _nvfp4_wgmma_pipe_list_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
-        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, tile_list_ptr, num_programs,
+        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, tile_list_ptr,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUPED: gl.constexpr,
         HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr,
         ERR_FLAG: gl.constexpr, num_warps: gl.constexpr, STAGES: gl.constexpr = 4, W_IL: gl.constexpr = 1,
-        KINDS: gl.constexpr = 5,
+        KINDS: gl.constexpr = 5, OVERLAP: gl.constexpr = 0,
     ):
         """The pipelined GEMM over a device-built tile list (:func:`_pipe_tile_list_kernel`): one persistent launch
         for tiles of 128, 96 (64 + 32) and 64 token rows (kinds 0, 1, 2), each computed exactly as the band kernel
         of that height computes it (the same wgmmas in the same order). One ring sized for the 128-row tile; the
         shorter tiles use the first 64 rows of its x slots as their head and the next 32 as the 96-row tile's tail.
-        ``offsets_ptr`` and ``num_rows`` are not read (the list holds the schedule)."""
+        ``offsets_ptr`` and ``num_rows`` are not read (the list holds the schedule).
+
+        Programs take items dynamically (a relaxed atomic on the list's counter ``list[1]``, which the builder
+        zeroes), so programs that start late take fewer. OVERLAP 1 (list A): let the next kernel launch at once
+        (``griddepcontrol.launch_dependents``); OVERLAP 2 (list B, launched with PDL): start on the SMs that list A's
+        programs free, independent of them (disjoint rows, inputs written before list A began), and wait for list A
+        only before exiting (``griddepcontrol.wait``), so that whatever follows on the stream sees both lists'
+        rows."""
         gl.static_assert(BLOCK_M == 128 and BLOCK_K == 128 and STAGES >= 3)
         x_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
@@ -423,9 +433,12 @@ if GLUON_AVAILABLE:
         TAIL96: gl.constexpr = 0 if KINDS == 2 else 32
         x_bf16 = x_ptr.to(gl.pointer_type(gl.bfloat16), bitcast=True)
         n_tiles = (N + BLOCK_N - 1) // BLOCK_N
+        if OVERLAP == 1:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
         total_work = gl.load(tile_list_ptr) * n_tiles
 
-        work = gl.program_id(0)
+        work = gl.atomic_add(tile_list_ptr + 1, 1, sem="relaxed")
         bad_rows = 0  # row_index values outside [0, num_src_rows) (flagged once)
         while work < total_work:
             item = tile_list_ptr + 4 + 4 * (work // n_tiles)
@@ -461,10 +474,13 @@ if GLUON_AVAILABLE:
                         swiglu_limit, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn,
                         stride_om, 64, 0, BLOCK_N, BLOCK_K, HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT, ERR_FLAG,
                         num_warps, STAGES, 1, W_IL, 0, 64)
-            work += num_programs
+            work = gl.atomic_add(tile_list_ptr + 1, 1, sem="relaxed")
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+        if OVERLAP == 2:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
 
 
 @triton.jit
@@ -472,7 +488,7 @@ def _pipe_tile_list_kernel(offsets_ptr, list_a_ptr, list_b_ptr, num_rows, num_ex
                            HI_64: tl.constexpr, HI_96: tl.constexpr, HI_128: tl.constexpr, HI_96X2: tl.constexpr,
                            BLOCK_E: tl.constexpr):
     """The two tile lists of :func:`_nvfp4_wgmma_pipe_list_kernel`, from ``expert_offsets`` on the device (one
-    program). A list: ``list[0]`` = its number of items, item i = ``list[4 + 4 i: 8 + 4 i]`` = (expert, first row,
+    program). A list: ``list[0]`` = its number of items, ``list[1]`` = 0 (the list kernel's work counter), item i = ``list[4 + 4 i: 8 + 4 i]`` = (expert, first row,
     the expert's row end, kind). Experts with ``row_lo < r`` rows: r <= HI_64 one 64-row tile (kind 2), <= HI_96 one
     96-row tile (kind 1), <= HI_128 one 128-row tile (kind 0), <= HI_96X2 two 96-row tiles, beyond that 128-row
     tiles. List A: the kind-0 tiles, then the kind-2 tiles (each in expert order: the longest first, so the
@@ -501,6 +517,8 @@ def _pipe_tile_list_kernel(offsets_ptr, list_a_ptr, list_b_ptr, num_rows, num_ex
     first96 = tl.cumsum(n96, axis=0) - n96
     tl.store(list_a_ptr, tl.minimum(first_pad + tl.sum(npad, axis=0), capacity))
     tl.store(list_b_ptr, tl.minimum(tl.sum(n96, axis=0), capacity))
+    tl.store(list_a_ptr + 1, 0)  # the list kernels' work counters
+    tl.store(list_b_ptr + 1, 0)
     most = tl.max(n128 + n96 + n64 + npad, axis=0)
     j = 0
     while j < most:  # tile j of every lane at once (a while loop: the interpreter's range() takes no device value)
@@ -550,13 +568,13 @@ def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=F
 
 
 def compile_list_for_sm90(kinds: int, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True,
-                          weight_interleave=1):
+                          weight_interleave=1, overlap=0):
     """Compile the tile-list kernel (``launch_nvfp4_wgmma_pipe(..., tile_list=True)``) for sm_90 without a GPU;
-    ``kinds``: its KINDS (5: list A's 128- and 64-row tiles, 2: list B's 96-row tiles)."""
-    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "stride_xm", "stride_we", "stride_wn",
-               "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+    ``kinds``: its KINDS (5: list A's 128- and 64-row tiles, 2: list B's 96-row tiles); ``overlap``: its OVERLAP."""
+    scalars = ["num_rows", "N", "K", "num_experts", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_sn",
+               "stride_ge", "stride_gn", "stride_om"]
     extra = dict(STAGES=PIPE_CONFIG[4], **({"W_IL": weight_interleave} if weight_interleave > 1 else {}),
-                 KINDS=kinds)
+                 KINDS=kinds, **({"OVERLAP": overlap} if overlap else {}))
     return compile_sm90(_nvfp4_wgmma_pipe_list_kernel, scalars, tuple(PIPE_CONFIG[:3]), PIPE_CONFIG[3],
                         grouped=True, row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=dict(tile_list_ptr="*i32"), extra_constants=extra)
@@ -694,11 +712,14 @@ def launch_nvfp4_wgmma_pipe(
     if tile_list:  # list A: the 128- and 64-row tiles (and the padding rows), then list B: the 96-row tiles
         items = tile_list_capacity(num_rows, num_experts, row_lo, own_pad)
         programs = min(items * triton.cdiv(n, block_n), _num_sms(x.device.index or 0))
-        for tiles, kinds in zip(launch_tile_lists(expert_offsets, num_rows, num_experts, row_lo, own_pad), (5, 2)):
+        overlap = PIPE_LIST_OVERLAP and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+        for tiles, kinds, role in zip(launch_tile_lists(expert_offsets, num_rows, num_experts, row_lo, own_pad),
+                                      (5, 2), (1, 2)):
             _nvfp4_wgmma_pipe_list_kernel[(programs,)](
-                *head, tiles, programs, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                *head, tiles, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                 num_warps=num_warps, STAGES=stages, KINDS=kinds, **flags,
-                **({"W_IL": weight_interleave} if weight_interleave > 1 else {}))
+                **({"W_IL": weight_interleave} if weight_interleave > 1 else {}),
+                **({"OVERLAP": role, "launch_pdl": role == 2} if overlap else {}))
         return out
     _nvfp4_wgmma_pipe_kernel[(programs,)](
         *head, programs, row_lo, int(own_pad), *strides, row_hi, BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,

@@ -17,6 +17,8 @@
 #   h -> list kernels v2: programs take items from an atomic counter (dynamic), and list B's kernel starts on the SMs list
 #        A's programs free (PDL: A triggers at once, B waits for A only before exiting). Tile-list CUDA tests and the
 #        CLI CPU-job tests (now with the GPU hidden), then b's benchmark again (bands vs lists v2 in one run).
+#   i -> the EP bit-equality test on this machine's AVX-512 CPU under pinned code paths, three fixed seeds each: ATen's
+#        vector ISA, oneDNN's, and both with MKL's (f's passes drew one random seed each).
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -82,4 +84,13 @@ h)
   timeout 160 python benchmarks/bench_peer.py --configs v4-pro --tokens 2048,4096 --routings uniform,zipf,all-on-k \
     --interleaved --both-list --no-bf16 --rep-ms 40 --budget-s 140 --out-dir "$OUT" --tag h_list2_pro \
     2>&1 | grep -v "^  " | tail -1 ;;
+i)
+  for env in "X=1" "ATEN_CPU_CAPABILITY=avx2" "ONEDNN_MAX_CPU_ISA=AVX2" \
+             "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2"; do
+    for seed in 11 22 33; do
+      env $env MEGAMOE_TEST_SEED=$seed timeout 60 python -m pytest -q -p no:cacheprovider --tb=no \
+        "tests/distributed/test_ep_generate.py::test_generate_matches_single_process_bit_for_bit[2]" 2>&1 \
+        | tail -1 | sed "s/^/$env seed $seed: /"
+    done
+  done ;;
 esac

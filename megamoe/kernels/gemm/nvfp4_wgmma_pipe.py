@@ -406,10 +406,11 @@ if GLUON_AVAILABLE:
         KINDS: gl.constexpr = 5, OVERLAP: gl.constexpr = 0,
     ):
         """The pipelined GEMM over a device-built tile list (:func:`_pipe_tile_list_kernel`): one persistent launch
-        for tiles of 128, 96 (64 + 32) and 64 token rows (kinds 0, 1, 2), each computed exactly as the band kernel
-        of that height computes it (the same wgmmas in the same order). One ring sized for the 128-row tile; the
-        shorter tiles use the first 64 rows of its x slots as their head and the next 32 as the 96-row tile's tail.
-        ``offsets_ptr`` and ``num_rows`` are not read (the list holds the schedule).
+        for the list's tiles of 128, 96 (64 + 32) or 64 token rows (kinds 0, 1, 2; KINDS is the bit set of those it
+        compiles: 5 for list A, 2 for list B), each computed exactly as the band kernel of that height computes it
+        (the same wgmmas in the same order). List A: one ring sized for the 128-row tile, whose 64-row tiles use the
+        first 64 rows of each x slot; list B: the 96-row band kernel's head and tail rings. ``offsets_ptr`` and
+        ``num_rows`` are not read (the list holds the schedule).
 
         Programs take items dynamically (a relaxed atomic on the list's counter ``list[1]``, which the builder
         zeroes), so programs that start late take fewer. OVERLAP 1 (list A): let the next kernel launch at once
@@ -488,13 +489,15 @@ def _pipe_tile_list_kernel(offsets_ptr, list_a_ptr, list_b_ptr, num_rows, num_ex
                            HI_64: tl.constexpr, HI_96: tl.constexpr, HI_128: tl.constexpr, HI_96X2: tl.constexpr,
                            BLOCK_E: tl.constexpr):
     """The two tile lists of :func:`_nvfp4_wgmma_pipe_list_kernel`, from ``expert_offsets`` on the device (one
-    program). A list: ``list[0]`` = its number of items, ``list[1]`` = 0 (the list kernel's work counter), item i = ``list[4 + 4 i: 8 + 4 i]`` = (expert, first row,
-    the expert's row end, kind). Experts with ``row_lo < r`` rows: r <= HI_64 one 64-row tile (kind 2), <= HI_96 one
-    96-row tile (kind 1), <= HI_128 one 128-row tile (kind 0), <= HI_96X2 two 96-row tiles, beyond that 128-row
-    tiles. List A: the kind-0 tiles, then the kind-2 tiles (each in expert order: the longest first, so the
-    persistent walk balances), then with ``own_pad`` the padding rows ``[offsets[E-1], T)`` as expert E in 128-row
-    zero tiles; list B: the kind-1 tiles. At most ``capacity`` items per list (the host bound; only offsets that
-    decrease, against the contract, could need more)."""
+    program). A list: ``list[0]`` = its number of items, ``list[1]`` = 0 (the list kernel's work counter), item
+    i = ``list[4 + 4 i: 8 + 4 i]`` = (expert, first row, the expert's row end, kind).
+
+    Experts with ``row_lo < r`` rows: r <= HI_64 one 64-row tile (kind 2), <= HI_96 one 96-row tile (kind 1),
+    <= HI_128 one 128-row tile (kind 0), <= HI_96X2 two 96-row tiles, beyond that 128-row tiles. List A: the kind-0
+    tiles, then the kind-2 tiles (each in expert order: the longest first, so the persistent walk balances), then
+    with ``own_pad`` the padding rows ``[offsets[E-1], T)`` as expert E in 128-row zero tiles; list B: the kind-1
+    tiles. At most ``capacity`` items per list (the host bound; only offsets that decrease, against the contract,
+    could need more)."""
     lane = tl.arange(0, BLOCK_E)
     ends = tl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
     prev = tl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)

@@ -202,7 +202,10 @@ def test_cuda_pipe_wait_depth_same_bits(depth):
 
 
 @pytest.mark.cuda
-def test_cuda_pipe_sync_free_and_graph():
+@pytest.mark.parametrize("tile_list", [False, True])
+def test_cuda_pipe_sync_free_and_graph(tile_list):
+    """Sync-free, and a captured graph follows a routing rewritten in place bit for bit with eager; with
+    ``tile_list`` the launch's tile lists are built on the device at every replay."""
     device = torch.device("cuda")
     e, n, k, t = 16, 512, 512, 3000
     w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
@@ -211,7 +214,8 @@ def test_cuda_pipe_sync_free_and_graph():
     out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
 
     def launch():
-        return pipe.launch_nvfp4_wgmma_pipe(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets)
+        return pipe.launch_nvfp4_wgmma_pipe(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                            tile_list=tile_list)
 
     launch()
     check_sync_free_and_graph(launch, x, offsets, t)
@@ -486,23 +490,3 @@ def test_cuda_tile_list_same_bits_as_bands(monkeypatch, interleave):
         listed = ops_gemm.nvfp4_grouped_mm(x, w, offsets, **kwargs)
         assert torch.equal(listed, bands)
     assert rel_err(listed, grouped_f32(x, w, offsets_of(counts, "cpu"))) < 4e-3
-
-
-@pytest.mark.cuda
-def test_cuda_tile_list_sync_free_and_graph():
-    """The tile-list launch (lists built on the device) is sync-free and a captured graph follows a routing
-    rewritten in place, bit for bit with eager."""
-    device = torch.device("cuda")
-    e, n, k, t = 16, 512, 512, 3000
-    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
-    offsets = uniform_offsets(e, t, device)
-    x = torch.randn(t, k, device=device).bfloat16()
-    out = torch.empty(t, n, dtype=torch.bfloat16, device=device)
-
-    def launch():
-        return pipe.launch_nvfp4_wgmma_pipe(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
-                                            tile_list=True)
-
-    launch()
-    check_sync_free_and_graph(launch, x, offsets, t)
-    assert rel_err(out, grouped_f32(x, w, offsets)) < 4e-3

@@ -77,12 +77,12 @@ PIPE_BM16_CONFIG = (16, 256, 128, 8, 6)  # compiles (161 registers) and is teste
 # the same bits); three programs per SM (5 stages, maxnreg 168), 8-row tiles, wait depth 2 / 3 and one 32-row band
 # for all <= 32-row experts were measured slower or equal there.
 PIPE_SMALL_CONFIGS = {16: (16, 128, 128, 4, 8, 2), 32: (32, 128, 128, 4, 6, 2)}
-# One launch for the bands above 32 rows (``tile_list``; NOTES_gemm.md v24): a device-built list of tiles of three
-# heights walked by one persistent grid, instead of one launch per band (each ending in a partial wave). The row edges
-# of its tile kinds, the band plan's above 32 rows: <= 64 rows one 64-row tile (PIPE_BAND_CONFIGS[64]), <= 96 one
-# 96-row (64 + 32) tile and <= 128 one 128-row tile (PIPE_TAIL_BANDS), <= 192 two 96-row tiles, then 128-row tiles.
-# The ring is PIPE_CONFIG's (4 stages, 200 KB); the shorter tiles use the first 64 / 96 rows of its x slots, which
-# the 64- and 96-row band configs' 4-stage rings hold as well, so every tile is computed as its band computes it.
+# The bands above 32 rows as device-built tile lists (``tile_list``; NOTES_gemm.md v24), each walked by one persistent
+# grid, instead of one launch per band (each ending in a partial wave). The row edges of the tile kinds, the band
+# plan's above 32 rows: <= 64 rows one 64-row tile (PIPE_BAND_CONFIGS[64]), <= 96 one 96-row (64 + 32) tile and <= 128
+# one 128-row tile (PIPE_TAIL_BANDS), <= 192 two 96-row tiles, then 128-row tiles. List A (128- and 64-row tiles)
+# runs PIPE_CONFIG's ring (4 stages, 200 KB), its 64-row tiles in the first 64 rows of each x slot; list B (96-row
+# tiles) the 96-row band config's rings. Every tile is computed as its band computes it (the same bits).
 PIPE_LIST_EDGES = (64, 96, 128, 192)
 # List B's kernel starts on the SMs that list A's programs free (programmatic dependent launch; the list kernel's
 # OVERLAP) instead of after list A's last program: env MEGAMOE_PIPE_LIST_OVERLAP (read at import), "1" (default) on.

@@ -34,12 +34,17 @@ from triton.language import core
 PDL_ENABLED = os.environ.get("MEGAMOE_PDL", "0").strip() == "1"
 
 
-def pdl_enabled(t: torch.Tensor) -> bool:
-    """Whether a launch on ``t``'s device uses PDL: the switch, a CUDA device of compute capability >= 9,
-    not the Triton interpreter (host decision from metadata only)."""
-    if not (PDL_ENABLED and t.is_cuda) or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+def pdl_supported(t: torch.Tensor) -> bool:
+    """Whether a launch on ``t``'s device can use PDL: a CUDA device of compute capability >= 9, not the Triton
+    interpreter (host decision from metadata only)."""
+    if not t.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     return torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def pdl_enabled(t: torch.Tensor) -> bool:
+    """Whether a launch on ``t``'s device uses PDL: the switch and :func:`pdl_supported`."""
+    return PDL_ENABLED and pdl_supported(t)
 
 
 def _compiled_only(fn):
@@ -81,11 +86,22 @@ try:  # the Gluon twin (the same PTX through Gluon's inline asm)
     from triton.experimental.gluon import language as gl
 
     @gluon.jit
+    def gl_wait_for_previous_grid():
+        """``griddepcontrol.wait``: block until the previous kernel on the stream has completed and its writes are
+        visible (a no-op for a kernel launched without PDL)."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def gl_launch_dependents():
+        """``griddepcontrol.launch_dependents``: let the next kernel on the stream (launched with PDL) start once
+        every CTA of this grid has executed it or exited."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
     def gl_grid_dependency_prologue(ENABLED: gl.constexpr):
         if ENABLED:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            gl_wait_for_previous_grid()
+            gl_launch_dependents()
 except ImportError:  # no Gluon in this Triton: only the Triton kernels use PDL
-    gl_grid_dependency_prologue = None
+    gl_grid_dependency_prologue = gl_wait_for_previous_grid = gl_launch_dependents = None

@@ -175,6 +175,20 @@ def _mma_step(
 # num_rows / num_programs change from call to call: no value specialisation, so a warmed-up
 # model never recompiles when the token count changes (only the config bucket can).
 @triton.jit
+def expert_row_ranges(offsets_ptr, num_rows, num_experts, BLOCK_E: tl.constexpr):
+    """Per lane of ``BLOCK_E`` (lane e < E: expert e, lane E: the padding pseudo-expert ``[offsets[E-1], T)``, later
+    lanes empty): (lane, starts, ends, counts), row ranges clamped to ``[0, num_rows]`` (counts >= 0 even where
+    offsets decrease against the contract)."""
+    lane = tl.arange(0, BLOCK_E)
+    ends = tl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
+    prev = tl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
+    starts = tl.where(lane > num_experts, num_rows, prev)
+    ends = tl.minimum(tl.maximum(ends, 0), num_rows)
+    starts = tl.minimum(tl.maximum(starts, 0), num_rows)
+    return lane, starts, ends, tl.maximum(ends - starts, 0)
+
+
+@triton.jit
 def _tile_table(offsets_ptr, num_rows, num_experts, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
                 GROUPED: tl.constexpr):
     """The m-tile table the persistent grouped kernels walk: (lane, starts, ends, tiles, tile_ends, total_tiles).
@@ -182,13 +196,7 @@ def _tile_table(offsets_ptr, num_rows, num_experts, BLOCK_M: tl.constexpr, BLOCK
     [offsets[E-1], T); m-tiles per expert and their inclusive prefix sums. Dense: only ``total_tiles`` (the
     other entries are unused placeholders for :func:`_work_rows`)."""
     if GROUPED:
-        lane = tl.arange(0, BLOCK_E)
-        ends = tl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
-        prev = tl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
-        starts = tl.where(lane > num_experts, num_rows, prev)
-        ends = tl.minimum(tl.maximum(ends, 0), num_rows)
-        starts = tl.minimum(tl.maximum(starts, 0), num_rows)
-        counts = tl.maximum(ends - starts, 0)
+        lane, starts, ends, counts = expert_row_ranges(offsets_ptr, num_rows, num_experts, BLOCK_E)
         tiles = (counts + BLOCK_M - 1) // BLOCK_M
         tile_ends = tl.cumsum(tiles, 0)
         total_tiles = tl.sum(tiles, 0)

@@ -36,8 +36,9 @@ import triton
 import triton.language as tl
 
 from ...format.mma_order import MMA_K_GROUP
+from ..pdl import gl_launch_dependents, gl_wait_for_previous_grid, pdl_supported
 from .mma_k_order import launch_to_mma_k_order
-from .nvfp4_gemm import _num_sms
+from .nvfp4_gemm import _num_sms, expert_row_ranges
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, check_weight_interleave, compile_sm90, kernel_arguments
 from .nvfp4_mma_decode import ROW_HI_UNBOUNDED
 
@@ -435,8 +436,7 @@ if GLUON_AVAILABLE:
         x_bf16 = x_ptr.to(gl.pointer_type(gl.bfloat16), bitcast=True)
         n_tiles = (N + BLOCK_N - 1) // BLOCK_N
         if OVERLAP == 1:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            gl_launch_dependents()
         total_work = gl.load(tile_list_ptr) * n_tiles
 
         work = gl.atomic_add(tile_list_ptr + 1, 1, sem="relaxed")
@@ -480,8 +480,7 @@ if GLUON_AVAILABLE:
             if ERR_FLAG != 0:
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
         if OVERLAP == 2:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
+            gl_wait_for_previous_grid()
 
 
 @triton.jit
@@ -498,13 +497,7 @@ def _pipe_tile_list_kernel(offsets_ptr, list_a_ptr, list_b_ptr, num_rows, num_ex
     with ``own_pad`` the padding rows ``[offsets[E-1], T)`` as expert E in 128-row zero tiles; list B: the kind-1
     tiles. At most ``capacity`` items per list (the host bound; only offsets that decrease, against the contract,
     could need more)."""
-    lane = tl.arange(0, BLOCK_E)
-    ends = tl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)
-    prev = tl.load(offsets_ptr + lane - 1, mask=(lane >= 1) & (lane <= num_experts), other=0)
-    starts = tl.where(lane > num_experts, num_rows, prev)
-    ends = tl.minimum(tl.maximum(ends, 0), num_rows)
-    starts = tl.minimum(tl.maximum(starts, 0), num_rows)
-    counts = tl.maximum(ends - starts, 0)
+    lane, starts, ends, counts = expert_row_ranges(offsets_ptr, num_rows, num_experts, BLOCK_E)
     band = (lane < num_experts) & (counts > row_lo)
     n64 = tl.where(band & (counts <= HI_64), 1, 0)
     n96 = tl.where(band & (counts > HI_64) & (counts <= HI_96), 1,
@@ -674,9 +667,11 @@ def launch_nvfp4_wgmma_pipe(
     :data:`PIPE_WAIT_DEPTH`); the same bits for every value. ``weight_interleave`` (1 or 4): ``data`` and
     ``block_scale`` hold groups of that many weight rows interleaved per 128-K step
     (:func:`megamoe.format.layouts.interleave_weight_rows`, ``NVFP4Tensor.row_interleave``; NOTES_gemm.md v21).
-    ``tile_list``: every expert with more than ``row_lo`` rows in ONE persistent launch over a device-built list of
-    128-, 96- and 64-row tiles (:data:`PIPE_LIST_EDGES`; the same bits as the band launches of those heights);
-    ``config`` (None: :data:`PIPE_CONFIG`'s ring), ``row_hi`` (None) and ``wait_depth`` (None or 1) are fixed then.
+    ``tile_list``: every expert with more than ``row_lo`` rows in two persistent launches over device-built lists
+    (:func:`launch_tile_lists`): list A's 128- and 64-row tiles, then list B's 96-row tiles, started on the SMs list
+    A frees when :data:`PIPE_LIST_OVERLAP` is on (:data:`PIPE_LIST_EDGES`; the same bits as the band launches of those
+    heights); ``config`` (None: :data:`PIPE_CONFIG`'s ring), ``row_hi`` (None) and ``wait_depth`` (None or 1) are
+    fixed then.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -715,7 +710,7 @@ def launch_nvfp4_wgmma_pipe(
     if tile_list:  # list A: the 128- and 64-row tiles (and the padding rows), then list B: the 96-row tiles
         items = tile_list_capacity(num_rows, num_experts, row_lo, own_pad)
         programs = min(items * triton.cdiv(n, block_n), _num_sms(x.device.index or 0))
-        overlap = PIPE_LIST_OVERLAP and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
+        overlap = PIPE_LIST_OVERLAP and pdl_supported(x)
         for tiles, kinds, role in zip(launch_tile_lists(expert_offsets, num_rows, num_experts, row_lo, own_pad),
                                       (5, 2), (1, 2)):
             _nvfp4_wgmma_pipe_list_kernel[(programs,)](

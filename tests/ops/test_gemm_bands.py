@@ -230,6 +230,30 @@ def test_cuda_banded_skewed_matches_float32(monkeypatch, kind, t, hint, pipe_ban
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("t", [7, 56, 3000])
+def test_cuda_swiglu_limit_keeps_nan_rows(t):
+    """A NaN activation row through gate_up + SwiGLU with a clamp limit gives NaN outputs on every kernel the
+    op plans (decode, mma.sync and pipelined bands, the 128-row pipelined tile), as the reference's clamp does; the
+    other rows keep their values. (The Gluon epilogue's clamp was min.f32, which returns the limit for NaN: a NaN
+    token came out as limit * silu(limit).)"""
+    from gemm_helpers import random_weight
+    from megamoe.reference import gemm as ref_gemm
+
+    device = torch.device("cuda")
+    e, n, k = 16, 256, 512
+    counts = torch.tensor([t // 2, t // 4, 1] + [0] * 12 + [t - t // 2 - t // 4 - 1])
+    offsets = counts.cumsum(0).to(torch.int32).to(device)
+    w = ops_gemm.interleave_gate_up(random_weight((e, n, k), device, scale_shape=(e, 1, 1)))
+    x = torch.randn(t, k, device=device).bfloat16()
+    bad = sorted({0, t // 2, t - 1})  # the first rows of the largest expert, of the second, and the last expert's
+    x[bad, 3] = float("nan")
+    out = ops_gemm.nvfp4_grouped_mm(x, w, offsets, activation="swiglu", swiglu_limit=7.0)
+    ref = ref_gemm.nvfp4_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu(), activation="swiglu", swiglu_limit=7.0)
+    assert torch.isnan(ref[bad]).all()
+    assert torch.equal(torch.isnan(out.cpu()), torch.isnan(ref)), torch.isnan(out.cpu()).any(1).nonzero().flatten()
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("pipe_bands", [False, True])
 @pytest.mark.parametrize("t,hint", [(384, 64), (3000, None)])
 def test_cuda_banded_graph_replay_with_routing_moved(monkeypatch, t, hint, pipe_bands):

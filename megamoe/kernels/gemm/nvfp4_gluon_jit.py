@@ -36,6 +36,7 @@ import functools
 
 import torch
 import triton
+import triton.language as tl
 
 try:  # Gluon ships with Triton >= 3.5; this code uses its 3.6 API
     from triton.experimental import gluon
@@ -410,8 +411,11 @@ if GLUON_AVAILABLE:
             result = gl.where(is_real, result, 0.0)
             gate, up = gl.split(result.reshape([BLOCK_N // 2, 2, BLOCK_M]).permute([0, 2, 1]))
             if HAS_LIMIT:
-                gate = gl.minimum(gate, swiglu_limit)
-                up = gl.maximum(gl.minimum(up, swiglu_limit), -swiglu_limit)
+                # NaN-propagating (min.NaN): a plain minimum is min.f32 on the GPU, which returns the limit for a
+                # NaN gate / up, so a NaN token came out finite; the reference's clamp keeps NaN
+                gate = gl.minimum(gate, swiglu_limit, propagate_nan=tl.PropagateNan.ALL)
+                up = gl.maximum(gl.minimum(up, swiglu_limit, propagate_nan=tl.PropagateNan.ALL), -swiglu_limit,
+                                propagate_nan=tl.PropagateNan.ALL)
             y = gate / (1.0 + gl.exp(-gate)) * up  # (BLOCK_N // 2, BLOCK_M)
             half_layout: gl.constexpr = y.type.layout
             half_cols = n_start // 2 + gl.arange(0, BLOCK_N // 2, layout=gl.SliceLayout(1, half_layout))

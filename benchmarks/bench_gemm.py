@@ -550,6 +550,7 @@ def run_w4a8(args):
     from megamoe.format.tensor import NVFP4Tensor
     from megamoe.kernels.fp8_act_quant import launch_fp8_act_quant
     from megamoe.kernels.gemm.nvfp4_w4a8 import launch_nvfp4_w4a8, select_w4a8_config
+    from megamoe.kernels.gemm.nvfp4_w4a8_pipe import launch_nvfp4_w4a8_pipe, w4a8_pipe_supported
     from megamoe.models.config import PRESETS
     from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm
     from megamoe.reference.quantize import dequantize
@@ -589,7 +590,15 @@ def run_w4a8(args):
                     xq, xs, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
                     swiglu=swiglu, swiglu_limit=10.0 if swiglu else None), rep)
                 rec["quantizer_us"] = bench(lambda: launch_fp8_act_quant(x, xq, xs), rep)
-                for key in ("w4a16", "w4a8", "w4a8_kernel"):
+                keys = ["w4a16", "w4a8", "w4a8_kernel"]
+                if w4a8_pipe_supported(x, w.data):  # w4a8 v2 alone, on activations quantized in its K order
+                    xq2 = torch.empty_like(xq)
+                    launch_fp8_act_quant(x, xq2, xs, mma_order=True)
+                    rec["w4a8_pipe_kernel_us"] = bench(lambda: launch_nvfp4_w4a8_pipe(
+                        xq2, xs, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                        swiglu=swiglu, swiglu_limit=10.0 if swiglu else None), rep)
+                    keys.append("w4a8_pipe_kernel")
+                for key in keys:
                     rec[key + "_tflops"] = rec["flops"] / rec[key + "_us"] / 1e6
                 rec["speedup_w4a8_vs_w4a16"] = rec["w4a16_us"] / rec["w4a8_us"]
                 # error vs the float32 w4a16 product on the first rows of the busiest expert (cheap)
@@ -608,8 +617,9 @@ def run_w4a8(args):
                 rows.append(rec)
                 print(f"{preset} {proj} {tokens} tokens: w4a16 {rec['w4a16_us']:.1f} us "
                       f"({rec['w4a16_tflops']:.0f} TFLOP/s), w4a8 {rec['w4a8_us']:.1f} us "
-                      f"({rec['w4a8_tflops']:.0f} TFLOP/s; kernel {rec['w4a8_kernel_tflops']:.0f}), "
-                      f"{rec['speedup_w4a8_vs_w4a16']:.2f}x", flush=True)
+                      f"({rec['w4a8_tflops']:.0f} TFLOP/s; v1 kernel {rec['w4a8_kernel_tflops']:.0f}, "
+                      f"v2 kernel {rec.get('w4a8_pipe_kernel_tflops', 0):.0f}), "
+                      f"{rec['speedup_w4a8_vs_w4a16']:.2f}x, err w4a8 {rec['w4a8_rel_err_vs_f32']:.2e}", flush=True)
                 del x, out, xq, xs
             del w, data, scale_bytes
             torch.cuda.empty_cache()
@@ -620,16 +630,20 @@ def write_w4a8_markdown(rows, meta, path):
     lines = ["# W4A8 vs W4A16 grouped GEMMs (issue 13)", "",
              f"- date: {meta['date']}; device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}",
              f"- command: `{meta['command']}`",
-             "- w4a8 = FP8 quantizer + W4A8 kernel (the op); kernel = W4A8 kernel on pre-quantized activations; "
+             "- w4a8 = FP8 quantizer + the W4A8 kernel the op routes to (v2, the pipelined kernel, where it applies); "
+             "v1 / v2 kernel = that kernel alone on pre-quantized activations; "
              "TFLOP/s = 2*rows*N*K / time; errors vs the float32 w4a16 product (busiest expert, <= 256 rows)", "",
-             "| config | proj | tokens | rows | w4a16 us | w4a8 us | w4a8 kernel us | quantizer us | w4a16 TFLOP/s "
-             "| w4a8 TFLOP/s | kernel TFLOP/s | w4a8 / w4a16 speedup | w4a16 err | w4a8 err | w4a8 config |",
-             "|" + "---|" * 15]
+             "| config | proj | tokens | rows | w4a16 us | w4a8 us | v1 kernel us | v2 kernel us | quantizer us "
+             "| w4a16 TFLOP/s | w4a8 TFLOP/s | v1 kernel TFLOP/s | v2 kernel TFLOP/s | w4a8 / w4a16 speedup | w4a16 err "
+             "| w4a8 err | v1 config |",
+             "|" + "---|" * 17]
     for r in rows:
         lines.append(
             f"| {r['config']} | {r['projection']}{' +swiglu' if r['swiglu'] else ''} | {r['tokens']} | {r['rows']} "
-            f"| {r['w4a16_us']:.1f} | {r['w4a8_us']:.1f} | {r['w4a8_kernel_us']:.1f} | {r['quantizer_us']:.1f} "
+            f"| {r['w4a16_us']:.1f} | {r['w4a8_us']:.1f} | {r['w4a8_kernel_us']:.1f} "
+            f"| {r.get('w4a8_pipe_kernel_us', float('nan')):.1f} | {r['quantizer_us']:.1f} "
             f"| {r['w4a16_tflops']:.0f} | {r['w4a8_tflops']:.0f} | {r['w4a8_kernel_tflops']:.0f} "
+            f"| {r.get('w4a8_pipe_kernel_tflops', float('nan')):.0f} "
             f"| {r['speedup_w4a8_vs_w4a16']:.2f}x | {r['w4a16_rel_err_vs_f32']:.1e} | {r['w4a8_rel_err_vs_f32']:.1e} "
             f"| {tuple(r['w4a8_config'])} |")
     with open(path, "w") as f:

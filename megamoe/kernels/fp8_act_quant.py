@@ -8,6 +8,8 @@ its reciprocal, built from the exponent bits; the E4M3 rounding is the hardware'
 GPU and :func:`megamoe.kernels.nvfp4_jit.e4m3_encode` in the interpreter, whose own fp8 cast truncates).
 
 Each program owns ``BLOCK_R`` rows and walks K twice (amax, then quantize; the second pass hits L2).
+``MMA_ORDER``: the codes are stored in the FP8 MMA K order of the pipelined W4A8 kernel
+(:func:`megamoe.format.mma_order.fp8_mma_k_permutation`, within each 128-element K group) instead of memory order.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ INTERPRETER_QUANT_CONFIG = (2, 128, 4)
 @triton.jit(do_not_specialize=["num_rows"])
 def _fp8_act_quant_kernel(
     x_ptr, q_ptr, s_ptr, num_rows, K, stride_xm, stride_qm,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr, MMA_ORDER: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -62,13 +64,18 @@ def _fp8_act_quant_kernel(
             code = code.to(tl.uint8)
         else:
             code = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        tl.store(q_ptr + rows64[:, None] * stride_qm + (k0 + offs)[None, :], code, mask=mask)
+        cols = k0 + offs
+        if MMA_ORDER:  # memory m = 32q + 8i + 2c + h of a 128-K group -> position 32i + 16h + 4q + c
+            m = cols % 128
+            cols = cols - m + 32 * ((m >> 3) & 3) + 16 * (m & 1) + 4 * (m >> 5) + ((m >> 1) & 3)
+        tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], code, mask=mask)
         k0 += BLOCK_K
 
 
 def launch_fp8_act_quant(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, *,
-                         interpreter: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         interpreter: bool = False, mma_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) bf16 (unit last stride) -> codes (M, K) float8_e4m3fn, scales (M,) float32 (both written).
+    ``mma_order``: codes in the FP8 MMA K order (K % 128 == 0; module docstring).
 
     Inputs already validated by the caller (``megamoe.ops.gemm``); no host read of device values.
     """
@@ -81,5 +88,6 @@ def launch_fp8_act_quant(x: torch.Tensor, codes: torch.Tensor, scales: torch.Ten
     _fp8_act_quant_kernel[(triton.cdiv(num_rows, block_r),)](
         x, q_u8, scales, num_rows, k, x.stride(0), q_u8.stride(0),
         BLOCK_R=block_r, BLOCK_K=block_k, INTERPRET=interpreter, num_warps=num_warps,
+        **({"MMA_ORDER": True} if mma_order else {}),
     )
     return codes, scales

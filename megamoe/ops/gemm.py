@@ -229,13 +229,14 @@ def w4a8_kernel_mode(x: torch.Tensor, num_rows: int, num_experts: int | None) ->
     return "w4a8" if num_rows >= W4A8_MIN_ROWS_PER_EXPERT * (num_experts or 1) else "w4a16"
 
 
-def _fp8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (S, K) bf16 -> (codes (S, K) float8_e4m3fn, per-row scales (S,) float32), one sync-free launch."""
+def _fp8_activations(x: torch.Tensor, mma_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (S, K) bf16 -> (codes (S, K) float8_e4m3fn, per-row scales (S,) float32), one sync-free launch;
+    ``mma_order``: codes in the FP8 MMA K order of the pipelined W4A8 kernel."""
     from ..kernels.fp8_act_quant import launch_fp8_act_quant
 
     codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    return launch_fp8_act_quant(_contiguous_rows(x), codes, scales, interpreter=not x.is_cuda)
+    return launch_fp8_act_quant(_contiguous_rows(x), codes, scales, interpreter=not x.is_cuda, mma_order=mma_order)
 
 
 def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
@@ -569,8 +570,15 @@ def nvfp4_grouped_mm(
     if out is None:
         out = torch.empty((num_rows, n_out), dtype=torch.bfloat16, device=x.device)
     if mode == "w4a8" and w4a8_kernel_mode(x, num_rows, num_experts) == "w4a8":
+        from ..kernels.gemm import nvfp4_w4a8_pipe
         from ..kernels.gemm.nvfp4_w4a8 import launch_nvfp4_w4a8
 
+        if nvfp4_w4a8_pipe.W4A8_PIPE_ROUTE and nvfp4_w4a8_pipe.w4a8_pipe_supported(x, weight.data):
+            xq, xs = _fp8_activations(x, mma_order=True)
+            return nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(
+                xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out,
+                expert_offsets=expert_offsets, row_index=row_index, swiglu=activation == "swiglu",
+                swiglu_limit=swiglu_limit)
         xq, xs = _fp8_activations(x)
         return launch_nvfp4_w4a8(
             xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out,

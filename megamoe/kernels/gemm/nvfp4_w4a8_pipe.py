@@ -1,0 +1,363 @@
+"""W4A8 grouped GEMM on Hopper's FP8 tensor cores, pipelined (Gluon, async ``wgmma`` chain): w4a8 v2.
+
+One kernel, one launcher (:func:`launch_nvfp4_w4a8_pipe`). Issue 13; design, prediction and outcome in
+``benchmarks/NOTES_gemm.md`` ("w4a8 v2").
+
+The structure of the bf16 pipelined kernel (``nvfp4_wgmma_pipe.py``) with FP8 operands:
+
+* **One cp.async ring** for everything a 128-K step reads: the FP8 activation tile (rows gathered by
+  ``row_index``, already in the FP8 MMA K order of :func:`megamoe.format.mma_order.fp8_mma_k_permutation`, written
+  that way by the quantizer), the packed FP4 words and the E4M3 scale bytes of the weight tile.
+* **Swap-AB**, a program computes ``out^T`` tiles ``W (BLOCK_N = 128 weight rows) @ x^T (128 x BLOCK_M tokens)``;
+  each of the two warpgroups owns one m64 tile of weight rows. Each 128-K step is four 32-K sub-steps; sub-step
+  ``i`` decodes word ``i`` of every lane's four (memory K ``32 q + 8 i ..``) straight into the FP8 A fragment of one
+  ``m64 x BLOCK_M x k32`` wgmma (``k_width`` 4: bytes ``4 q + c`` and ``16 + 4 q + c`` of a row hold the word's even
+  and odd elements ``2 c``, ``2 c + 1``) and issues it without waiting; only the sub-step before is waited for.
+
+Numerics are w4a8 v1's (``megamoe/reference/w4a8.py`` is the oracle): per weight row and 128-K step,
+``S = pow2ceil(max_j |s_j|)`` over the step's eight block scales; operand ``e4m3_rne(e2m1 * s_j / S)`` (exact in f16,
+one ``cvt.rn.satfinite.e4m3x2.f16x2``). Each step's four wgmmas sum into a fresh ``partial`` (the first with
+``use_acc=False``), promoted into the fp32 accumulator as ``acc += partial * S[n]``. The promotion of step ``t`` is
+done after step ``t + 1``'s first sub-step is decoded, so the tensor core's tail of step ``t`` overlaps that decode.
+Epilogue: ``acc * s_x[m]`` (per-token scale, gathered by ``row_index``), then the family's epilogue (global scale,
+bias / SwiGLU + clamp, one bf16 rounding).
+
+Registers: acc and partial are 64 fp32 each per thread (BLOCK_M 128); the bf16 kernel's 256-row tile would need
+twice that. Requirements: sm_90, K % 256 == 0 (:func:`w4a8_pipe_supported`), row-major weights, grouped only.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from .nvfp4_gemm import _num_sms
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+
+    from .nvfp4_gluon_jit import (gathered_source_rows, grouped_tile_table, locate_tile, scale_layout,
+                                  weight_layout, word_bytes)
+    from .nvfp4_wgmma_pipe import _store_tile, _store_zeros
+
+# (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows, BLOCK_K, num_warps, STAGES). Shared memory per stage:
+# x BLOCK_M x 128 bytes + weights BLOCK_N x 64 + scales BLOCK_N x 8 (25 KB at the default, 125 KB for 5 stages).
+# MEGAMOE_W4A8_PIPE_CONFIG="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,STAGES" (read at import) overrides it for sweeps.
+W4A8_PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_PIPE_CONFIG", "128,128,128,8,5").split(","))
+# The grouped w4a8 GEMMs on sm_90 run this kernel where it applies (:func:`w4a8_pipe_supported`), else w4a8 v1
+# (``nvfp4_w4a8.py``): env MEGAMOE_W4A8_PIPE (read at import), "1" (default) on, "0" off (A/B runs).
+W4A8_PIPE_ROUTE = os.environ.get("MEGAMOE_W4A8_PIPE", "1").strip() not in ("", "0")
+SUB_K = 32  # K per FP8 wgmma: one packed word per lane
+_SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _decode_fp8_word(packed, factor):
+        """Packed bytes (uint8, 4 per call: one word) x fp32 ``(s_j / S) * 2**14`` (one per word, the first of the
+        four is read) -> (even, odd) E4M3 operands ``e4m3_rne(e2m1 * s_j / S)`` of the bytes' low / high nibbles.
+
+        Each nibble is placed as the f16 ``e2m1 * 2**-14`` (magnitude bits at 9-11, sign at 15), one ``mul.rn.f16x2``
+        by the factor gives ``e2m1 * s_j / S`` exactly (at most 6 significant bits, >= 2**-19: f16 keeps it), and
+        one ``cvt.rn.satfinite.e4m3x2.f16x2`` per pair rounds it once (w4a8 v1's decode, one factor per word)."""
+        return gl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t0, t1, a, b, s;
+            .reg .b16 e01, e23, o01, o23;
+            cvt.rn.f16x2.f32 s, $3, $3;
+            prmt.b32 t0, $2, 0, 0x7170;
+            prmt.b32 t1, $2, 0, 0x7372;
+            shl.b32 a, t0, 9;
+            and.b32 b, t0, 0x00080008;
+            shl.b32 b, b, 12;
+            lop3.b32 a, a, 0x0E000E00, b, 0xEA;
+            mul.rn.f16x2 a, a, s;
+            cvt.rn.satfinite.e4m3x2.f16x2 e01, a;
+            shl.b32 a, t1, 9;
+            and.b32 b, t1, 0x00080008;
+            shl.b32 b, b, 12;
+            lop3.b32 a, a, 0x0E000E00, b, 0xEA;
+            mul.rn.f16x2 a, a, s;
+            cvt.rn.satfinite.e4m3x2.f16x2 e23, a;
+            shl.b32 a, t0, 5;
+            and.b32 b, t0, 0x00800080;
+            shl.b32 b, b, 8;
+            lop3.b32 a, a, 0x0E000E00, b, 0xEA;
+            mul.rn.f16x2 a, a, s;
+            cvt.rn.satfinite.e4m3x2.f16x2 o01, a;
+            shl.b32 a, t1, 5;
+            and.b32 b, t1, 0x00800080;
+            shl.b32 b, b, 8;
+            lop3.b32 a, a, 0x0E000E00, b, 0xEA;
+            mul.rn.f16x2 a, a, s;
+            cvt.rn.satfinite.e4m3x2.f16x2 o23, a;
+            mov.b32 $0, {e01, e23};
+            mov.b32 $1, {o01, o23};
+            }
+            """,
+            constraints="=r,=r,r,r,r,r,r",
+            args=[packed, factor],
+            dtype=(gl.float8e4nv, gl.float8e4nv),
+            is_pure=True,
+            pack=4,
+        )
+
+    @gluon.jit
+    def _step_scales(scale_bytes, BLOCK_N: gl.constexpr):
+        """A 128-K step's (BLOCK_N, 8) scale bytes -> (per-block decode factors ``(s_j / S) * 2**14`` fp32, S per row
+        fp32): ``S = pow2ceil(max_j |s_j|)``, 1 for a row of zero scales, NaN when a scale is NaN (0x7F / 0xFF)."""
+        magnitude = scale_bytes.to(gl.int32) & 0x7F
+        top = gl.max(magnitude, axis=1)  # the largest |s_j| (the byte order of positive E4M3 is the value order)
+        top_f = top.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32)
+        bits = top_f.to(gl.int32, bitcast=True)
+        exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(gl.int32)
+        exponent = gl.where(top == 0, 127, exponent)
+        exponent = gl.where(top == 0x7F, 128, exponent)  # NaN: any S; it is replaced by NaN below
+        big_s = (exponent << 23).to(gl.float32, bitcast=True)
+        big_s = gl.where(top == 0x7F, float("nan"), big_s)
+        inv = ((254 - exponent + 14) << 23).to(gl.float32, bitcast=True)  # 2**14 / S, exact
+        factor = scale_bytes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * inv[:, None]
+        return factor, big_s
+
+    @gluon.jit
+    def _decode_sub_fp8(words, factor, i: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Sub-step ``i`` of a 128-K step: word ``i`` of each lane's four and its block's factor -> the FP8 A operand
+        (BLOCK_N, 32) in FP8 MMA K order ``c + 4q + 16h`` (memory ``32q + 8i + 2c + h``)."""
+        quads = words.reshape([BLOCK_N, 4, 2, 2])  # n, q, i >> 1, i & 1
+        even, odd = gl.split(quads)
+        half = odd if i % 2 == 1 else even
+        low, high = gl.split(half)
+        word = high if i // 2 == 1 else low  # (BLOCK_N, 4): one word per quad lane
+        fq = factor.reshape([BLOCK_N, 4, 2])  # n, q, block of the lane's two
+        f0, f1 = gl.split(fq)
+        f = f1 if i // 2 == 1 else f0
+        f = gl.join(f, f)
+        f = gl.join(f, f).reshape([BLOCK_N, 16])
+        packed = word_bytes(word)  # (BLOCK_N, 16): n, q, byte c
+        lo, hi = _decode_fp8_word(packed, gl.convert_layout(f, packed.type.layout))
+        w = gl.join(lo, hi).reshape([BLOCK_N, 4, 4, 2])  # n, q, c, h
+        w = w.permute([0, 3, 1, 2]).reshape([BLOCK_N, 32])  # n, h, q, c
+        return gl.convert_layout(w, a_layout)
+
+    @gluon.jit
+    def _fill(x_ring, w_ring, s_ring, slot, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step, BLOCK_K: gl.constexpr):
+        """cp.async of K step ``step``'s FP8 x rows (masked rows zero-filled), weight words and scale bytes."""
+        async_copy.async_copy_global_to_shared(x_ring.index(slot), xr_ptrs + step * BLOCK_K, mask=xr_mask)
+        async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (BLOCK_K // 8))
+        async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
+
+    @gluon.jit
+    def _step_mmas(partial, a_prev, words, factor, xs, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                   BLOCK_K: gl.constexpr, FIRST_A):
+        """Sub-steps 1.. of a step (sub-step 0's A, ``FIRST_A``, was decoded by the caller): async wgmmas into
+        ``partial``, the first from zero; at most one sub-step left in flight. Returns (partial, last A)."""
+        partial = warpgroup_mma(FIRST_A, xs.slice(0, _SUB_K, dim=1).permute([1, 0]), partial, use_acc=False,
+                                is_async=True)
+        partial = warpgroup_mma_wait(1, deps=[partial])
+        a_prev = FIRST_A
+        for i in gl.static_range(1, BLOCK_K // _SUB_K):
+            a = _decode_sub_fp8(words, factor, i, a_layout, BLOCK_N)
+            partial = warpgroup_mma(a, xs.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), partial, is_async=True)
+            partial = warpgroup_mma_wait(1, deps=[partial])
+            a_prev = a
+        return partial, a_prev
+
+    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows"])
+    def _nvfp4_w4a8_pipe_kernel(
+        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
+        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, x_scale_ptr,
+        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
+        GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
+        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
+        STAGES: gl.constexpr = 5,
+    ):
+        """Grouped W4A8 GEMM: FP8 x (S, K) in the FP8 MMA K order, per-token scales ``x_scale_ptr`` (S,) fp32,
+        NVFP4 weights; one ring, an async FP8 wgmma chain and a per-step promotion (module docstring)."""
+        gl.static_assert(BLOCK_K == 128)
+        gl.static_assert(STAGES >= 3)
+        gl.static_assert(BLOCK_N == 16 * num_warps)  # one m64 tile of weight rows per warpgroup
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BLOCK_M, 32])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=4)
+        w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
+        s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
+        x_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+        flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], x_smem_layout)
+        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], flat_layout)
+        s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BLOCK_K // 16], flat_layout)
+        # copy layouts: 16-byte chunks of x (16 FP8) and of weight words (4 int32), one 8-byte chunk of scales
+        xr_layout: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (BLOCK_K // 16), BLOCK_K // 16], [num_warps, 1],
+                                                   [1, 0])
+        wr_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_K // 32), BLOCK_K // 32], [num_warps, 1],
+                                                   [1, 0])
+        sr_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_K // 16], [32, 1], [num_warps, 1], [1, 0])
+        xr_cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, xr_layout))
+        wr_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, wr_layout))
+        sr_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, sr_layout))
+        x_fp8 = x_ptr.to(gl.pointer_type(gl.float8e4nv), bitcast=True)
+        n_tiles = (N + BLOCK_N - 1) // BLOCK_N
+        k_tiles = K // BLOCK_K
+        lane, starts, ends, tiles, tile_ends, total_tiles = grouped_tile_table(
+            offsets_ptr, num_rows, num_experts, 0, None, 1, BLOCK_M, BLOCK_E, 1, num_warps)
+        total_work = total_tiles * n_tiles
+
+        work = gl.program_id(0)
+        bad_rows = 0  # row_index values outside [0, num_src_rows) (flagged once)
+        while work < total_work:
+            tile = work // n_tiles
+            n_start = (work % n_tiles) * BLOCK_N
+            row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, BLOCK_M)
+            is_real = expert < num_experts
+            expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
+            w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wr_layout)), N - 1)
+            wr_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + wr_cols[None, :]
+            s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sr_layout)), N - 1)
+            sr_ptrs = scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn + sr_cols[None, :]
+            r_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xr_layout))
+            r_ok = r_rows < row_end
+            if HAS_ROW_INDEX:
+                r_src, src_ok, xr_mask = gathered_source_rows(row_index_ptr, r_rows, r_ok, num_src_rows)
+                if ERR_FLAG != 0:
+                    bad_rows += gl.sum((r_ok & ~src_ok & is_real).to(gl.int32), axis=0)
+            else:
+                r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
+                xr_mask = None
+            xr_ptrs = x_fp8 + r_src[:, None] * (4 * stride_xm) + xr_cols[None, :]
+            if is_real:
+                acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+                gl.thread_barrier()  # every warpgroup's MMAs of the previous tile have read the ring
+                for j in gl.static_range(STAGES - 2):
+                    if j < k_tiles:
+                        _fill(x_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, j, BLOCK_K)
+                    async_copy.commit_group()
+                # step 0, peeled (every path from the zeroing to the final wait passes a wgmma: C7515)
+                async_copy.wait_group(STAGES - 3)
+                words = w_ring.index(0).load(w_layout)
+                factor, big_s = _step_scales(s_ring.index(0).load(s_layout), BLOCK_N)
+                if STAGES - 2 < k_tiles:
+                    _fill(x_ring, w_ring, s_ring, (STAGES - 2) % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
+                          STAGES - 2, BLOCK_K)
+                async_copy.commit_group()
+                a_first = _decode_sub_fp8(words, factor, 0, a_layout, BLOCK_N)
+                partial, a_prev = _step_mmas(acc, a_first, words, factor, x_ring.index(0), a_layout, BLOCK_N,
+                                             BLOCK_K, a_first)
+                s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
+                for step in range(1, k_tiles):
+                    slot = step % STAGES
+                    async_copy.wait_group(STAGES - 3)  # this thread's copies of `step` have landed
+                    # the compiler's barrier after the wait: everyone's have, and every warpgroup's MMAs of
+                    # step - 2 (waited for in step - 1) are complete
+                    words = w_ring.index(slot).load(w_layout)
+                    factor, big_s = _step_scales(s_ring.index(slot).load(s_layout), BLOCK_N)
+                    ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
+                    if ahead < k_tiles:
+                        _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, ahead,
+                              BLOCK_K)
+                    async_copy.commit_group()
+                    a_first = _decode_sub_fp8(words, factor, 0, a_layout, BLOCK_N)
+                    # step - 1 complete: promote its partial, then the partial registers start this step
+                    partial = warpgroup_mma_wait(0, deps=[partial])
+                    acc = acc + partial * s_prev[:, None]
+                    partial, a_prev = _step_mmas(partial, a_prev, words, factor, x_ring.index(slot), a_layout,
+                                                 BLOCK_N, BLOCK_K, a_first)
+                    s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
+                partial = warpgroup_mma_wait(0, deps=[partial])
+                acc = acc + partial * s_prev[:, None]
+                # the per-token scale, times 2**-8 (the shared epilogue multiplies by 256: the bf16 decode's factor)
+                t_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
+                t_ok = t_rows < row_end
+                if HAS_ROW_INDEX:
+                    t_src = gl.load(row_index_ptr + t_rows, mask=t_ok, other=0)
+                    t_ok = t_ok & (t_src >= 0) & (t_src < num_src_rows)
+                else:
+                    t_src = t_rows
+                x_scale = gl.load(x_scale_ptr + t_src, mask=t_ok, other=0.0)
+                acc = acc * (x_scale * 0.00390625)[None, :]
+                _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
+                            stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
+                            SWIGLU, HAS_LIMIT, num_warps)
+            else:
+                _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M, BLOCK_N, SWIGLU,
+                             num_warps)
+            work += num_programs
+        if HAS_ROW_INDEX:
+            if ERR_FLAG != 0:
+                gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+
+
+def compile_w4a8_pipe_for_sm90(config=W4A8_PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False,
+                               swiglu_limit=True):
+    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
+    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "stride_xm", "stride_we", "stride_wn",
+               "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+    return compile_sm90(_nvfp4_w4a8_pipe_kernel, scalars, tuple(config[:3]), config[3], grouped=True,
+                        row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                        extra_signature=dict(x_scale_ptr="*fp32"), extra_constants=dict(STAGES=config[4]))
+
+
+def w4a8_pipe_supported(x: torch.Tensor, data: torch.Tensor, weight_interleave: int = 1) -> bool:
+    """Whether :func:`launch_nvfp4_w4a8_pipe` runs this GEMM: sm_90 CUDA, K % 256 == 0 (the 128-K step, and scale
+    rows the compiler can prove 16-byte aligned), row-major weights, 16-byte aligned x rows."""
+    from .nvfp4_gluon_jit import _capability
+
+    if not (GLUON_AVAILABLE and x.is_cuda and _capability(x.device.index or 0)[0] == 9):
+        return False
+    k = 2 * data.shape[-1]
+    return (k % 256 == 0 and weight_interleave == 1 and data.is_contiguous() and data.data_ptr() % 16 == 0
+            and x.data_ptr() % 16 == 0)
+
+
+def launch_nvfp4_w4a8_pipe(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    data: torch.Tensor,
+    block_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    expert_offsets: torch.Tensor,
+    row_index: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    swiglu: bool = False,
+    swiglu_limit: float | None = None,
+    config=None,
+    error_word: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch the pipelined W4A8 grouped GEMM (inputs validated by ``megamoe.ops.gemm``; contract of
+    :func:`megamoe.kernels.gemm.nvfp4_w4a8.launch_nvfp4_w4a8`, grouped only).
+
+    xq (S, K) float8_e4m3fn **in the FP8 MMA K order** (``launch_fp8_act_quant(..., mma_order=True)``; contiguous),
+    x_scale (S,) float32. data (E, N, K//2) uint8 row-major, block_scale (E, N, K//16) float8_e4m3fn, global_scale
+    0-d, (E, 1, 1) or (E, N, 1) fp32, expert_offsets (E,) int32, out (T, N) bf16 or (T, N//2) with ``swiglu``.
+    ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES), default :data:`W4A8_PIPE_CONFIG`.
+    """
+    if expert_offsets is None:
+        raise ValueError("expert_offsets: this kernel is grouped only")
+    num_rows = out.shape[0]
+    n, k = data.shape[-2], 2 * data.shape[-1]
+    num_experts = data.shape[0]
+    if num_rows == 0 or n == 0:
+        return out
+    if k % 256:
+        raise ValueError(f"data: K={k} must be a multiple of 256 for this kernel")
+    block_m, block_n, block_k, num_warps, stages = config or W4A8_PIPE_CONFIG
+    m_tiles_bound = triton.cdiv(num_rows, block_m) + num_experts + 1
+    work_bound = m_tiles_bound * triton.cdiv(n, block_n)
+    programs = min(work_bound, _num_sms(xq.device.index or 0))
+    head, strides, flags = kernel_arguments(xq, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
+                                            row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
+                                            error_word=error_word)
+    _nvfp4_w4a8_pipe_kernel[(programs,)](
+        *head, programs, x_scale, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
+        **flags)
+    return out

@@ -1,0 +1,164 @@
+"""The pipelined W4A8 grouped GEMM (w4a8 v2, ``megamoe/kernels/gemm/nvfp4_w4a8_pipe.py``, NOTES_gemm.md "w4a8 v2").
+
+CPU: the FP8 MMA K order (its permutation from the wgmma k32 fragment map, and the quantizer writing it, bit for bit,
+through the interpreter); the offline sm_90 build's K loop (4 FP8 wgmma per step in an async chain that ptxas did
+not serialise, no spills). CUDA: against ``megamoe/reference/w4a8.py`` on skewed routings (empty experts, one expert
+holding every row, rows that are not a multiple of the tile, padding rows, N not a multiple of the tile), the fused
+gather + SwiGLU, non-finite rows and scales, the row_index guard; the route of ``nvfp4_grouped_mm``; sync-free and
+graph replay == eager.
+"""
+import pytest
+import torch
+
+from gemm_helpers import SKEWED_COUNTS_16, check_sync_free_and_graph, offsets_of, random_codes_weight, random_weight
+from megamoe.format.mma_order import fp8_mma_k_permutation
+from megamoe.kernels.fp8_act_quant import launch_fp8_act_quant
+from megamoe.kernels.gemm import nvfp4_w4a8_pipe as w4a8_pipe
+from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm
+from megamoe.reference import w4a8 as ref_w4a8
+from test_nvfp4_gluon import _cuobjdump, _inner_loops, gluon_only
+from test_nvfp4_w4a8 import _assert_close_to_reference
+
+cuda_sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                               reason="needs an sm_90 GPU")
+
+
+def test_fp8_mma_k_order_is_the_fragment_map():
+    """Position kappa of a 128-K step holds memory element m: sub-step i = kappa // 32 is one k32 wgmma; in its A
+    fragment, quad lane q holds K positions 4q..4q+3 (the even elements of its word i: bytes c = 0..3, low nibbles)
+    and 16 + 4q.. (the odd ones, high nibbles); lane q's word i is memory 32q + 8i .. 32q + 8i + 7."""
+    perm = fp8_mma_k_permutation()
+    assert sorted(perm.tolist()) == list(range(128))
+    for kappa in range(128):
+        i, pos = divmod(kappa, 32)
+        h, rest = divmod(pos, 16)
+        q, c = divmod(rest, 4)
+        assert int(perm[kappa]) == 32 * q + 8 * i + 2 * c + h
+
+
+@pytest.mark.parametrize("k", [128, 384])
+def test_quantizer_writes_the_fp8_mma_k_order(device, k):
+    """``mma_order=True``: the same codes and scales as the reference, columns permuted within each 128-K group."""
+    x = (torch.randn(13, k) * torch.logspace(-3, 3, 13)[:, None]).bfloat16().to(device)
+    x[2, 5] = float("nan")
+    codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=device)
+    scales = torch.empty(13, dtype=torch.float32, device=device)
+    launch_fp8_act_quant(x, codes, scales, interpreter=not x.is_cuda, mma_order=True)
+    rc, rs = ref_w4a8.quantize_activations_fp8(x.cpu())
+    perm = fp8_mma_k_permutation()
+    expected = rc.view(torch.uint8).reshape(13, k // 128, 128)[:, :, perm].reshape(13, k)
+    assert torch.equal(codes.cpu().view(torch.uint8), expected)
+    assert torch.equal(torch.isnan(scales.cpu()), torch.isnan(rs))
+    assert torch.equal(scales.cpu().nan_to_num(), rs.nan_to_num())
+
+
+@gluon_only
+@pytest.mark.slow
+@pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
+@pytest.mark.parametrize("swiglu", [True, False])
+def test_sm90_w4a8_pipe_k_loop(tmp_path, swiglu):
+    """Per 128-K step: 4 FP8 wgmma (``QGMMA.64x128x32``: one m64 tile per warpgroup, 4 k32 sub-steps), each waited
+    for only when the next is issued (``DEPBAR.LE gsb0, 0x1``; the step's last one before the promotion), the ring
+    by cp.async, no spills in the loop (offline, Triton 3.6's ptxas: 448 instructions per step, 7.0 per weight)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "kernel.cubin"
+    code = ("import sys; from megamoe.kernels.gemm.nvfp4_w4a8_pipe import compile_w4a8_pipe_for_sm90; "
+            f"c = compile_w4a8_pipe_for_sm90(swiglu={swiglu!r}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
+    subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)
+    loops = _inner_loops(out.read_bytes(), tmp_path)
+    k_loops = [(n, ops) for n, ops in loops if ops["QGMMA"]]
+    assert len(k_loops) == 1, loops
+    count, ops = k_loops[0]
+    assert ops["QGMMA"] == 4 and ops["DEPBAR"] == 1  # DEPBAR: the cp.async wait
+    assert not ops["LDG"] and not ops["LDL"] and not ops["STL"] and not ops["STS"], ops
+    assert ops["FFMA"] == 64  # the promotion: one per accumulator element
+    assert count / 64 <= 7.0 * 1.05, (count, ops)
+
+
+def _quantized(x, mma_order):
+    codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    return launch_fp8_act_quant(x, codes, scales, mma_order=mma_order)
+
+
+@cuda_sm90
+@pytest.mark.cuda
+@pytest.mark.parametrize("counts,n", [
+    (SKEWED_COUNTS_16, 256),  # skew: a hot expert, empty experts, tails of every size
+    ([0, 0, 300, 0], 192),  # one expert holds every row; N not a multiple of the 128-row tile
+    ([1, 2, 3, 0, 127, 129], 128),  # rows just below / above the tile
+])
+def test_cuda_kernel_matches_reference(counts, n):
+    e, k = len(counts), 512
+    w = random_weight((e, n, k), "cuda", scale_shape=(e, n, 1))
+    t = sum(counts)
+    x = (torch.randn(t + 5, k) * torch.logspace(-2, 2, t + 5)[:, None]).bfloat16().cuda()  # 5 padding rows
+    offsets = offsets_of(counts, "cuda")
+    xq, xs = _quantized(x, True)
+    out = torch.full((t + 5, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets)
+    ref = ref_w4a8.w4a8_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu())
+    _assert_close_to_reference(out[:t], ref[:t])
+    assert torch.equal(out[t:].cpu(), torch.zeros(5, n, dtype=torch.bfloat16))
+
+
+@cuda_sm90
+@pytest.mark.cuda
+def test_cuda_gather_swiglu_guard_and_nonfinite():
+    """Fused row_index gather + SwiGLU + clamp; an out-of-range index reads zeros and sets the guard flag; a NaN
+    activation row and a NaN block scale make their outputs NaN, the others keep their values."""
+    from megamoe.ops import errors
+
+    e, n, k, s = 5, 256, 1024, 40
+    w = interleave_gate_up(random_weight((e, n, k), "cuda", scale_shape=(e, n, 1)))
+    w.block_scale.view(torch.uint8)[2, 7, 3] = 0x7F  # NaN scale: row 7 of expert 2 (block 3: K 48..63)
+    counts = [60, 0, 33, 1, 90]
+    t = sum(counts)
+    x = (torch.randn(s, k) * 2).bfloat16().cuda()
+    x[11, 100] = float("nan")
+    row_index = torch.randint(0, s, (t,), dtype=torch.int32, device="cuda")
+    row_index[5] = s + 3  # out of range
+    offsets = offsets_of(counts, "cuda")
+    dev = torch.device("cuda")
+    errors.clear_errors(dev)
+    xq, xs = _quantized(x, True)
+    out = torch.empty(t, n // 2, dtype=torch.bfloat16, device="cuda")
+    w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                     row_index=row_index, swiglu=True, swiglu_limit=7.0)
+    assert errors.decode(errors.peek_errors(dev)) == [("nvfp4_grouped_mm", "row_index")]
+    errors.clear_errors(dev)
+    safe = torch.where(row_index < s, row_index, -1)
+    ref = ref_w4a8.w4a8_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu(), row_index=safe.cpu(), activation="swiglu",
+                                   swiglu_limit=7.0)
+    pre = ref_w4a8.w4a8_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu(), row_index=safe.cpu())
+    # SwiGLU maps many outputs near 0 (a small gate): 1.2% of them were more than 2**-7 relative apart on the H100
+    # (gpu_check_v27 b), all within the absolute bound
+    _assert_close_to_reference(out, ref, magnitude=float(pre.float().nan_to_num().abs().max()) * (1.1 * 7.0 + 0.28),
+                               far_fraction=0.03)
+    assert torch.equal(out[5].cpu(), torch.zeros(n // 2, dtype=torch.bfloat16))
+    nan_rows = (row_index == 11).nonzero().flatten().tolist()
+    assert all(torch.isnan(out[r]).all() for r in nan_rows)
+    assert torch.isnan(out[60:93, 3]).all()  # expert 2's rows: SwiGLU pair 3 = gate/up rows 6, 7
+
+
+@cuda_sm90
+@pytest.mark.cuda
+def test_cuda_op_routes_here_and_graph_replay_equals_eager():
+    """``nvfp4_grouped_mm(mode="w4a8")`` runs this kernel (the same bits as a direct launch), without host syncs,
+    and a graph replay after the routing and the activations changed in place equals an eager launch."""
+    e, n, k, tokens = 8, 512, 2048, 1024
+    w = random_codes_weight((e, n, k), "cuda", scale_shape=(e, 1, 1))
+    counts = torch.bincount(torch.randint(0, e, (tokens,)), minlength=e)
+    offsets = offsets_of(counts.tolist(), "cuda")
+    x = torch.randn(tokens, k, device="cuda").bfloat16()
+    out = torch.empty(tokens, n, dtype=torch.bfloat16, device="cuda")
+    assert w4a8_pipe.W4A8_PIPE_ROUTE and w4a8_pipe.w4a8_pipe_supported(x, w.data)
+    via_op = nvfp4_grouped_mm(x, w, offsets, mode="w4a8").clone()
+    xq, xs = _quantized(x, True)
+    direct = w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, out,
+                                              expert_offsets=offsets)
+    assert torch.equal(via_op, direct)
+    check_sync_free_and_graph(lambda: nvfp4_grouped_mm(x, w, offsets, mode="w4a8", out=out), x, offsets, tokens)

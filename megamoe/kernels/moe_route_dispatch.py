@@ -128,7 +128,9 @@ def _scores(logits, valid, SCORING: tl.constexpr):
     else:
         # softplus with torch's threshold (z > 20 -> z), log1p(exp(z)) for the rest; log1p(t) = log(u) * t / (u-1)
         # with u = 1 + t (exact when u == 1: t), accurate for tiny t
-        t = tl.exp(tl.minimum(logits, 20.0))
+        # NaN-propagating: a plain minimum is min.f32 on the GPU, which returns 20 for a NaN logit (a finite score
+        # sqrt(20) instead of NaN -> key -inf); the interpreter kept NaN, so only the GPU differed
+        t = tl.exp(tl.minimum(logits, 20.0, propagate_nan=tl.PropagateNan.ALL))
         u = 1.0 + t
         lp = tl.where(u == 1.0, t, tl.log(u) * (t / (u - 1.0)))
         s = tl.sqrt(tl.where(logits > 20.0, logits, lp))

@@ -152,6 +152,28 @@ def test_nan_policy_same_as_torch_path(scoring):
     _dispatch_equal(d, ids, 20)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("scoring", ["sqrtsoftplus", "sigmoid", "softmax"])
+@pytest.mark.parametrize("tokens", [6, 40])  # the fused route + dispatch launch, and the unfused router
+def test_cuda_nan_policy_same_as_cpu(scoring, tokens, monkeypatch):
+    """The NaN policy of test_nan_policy_same_as_torch_path on the GPU's compiled kernels (the interpreter's min/max
+    propagate NaN, the GPU's plain min.f32 does not: sqrtsoftplus scored a NaN logit as sqrt(20))."""
+    monkeypatch.setattr(moe_ops, "FUSED_ROUTE_MAX_TOKENS", 16)
+    x = torch.randn(tokens, 48).bfloat16()
+    x[2, 7] = float("nan")
+    gate = torch.randn(20, 48) * 0.15
+    gate[5, 3] = float("nan")
+    bias = torch.rand(20) * 0.05
+    w, ids, _ = moe_ops.route_dispatch(x.cuda(), gate.cuda(), bias.cuda(), top_k=3, scoring_func=scoring)
+    w_cpu, ids_cpu, _ = moe_ops.route_dispatch(x, gate, bias, top_k=3, scoring_func=scoring)
+    w, ids = w.cpu(), ids.cpu()
+    assert ids[2].tolist() == [0, 1, 2] and torch.isnan(w[2]).all()
+    assert torch.equal(torch.isnan(w), torch.isnan(w_cpu))
+    if scoring != "softmax":
+        rows = [t for t in range(tokens) if t != 2]
+        assert not (ids[rows] == 5).any() and torch.isfinite(w[rows]).all()
+
+
 def test_shared_slot_empty_experts_and_buffers():
     """Fused shared expert: column k preset to E, E+1 groups; 1 token leaves most experts empty."""
     e, k, h = 32, 6, 64

@@ -31,11 +31,12 @@ def fp8_mma_k_permutation(device=None) -> torch.Tensor:
     """(128,) int64: position kappa of the FP8 MMA K order -> memory index m within a 128-element K group.
 
     The W4A8 pipelined kernel (``nvfp4_w4a8_pipe.py``) decodes word ``i`` of quad lane ``q``'s four (memory
-    ``m = 32q + 8i + 2c + h``: byte c, nibble h) into one FP8 wgmma k32 A fragment, whose lane q holds K positions
-    ``4q + c`` (even elements, h = 0) and ``16 + 4q + c`` (odd, h = 1): ``kappa = 32i + 16h + 4q + c``. The FP8
-    activations run in the same order (the quantizer writes them that way)."""
-    m = torch.arange(MMA_K_GROUP, device=device).reshape(4, 4, 4, 2)  # memory (q, i, c, h)
-    return m.permute(1, 3, 0, 2).reshape(-1)  # read in MMA order (i, h, q, c)
+    ``m = 32q + 8i + e``, e = 0..7 its nibbles in order) into one FP8 wgmma k32 A fragment, whose lane q holds K
+    positions ``4q + c`` in one register and ``16 + 4q + c`` in another (c = 0..3: the register's bytes): elements
+    0-3 of the word go to the first, 4-7 to the second, so ``kappa = 32i + 16g + 4q + c`` <- ``m = 32q + 8i + 4g + c``.
+    The FP8 activations run in the same order (the quantizer writes them that way)."""
+    m = torch.arange(MMA_K_GROUP, device=device).reshape(4, 4, 2, 4)  # memory (q, i, g, c)
+    return m.permute(1, 2, 0, 3).reshape(-1)  # read in MMA order (i, g, q, c)
 
 
 def _check(x: torch.Tensor, block_k: int) -> None:

@@ -65,9 +65,9 @@ def _fp8_act_quant_kernel(
         else:
             code = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         cols = k0 + offs
-        if MMA_ORDER:  # memory m = 32q + 8i + 2c + h of a 128-K group -> position 32i + 16h + 4q + c
+        if MMA_ORDER:  # memory m = 32q + 8i + 4g + c of a 128-K group -> position 32i + 16g + 4q + c
             m = cols % 128
-            cols = cols - m + 32 * ((m >> 3) & 3) + 16 * (m & 1) + 4 * (m >> 5) + ((m >> 1) & 3)
+            cols = cols - m + 32 * ((m >> 3) & 3) + 16 * ((m >> 2) & 1) + 4 * (m >> 5) + (m & 3)
         tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], code, mask=mask)
         k0 += BLOCK_K
 

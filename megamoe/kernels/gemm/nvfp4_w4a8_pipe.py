@@ -11,19 +11,24 @@ The structure of the bf16 pipelined kernel (``nvfp4_wgmma_pipe.py``) with FP8 op
 * **Swap-AB**, a program computes ``out^T`` tiles ``W (BLOCK_N = 128 weight rows) @ x^T (128 x BLOCK_M tokens)``;
   each of the two warpgroups owns one m64 tile of weight rows. Each 128-K step is four 32-K sub-steps; sub-step
   ``i`` decodes word ``i`` of every lane's four (memory K ``32 q + 8 i ..``) straight into the FP8 A fragment of one
-  ``m64 x BLOCK_M x k32`` wgmma (``k_width`` 4: bytes ``4 q + c`` and ``16 + 4 q + c`` of a row hold the word's even
-  and odd elements ``2 c``, ``2 c + 1``) and issues it without waiting; only the sub-step before is waited for.
+  ``m64 x BLOCK_M x k32`` wgmma (``k_width`` 4: the lane's registers for K ``4 q + c`` and ``16 + 4 q + c`` hold the
+  word's elements 0-3 and 4-7) and issues it without waiting; only the sub-step before is waited for.
+* **The decode by table:** per (weight row, block) and step, :func:`_block_luts` computes the block's eight E4M3
+  operands (one per E2M1 magnitude); each element is then a ``prmt`` lookup plus its sign (:func:`_decode_fp8_word`).
 
 Numerics are w4a8 v1's (``megamoe/reference/w4a8.py`` is the oracle): per weight row and 128-K step,
 ``S = pow2ceil(max_j |s_j|)`` over the step's eight block scales; operand ``e4m3_rne(e2m1 * s_j / S)`` (exact in f16,
-one ``cvt.rn.satfinite.e4m3x2.f16x2``). Each step's four wgmmas sum into a fresh ``partial`` (the first with
-``use_acc=False``), promoted into the fp32 accumulator as ``acc += partial * S[n]``. The promotion of step ``t`` is
+one ``cvt.rn.satfinite.e4m3x2.f16x2``, in the table). Each step's four wgmmas sum into a fresh ``partial`` (the first
+with ``use_acc=False``), promoted into the fp32 accumulator as ``acc += partial * S[n]``. The promotion of step ``t`` is
 done after step ``t + 1``'s first sub-step is decoded, so the tensor core's tail of step ``t`` overlaps that decode.
 Epilogue: ``acc * s_x[m]`` (per-token scale, gathered by ``row_index``), then the family's epilogue (global scale,
 bias / SwiGLU + clamp, one bf16 rounding).
 
 Registers: acc and partial are 64 fp32 each per thread (BLOCK_M 128); the bf16 kernel's 256-row tile would need
-twice that. Requirements: sm_90, K % 256 == 0 (:func:`w4a8_pipe_supported`), row-major weights, grouped only.
+twice that. The A operands cannot be listed in ``warpgroup_mma_wait``'s deps (Triton 3.6 aborts on 8-bit deps) and
+ptxas does not keep registers that an async wgmma still reads: the offline test ``test_sm90_w4a8_pipe_k_loop`` checks
+every launched build for such a write (NOTES_gemm.md, "w4a8 v2"). Requirements: sm_90, K % 256 == 0
+(:func:`w4a8_pipe_supported`), row-major weights, grouped only.
 """
 from __future__ import annotations
 
@@ -59,51 +64,71 @@ _SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 if GLUON_AVAILABLE:
 
     @gluon.jit
-    def _decode_fp8_word(packed, factor):
-        """Packed bytes (uint8, 4 per call: one word) x fp32 ``(s_j / S) * 2**14`` (one per word, the first of the
-        four is read) -> (even, odd) E4M3 operands ``e4m3_rne(e2m1 * s_j / S)`` of the bytes' low / high nibbles.
+    def _block_luts(factor):
+        """fp32 ``(s_j / S) * 2**14`` per (row, block) -> the block's E4M3 table: (bytes 0-3, bytes 4-7) as int32, byte
+        ``v`` = ``e4m3_rne(e2m1(v) * s_j / S)`` for the magnitude codes v = 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6).
 
-        Each nibble is placed as the f16 ``e2m1 * 2**-14`` (magnitude bits at 9-11, sign at 15), one ``mul.rn.f16x2``
-        by the factor gives ``e2m1 * s_j / S`` exactly (at most 6 significant bits, >= 2**-19: f16 keeps it), and
-        one ``cvt.rn.satfinite.e4m3x2.f16x2`` per pair rounds it once (w4a8 v1's decode, one factor per word)."""
+        Each pair of magnitudes is the f16 ``e2m1 * 2**-14`` (a constant), one ``mul.rn.f16x2`` by the factor gives
+        ``e2m1 * s_j / S`` exactly (at most 6 significant bits, >= 2**-19: f16 keeps it) and one
+        ``cvt.rn.satfinite.e4m3x2.f16x2`` rounds it once: w4a8 v1's operand, computed once per block instead of once
+        per element."""
         return gl.inline_asm_elementwise(
             asm="""
             {
-            .reg .b32 t0, t1, a, b, s;
-            .reg .b16 e01, e23, o01, o23;
-            cvt.rn.f16x2.f32 s, $3, $3;
-            prmt.b32 t0, $2, 0, 0x7170;
-            prmt.b32 t1, $2, 0, 0x7372;
-            shl.b32 a, t0, 9;
-            and.b32 b, t0, 0x00080008;
-            shl.b32 b, b, 12;
-            lop3.b32 a, a, 0x0E000E00, b, 0xEA;
-            mul.rn.f16x2 a, a, s;
-            cvt.rn.satfinite.e4m3x2.f16x2 e01, a;
-            shl.b32 a, t1, 9;
-            and.b32 b, t1, 0x00080008;
-            shl.b32 b, b, 12;
-            lop3.b32 a, a, 0x0E000E00, b, 0xEA;
-            mul.rn.f16x2 a, a, s;
-            cvt.rn.satfinite.e4m3x2.f16x2 e23, a;
-            shl.b32 a, t0, 5;
-            and.b32 b, t0, 0x00800080;
-            shl.b32 b, b, 8;
-            lop3.b32 a, a, 0x0E000E00, b, 0xEA;
-            mul.rn.f16x2 a, a, s;
-            cvt.rn.satfinite.e4m3x2.f16x2 o01, a;
-            shl.b32 a, t1, 5;
-            and.b32 b, t1, 0x00800080;
-            shl.b32 b, b, 8;
-            lop3.b32 a, a, 0x0E000E00, b, 0xEA;
-            mul.rn.f16x2 a, a, s;
-            cvt.rn.satfinite.e4m3x2.f16x2 o23, a;
-            mov.b32 $0, {e01, e23};
-            mov.b32 $1, {o01, o23};
+            .reg .b32 s, a, k;
+            .reg .b16 e0, e1, e2, e3;
+            cvt.rn.f16x2.f32 s, $2, $2;
+            mov.b32 k, 0x02000000;
+            mul.rn.f16x2 a, s, k;
+            cvt.rn.satfinite.e4m3x2.f16x2 e0, a;
+            mov.b32 k, 0x06000400;
+            mul.rn.f16x2 a, s, k;
+            cvt.rn.satfinite.e4m3x2.f16x2 e1, a;
+            mov.b32 k, 0x0A000800;
+            mul.rn.f16x2 a, s, k;
+            cvt.rn.satfinite.e4m3x2.f16x2 e2, a;
+            mov.b32 k, 0x0E000C00;
+            mul.rn.f16x2 a, s, k;
+            cvt.rn.satfinite.e4m3x2.f16x2 e3, a;
+            mov.b32 $0, {e0, e1};
+            mov.b32 $1, {e2, e3};
             }
             """,
-            constraints="=r,=r,r,r,r,r,r",
-            args=[packed, factor],
+            constraints="=r,=r,r",
+            args=[factor],
+            dtype=(gl.int32, gl.int32),
+            is_pure=True,
+            pack=1,
+        )
+
+    @gluon.jit
+    def _decode_fp8_word(packed, lut_lo, lut_hi):
+        """Packed bytes (uint8, 4 per call: one word, elements 0-7 = its nibbles in memory order) and the word's block
+        table (:func:`_block_luts`; the first of each four is read) -> (elements 0-3, elements 4-7) as E4M3.
+
+        Per four elements: ``prmt`` looks the magnitudes (nibble & 7) up in the table; a second ``prmt`` of 0x80 bytes
+        with the raw nibbles as selectors gives 0xFF where the sign bit (nibble bit 3: ``prmt``'s sign-replicate flag)
+        is set, else 0x80, whose bit 6 shifted to bit 7 is the E4M3 sign (E4M3 rounding is symmetric)."""
+        return gl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 sel, w, m, t, k;
+            mov.b32 k, 0x80808080;
+            and.b32 sel, $2, 0x7777;
+            prmt.b32 m, $3, $7, sel;
+            prmt.b32 t, k, k, $2;
+            shl.b32 t, t, 1;
+            lop3.b32 $0, m, t, 0x80808080, 0xF8;
+            shr.u32 w, $2, 16;
+            and.b32 sel, w, 0x7777;
+            prmt.b32 m, $3, $7, sel;
+            prmt.b32 t, k, k, w;
+            shl.b32 t, t, 1;
+            lop3.b32 $1, m, t, 0x80808080, 0xF8;
+            }
+            """,
+            constraints="=r,=r,r,r,r,r,r,r,r,r,r",
+            args=[packed, lut_lo, lut_hi],
             dtype=(gl.float8e4nv, gl.float8e4nv),
             is_pure=True,
             pack=4,
@@ -127,23 +152,28 @@ if GLUON_AVAILABLE:
         return factor, big_s
 
     @gluon.jit
-    def _decode_sub_fp8(words, factor, i: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Sub-step ``i`` of a 128-K step: word ``i`` of each lane's four and its block's factor -> the FP8 A operand
-        (BLOCK_N, 32) in FP8 MMA K order ``c + 4q + 16h`` (memory ``32q + 8i + 2c + h``)."""
+    def _decode_sub_fp8(words, lut_lo, lut_hi, i: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Sub-step ``i`` of a 128-K step: word ``i`` of each lane's four and its block's table -> the FP8 A operand
+        (BLOCK_N, 32) in FP8 MMA K order ``c + 4q + 16g`` (memory ``32q + 8i + 4g + c``)."""
         quads = words.reshape([BLOCK_N, 4, 2, 2])  # n, q, i >> 1, i & 1
         even, odd = gl.split(quads)
         half = odd if i % 2 == 1 else even
         low, high = gl.split(half)
         word = high if i // 2 == 1 else low  # (BLOCK_N, 4): one word per quad lane
-        fq = factor.reshape([BLOCK_N, 4, 2])  # n, q, block of the lane's two
-        f0, f1 = gl.split(fq)
-        f = f1 if i // 2 == 1 else f0
-        f = gl.join(f, f)
-        f = gl.join(f, f).reshape([BLOCK_N, 16])
-        packed = word_bytes(word)  # (BLOCK_N, 16): n, q, byte c
-        lo, hi = _decode_fp8_word(packed, gl.convert_layout(f, packed.type.layout))
-        w = gl.join(lo, hi).reshape([BLOCK_N, 4, 4, 2])  # n, q, c, h
-        w = w.permute([0, 3, 1, 2]).reshape([BLOCK_N, 32])  # n, h, q, c
+        packed = word_bytes(word)  # (BLOCK_N, 16): n, q, byte
+        lo_q = lut_lo.reshape([BLOCK_N, 4, 2])  # n, q, block of the lane's two
+        hi_q = lut_hi.reshape([BLOCK_N, 4, 2])
+        lo0, lo1 = gl.split(lo_q)
+        hi0, hi1 = gl.split(hi_q)
+        lo = lo1 if i // 2 == 1 else lo0
+        hi = hi1 if i // 2 == 1 else hi0
+        lo = gl.join(lo, lo)
+        lo = gl.convert_layout(gl.join(lo, lo).reshape([BLOCK_N, 16]), packed.type.layout)
+        hi = gl.join(hi, hi)
+        hi = gl.convert_layout(gl.join(hi, hi).reshape([BLOCK_N, 16]), packed.type.layout)
+        first, second = _decode_fp8_word(packed, lo, hi)  # (BLOCK_N, 16): n, q, c (elements c and 4 + c)
+        w = gl.join(first, second).reshape([BLOCK_N, 4, 4, 2])  # n, q, c, g
+        w = w.permute([0, 3, 1, 2]).reshape([BLOCK_N, 32])  # n, g, q, c
         return gl.convert_layout(w, a_layout)
 
     @gluon.jit
@@ -154,7 +184,7 @@ if GLUON_AVAILABLE:
         async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
 
     @gluon.jit
-    def _step_mmas(partial, a_prev, words, factor, xs, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _step_mmas(partial, a_prev, words, lut_lo, lut_hi, xs, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                    BLOCK_K: gl.constexpr, FIRST_A):
         """Sub-steps 1.. of a step (sub-step 0's A, ``FIRST_A``, was decoded by the caller): async wgmmas into
         ``partial``, the first from zero; at most one sub-step left in flight. Returns (partial, last A)."""
@@ -163,7 +193,7 @@ if GLUON_AVAILABLE:
         partial = warpgroup_mma_wait(1, deps=[partial])
         a_prev = FIRST_A
         for i in gl.static_range(1, BLOCK_K // _SUB_K):
-            a = _decode_sub_fp8(words, factor, i, a_layout, BLOCK_N)
+            a = _decode_sub_fp8(words, lut_lo, lut_hi, i, a_layout, BLOCK_N)
             partial = warpgroup_mma(a, xs.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), partial, is_async=True)
             partial = warpgroup_mma_wait(1, deps=[partial])
             a_prev = a
@@ -243,12 +273,13 @@ if GLUON_AVAILABLE:
                 async_copy.wait_group(STAGES - 3)
                 words = w_ring.index(0).load(w_layout)
                 factor, big_s = _step_scales(s_ring.index(0).load(s_layout), BLOCK_N)
+                lut_lo, lut_hi = _block_luts(factor)
                 if STAGES - 2 < k_tiles:
                     _fill(x_ring, w_ring, s_ring, (STAGES - 2) % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
                           STAGES - 2, BLOCK_K)
                 async_copy.commit_group()
-                a_first = _decode_sub_fp8(words, factor, 0, a_layout, BLOCK_N)
-                partial, a_prev = _step_mmas(acc, a_first, words, factor, x_ring.index(0), a_layout, BLOCK_N,
+                a_first = _decode_sub_fp8(words, lut_lo, lut_hi, 0, a_layout, BLOCK_N)
+                partial, a_prev = _step_mmas(acc, a_first, words, lut_lo, lut_hi, x_ring.index(0), a_layout, BLOCK_N,
                                              BLOCK_K, a_first)
                 s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
                 for step in range(1, k_tiles):
@@ -258,17 +289,18 @@ if GLUON_AVAILABLE:
                     # step - 2 (waited for in step - 1) are complete
                     words = w_ring.index(slot).load(w_layout)
                     factor, big_s = _step_scales(s_ring.index(slot).load(s_layout), BLOCK_N)
+                    lut_lo, lut_hi = _block_luts(factor)
                     ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
                     if ahead < k_tiles:
                         _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, ahead,
                               BLOCK_K)
                     async_copy.commit_group()
-                    a_first = _decode_sub_fp8(words, factor, 0, a_layout, BLOCK_N)
+                    a_first = _decode_sub_fp8(words, lut_lo, lut_hi, 0, a_layout, BLOCK_N)
                     # step - 1 complete: promote its partial, then the partial registers start this step
                     partial = warpgroup_mma_wait(0, deps=[partial])
                     acc = acc + partial * s_prev[:, None]
-                    partial, a_prev = _step_mmas(partial, a_prev, words, factor, x_ring.index(slot), a_layout,
-                                                 BLOCK_N, BLOCK_K, a_first)
+                    partial, a_prev = _step_mmas(partial, a_prev, words, lut_lo, lut_hi, x_ring.index(slot),
+                                                 a_layout, BLOCK_N, BLOCK_K, a_first)
                     s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
                 partial = warpgroup_mma_wait(0, deps=[partial])
                 acc = acc + partial * s_prev[:, None]

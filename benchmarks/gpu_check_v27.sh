@@ -6,6 +6,16 @@
 #        v2 kernel's ring depth (STAGES 3-6) on V4-Flash / V4-Pro gate_up.
 #   c -> b's sweep again (its script lacked the checkout's sys.path); the two w4a8 test files after the far-fraction
 #        bound of the SwiGLU test (b: 1.2% of 23136 outputs beyond 2**-7 relative, all within the absolute bound).
+#   d -> w4a8 v2.1: the decode looks each block's eight E4M3 magnitudes up with prmt (a table per block and step)
+#        instead of scaling every element in f16 (offline 448 -> 377 SASS per step); the FP8 MMA K order changed with it.
+#        The w4a8 tests, then bench_gemm.py --w4a8 again.
+#   e -> the fused router's sqrtsoftplus keeps NaN on the GPU (tl.minimum was min.f32): the route tests (cuda-marked
+#        or not); ncu of the w4a8 v2.1 kernel (V4-Flash gate_up, 16384 tokens): tensor pipe, issue slots, stalls.
+#   f -> DECODE_AHEAD (e: issue slots 50% busy, 2 warps per scheduler at 4 cycles per instruction: latency-bound):
+#        the whole step's four sub-steps decoded first (8 independent chains per thread), then the promotion, then four
+#        wgmmas back to back. The w4a8 v2 tests with it (env config), and the sweep against the default in one run.
+#        (Ran on an H200. Wrong results: the A registers of in-flight QGMMAs were reused; reverted, the config's 6th
+#        value no longer exists, so this call does not run as written any more.)
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -29,4 +39,23 @@ c)
     tests/kernels/gemm/test_nvfp4_w4a8_pipe.py tests/kernels/gemm/test_nvfp4_w4a8.py > "$OUT/c_tests.log" 2>&1
   grep -E " (FAILED|ERROR)" "$OUT/c_tests.log" | head; tail -1 "$OUT/c_tests.log"
   timeout 200 python benchmarks/sweep_w4a8_pipe.py 2>&1 | tee "$OUT/c_sweep.log" | tail -14 ;;
+d)
+  timeout 150 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_w4a8_pipe.py tests/kernels/gemm/test_nvfp4_w4a8.py > "$OUT/d_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/d_tests.log" | head; tail -1 "$OUT/d_tests.log"
+  timeout 330 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" --tag d_w4a8_v2_lut 2>&1 | tail -10 ;;
+e)
+  timeout 200 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" -n 4 \
+    tests/ops/test_moe_route_dispatch.py tests/ops/test_moe_ops.py > "$OUT/e_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/e_tests.log" | head; tail -1 "$OUT/e_tests.log"
+  timeout 300 ncu --kernel-name regex:w4a8_pipe --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+    --section SchedulerStats --section ComputeWorkloadAnalysis --section Occupancy --csv --page details \
+    python benchmarks/sweep_w4a8_pipe.py --configs "" --cases v4-flash:16384 > "$OUT/e_ncu_w4a8.csv" 2> "$OUT/e_ncu.err"
+  echo "ncu rc=$?"; grep -i -E "pipe|issue|stall|Duration|Throughput" "$OUT/e_ncu_w4a8.csv" | cut -c1-220 | head -40 ;;
+f)
+  MEGAMOE_W4A8_PIPE_CONFIG=128,128,128,8,5,1 timeout 150 python -m pytest -v -rfE --tb=short -p no:cacheprovider \
+    -m "not slow" tests/kernels/gemm/test_nvfp4_w4a8_pipe.py tests/kernels/gemm/test_nvfp4_w4a8.py > "$OUT/f_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/f_tests.log" | head; tail -1 "$OUT/f_tests.log"
+  timeout 300 python benchmarks/sweep_w4a8_pipe.py --configs "128,128,128,8,5,1;128,128,128,8,4,1;128,128,128,8,6,1" \
+    --cases v4-flash:4096,v4-flash:16384,v4-pro:8192 2>&1 | tee "$OUT/f_sweep.log" | tail -14 ;;
 esac

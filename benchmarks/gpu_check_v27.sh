@@ -16,6 +16,8 @@
 #        wgmmas back to back. The w4a8 v2 tests with it (env config), and the sweep against the default in one run.
 #        (Ran on an H200. Wrong results: the A registers of in-flight QGMMAs were reused; reverted, the config's 6th
 #        value no longer exists, so this call does not run as written any more.)
+#   g -> the w4a8 layer tests on the GPU (the layer now runs v2.1), and ncu stall reasons + tensor-pipe activity of the
+#        w4a8 v2.1 kernel and of the bf16 pipelined kernel on the same GEMM (V4-Flash gate_up, 16384 tokens).
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -58,4 +60,29 @@ f)
   grep -E " (FAILED|ERROR)" "$OUT/f_tests.log" | head; tail -1 "$OUT/f_tests.log"
   timeout 300 python benchmarks/sweep_w4a8_pipe.py --configs "128,128,128,8,5,1;128,128,128,8,4,1;128,128,128,8,6,1" \
     --cases v4-flash:4096,v4-flash:16384,v4-pro:8192 2>&1 | tee "$OUT/f_sweep.log" | tail -14 ;;
+g)
+  timeout 200 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" tests/layers/test_moe_w4a8.py \
+    tests/layers/test_moe_layer.py -k "w4a8" > "$OUT/g_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/g_tests.log" | head; tail -1 "$OUT/g_tests.log"
+  timeout 300 ncu --kernel-name regex:'w4a8_pipe|wgmma_pipe' --launch-count 2 --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --csv --page raw python benchmarks/ncu_w4a8_vs_bf16.py \
+    > "$OUT/g_ncu_stalls.csv" 2> "$OUT/g_ncu.err"
+  echo "ncu rc=$?"; tail -3 "$OUT/g_ncu.err"; python - "$OUT/g_ncu_stalls.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
+names, units, data = rows[head], rows[head + 1], rows[head + 2:]
+for r in data:
+    print("kernel", r[names.index("Kernel Name")][:40])
+    def num(v):
+        try:
+            return float(v.replace(",", ""))
+        except ValueError:
+            return 0.0
+    stalls = [(n, r[i]) for i, n in enumerate(names) if "stalled" in n and ("pct" in n or "ratio" in n)]
+    pipes = [(n, r[i]) for i, n in enumerate(names) if "pipe" in n and ("pct_of_peak" in n)]
+    for n, v in sorted(stalls, key=lambda t: -num(t[1]))[:10] + sorted(pipes, key=lambda t: -num(t[1]))[:8]:
+        print("  ", n, v)
+PY
+  ;;
 esac

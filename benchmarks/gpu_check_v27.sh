@@ -18,6 +18,10 @@
 #        value no longer exists, so this call does not run as written any more.)
 #   g -> the w4a8 layer tests on the GPU (the layer now runs v2.1), and ncu stall reasons + tensor-pipe activity of the
 #        w4a8 v2.1 kernel and of the bf16 pipelined kernel on the same GEMM (V4-Flash gate_up, 16384 tokens).
+#   h -> PROMOTE 0 (opt-in numerics: one power-of-two S per weight row over the whole K, the wgmma chain accumulates in
+#        acc, no partial, no promotion; offline 377 -> 257 SASS per step): the v2 tests (both numerics), the sweep
+#        against the default in one run, then bench_gemm.py --w4a8 with the op on PROMOTE 0 (speed and error).
+#        (Measured, then reverted: +3-6% on V4-Flash, -6% on V4-Pro 8192, same error; the option no longer exists.)
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -85,4 +89,12 @@ for r in data:
         print("  ", n, v)
 PY
   ;;
+h)
+  timeout 150 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_w4a8_pipe.py > "$OUT/h_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/h_tests.log" | head; tail -1 "$OUT/h_tests.log"
+  timeout 200 python benchmarks/sweep_w4a8_pipe.py --configs "128,128,128,8,5,0;128,128,128,8,4,0;128,128,128,8,6,0" \
+    --cases v4-flash:4096,v4-flash:16384,v4-pro:8192 2>&1 | tee "$OUT/h_sweep.log" | tail -12
+  MEGAMOE_W4A8_PIPE_CONFIG=128,128,128,8,5,0 timeout 330 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 \
+    --out-dir "$OUT" --tag h_w4a8_v2_nopromote 2>&1 | tail -10 ;;
 esac

@@ -22,6 +22,8 @@
 #        acc, no partial, no promotion; offline 377 -> 257 SASS per step): the v2 tests (both numerics), the sweep
 #        against the default in one run, then bench_gemm.py --w4a8 with the op on PROMOTE 0 (speed and error).
 #        (Measured, then reverted: +3-6% on V4-Flash, -6% on V4-Pro 8192, same error; the option no longer exists.)
+#   i -> the MoE layer in w4a16 and w4a8 (v2.1) at 4096 / 16384 tokens (V4-Flash) and 4096 / 8192 (V4-Pro), and the
+#        routed experts + combine against the peer at 1 / 8 / 64 tokens (issue 11's comparison, today's defaults).
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -97,4 +99,11 @@ h)
     --cases v4-flash:4096,v4-flash:16384,v4-pro:8192 2>&1 | tee "$OUT/h_sweep.log" | tail -12
   MEGAMOE_W4A8_PIPE_CONFIG=128,128,128,8,5,0 timeout 330 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 \
     --out-dir "$OUT" --tag h_w4a8_v2_nopromote 2>&1 | tail -10 ;;
+i)
+  timeout 260 python benchmarks/bench_moe.py --configs v4-flash --tokens 4096,16384 --modes w4a16,w4a8 \
+    --out-dir "$OUT" --tag i_moe_w4a8_flash 2>&1 | tail -6
+  timeout 200 python benchmarks/bench_moe.py --configs v4-pro --tokens 4096,8192 --modes w4a16,w4a8 \
+    --out-dir "$OUT" --tag i_moe_w4a8_pro 2>&1 | tail -6
+  timeout 120 python benchmarks/bench_peer.py --configs v4-flash,v4-pro --tokens 1,8,64 --routings uniform \
+    --interleaved --no-bf16 --rep-ms 40 --budget-s 100 --out-dir "$OUT" --tag i_peer_decode 2>&1 | grep -v "^  " | tail -8 ;;
 esac

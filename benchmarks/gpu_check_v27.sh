@@ -24,6 +24,8 @@
 #        (Measured, then reverted: +3-6% on V4-Flash, -6% on V4-Pro 8192, same error; the option no longer exists.)
 #   i -> the MoE layer in w4a16 and w4a8 (v2.1) at 4096 / 16384 tokens (V4-Flash) and 4096 / 8192 (V4-Pro), and the
 #        routed experts + combine against the peer at 1 / 8 / 64 tokens (issue 11's comparison, today's defaults).
+#   j -> the 64-row band of w4a8 v2.1 (experts of <= 64 rows in 64-row tiles, their own launch): the v2 tests, then
+#        bench_gemm.py --w4a8 and the layer (bench_moe.py) at V4-Flash 4096 and V4-Pro 4096 / 8192 in w4a16 and w4a8.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -106,4 +108,13 @@ i)
     --out-dir "$OUT" --tag i_moe_w4a8_pro 2>&1 | tail -6
   timeout 120 python benchmarks/bench_peer.py --configs v4-flash,v4-pro --tokens 1,8,64 --routings uniform \
     --interleaved --no-bf16 --rep-ms 40 --budget-s 100 --out-dir "$OUT" --tag i_peer_decode 2>&1 | grep -v "^  " | tail -8 ;;
+j)
+  timeout 150 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_w4a8_pipe.py tests/kernels/gemm/test_nvfp4_w4a8.py > "$OUT/j_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/j_tests.log" | head; tail -1 "$OUT/j_tests.log"
+  timeout 200 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" --tag j_w4a8_band64 2>&1 | tail -9
+  timeout 120 python benchmarks/bench_moe.py --configs v4-flash --tokens 4096 --modes w4a16,w4a8 \
+    --out-dir "$OUT" --tag j_moe_w4a8_flash 2>&1 | tail -3
+  timeout 150 python benchmarks/bench_moe.py --configs v4-pro --tokens 4096,8192 --modes w4a16,w4a8 \
+    --out-dir "$OUT" --tag j_moe_w4a8_pro 2>&1 | tail -5 ;;
 esac

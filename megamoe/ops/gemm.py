@@ -575,10 +575,14 @@ def nvfp4_grouped_mm(
 
         if nvfp4_w4a8_pipe.W4A8_PIPE_ROUTE and nvfp4_w4a8_pipe.w4a8_pipe_supported(x, weight.data):
             xq, xs = _fp8_activations(x, mma_order=True)
-            return nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(
-                xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out,
-                expert_offsets=expert_offsets, row_index=row_index, swiglu=activation == "swiglu",
-                swiglu_limit=swiglu_limit)
+            args = (xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out)
+            kw = dict(expert_offsets=expert_offsets, row_index=row_index, swiglu=activation == "swiglu",
+                      swiglu_limit=swiglu_limit)
+            band = nvfp4_w4a8_pipe.W4A8_BAND64_MAX_ROWS
+            if band:  # experts of <= 64 rows in 64-row tiles, the rest (and the padding rows) in 128-row tiles
+                nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, config=nvfp4_w4a8_pipe.W4A8_BAND64_CONFIG,
+                                                       row_hi=band, own_pad=False)
+            return nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, row_lo=band)
         xq, xs = _fp8_activations(x)
         return launch_nvfp4_w4a8(
             xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out,

@@ -39,6 +39,7 @@ import triton
 
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
+from .nvfp4_mma_decode import ROW_HI_UNBOUNDED
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -57,6 +58,10 @@ W4A8_PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_PIPE_CONFI
 # The grouped w4a8 GEMMs on sm_90 run this kernel where it applies (:func:`w4a8_pipe_supported`), else w4a8 v1
 # (``nvfp4_w4a8.py``): env MEGAMOE_W4A8_PIPE (read at import), "1" (default) on, "0" off (A/B runs).
 W4A8_PIPE_ROUTE = os.environ.get("MEGAMOE_W4A8_PIPE", "1").strip() not in ("", "0")
+# Experts with at most this many rows run 64-row tiles (their own launch, ``W4A8_BAND64_CONFIG``) instead of 128-row
+# tiles that would be half padding (V4-Pro at 4096 tokens averages 64 rows per expert); 0 turns the band off.
+W4A8_BAND64_MAX_ROWS = int(os.environ.get("MEGAMOE_W4A8_BAND64", "64") or 0)
+W4A8_BAND64_CONFIG = (64,) + W4A8_PIPE_CONFIG[1:]
 SUB_K = 32  # K per FP8 wgmma: one packed word per lane
 _SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 
@@ -199,10 +204,10 @@ if GLUON_AVAILABLE:
             a_prev = a
         return partial, a_prev
 
-    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows"])
+    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "row_hi", "own_pad"])
     def _nvfp4_w4a8_pipe_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
-        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, x_scale_ptr,
+        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, x_scale_ptr, row_lo, row_hi, own_pad,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
@@ -210,7 +215,8 @@ if GLUON_AVAILABLE:
         STAGES: gl.constexpr = 5,
     ):
         """Grouped W4A8 GEMM: FP8 x (S, K) in the FP8 MMA K order, per-token scales ``x_scale_ptr`` (S,) fp32,
-        NVFP4 weights; one ring, an async FP8 wgmma chain and a per-step promotion (module docstring)."""
+        NVFP4 weights; one ring, an async FP8 wgmma chain and a per-step promotion (module docstring). Only the
+        experts with ``row_lo < rows <= row_hi`` (a row band); the padding rows with ``own_pad``."""
         gl.static_assert(BLOCK_K == 128)
         gl.static_assert(STAGES >= 3)
         gl.static_assert(BLOCK_N == 16 * num_warps)  # one m64 tile of weight rows per warpgroup
@@ -237,7 +243,7 @@ if GLUON_AVAILABLE:
         n_tiles = (N + BLOCK_N - 1) // BLOCK_N
         k_tiles = K // BLOCK_K
         lane, starts, ends, tiles, tile_ends, total_tiles = grouped_tile_table(
-            offsets_ptr, num_rows, num_experts, 0, None, 1, BLOCK_M, BLOCK_E, 1, num_warps)
+            offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, BLOCK_M, BLOCK_E, 1, num_warps)
         total_work = total_tiles * n_tiles
 
         work = gl.program_id(0)
@@ -329,8 +335,8 @@ if GLUON_AVAILABLE:
 def compile_w4a8_pipe_for_sm90(config=W4A8_PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False,
                                swiglu_limit=True):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
-    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "stride_xm", "stride_we", "stride_wn",
-               "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
+    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
+               "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
     return compile_sm90(_nvfp4_w4a8_pipe_kernel, scalars, tuple(config[:3]), config[3], grouped=True,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=dict(x_scale_ptr="*fp32"), extra_constants=dict(STAGES=config[4]))
@@ -363,9 +369,14 @@ def launch_nvfp4_w4a8_pipe(
     swiglu_limit: float | None = None,
     config=None,
     error_word: torch.Tensor | None = None,
+    row_lo: int = 0,
+    row_hi: int | None = None,
+    own_pad: bool = True,
 ) -> torch.Tensor:
     """Launch the pipelined W4A8 grouped GEMM (inputs validated by ``megamoe.ops.gemm``; contract of
-    :func:`megamoe.kernels.gemm.nvfp4_w4a8.launch_nvfp4_w4a8`, grouped only).
+    :func:`megamoe.kernels.gemm.nvfp4_w4a8.launch_nvfp4_w4a8`, grouped only). ``row_lo`` / ``row_hi``: only the
+    experts with ``row_lo < rows <= row_hi`` (a band; the others' rows are left untouched); ``own_pad``: write zeros
+    to the padding rows ``[offsets[E-1], T)``.
 
     xq (S, K) float8_e4m3fn **in the FP8 MMA K order** (``launch_fp8_act_quant(..., mma_order=True)``; contiguous),
     x_scale (S,) float32. data (E, N, K//2) uint8 row-major, block_scale (E, N, K//16) float8_e4m3fn, global_scale
@@ -382,14 +393,15 @@ def launch_nvfp4_w4a8_pipe(
     if k % 256:
         raise ValueError(f"data: K={k} must be a multiple of 256 for this kernel")
     block_m, block_n, block_k, num_warps, stages = config or W4A8_PIPE_CONFIG
-    m_tiles_bound = triton.cdiv(num_rows, block_m) + num_experts + 1
+    m_tiles_bound = triton.cdiv(num_rows, block_m) + min(num_experts, num_rows // (row_lo + 1)) + 1
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
     programs = min(work_bound, _num_sms(xq.device.index or 0))
     head, strides, flags = kernel_arguments(xq, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
     _nvfp4_w4a8_pipe_kernel[(programs,)](
-        *head, programs, x_scale, *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        *head, programs, x_scale, row_lo, ROW_HI_UNBOUNDED if row_hi is None else row_hi, int(own_pad), *strides,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
         **flags)
     return out

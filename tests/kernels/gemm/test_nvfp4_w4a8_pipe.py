@@ -97,20 +97,24 @@ def _a_operand_hazards(sass: str) -> list:
 @gluon_only
 @pytest.mark.slow
 @pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
-@pytest.mark.parametrize("swiglu,row_index", [(True, True), (False, True), (False, False)])
-def test_sm90_w4a8_pipe_k_loop(tmp_path, swiglu, row_index):
-    """Every build the op launches: per 128-K step 4 FP8 wgmma (``QGMMA.64x128x32``: one m64 tile per warpgroup, 4 k32
-    sub-steps) in an async chain (``DEPBAR.LE gsb0, 0x1``; the step's last one before the promotion), the ring by
-    cp.async, no spills in the loop, no A operand register written while its QGMMA may still read it (offline,
-    Triton 3.6's ptxas: 373-377 instructions per step, 5.9 per weight)."""
+@pytest.mark.parametrize("block_m,swiglu,row_index", [(128, True, True), (128, False, True), (128, False, False),
+                                                     (64, True, True), (64, False, False)])
+def test_sm90_w4a8_pipe_k_loop(tmp_path, block_m, swiglu, row_index):
+    """Every build the op launches (128-row tiles, and 64-row tiles for the <= 64-row band): per 128-K step 4 FP8
+    wgmma (``QGMMA.64xBLOCK_Mx32``: one m64 tile per warpgroup, 4 k32 sub-steps) in an async chain
+    (``DEPBAR.LE gsb0, 0x1``; the step's last one before the promotion), the ring by cp.async, no spills in the loop,
+    no A operand register written while its QGMMA may still read it (offline, Triton 3.6's ptxas: 373-377
+    instructions per step at BLOCK_M 128, 334 at 64)."""
     import re
     import subprocess
     import sys
 
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernel.cubin"
-    code = ("import sys; from megamoe.kernels.gemm.nvfp4_w4a8_pipe import compile_w4a8_pipe_for_sm90; "
-            f"c = compile_w4a8_pipe_for_sm90(swiglu={swiglu!r}, row_index={row_index!r}); "
+    code = ("import sys; from megamoe.kernels.gemm.nvfp4_w4a8_pipe import W4A8_PIPE_CONFIG, "
+            "compile_w4a8_pipe_for_sm90; "
+            f"c = compile_w4a8_pipe_for_sm90(({block_m},) + W4A8_PIPE_CONFIG[1:], swiglu={swiglu!r}, "
+            f"row_index={row_index!r}); "
             "open(sys.argv[1], 'wb').write(c.asm['cubin'])")
     subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)
     loops = _inner_loops(out.read_bytes(), tmp_path)
@@ -119,8 +123,8 @@ def test_sm90_w4a8_pipe_k_loop(tmp_path, swiglu, row_index):
     count, ops = k_loops[0]
     assert ops["QGMMA"] == 4 and ops["DEPBAR"] == 1  # DEPBAR: the cp.async wait
     assert not ops["LDG"] and not ops["LDL"] and not ops["STL"] and not ops["STS"], ops
-    assert ops["FFMA"] == 64  # the promotion: one per accumulator element
-    assert count / 64 <= 5.9 * 1.05, (count, ops)
+    assert ops["FFMA"] == block_m // 2  # the promotion: one per accumulator element
+    assert count / 64 <= {128: 5.9, 64: 5.25}[block_m] * 1.05, (count, ops)
     sass = subprocess.run([_cuobjdump(), "-sass", str(out)], capture_output=True, text=True, check=True).stdout
     assert set(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)) == {"0x0", "0x1"}
     assert not _a_operand_hazards(sass)
@@ -190,6 +194,27 @@ def test_cuda_gather_swiglu_guard_and_nonfinite():
     nan_rows = (row_index == 11).nonzero().flatten().tolist()
     assert all(torch.isnan(out[r]).all() for r in nan_rows)
     assert torch.isnan(out[60:93, 3]).all()  # expert 2's rows: SwiGLU pair 3 = gate/up rows 6, 7
+
+
+@cuda_sm90
+@pytest.mark.cuda
+def test_cuda_op_bands_match_reference_and_one_launch():
+    """Through ``nvfp4_grouped_mm``: experts of <= 64 rows run the 64-row band launch, the rest the 128-row one; the
+    result equals one 128-row launch over every expert bit for bit and the reference within the bound."""
+    counts = SKEWED_COUNTS_16
+    e, n, k = len(counts), 256, 1024
+    w = random_weight((e, n, k), "cuda", scale_shape=(e, n, 1))
+    t = sum(counts)
+    x = torch.randn(t + 3, k).bfloat16().cuda()
+    offsets = offsets_of(counts, "cuda")
+    assert 0 < w4a8_pipe.W4A8_BAND64_MAX_ROWS < max(counts)
+    out = nvfp4_grouped_mm(x, w, offsets, mode="w4a8")
+    xq, xs = _quantized(x, True)
+    one = torch.empty_like(out)
+    w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, one, expert_offsets=offsets)
+    assert torch.equal(out, one)
+    ref = ref_w4a8.w4a8_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu())
+    _assert_close_to_reference(out, ref)
 
 
 @cuda_sm90

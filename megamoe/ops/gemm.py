@@ -31,7 +31,9 @@ quantized to NVFP4 with a dynamic per-row global scale and decoded back to bf16
 before the GEMM, reproducing Blackwell W4A4 numerics to validate accuracy) and
 ``"w4a8"`` (prefill on Hopper's FP8 tensor cores: x quantized to FP8 E4M3 per
 token by ``megamoe/kernels/fp8_act_quant.py``, the NVFP4 weights decoded to FP8
-operands inside ``megamoe/kernels/gemm/nvfp4_w4a8.py``; numerics in
+operands inside the kernel: grouped GEMMs with K % 256 == 0 on sm_90 run the pipelined
+``megamoe/kernels/gemm/nvfp4_w4a8_pipe.py`` (experts of <= 64 rows in a 64-row-tile launch, the rest in
+128-row tiles), the others ``megamoe/kernels/gemm/nvfp4_w4a8.py``; numerics in
 ``megamoe/reference/w4a8.py``; needs K % 128 == 0). Host rule (:func:`w4a8_kernel_mode`): on CUDA,
 a w4a8 GEMM with fewer than ``W4A8_MIN_ROWS_PER_EXPERT`` (48) rows per expert on average (M < 48 dense)
 runs the w4a16 kernels (decode sizes are weight-bandwidth bound; FP8 MMA buys nothing there); the

@@ -189,20 +189,19 @@ if GLUON_AVAILABLE:
         async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
 
     @gluon.jit
-    def _step_mmas(partial, a_prev, words, lut_lo, lut_hi, xs, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _step_mmas(partial, words, lut_lo, lut_hi, xs, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                    BLOCK_K: gl.constexpr, FIRST_A):
-        """Sub-steps 1.. of a step (sub-step 0's A, ``FIRST_A``, was decoded by the caller): async wgmmas into
-        ``partial``, the first from zero; at most one sub-step left in flight. Returns (partial, last A)."""
+        """Sub-steps of a step (sub-step 0's A, ``FIRST_A``, was decoded by the caller): async wgmmas into ``partial``,
+        the first from zero; at most one sub-step left in flight. (The A operands cannot be kept alive through the
+        wait's deps: module docstring.)"""
         partial = warpgroup_mma(FIRST_A, xs.slice(0, _SUB_K, dim=1).permute([1, 0]), partial, use_acc=False,
                                 is_async=True)
         partial = warpgroup_mma_wait(1, deps=[partial])
-        a_prev = FIRST_A
         for i in gl.static_range(1, BLOCK_K // _SUB_K):
             a = _decode_sub_fp8(words, lut_lo, lut_hi, i, a_layout, BLOCK_N)
             partial = warpgroup_mma(a, xs.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), partial, is_async=True)
             partial = warpgroup_mma_wait(1, deps=[partial])
-            a_prev = a
-        return partial, a_prev
+        return partial
 
     @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "row_hi", "own_pad"])
     def _nvfp4_w4a8_pipe_kernel(
@@ -285,8 +284,7 @@ if GLUON_AVAILABLE:
                           STAGES - 2, BLOCK_K)
                 async_copy.commit_group()
                 a_first = _decode_sub_fp8(words, lut_lo, lut_hi, 0, a_layout, BLOCK_N)
-                partial, a_prev = _step_mmas(acc, a_first, words, lut_lo, lut_hi, x_ring.index(0), a_layout, BLOCK_N,
-                                             BLOCK_K, a_first)
+                partial = _step_mmas(acc, words, lut_lo, lut_hi, x_ring.index(0), a_layout, BLOCK_N, BLOCK_K, a_first)
                 s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
                 for step in range(1, k_tiles):
                     slot = step % STAGES
@@ -305,8 +303,8 @@ if GLUON_AVAILABLE:
                     # step - 1 complete: promote its partial, then the partial registers start this step
                     partial = warpgroup_mma_wait(0, deps=[partial])
                     acc = acc + partial * s_prev[:, None]
-                    partial, a_prev = _step_mmas(partial, a_prev, words, lut_lo, lut_hi, x_ring.index(slot),
-                                                 a_layout, BLOCK_N, BLOCK_K, a_first)
+                    partial = _step_mmas(partial, words, lut_lo, lut_hi, x_ring.index(slot), a_layout, BLOCK_N,
+                                         BLOCK_K, a_first)
                     s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
                 partial = warpgroup_mma_wait(0, deps=[partial])
                 acc = acc + partial * s_prev[:, None]

@@ -26,6 +26,10 @@
 #        routed experts + combine against the peer at 1 / 8 / 64 tokens (issue 11's comparison, today's defaults).
 #   j -> the 64-row band of w4a8 v2.1 (experts of <= 64 rows in 64-row tiles, their own launch): the v2 tests, then
 #        bench_gemm.py --w4a8 and the layer (bench_moe.py) at V4-Flash 4096 and V4-Pro 4096 / 8192 in w4a16 and w4a8.
+#   k -> after this session's kernel changes (Gluon SwiGLU clamp, route softplus, w4a8 v2.1 + bands): tests/layers,
+#        tests/models, tests/ops and tests/kernels (not slow, cuda-marked or not, 12 workers).
+#   l -> k stopped at its time limit (77%) with 15 failures / errors and no tracebacks (--tb=line prints them at the
+#        end): those tests again, 2 workers, with tracebacks.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -117,4 +121,15 @@ j)
     --out-dir "$OUT" --tag j_moe_w4a8_flash 2>&1 | tail -3
   timeout 150 python benchmarks/bench_moe.py --configs v4-pro --tokens 4096,8192 --modes w4a16,w4a8 \
     --out-dir "$OUT" --tag j_moe_w4a8_pro 2>&1 | tail -5 ;;
+k)
+  timeout 560 python -m pytest -v -rfE --tb=line -p no:cacheprovider -n 12 -m "not slow" tests/layers tests/models \
+    tests/ops tests/kernels > "$OUT/k_tests.log" 2>&1
+  echo "pytest rc=$?"; grep -E " (FAILED|ERROR) " "$OUT/k_tests.log" | head -20; grep -cE " PASSED " "$OUT/k_tests.log"
+  tail -2 "$OUT/k_tests.log" ;;
+l)
+  timeout 400 python -m pytest -v -rfE --tb=short -p no:cacheprovider -n 2 -m "not slow" \
+    tests/layers/test_moe_w4a8.py tests/models/test_config_and_cli.py::test_run_command_on_cpu \
+    "tests/kernels/gemm/test_nvfp4_w4a8.py::test_cuda_v4_shapes_match_reference_graph_and_sync_free" \
+    tests/kernels/test_moe_fused_decode.py tests/kernels/test_pdl.py > "$OUT/l_tests.log" 2>&1
+  echo "pytest rc=$?"; grep -E " (FAILED|ERROR) |^E  " "$OUT/l_tests.log" | head -30; tail -2 "$OUT/l_tests.log" ;;
 esac

@@ -30,6 +30,8 @@
 #        tests/models, tests/ops and tests/kernels (not slow, cuda-marked or not, 12 workers).
 #   l -> k stopped at its time limit (77%) with 15 failures / errors and no tracebacks (--tb=line prints them at the
 #        end): those tests again, 2 workers, with tracebacks.
+#   m -> deliberate break: the two NaN fixes reverted in the working tree for this call only (plain gl.minimum /
+#        tl.minimum again); the new CUDA NaN tests must fail.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -132,4 +134,9 @@ l)
     "tests/kernels/gemm/test_nvfp4_w4a8.py::test_cuda_v4_shapes_match_reference_graph_and_sync_free" \
     tests/kernels/test_moe_fused_decode.py tests/kernels/test_pdl.py > "$OUT/l_tests.log" 2>&1
   echo "pytest rc=$?"; grep -E " (FAILED|ERROR) |^E  " "$OUT/l_tests.log" | head -30; tail -2 "$OUT/l_tests.log" ;;
+m)
+  timeout 200 python -m pytest -v -rfE --tb=line -p no:cacheprovider -m "not slow" \
+    tests/ops/test_gemm_bands.py tests/ops/test_moe_route_dispatch.py -k "nan" \
+    > "$OUT/m_break.log" 2>&1
+  echo "pytest rc=$?"; grep -E "PASSED|FAILED|ERROR" "$OUT/m_break.log" | head -20; tail -1 "$OUT/m_break.log" ;;
 esac

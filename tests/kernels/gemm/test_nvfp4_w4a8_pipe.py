@@ -1,11 +1,12 @@
 """The pipelined W4A8 grouped GEMM (w4a8 v2, ``megamoe/kernels/gemm/nvfp4_w4a8_pipe.py``, NOTES_gemm.md "w4a8 v2").
 
 CPU: the FP8 MMA K order (its permutation from the wgmma k32 fragment map, and the quantizer writing it, bit for bit,
-through the interpreter); the offline sm_90 build's K loop (4 FP8 wgmma per step in an async chain that ptxas did
-not serialise, no spills). CUDA: against ``megamoe/reference/w4a8.py`` on skewed routings (empty experts, one expert
-holding every row, rows that are not a multiple of the tile, padding rows, N not a multiple of the tile), the fused
-gather + SwiGLU, non-finite rows and scales, the row_index guard; the route of ``nvfp4_grouped_mm``; sync-free and
-graph replay == eager.
+through the interpreter); the offline sm_90 builds' K loops (4 FP8 wgmma per step in an async chain that ptxas did
+not serialise, no spills, no A operand register reused while its wgmma may read it). CUDA: against
+``megamoe/reference/w4a8.py`` on skewed routings (empty experts, one expert holding every row, rows that are not a
+multiple of the tile, padding rows, N not a multiple of the tile), the fused gather + SwiGLU, non-finite rows and
+scales, the row_index guard; the route of ``nvfp4_grouped_mm`` with its 64-row band (equal to one 128-row launch);
+sync-free and graph replay == eager.
 """
 import pytest
 import torch

@@ -32,6 +32,10 @@
 #        end): those tests again, 2 workers, with tracebacks.
 #   m -> deliberate break: the two NaN fixes reverted in the working tree for this call only (plain gl.minimum /
 #        tl.minimum again); the new CUDA NaN tests must fail.
+#   n -> 96-row (64 + 32) tiles for the 65-96-row band of w4a8 (bands 64 / 96 / rest): the w4a8 tests, bench_gemm.py
+#        --w4a8 and the layer at V4-Flash 4096 and V4-Pro 4096 in w4a16 and w4a8. NOT RUN: the tool refused to start a
+#        machine (too little device time left). Run it with MEGAMOE_W4A8_BANDS=64,96 for the bench lines (the band
+#        is opt-in until then); the tests cover both band settings.
 # Run with carry [".peers"] (the peer). At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -139,4 +143,11 @@ m)
     tests/ops/test_gemm_bands.py tests/ops/test_moe_route_dispatch.py -k "nan" \
     > "$OUT/m_break.log" 2>&1
   echo "pytest rc=$?"; grep -E "PASSED|FAILED|ERROR" "$OUT/m_break.log" | head -20; tail -1 "$OUT/m_break.log" ;;
+n)
+  timeout 150 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_w4a8_pipe.py tests/kernels/gemm/test_nvfp4_w4a8.py > "$OUT/n_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/n_tests.log" | head; tail -1 "$OUT/n_tests.log"
+  timeout 200 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" --tag n_w4a8_band96 2>&1 | tail -9
+  timeout 150 python benchmarks/bench_moe.py --configs v4-flash,v4-pro --tokens 4096 --modes w4a16,w4a8 \
+    --out-dir "$OUT" --tag n_moe_w4a8 2>&1 | tail -5 ;;
 esac

@@ -32,8 +32,8 @@ before the GEMM, reproducing Blackwell W4A4 numerics to validate accuracy) and
 ``"w4a8"`` (prefill on Hopper's FP8 tensor cores: x quantized to FP8 E4M3 per
 token by ``megamoe/kernels/fp8_act_quant.py``, the NVFP4 weights decoded to FP8
 operands inside the kernel: grouped GEMMs with K % 256 == 0 on sm_90 run the pipelined
-``megamoe/kernels/gemm/nvfp4_w4a8_pipe.py`` (experts of <= 64 rows in a 64-row-tile launch, the rest in
-128-row tiles), the others ``megamoe/kernels/gemm/nvfp4_w4a8.py``; numerics in
+``megamoe/kernels/gemm/nvfp4_w4a8_pipe.py`` (row bands: experts of <= 64 rows in 64-row tiles, the rest in
+128-row tiles; ``W4A8_BAND_CONFIGS``), the others ``megamoe/kernels/gemm/nvfp4_w4a8.py``; numerics in
 ``megamoe/reference/w4a8.py``; needs K % 128 == 0). Host rule (:func:`w4a8_kernel_mode`): on CUDA,
 a w4a8 GEMM with fewer than ``W4A8_MIN_ROWS_PER_EXPERT`` (48) rows per expert on average (M < 48 dense)
 runs the w4a16 kernels (decode sizes are weight-bandwidth bound; FP8 MMA buys nothing there); the
@@ -580,11 +580,12 @@ def nvfp4_grouped_mm(
             args = (xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out)
             kw = dict(expert_offsets=expert_offsets, row_index=row_index, swiglu=activation == "swiglu",
                       swiglu_limit=swiglu_limit)
-            band = nvfp4_w4a8_pipe.W4A8_BAND64_MAX_ROWS
-            if band:  # experts of <= 64 rows in 64-row tiles, the rest (and the padding rows) in 128-row tiles
-                nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, config=nvfp4_w4a8_pipe.W4A8_BAND64_CONFIG,
-                                                       row_hi=band, own_pad=False)
-            return nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, row_lo=band)
+            lo = 0
+            for hi, band_config in nvfp4_w4a8_pipe.W4A8_BAND_CONFIGS.items():  # 64- and 96-row tiles by band
+                nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, config=band_config, row_lo=lo, row_hi=hi,
+                                                       own_pad=False)
+                lo = hi
+            return nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, row_lo=lo)  # the rest, and the padding rows
         xq, xs = _fp8_activations(x)
         return launch_nvfp4_w4a8(
             xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out,

@@ -40,6 +40,7 @@ import triton
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
 from .nvfp4_mma_decode import ROW_HI_UNBOUNDED
+from .nvfp4_wgmma_pipe import split_tile_rows
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -58,10 +59,14 @@ W4A8_PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_PIPE_CONFI
 # The grouped w4a8 GEMMs on sm_90 run this kernel where it applies (:func:`w4a8_pipe_supported`), else w4a8 v1
 # (``nvfp4_w4a8.py``): env MEGAMOE_W4A8_PIPE (read at import), "1" (default) on, "0" off (A/B runs).
 W4A8_PIPE_ROUTE = os.environ.get("MEGAMOE_W4A8_PIPE", "1").strip() not in ("", "0")
-# Experts with at most this many rows run 64-row tiles (their own launch, ``W4A8_BAND64_CONFIG``) instead of 128-row
-# tiles that would be half padding (V4-Pro at 4096 tokens averages 64 rows per expert); 0 turns the band off.
-W4A8_BAND64_MAX_ROWS = int(os.environ.get("MEGAMOE_W4A8_BAND64", "64") or 0)
-W4A8_BAND64_CONFIG = (64,) + W4A8_PIPE_CONFIG[1:]
+# Row bands (rows per expert, upper edge -> config), each its own launch, instead of 128-row tiles that would be up to
+# half padding (V4-Pro at 4096 tokens averages 64 rows per expert, V4-Flash 96): experts of <= 64 rows run 64-row tiles
+# (default; measured, NOTES_gemm.md "A 64-row band"), and with "64,96" those of 65-96 rows 96-row (64 + 32) tiles
+# (opt-in: built and checked offline, NOT yet run on a GPU); the rest run W4A8_PIPE_CONFIG. Env MEGAMOE_W4A8_BANDS
+# (read at import): "64" (default), "64,96", or "" / "0" (no bands).
+W4A8_BAND_EDGES = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_BANDS", "64").split(",") if v.strip() not in
+                        ("", "0"))
+W4A8_BAND_CONFIGS = {edge: (edge,) + W4A8_PIPE_CONFIG[1:] for edge in W4A8_BAND_EDGES}
 SUB_K = 32  # K per FP8 wgmma: one packed word per lane
 _SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 
@@ -182,26 +187,60 @@ if GLUON_AVAILABLE:
         return gl.convert_layout(w, a_layout)
 
     @gluon.jit
-    def _fill(x_ring, w_ring, s_ring, slot, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, step, BLOCK_K: gl.constexpr):
-        """cp.async of K step ``step``'s FP8 x rows (masked rows zero-filled), weight words and scale bytes."""
+    def _fill(x_ring, xt_ring, w_ring, s_ring, slot, xr_ptrs, xr_mask, xt_ptrs, xt_mask, wr_ptrs, sr_ptrs, step,
+              BLOCK_K: gl.constexpr, BLOCK_M_TAIL: gl.constexpr):
+        """cp.async of K step ``step``'s FP8 x rows (masked rows zero-filled; the tail rows into ``xt_ring`` when
+        BLOCK_M_TAIL > 0), weight words and scale bytes."""
         async_copy.async_copy_global_to_shared(x_ring.index(slot), xr_ptrs + step * BLOCK_K, mask=xr_mask)
+        if BLOCK_M_TAIL > 0:
+            async_copy.async_copy_global_to_shared(xt_ring.index(slot), xt_ptrs + step * BLOCK_K, mask=xt_mask)
         async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (BLOCK_K // 8))
         async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
 
     @gluon.jit
-    def _step_mmas(partial, words, lut_lo, lut_hi, xs, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                   BLOCK_K: gl.constexpr, FIRST_A):
-        """Sub-steps of a step (sub-step 0's A, ``FIRST_A``, was decoded by the caller): async wgmmas into ``partial``,
-        the first from zero; at most one sub-step left in flight. (The A operands cannot be kept alive through the
-        wait's deps: module docstring.)"""
+    def _step_mmas(partial, partial_t, words, lut_lo, lut_hi, xs, xts, a_layout: gl.constexpr, at_layout: gl.constexpr,
+                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, FIRST_A, BLOCK_M_TAIL: gl.constexpr):
+        """Sub-steps of a step (sub-step 0's A, ``FIRST_A``, was decoded by the caller): async wgmmas into ``partial``
+        (and, with BLOCK_M_TAIL > 0, the same A into ``partial_t`` for the tail rows; otherwise ``partial_t`` is
+        passed through), the first from zero; at most one sub-step left in flight. (The A operands cannot be kept
+        alive through the wait's deps: module docstring.)"""
         partial = warpgroup_mma(FIRST_A, xs.slice(0, _SUB_K, dim=1).permute([1, 0]), partial, use_acc=False,
                                 is_async=True)
-        partial = warpgroup_mma_wait(1, deps=[partial])
+        if BLOCK_M_TAIL > 0:
+            partial_t = warpgroup_mma(gl.convert_layout(FIRST_A, at_layout),
+                                      xts.slice(0, _SUB_K, dim=1).permute([1, 0]), partial_t, use_acc=False,
+                                      is_async=True)
+            partial, partial_t = warpgroup_mma_wait(2, deps=[partial, partial_t])
+        else:
+            partial = warpgroup_mma_wait(1, deps=[partial])
         for i in gl.static_range(1, BLOCK_K // _SUB_K):
             a = _decode_sub_fp8(words, lut_lo, lut_hi, i, a_layout, BLOCK_N)
             partial = warpgroup_mma(a, xs.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), partial, is_async=True)
-            partial = warpgroup_mma_wait(1, deps=[partial])
-        return partial
+            if BLOCK_M_TAIL > 0:
+                # the same A registers (a conversion between equal linear layouts: no instructions)
+                partial_t = warpgroup_mma(gl.convert_layout(a, at_layout),
+                                          xts.slice(_SUB_K * i, _SUB_K, dim=1).permute([1, 0]), partial_t,
+                                          is_async=True)
+                partial, partial_t = warpgroup_mma_wait(2, deps=[partial, partial_t])
+            else:
+                partial = warpgroup_mma_wait(1, deps=[partial])
+        return partial, partial_t
+
+    @gluon.jit
+    def _token_scales(acc, row_start, row_end, row_index_ptr, x_scale_ptr, num_src_rows, ROWS: gl.constexpr,
+                      HAS_ROW_INDEX: gl.constexpr):
+        """acc (weight rows x ROWS token rows from ``row_start``) times each token's activation scale (gathered by
+        ``row_index``; 0 for rows past the end or out of range) and 2**-8 (the shared epilogue multiplies by 256, the
+        bf16 decode's factor)."""
+        t_rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(0, acc.type.layout))
+        t_ok = t_rows < row_end
+        if HAS_ROW_INDEX:
+            t_src = gl.load(row_index_ptr + t_rows, mask=t_ok, other=0)
+            t_ok = t_ok & (t_src >= 0) & (t_src < num_src_rows)
+        else:
+            t_src = t_rows
+        x_scale = gl.load(x_scale_ptr + t_src, mask=t_ok, other=0.0)
+        return acc * (x_scale * 0.00390625)[None, :]
 
     @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "row_hi", "own_pad"])
     def _nvfp4_w4a8_pipe_kernel(
@@ -211,22 +250,33 @@ if GLUON_AVAILABLE:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
-        STAGES: gl.constexpr = 5,
+        STAGES: gl.constexpr = 5, BLOCK_M_TAIL: gl.constexpr = 0,
     ):
         """Grouped W4A8 GEMM: FP8 x (S, K) in the FP8 MMA K order, per-token scales ``x_scale_ptr`` (S,) fp32,
         NVFP4 weights; one ring, an async FP8 wgmma chain and a per-step promotion (module docstring). Only the
-        experts with ``row_lo < rows <= row_hi`` (a row band); the padding rows with ``own_pad``."""
+        experts with ``row_lo < rows <= row_hi`` (a row band); the padding rows with ``own_pad``. A tile holds
+        BLOCK_M + BLOCK_M_TAIL token rows: with BLOCK_M_TAIL > 0 the tail has its own x ring part, partial and
+        accumulator, fed by the same decoded weights (96 = 64 + 32: shapes must be powers of two)."""
         gl.static_assert(BLOCK_K == 128)
         gl.static_assert(STAGES >= 3)
         gl.static_assert(BLOCK_N == 16 * num_warps)  # one m64 tile of weight rows per warpgroup
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, BLOCK_M, 32])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=4)
+        MT: gl.constexpr = BLOCK_M_TAIL if BLOCK_M_TAIL > 0 else BLOCK_M
+        mma_t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                               instr_shape=[16, MT, 32])
+        at_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_t_layout, k_width=4)
+        TILE_M: gl.constexpr = BLOCK_M + BLOCK_M_TAIL
         w_layout: gl.constexpr = weight_layout(BLOCK_N, BLOCK_K, num_warps)
         s_layout: gl.constexpr = scale_layout(BLOCK_N, BLOCK_K, num_warps)
         x_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
         flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], x_smem_layout)
+        if BLOCK_M_TAIL > 0:
+            xt_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M_TAIL, BLOCK_K], x_smem_layout)
+        else:
+            xt_ring = x_ring  # not read
         w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], flat_layout)
         s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, BLOCK_K // 16], flat_layout)
         # copy layouts: 16-byte chunks of x (16 FP8) and of weight words (4 int32), one 8-byte chunk of scales
@@ -242,7 +292,7 @@ if GLUON_AVAILABLE:
         n_tiles = (N + BLOCK_N - 1) // BLOCK_N
         k_tiles = K // BLOCK_K
         lane, starts, ends, tiles, tile_ends, total_tiles = grouped_tile_table(
-            offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, BLOCK_M, BLOCK_E, 1, num_warps)
+            offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, TILE_M, BLOCK_E, 1, num_warps)
         total_work = total_tiles * n_tiles
 
         work = gl.program_id(0)
@@ -250,7 +300,7 @@ if GLUON_AVAILABLE:
         while work < total_work:
             tile = work // n_tiles
             n_start = (work % n_tiles) * BLOCK_N
-            row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, BLOCK_M)
+            row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, TILE_M)
             is_real = expert < num_experts
             expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
             w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wr_layout)), N - 1)
@@ -267,12 +317,31 @@ if GLUON_AVAILABLE:
                 r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
                 xr_mask = None
             xr_ptrs = x_fp8 + r_src[:, None] * (4 * stride_xm) + xr_cols[None, :]
+            if BLOCK_M_TAIL > 0:
+                q_rows = row_start + BLOCK_M + gl.arange(0, BLOCK_M_TAIL, layout=gl.SliceLayout(1, xr_layout))
+                q_ok = q_rows < row_end
+                if HAS_ROW_INDEX:
+                    q_src, q_src_ok, xt_mask = gathered_source_rows(row_index_ptr, q_rows, q_ok, num_src_rows)
+                    if ERR_FLAG != 0:
+                        bad_rows += gl.sum((q_ok & ~q_src_ok & is_real).to(gl.int32), axis=0)
+                else:
+                    q_src = gl.where(q_ok, q_rows, 0).to(gl.int64)
+                    xt_mask = None
+                xt_ptrs = x_fp8 + q_src[:, None] * (4 * stride_xm) + xr_cols[None, :]
+            else:
+                xt_ptrs = xr_ptrs  # not read
+                xt_mask = xr_mask
             if is_real:
                 acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+                if BLOCK_M_TAIL > 0:
+                    acc_t = gl.zeros([BLOCK_N, BLOCK_M_TAIL], gl.float32, layout=mma_t_layout)
+                else:
+                    acc_t = acc  # passed through untouched
                 gl.thread_barrier()  # every warpgroup's MMAs of the previous tile have read the ring
                 for j in gl.static_range(STAGES - 2):
                     if j < k_tiles:
-                        _fill(x_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, j, BLOCK_K)
+                        _fill(x_ring, xt_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, xt_ptrs, xt_mask, wr_ptrs, sr_ptrs,
+                              j, BLOCK_K, BLOCK_M_TAIL)
                     async_copy.commit_group()
                 # step 0, peeled (every path from the zeroing to the final wait passes a wgmma: C7515)
                 async_copy.wait_group(STAGES - 3)
@@ -280,12 +349,14 @@ if GLUON_AVAILABLE:
                 factor, big_s = _step_scales(s_ring.index(0).load(s_layout), BLOCK_N)
                 lut_lo, lut_hi = _block_luts(factor)
                 if STAGES - 2 < k_tiles:
-                    _fill(x_ring, w_ring, s_ring, (STAGES - 2) % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs,
-                          STAGES - 2, BLOCK_K)
+                    _fill(x_ring, xt_ring, w_ring, s_ring, (STAGES - 2) % STAGES, xr_ptrs, xr_mask, xt_ptrs, xt_mask,
+                          wr_ptrs, sr_ptrs, STAGES - 2, BLOCK_K, BLOCK_M_TAIL)
                 async_copy.commit_group()
                 a_first = _decode_sub_fp8(words, lut_lo, lut_hi, 0, a_layout, BLOCK_N)
-                partial = _step_mmas(acc, words, lut_lo, lut_hi, x_ring.index(0), a_layout, BLOCK_N, BLOCK_K, a_first)
+                partial, partial_t = _step_mmas(acc, acc_t, words, lut_lo, lut_hi, x_ring.index(0), xt_ring.index(0),
+                                                a_layout, at_layout, BLOCK_N, BLOCK_K, a_first, BLOCK_M_TAIL)
                 s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
+                s_prev_t = gl.convert_layout(big_s, gl.SliceLayout(1, mma_t_layout))
                 for step in range(1, k_tiles):
                     slot = step % STAGES
                     async_copy.wait_group(STAGES - 3)  # this thread's copies of `step` have landed
@@ -296,34 +367,45 @@ if GLUON_AVAILABLE:
                     lut_lo, lut_hi = _block_luts(factor)
                     ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
                     if ahead < k_tiles:
-                        _fill(x_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, wr_ptrs, sr_ptrs, ahead,
-                              BLOCK_K)
+                        _fill(x_ring, xt_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, xt_ptrs, xt_mask,
+                              wr_ptrs, sr_ptrs, ahead, BLOCK_K, BLOCK_M_TAIL)
                     async_copy.commit_group()
                     a_first = _decode_sub_fp8(words, lut_lo, lut_hi, 0, a_layout, BLOCK_N)
                     # step - 1 complete: promote its partial, then the partial registers start this step
-                    partial = warpgroup_mma_wait(0, deps=[partial])
+                    if BLOCK_M_TAIL > 0:
+                        partial, partial_t = warpgroup_mma_wait(0, deps=[partial, partial_t])
+                        acc_t = acc_t + partial_t * s_prev_t[:, None]
+                    else:
+                        partial = warpgroup_mma_wait(0, deps=[partial])
                     acc = acc + partial * s_prev[:, None]
-                    partial = _step_mmas(partial, words, lut_lo, lut_hi, x_ring.index(slot), a_layout, BLOCK_N,
-                                         BLOCK_K, a_first)
+                    partial, partial_t = _step_mmas(partial, partial_t, words, lut_lo, lut_hi, x_ring.index(slot),
+                                                    xt_ring.index(slot), a_layout, at_layout, BLOCK_N, BLOCK_K,
+                                                    a_first, BLOCK_M_TAIL)
                     s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
-                partial = warpgroup_mma_wait(0, deps=[partial])
-                acc = acc + partial * s_prev[:, None]
-                # the per-token scale, times 2**-8 (the shared epilogue multiplies by 256: the bf16 decode's factor)
-                t_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
-                t_ok = t_rows < row_end
-                if HAS_ROW_INDEX:
-                    t_src = gl.load(row_index_ptr + t_rows, mask=t_ok, other=0)
-                    t_ok = t_ok & (t_src >= 0) & (t_src < num_src_rows)
+                    s_prev_t = gl.convert_layout(big_s, gl.SliceLayout(1, mma_t_layout))
+                if BLOCK_M_TAIL > 0:
+                    partial, partial_t = warpgroup_mma_wait(0, deps=[partial, partial_t])
+                    acc_t = acc_t + partial_t * s_prev_t[:, None]
                 else:
-                    t_src = t_rows
-                x_scale = gl.load(x_scale_ptr + t_src, mask=t_ok, other=0.0)
-                acc = acc * (x_scale * 0.00390625)[None, :]
+                    partial = warpgroup_mma_wait(0, deps=[partial])
+                acc = acc + partial * s_prev[:, None]
+                acc = _token_scales(acc, row_start, row_end, row_index_ptr, x_scale_ptr, num_src_rows, BLOCK_M,
+                                    HAS_ROW_INDEX)
                 _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
                             stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
                             SWIGLU, HAS_LIMIT, num_warps)
+                if BLOCK_M_TAIL > 0:
+                    acc_t = _token_scales(acc_t, row_start + BLOCK_M, row_end, row_index_ptr, x_scale_ptr,
+                                          num_src_rows, BLOCK_M_TAIL, HAS_ROW_INDEX)
+                    _store_tile(acc_t, row_start + BLOCK_M, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
+                                stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M_TAIL,
+                                BLOCK_N, HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
             else:
                 _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M, BLOCK_N, SWIGLU,
                              num_warps)
+                if BLOCK_M_TAIL > 0:
+                    _store_zeros(out_ptr, row_start + BLOCK_M, row_end, n_start, N, stride_om, BLOCK_M_TAIL, BLOCK_N,
+                                 SWIGLU, num_warps)
             work += num_programs
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:
@@ -335,9 +417,11 @@ def compile_w4a8_pipe_for_sm90(config=W4A8_PIPE_CONFIG, *, row_index=True, bias=
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
                "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
-    return compile_sm90(_nvfp4_w4a8_pipe_kernel, scalars, tuple(config[:3]), config[3], grouped=True,
+    head, tail = split_tile_rows(config[0])
+    return compile_sm90(_nvfp4_w4a8_pipe_kernel, scalars, (head,) + tuple(config[1:3]), config[3], grouped=True,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
-                        extra_signature=dict(x_scale_ptr="*fp32"), extra_constants=dict(STAGES=config[4]))
+                        extra_signature=dict(x_scale_ptr="*fp32"),
+                        extra_constants=dict(STAGES=config[4], **({"BLOCK_M_TAIL": tail} if tail else {})))
 
 
 def w4a8_pipe_supported(x: torch.Tensor, data: torch.Tensor, weight_interleave: int = 1) -> bool:
@@ -379,7 +463,8 @@ def launch_nvfp4_w4a8_pipe(
     xq (S, K) float8_e4m3fn **in the FP8 MMA K order** (``launch_fp8_act_quant(..., mma_order=True)``; contiguous),
     x_scale (S,) float32. data (E, N, K//2) uint8 row-major, block_scale (E, N, K//16) float8_e4m3fn, global_scale
     0-d, (E, 1, 1) or (E, N, 1) fp32, expert_offsets (E,) int32, out (T, N) bf16 or (T, N//2) with ``swiglu``.
-    ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES), default :data:`W4A8_PIPE_CONFIG`.
+    ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES), default :data:`W4A8_PIPE_CONFIG`; BLOCK_M (token
+    rows per tile) a power of two or the sum of two (96 = 64 + 32: two wgmmas on the same decoded weights).
     """
     if expert_offsets is None:
         raise ValueError("expert_offsets: this kernel is grouped only")
@@ -397,9 +482,10 @@ def launch_nvfp4_w4a8_pipe(
     head, strides, flags = kernel_arguments(xq, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
+    head_m, tail_m = split_tile_rows(block_m)
     _nvfp4_w4a8_pipe_kernel[(programs,)](
         *head, programs, x_scale, row_lo, ROW_HI_UNBOUNDED if row_hi is None else row_hi, int(own_pad), *strides,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
-        **flags)
+        **flags, **({"BLOCK_M_TAIL": tail_m} if tail_m else {}))
     return out

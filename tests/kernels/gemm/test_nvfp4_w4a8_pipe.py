@@ -99,13 +99,14 @@ def _a_operand_hazards(sass: str) -> list:
 @pytest.mark.slow
 @pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
 @pytest.mark.parametrize("block_m,swiglu,row_index", [(128, True, True), (128, False, True), (128, False, False),
-                                                     (64, True, True), (64, False, False)])
+                                                     (64, True, True), (64, False, False), (96, True, True),
+                                                     (96, False, False)])
 def test_sm90_w4a8_pipe_k_loop(tmp_path, block_m, swiglu, row_index):
-    """Every build the op launches (128-row tiles, and 64-row tiles for the <= 64-row band): per 128-K step 4 FP8
+    """Every build the op launches (128-row tiles; 64- and 96-row tiles for the bands): per 128-K step 4 FP8
     wgmma (``QGMMA.64xBLOCK_Mx32``: one m64 tile per warpgroup, 4 k32 sub-steps) in an async chain
     (``DEPBAR.LE gsb0, 0x1``; the step's last one before the promotion), the ring by cp.async, no spills in the loop,
     no A operand register written while its QGMMA may still read it (offline, Triton 3.6's ptxas: 373-377
-    instructions per step at BLOCK_M 128, 334 at 64)."""
+    instructions per step at BLOCK_M 128, 387 at 96, 334 at 64)."""
     import re
     import subprocess
     import sys
@@ -122,12 +123,13 @@ def test_sm90_w4a8_pipe_k_loop(tmp_path, block_m, swiglu, row_index):
     k_loops = [(n, ops) for n, ops in loops if ops["QGMMA"]]
     assert len(k_loops) == 1, loops
     count, ops = k_loops[0]
-    assert ops["QGMMA"] == 4 and ops["DEPBAR"] == 1  # DEPBAR: the cp.async wait
+    tail = block_m == 96  # a 64-row head and a 32-row tail: two wgmmas per sub-step on the same A
+    assert ops["QGMMA"] == (8 if tail else 4) and ops["DEPBAR"] == 1  # DEPBAR: the cp.async wait
     assert not ops["LDG"] and not ops["LDL"] and not ops["STL"] and not ops["STS"], ops
     assert ops["FFMA"] == block_m // 2  # the promotion: one per accumulator element
-    assert count / 64 <= {128: 5.9, 64: 5.25}[block_m] * 1.05, (count, ops)
+    assert count / 64 <= {128: 5.9, 96: 6.05, 64: 5.25}[block_m] * 1.05, (count, ops)
     sass = subprocess.run([_cuobjdump(), "-sass", str(out)], capture_output=True, text=True, check=True).stdout
-    assert set(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)) == {"0x0", "0x1"}
+    assert set(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)) == {"0x0", "0x2" if tail else "0x1"}
     assert not _a_operand_hazards(sass)
 
 
@@ -199,16 +201,18 @@ def test_cuda_gather_swiglu_guard_and_nonfinite():
 
 @cuda_sm90
 @pytest.mark.cuda
-def test_cuda_op_bands_match_reference_and_one_launch():
-    """Through ``nvfp4_grouped_mm``: experts of <= 64 rows run the 64-row band launch, the rest the 128-row one; the
-    result equals one 128-row launch over every expert bit for bit and the reference within the bound."""
-    counts = SKEWED_COUNTS_16
+@pytest.mark.parametrize("edges", [(64,), (64, 96)])
+def test_cuda_op_bands_match_reference_and_one_launch(edges, monkeypatch):
+    """Through ``nvfp4_grouped_mm``: experts of <= 64 rows run the 64-row band launch, with the opt-in 96 band 65-96
+    rows the 96-row (64 + 32) one, the rest the 128-row one; the result equals one 128-row launch over every expert
+    bit for bit and the reference within the bound."""
+    monkeypatch.setattr(w4a8_pipe, "W4A8_BAND_CONFIGS", {e: (e,) + w4a8_pipe.W4A8_PIPE_CONFIG[1:] for e in edges})
+    counts = SKEWED_COUNTS_16 + [65, 80, 96, 97]
     e, n, k = len(counts), 256, 1024
     w = random_weight((e, n, k), "cuda", scale_shape=(e, n, 1))
     t = sum(counts)
     x = torch.randn(t + 3, k).bfloat16().cuda()
     offsets = offsets_of(counts, "cuda")
-    assert 0 < w4a8_pipe.W4A8_BAND64_MAX_ROWS < max(counts)
     out = nvfp4_grouped_mm(x, w, offsets, mode="w4a8")
     xq, xs = _quantized(x, True)
     one = torch.empty_like(out)

@@ -338,6 +338,23 @@ if GLUON_AVAILABLE:
         return gl.where(src_ok & real, src, 0), src_ok, (src_ok | ~real)[:, None] & (num_src_rows > 0)
 
     @gluon.jit
+    def tile_row_pointers(x_base, row_index_ptr, first_row, row_end, is_real, num_src_rows, row_stride, cols,
+                          ROWS: gl.constexpr, layout: gl.constexpr, ERR_FLAG: gl.constexpr):
+        """cp.async source pointers of a tile's x rows ``[first_row, first_row + ROWS)`` gathered through
+        ``row_index`` (``layout``'s row slice; ``cols`` its column offsets, ``row_stride`` in ``x_base``'s elements;
+        :func:`gathered_source_rows`' rule). Returns (pointers, copy mask, how many of the rows below ``row_end`` of a
+        real tile hold a value outside ``[0, num_src_rows)``; 0 when ERR_FLAG is 0: guard compiled out,
+        MEGAMOE_DEVICE_GUARD=0, benchmarking only). Without ``row_index`` a kernel reads rows
+        ``where(row < row_end, row, 0)`` unmasked."""
+        rows = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        ok = rows < row_end
+        src, src_ok, mask = gathered_source_rows(row_index_ptr, rows, ok, num_src_rows)
+        bad = 0
+        if ERR_FLAG != 0:
+            bad = gl.sum((ok & ~src_ok & is_real).to(gl.int32), axis=0)
+        return x_base + src[:, None] * row_stride + cols[None, :], mask, bad
+
+    @gluon.jit
     def add_i32(a, b):
         return a + b
 

@@ -48,9 +48,9 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-    from .nvfp4_gluon_jit import (decode_words, gathered_source_rows, grouped_tile_table, interleaved_row_offsets,
-                                  locate_tile, scale_layout, store_epilogue, store_plain_epilogue, weight_layout,
-                                  word_bytes)
+    from .nvfp4_gluon_jit import (decode_words, grouped_tile_table, interleaved_row_offsets, locate_tile,
+                                  scale_layout, store_epilogue, store_plain_epilogue, tile_row_pointers,
+                                  weight_layout, word_bytes)
 
 # (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows, BLOCK_K, num_warps, STAGES).
 # Shared memory: STAGES * (BLOCK_M * BLOCK_K * 2 + BLOCK_N * BLOCK_K * 9 / 16) bytes (200 KB at the default).
@@ -271,27 +271,27 @@ if GLUON_AVAILABLE:
         else:
             sr_ptrs = (scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn
                        + sr_cols[None, :])
-        r_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xr_layout))
-        r_ok = r_rows < row_end
         if HAS_ROW_INDEX:
-            r_src, src_ok, xr_mask = gathered_source_rows(row_index_ptr, r_rows, r_ok, num_src_rows)
-            if ERR_FLAG != 0:  # 0: guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only)
-                bad_rows += gl.sum((r_ok & ~src_ok & is_real).to(gl.int32), axis=0)
+            xr_ptrs, xr_mask, bad = tile_row_pointers(x_bf16, row_index_ptr, row_start, row_end, is_real,
+                                                      num_src_rows, 2 * stride_xm, xr_cols, BLOCK_M, xr_layout,
+                                                      ERR_FLAG)
+            bad_rows += bad
         else:
-            r_src = gl.where(r_ok, r_rows, 0).to(gl.int64)
+            r_rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xr_layout))
+            xr_ptrs = x_bf16 + gl.where(r_rows < row_end, r_rows, 0).to(gl.int64)[:, None] * (2 * stride_xm) \
+                + xr_cols[None, :]
             xr_mask = None
-        xr_ptrs = x_bf16 + r_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
         if BLOCK_M_TAIL > 0:
-            t_rows = row_start + BLOCK_M + gl.arange(0, BLOCK_M_TAIL, layout=gl.SliceLayout(1, xr_layout))
-            t_ok = t_rows < row_end
             if HAS_ROW_INDEX:
-                t_src, t_src_ok, xt_mask = gathered_source_rows(row_index_ptr, t_rows, t_ok, num_src_rows)
-                if ERR_FLAG != 0:
-                    bad_rows += gl.sum((t_ok & ~t_src_ok & is_real).to(gl.int32), axis=0)
+                xt_ptrs, xt_mask, bad = tile_row_pointers(x_bf16, row_index_ptr, row_start + BLOCK_M, row_end,
+                                                          is_real, num_src_rows, 2 * stride_xm, xr_cols, BLOCK_M_TAIL,
+                                                          xr_layout, ERR_FLAG)
+                bad_rows += bad
             else:
-                t_src = gl.where(t_ok, t_rows, 0).to(gl.int64)
+                t_rows = row_start + BLOCK_M + gl.arange(0, BLOCK_M_TAIL, layout=gl.SliceLayout(1, xr_layout))
+                xt_ptrs = x_bf16 + gl.where(t_rows < row_end, t_rows, 0).to(gl.int64)[:, None] * (2 * stride_xm) \
+                    + xr_cols[None, :]
                 xt_mask = None
-            xt_ptrs = x_bf16 + t_src[:, None] * (2 * stride_xm) + xr_cols[None, :]
         else:
             xt_ptrs = xr_ptrs  # not read
             xt_mask = xr_mask

@@ -20,10 +20,11 @@ from megamoe.reference import w4a8 as ref_w4a8
 from megamoe.reference.quantize import dequantize, quantize
 
 
-def _quant(x):
+def _quant(x, mma_order=False):
+    """x -> (codes, scales) through the quantizer kernel (``mma_order``: codes in the FP8 MMA K order)."""
     codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    return launch_fp8_act_quant(x, codes, scales, interpreter=not x.is_cuda)
+    return launch_fp8_act_quant(x, codes, scales, interpreter=not x.is_cuda, mma_order=mma_order)
 
 
 def _assert_close_to_reference(out, ref, magnitude=None, far_fraction=0.01):

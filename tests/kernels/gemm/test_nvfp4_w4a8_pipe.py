@@ -13,12 +13,11 @@ import torch
 
 from gemm_helpers import SKEWED_COUNTS_16, check_sync_free_and_graph, offsets_of, random_codes_weight, random_weight
 from megamoe.format.mma_order import fp8_mma_k_permutation
-from megamoe.kernels.fp8_act_quant import launch_fp8_act_quant
 from megamoe.kernels.gemm import nvfp4_w4a8_pipe as w4a8_pipe
 from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm
 from megamoe.reference import w4a8 as ref_w4a8
 from test_nvfp4_gluon import _cuobjdump, _inner_loops, gluon_only
-from test_nvfp4_w4a8 import _assert_close_to_reference
+from test_nvfp4_w4a8 import _assert_close_to_reference, _quant
 
 cuda_sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
                                reason="needs an sm_90 GPU")
@@ -42,9 +41,7 @@ def test_quantizer_writes_the_fp8_mma_k_order(device, k):
     """``mma_order=True``: the same codes and scales as the reference, columns permuted within each 128-K group."""
     x = (torch.randn(13, k) * torch.logspace(-3, 3, 13)[:, None]).bfloat16().to(device)
     x[2, 5] = float("nan")
-    codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=device)
-    scales = torch.empty(13, dtype=torch.float32, device=device)
-    launch_fp8_act_quant(x, codes, scales, interpreter=not x.is_cuda, mma_order=True)
+    codes, scales = _quant(x, mma_order=True)
     rc, rs = ref_w4a8.quantize_activations_fp8(x.cpu())
     perm = fp8_mma_k_permutation()
     expected = rc.view(torch.uint8).reshape(13, k // 128, 128)[:, :, perm].reshape(13, k)
@@ -133,12 +130,6 @@ def test_sm90_w4a8_pipe_k_loop(tmp_path, block_m, swiglu, row_index):
     assert not _a_operand_hazards(sass)
 
 
-def _quantized(x, mma_order):
-    codes = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    return launch_fp8_act_quant(x, codes, scales, mma_order=mma_order)
-
-
 @cuda_sm90
 @pytest.mark.cuda
 @pytest.mark.parametrize("counts,n", [
@@ -152,7 +143,7 @@ def test_cuda_kernel_matches_reference(counts, n):
     t = sum(counts)
     x = (torch.randn(t + 5, k) * torch.logspace(-2, 2, t + 5)[:, None]).bfloat16().cuda()  # 5 padding rows
     offsets = offsets_of(counts, "cuda")
-    xq, xs = _quantized(x, True)
+    xq, xs = _quant(x, mma_order=True)
     out = torch.full((t + 5, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets)
     ref = ref_w4a8.w4a8_grouped_mm(x.cpu(), w.to("cpu"), offsets.cpu())
@@ -179,7 +170,7 @@ def test_cuda_gather_swiglu_guard_and_nonfinite():
     offsets = offsets_of(counts, "cuda")
     dev = torch.device("cuda")
     errors.clear_errors(dev)
-    xq, xs = _quantized(x, True)
+    xq, xs = _quant(x, mma_order=True)
     out = torch.empty(t, n // 2, dtype=torch.bfloat16, device="cuda")
     w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
                                      row_index=row_index, swiglu=True, swiglu_limit=7.0)
@@ -214,7 +205,7 @@ def test_cuda_op_bands_match_reference_and_one_launch(edges, monkeypatch):
     x = torch.randn(t + 3, k).bfloat16().cuda()
     offsets = offsets_of(counts, "cuda")
     out = nvfp4_grouped_mm(x, w, offsets, mode="w4a8")
-    xq, xs = _quantized(x, True)
+    xq, xs = _quant(x, mma_order=True)
     one = torch.empty_like(out)
     w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, one, expert_offsets=offsets)
     assert torch.equal(out, one)
@@ -235,7 +226,7 @@ def test_cuda_op_routes_here_and_graph_replay_equals_eager():
     out = torch.empty(tokens, n, dtype=torch.bfloat16, device="cuda")
     assert w4a8_pipe.W4A8_PIPE_ROUTE and w4a8_pipe.w4a8_pipe_supported(x, w.data)
     via_op = nvfp4_grouped_mm(x, w, offsets, mode="w4a8").clone()
-    xq, xs = _quantized(x, True)
+    xq, xs = _quant(x, mma_order=True)
     direct = w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, out,
                                               expert_offsets=offsets)
     assert torch.equal(via_op, direct)

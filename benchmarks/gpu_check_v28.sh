@@ -1,0 +1,30 @@
+#!/bin/bash
+# GPU checks of 2026-11-27 (session part 17). Calls:
+#   a -> the decode GEMM's L2 prefetch (issue 11; NOTES_gemm.md v25): its CUDA tests (same bits at every distance,
+#        graph == eager, sync-free), then the MoE layer A/B at decode sizes (distances 0 / 3 / 6 / 12, interleaved
+#        rounds, same-bits check).
+#   b -> w4a8 96-row (64 + 32) tiles for the 65-96-row band (part 16's call n): the w4a8 tests, then bench_gemm.py --w4a8
+#        with the default bands (64) and with MEGAMOE_W4A8_BANDS=64,96 in one call.
+# Run with carry [".peers"]. At most 8 output files (the device tool's limit).
+export PYTHONUNBUFFERED=1
+export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
+OUT=${OUT:-benchmarks/results/gpu_check_v28}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+case "$1" in
+a)
+  timeout 200 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_mma_l2_prefetch.py tests/kernels/gemm/test_nvfp4_mma_interleave.py \
+    > "$OUT/a_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/a_tests.log" | head; tail -1 "$OUT/a_tests.log"
+  timeout 360 python benchmarks/ab_mma_l2_prefetch.py --out "$OUT" --tag a 2>&1 | tail -60 ;;
+b)
+  timeout 150 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_w4a8_pipe.py tests/kernels/gemm/test_nvfp4_w4a8.py > "$OUT/b_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/b_tests.log" | head; tail -1 "$OUT/b_tests.log"
+  timeout 200 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" --tag b_w4a8_band64 2>&1 | tail -9
+  MEGAMOE_W4A8_BANDS=64,96 timeout 200 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" \
+    --tag b_w4a8_band96 2>&1 | tail -9 ;;
+*) echo "usage: $0 a|b"; exit 2 ;;
+esac

@@ -253,21 +253,6 @@ if GLUON_AVAILABLE:
         return gl.load(w_ptrs + k0 // 8), gl.load(s_ptrs + k0 // 16)
 
     @gluon.jit
-    def prefetch_l2(ptrs):
-        """``prefetch.global.L2`` of the 128-byte line of every pointer: nothing held in registers, nothing waited
-        for (the line is in L2, or on its way, when a later load asks for it)."""
-        gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-    @gluon.jit
-    def prefetch_weight_step(w_pf, s_pf, k0, W_IL: gl.constexpr = 1):
-        """L2 prefetch of the weight words and scale bytes of the step starting at K element ``k0``, from
-        :func:`load_weights`' offsets at one element per 64-byte piece of a row's step (``w_pf``) and one per
-        row (``s_pf``)."""
-        prefetch_l2(w_pf + k0 * W_IL // 8)
-        prefetch_l2(s_pf + k0 * W_IL // 16)
-
-    @gluon.jit
     def interleaved_row_offsets(rows, stride, CHUNK: gl.constexpr, W_IL: gl.constexpr):
         """Offset of each row's first K chunk in a matrix of row stride ``stride`` stored with rows interleaved in
         groups of ``W_IL`` per chunk of ``CHUNK`` elements (``megamoe.format.layouts.interleave_weight_rows``: 16

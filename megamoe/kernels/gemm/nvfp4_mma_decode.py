@@ -60,10 +60,8 @@ if GLUON_AVAILABLE:
         gathered_source_rows,
         grouped_tile_table,
         interleaved_offsets,
-        interleaved_row_offsets,
         load_weights,
         locate_tile,
-        prefetch_weight_step,
         scale_layout,
         store_epilogue,
         weight_layout,
@@ -98,10 +96,6 @@ MMA_DECODE_CONFIGS = {
 # (env MEGAMOE_MMA_X_SMEM="32", a comma list, read at import) until measured on the H100.
 MMA_X_SMEM_BLOCK_M = frozenset(int(v) for v in os.environ.get("MEGAMOE_MMA_X_SMEM", "").split(",") if v.strip())
 MMA_RING_STAGES = int(os.environ.get("MEGAMOE_MMA_STAGES", "0") or 0)
-# L2 prefetch distance of the register-buffered builds (the kernel's L2_PREFETCH; NOTES_gemm.md v25): 0 = off, D >= 2 =
-# each K step also prefetches step + D's weight words and scale bytes into L2. Read at every launch (benchmarks flip
-# it between captures); env MEGAMOE_MMA_L2_PREFETCH sets it at import. Opt-in until measured.
-MMA_L2_PREFETCH = int(os.environ.get("MEGAMOE_MMA_L2_PREFETCH", "0") or 0)
 if MMA_RING_STAGES >= 2:
     MMA_DECODE_CONFIGS[1 << 62] = MMA_DECODE_CONFIGS[1 << 62] + (MMA_RING_STAGES,)
 
@@ -305,14 +299,11 @@ if GLUON_AVAILABLE:
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
         num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False, X_SMEM: gl.constexpr = False,
-        W_IL: gl.constexpr = 1, L2_PREFETCH: gl.constexpr = 0,
+        W_IL: gl.constexpr = 1,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
         2 = split-K partials only; 3 = the reduction only (2 then 3: the two-launch fallback, same bits).
-        L2_PREFETCH (constexpr, register double-buffering only): 0 = off; D >= 2 = every step also issues
-        ``prefetch.global.L2`` for the weight words and scale bytes D steps ahead (the item's steps 2..D-1 at its
-        start), so more of the stream is in flight than the registers hold. Loads and math unchanged: same bits.
         Split-K: program (pid_n, g, pid_s) takes K steps [pid_s * chunk_steps, +chunk_steps) of each of its
         chunks c < ``slot_chunks``; work item (c, pid_n) owns workspace tiles and counter ``c * n_tiles +
         pid_n``. Chunks at or past ``slot_chunks`` (only a routing beyond the host's hint) and the padding
@@ -353,18 +344,6 @@ if GLUON_AVAILABLE:
         else:
             s_offs = s_rows.to(gl.int64)[:, None] * stride_sn + s_cols[None, :]
         x_cols = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
-        if L2_PREFETCH > 0:
-            # one element per 64-byte piece of a weight row's step (16 words; two pieces share a 128-byte line
-            # at BLOCK_K 256) and one per scale row, a row per thread
-            pf_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [num_warps, 1], [1, 0])
-            pf_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pf_layout)), N - 1)
-            pf_cols = gl.arange(0, BLOCK_K // 128, layout=gl.SliceLayout(0, pf_layout)) * 16
-            if W_IL > 1:
-                w_pf_offs = interleaved_offsets(pf_rows, pf_cols, stride_wn, 16, W_IL)
-                s_pf_offs = interleaved_row_offsets(pf_rows, stride_sn, 8, W_IL)
-            else:
-                w_pf_offs = pf_rows.to(gl.int64)[:, None] * stride_wn + pf_cols[None, :]
-                s_pf_offs = pf_rows.to(gl.int64) * stride_sn
         if STAGES >= 2:
             # weight-stream ring (peer study, benchmarks/NOTES_peer_study.md): the weight words and scale
             # bytes of STAGES - 1 steps ahead are in flight as cp.async copies into shared memory instead of
@@ -500,22 +479,11 @@ if GLUON_AVAILABLE:
                 else:
                     # register double-buffering: step i+1's loads are in flight while step i is decoded;
                     # the load past the end re-reads the last step (in bounds) and is discarded
-                    if L2_PREFETCH > 0:
-                        w_pf = w_ptr + expert * stride_we + w_pf_offs
-                        s_pf = scale_ptr + expert * stride_se + s_pf_offs
-                        if SPLIT != 0:
-                            w_pf += k_begin * W_IL // 8
-                            s_pf += k_begin * W_IL // 16
-                        if k_steps > 0:
-                            for j in gl.static_range(2, L2_PREFETCH):
-                                prefetch_weight_step(w_pf, s_pf, gl.minimum(j * BLOCK_K, last), W_IL)
                     words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0, W_IL)
                     x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
                     for step in range(0, k_steps):
                         nxt = gl.minimum((step + 1) * BLOCK_K, last)
                         words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt, W_IL)
-                        if L2_PREFETCH > 0:  # past the end: the last step again (in bounds, a no-op in L2)
-                            prefetch_weight_step(w_pf, s_pf, gl.minimum((step + L2_PREFETCH) * BLOCK_K, last), W_IL)
                         x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
                         acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
                                         BLOCK_K)
@@ -561,10 +529,10 @@ if GLUON_AVAILABLE:
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
-                     swiglu_limit=True, split=0, x_smem=False, weight_interleave=1, l2_prefetch=0):
+                     swiglu_limit=True, split=0, x_smem=False, weight_interleave=1):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
     ``split``: the SPLIT mode (0 no split-K, 1 single launch, 2 partials, 3 reduction); ``weight_interleave``: as
-    the launcher's (its ``W_IL`` and register cap); ``l2_prefetch``: the kernel's L2_PREFETCH."""
+    the launcher's (its ``W_IL`` and register cap)."""
     stages = config[4] if len(config) > 4 else 0
     interleave = interleave_constants(config, stages, weight_interleave)
     maxnreg = interleave.pop("maxnreg", None)
@@ -574,8 +542,7 @@ def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=Tr
     return compile_sm90(_nvfp4_mma_decode_kernel, scalars, config[:3], config[3], grouped=grouped,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=dict(ws_ptr="*fp32", cnt_ptr="*i32"),
-                        extra_constants=dict(SPLIT=split, STAGES=stages, X_SMEM=x_smem, **interleave,
-                                             **({"L2_PREFETCH": l2_prefetch} if l2_prefetch else {})),
+                        extra_constants=dict(SPLIT=split, STAGES=stages, X_SMEM=x_smem, **interleave),
                         maxnreg=maxnreg)
 
 
@@ -635,7 +602,6 @@ def launch_nvfp4_mma_decode(
     splits: int | None = 1,
     x_smem=None,
     weight_interleave: int = 1,
-    l2_prefetch: int | None = None,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -655,8 +621,6 @@ def launch_nvfp4_mma_decode(
     without split-K and the weight ring only); the same MMAs in the same K order, so the same bits.
     ``weight_interleave`` (1 or 4): ``data`` and ``block_scale`` hold groups of that many rows interleaved per 128-K
     step (:func:`megamoe.format.layouts.interleave_weight_rows`); the same bits as the row-major layout.
-    ``l2_prefetch``: L2 prefetch distance in K steps of the register-buffered builds (default
-    :data:`MMA_L2_PREFETCH`; 0 off); the same bits.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -712,9 +676,6 @@ def launch_nvfp4_mma_decode(
     consts.update(interleave_constants(config, consts["STAGES"], weight_interleave))
     x_smem = MMA_X_SMEM_BLOCK_M if x_smem is None else x_smem
     consts["X_SMEM"] = block_m in x_smem and splits == 1 and consts["STAGES"] == 0
-    l2_prefetch = MMA_L2_PREFETCH if l2_prefetch is None else int(l2_prefetch)
-    if l2_prefetch >= 2 and consts["STAGES"] == 0 and not consts["X_SMEM"]:
-        consts["L2_PREFETCH"] = l2_prefetch
     if consts["X_SMEM"]:  # x in the kernel's MMA K order (a (S, K) temporary), streamed by cp.async
         x32 = launch_to_mma_k_order(x, block_k=block_k).view(torch.int32)
         head = (x32, *head[1:])

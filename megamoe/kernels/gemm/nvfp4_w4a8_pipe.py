@@ -61,10 +61,10 @@ W4A8_PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_PIPE_CONFI
 W4A8_PIPE_ROUTE = os.environ.get("MEGAMOE_W4A8_PIPE", "1").strip() not in ("", "0")
 # Row bands (rows per expert, upper edge -> config), each its own launch, instead of 128-row tiles that would be up to
 # half padding (V4-Pro at 4096 tokens averages 64 rows per expert, V4-Flash 96): experts of <= 64 rows run 64-row tiles
-# (default; measured, NOTES_gemm.md "A 64-row band"), and with "64,96" those of 65-96 rows 96-row (64 + 32) tiles
-# (opt-in: built and checked offline, NOT yet run on a GPU); the rest run W4A8_PIPE_CONFIG. Env MEGAMOE_W4A8_BANDS
-# (read at import): "64" (default), "64,96", or "" / "0" (no bands).
-W4A8_BAND_EDGES = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_BANDS", "64").split(",") if v.strip() not in
+# (NOTES_gemm.md "A 64-row band") and those of 65-96 rows 96-row (64 + 32) tiles (H100, results/gpu_check_v28/b: the
+# op 5-8% faster at 4096 tokens on V4-Flash and V4-Pro, both GEMMs, than with the 64 band alone); the rest run
+# W4A8_PIPE_CONFIG. Env MEGAMOE_W4A8_BANDS (read at import): "64,96" (default), "64", or "" / "0" (no bands).
+W4A8_BAND_EDGES = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_BANDS", "64,96").split(",") if v.strip() not in
                         ("", "0"))
 W4A8_BAND_CONFIGS = {edge: (edge,) + W4A8_PIPE_CONFIG[1:] for edge in W4A8_BAND_EDGES}
 SUB_K = 32  # K per FP8 wgmma: one packed word per lane

@@ -194,7 +194,7 @@ def test_cuda_gather_swiglu_guard_and_nonfinite():
 @pytest.mark.cuda
 @pytest.mark.parametrize("edges", [(64,), (64, 96)])
 def test_cuda_op_bands_match_reference_and_one_launch(edges, monkeypatch):
-    """Through ``nvfp4_grouped_mm``: experts of <= 64 rows run the 64-row band launch, with the opt-in 96 band 65-96
+    """Through ``nvfp4_grouped_mm``: experts of <= 64 rows run the 64-row band launch, with the 96 band (default) 65-96
     rows the 96-row (64 + 32) one, the rest the 128-row one; the result equals one 128-row launch over every expert
     bit for bit and the reference within the bound."""
     monkeypatch.setattr(w4a8_pipe, "W4A8_BAND_CONFIGS", {e: (e,) + w4a8_pipe.W4A8_PIPE_CONFIG[1:] for e in edges})

@@ -5,6 +5,9 @@
 #        rounds, same-bits check).
 #   b -> w4a8 96-row (64 + 32) tiles for the 65-96-row band (part 16's call n): the w4a8 tests, then bench_gemm.py --w4a8
 #        with the default bands (64) and with MEGAMOE_W4A8_BANDS=64,96 in one call.
+#   c -> w4a8 v3 (MEGAMOE_W4A8_WS=1: the two warpgroups as warp-specialized partitions meeting at the ring's mbarriers):
+#        the w4a8 pipe tests (v3 == v2 bits, graph, sync-free), then bench_gemm.py --w4a8 with v2 and with v3.
+# (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -26,5 +29,12 @@ b)
   timeout 200 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" --tag b_w4a8_band64 2>&1 | tail -9
   MEGAMOE_W4A8_BANDS=64,96 timeout 200 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" \
     --tag b_w4a8_band96 2>&1 | tail -9 ;;
-*) echo "usage: $0 a|b"; exit 2 ;;
+c)
+  timeout 200 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_w4a8_pipe.py > "$OUT/c_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/c_tests.log" | head; tail -1 "$OUT/c_tests.log"
+  timeout 170 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" --tag c_w4a8_v2 2>&1 | tail -9
+  MEGAMOE_W4A8_WS=1 timeout 170 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" \
+    --tag c_w4a8_v3 2>&1 | tail -9 ;;
+*) echo "usage: $0 a|b|c"; exit 2 ;;
 esac

@@ -231,3 +231,112 @@ def test_cuda_op_routes_here_and_graph_replay_equals_eager():
                                               expert_offsets=offsets)
     assert torch.equal(via_op, direct)
     check_sync_free_and_graph(lambda: nvfp4_grouped_mm(x, w, offsets, mode="w4a8", out=out), x, offsets, tokens)
+
+
+# --- w4a8 v3: the two warpgroups as warp-specialized partitions (W4A8_WS; NOTES_gemm.md "w4a8 v3") ---------------
+
+@gluon_only
+@pytest.mark.slow
+@pytest.mark.skipif(_cuobjdump() is None, reason="needs cuobjdump (ships with Triton's NVIDIA backend)")
+@pytest.mark.parametrize("block_m", [128, 96, 64])
+def test_sm90_w4a8_ws_k_loop(tmp_path, block_m):
+    """The v3 builds (gathered SwiGLU): each partition's K loop has the 4 (96: 8) FP8 wgmma per step, no spill, no A
+    operand hazard, and only its own warpgroup's named barrier (``BAR.SYNC 0x2|0x3, 0x80``: 128 threads), never a
+    CTA-wide one, so the warpgroups can drift apart; the ring waits are mbarrier try-waits."""
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "kernel.cubin"
+    code = ("import sys; from megamoe.kernels.gemm.nvfp4_w4a8_pipe import W4A8_PIPE_CONFIG, "
+            "compile_w4a8_pipe_for_sm90; "
+            f"c = compile_w4a8_pipe_for_sm90(({block_m},) + W4A8_PIPE_CONFIG[1:], swiglu=True, ws=True); "
+            "open(sys.argv[1], 'wb').write(c.asm['cubin'])")
+    subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)
+    k_loops = [(n, ops) for n, ops in _inner_loops(out.read_bytes(), tmp_path) if ops["QGMMA"]]
+    assert len(k_loops) == 2, k_loops  # one per partition
+    for _, ops in k_loops:
+        assert ops["QGMMA"] == (8 if block_m == 96 else 4), ops
+        assert not ops["LDL"] and not ops["STL"] and not ops["LDG"], ops
+    sass = subprocess.run([_cuobjdump(), "-sass", str(out)], capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run([_cuobjdump(), "-res-usage", str(out)], capture_output=True, text=True).stdout
+    assert "LOCAL:0" in usage, usage
+    assert not _a_operand_hazards(sass)
+    code = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    spans = []  # backward branches over QGMMAs: the K loops and the loops around them
+    for addr, text in code:
+        target = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            lo = int(target.group(1), 16)
+            if any("QGMMA" in t for a, t in code if lo <= a <= addr):
+                spans.append((lo, addr))
+    inner = []  # the shortest spans that do not overlap a shorter one (not the out-of-line wait retries at the end)
+    for lo, hi in sorted(spans, key=lambda span: span[1] - span[0]):
+        if not any(lo <= b and a <= hi for a, b in inner):
+            inner.append((lo, hi))
+    loops = [[t for a, t in code if lo <= a <= hi] for lo, hi in inner]
+    assert len(loops) == 2, inner  # one K loop per partition
+    for body in loops:
+        barriers = {re.search(r"BAR\.SYNC\.DEFER_BLOCKING ([^;]*)", t).group(1).strip() for t in body if "BAR.SYNC" in t}
+        assert barriers and all(b.endswith(", 0x80") for b in barriers), barriers
+        assert any("SYNCS.PHASECHK" in t for t in body)
+
+
+@cuda_sm90
+@pytest.mark.cuda
+@pytest.mark.parametrize("block_m", [128, 96, 64])
+def test_cuda_ws_kernel_same_bits_as_v2(block_m):
+    """v3 (``ws=True``) writes v2's bits: skewed routing (a hot expert, empty experts, tails of every size, padding
+    rows), N not a multiple of the tile, the fused gather + SwiGLU with an out-of-range index (the same guard flag), a
+    NaN row and a NaN block scale; and the plain epilogue without row_index."""
+    from megamoe.ops import errors
+
+    config = (block_m,) + w4a8_pipe.W4A8_PIPE_CONFIG[1:]
+    dev = torch.device("cuda")
+    counts = SKEWED_COUNTS_16 + [65, 96, 97, 300]
+    e, n, k, s = len(counts), 320, 1024, 700
+    w = interleave_gate_up(random_weight((e, n, k), "cuda", scale_shape=(e, n, 1)))
+    w.block_scale.view(torch.uint8)[2, 7, 3] = 0x7F  # a NaN scale
+    t = sum(counts)
+    x = (torch.randn(s, k) * torch.logspace(-2, 2, s)[:, None]).bfloat16().cuda()
+    x[11, 100] = float("nan")
+    row_index = torch.randint(0, s, (t + 4,), dtype=torch.int32, device="cuda")
+    row_index[5] = s + 3
+    offsets = offsets_of(counts, "cuda")
+    xq, xs = _quant(x, mma_order=True)
+    outs, flags = [], []
+    for ws in (False, True):
+        errors.clear_errors(dev)
+        out = torch.full((t + 4, n // 2), float("nan"), dtype=torch.bfloat16, device="cuda")
+        w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                         row_index=row_index, swiglu=True, swiglu_limit=7.0, config=config, ws=ws)
+        outs.append(out.view(torch.int16))
+        flags.append(errors.decode(errors.peek_errors(dev)))
+    errors.clear_errors(dev)
+    assert torch.equal(outs[0], outs[1]) and flags[0] == flags[1] == [("nvfp4_grouped_mm", "row_index")]
+    plain = []
+    xq2, xs2 = _quant(x[:t + 4], mma_order=True)
+    for ws in (False, True):
+        out = torch.full((t + 4, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        w4a8_pipe.launch_nvfp4_w4a8_pipe(xq2, xs2, w.data, w.block_scale, w.global_scale, out,
+                                         expert_offsets=offsets, config=config, ws=ws)
+        plain.append(out.view(torch.int16))
+    assert torch.equal(plain[0], plain[1])
+
+
+@cuda_sm90
+@pytest.mark.cuda
+def test_cuda_ws_op_graph_replay_equals_eager(monkeypatch):
+    """With v3 on, the op (its 64 / 96 / 128-row band launches) is sync-free, a graph replay after the routing and
+    the activations changed in place equals an eager launch, and the output equals v2's."""
+    e, n, k, tokens = 8, 512, 2048, 1024
+    w = random_codes_weight((e, n, k), "cuda", scale_shape=(e, 1, 1))
+    counts = torch.bincount(torch.randint(0, e, (tokens,)), minlength=e)
+    offsets = offsets_of(counts.tolist(), "cuda")
+    x = torch.randn(tokens, k, device="cuda").bfloat16()
+    out = torch.empty(tokens, n, dtype=torch.bfloat16, device="cuda")
+    v2 = nvfp4_grouped_mm(x, w, offsets, mode="w4a8").clone()
+    monkeypatch.setattr(w4a8_pipe, "W4A8_WS", True)
+    assert torch.equal(nvfp4_grouped_mm(x, w, offsets, mode="w4a8"), v2)
+    check_sync_free_and_graph(lambda: nvfp4_grouped_mm(x, w, offsets, mode="w4a8", out=out), x, offsets, tokens)

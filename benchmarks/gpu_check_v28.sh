@@ -7,7 +7,8 @@
 #        with the default bands (64) and with MEGAMOE_W4A8_BANDS=64,96 in one call.
 #   c -> w4a8 v3 (MEGAMOE_W4A8_WS=1: the two warpgroups as warp-specialized partitions meeting at the ring's mbarriers):
 #        the w4a8 pipe tests (v3 == v2 bits, graph, sync-free), then bench_gemm.py --w4a8 with v2 and with v3.
-# (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879.)
+# (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879. c ran at 9233618; the
+#  v3 kernel and its tests were reverted after it.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}

@@ -46,8 +46,7 @@ if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
-                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
     from .nvfp4_gluon_jit import (grouped_tile_table, locate_tile, scale_layout, tile_row_pointers, weight_layout,
                                   word_bytes)
@@ -68,11 +67,6 @@ W4A8_PIPE_ROUTE = os.environ.get("MEGAMOE_W4A8_PIPE", "1").strip() not in ("", "
 W4A8_BAND_EDGES = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_BANDS", "64,96").split(",") if v.strip() not in
                         ("", "0"))
 W4A8_BAND_CONFIGS = {edge: (edge,) + W4A8_PIPE_CONFIG[1:] for edge in W4A8_BAND_EDGES}
-# w4a8 v3 (NOTES_gemm.md "w4a8 v3"): the same tiles with the two warpgroups as warp-specialized partitions that meet only
-# at the ring's mbarriers (no CTA barrier per K step). Env MEGAMOE_W4A8_WS (read at import): "1" on, "0" (default) off,
-# until measured; W4A8_WS_REGS: the second warpgroup's register count (setmaxnreg).
-W4A8_WS = os.environ.get("MEGAMOE_W4A8_WS", "0").strip() not in ("", "0")
-W4A8_WS_REGS = int(os.environ.get("MEGAMOE_W4A8_WS_REGS", "256"))
 SUB_K = 32  # K per FP8 wgmma: one packed word per lane
 _SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 
@@ -417,257 +411,13 @@ if GLUON_AVAILABLE:
             if ERR_FLAG != 0:
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
 
-    @gluon.jit
-    def _ws_fill(x_ring, xt_ring, w_ring, s_ring, ready, slot, xr_ptrs, xr_mask, xt_ptrs, xt_mask, wr_ptrs, sr_ptrs,
-                 step, G: gl.constexpr, HALF: gl.constexpr, HALF_T: gl.constexpr, BLOCK_K: gl.constexpr,
-                 BLOCK_M_TAIL: gl.constexpr):
-        """Warpgroup ``G``'s part of K step ``step``'s copies into ring slot ``slot``: x rows ``[G * HALF, G * HALF +
-        HALF)`` of the slot (and ``[G * HALF_T, ..)`` of the tail's), its own weight words and scale bytes; then one
-        ``cp.async.mbarrier.arrive.noinc`` per thread on ``ready[slot]``, which counts once its copies have landed."""
-        async_copy.async_copy_global_to_shared(x_ring.index(slot).slice(G * HALF, HALF, dim=0),
-                                               xr_ptrs + step * BLOCK_K, mask=xr_mask)
-        if BLOCK_M_TAIL > 0:
-            async_copy.async_copy_global_to_shared(xt_ring.index(slot).slice(G * HALF_T, HALF_T, dim=0),
-                                                   xt_ptrs + step * BLOCK_K, mask=xt_mask)
-        async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (BLOCK_K // 8))
-        async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
-        async_copy.commit_group()
-        async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
-
-    @gluon.jit
-    def _ring_wait_free(empty, fill, STAGES: gl.constexpr):
-        """Wait until ring fill number ``fill`` (a count over the whole launch) may write its slot: both warpgroups
-        have arrived on ``empty`` for the fill STAGES before it (the first pass finds the slots free)."""
-        mbarrier.wait(empty.index(fill % STAGES), ((fill // STAGES) & 1) ^ 1)
-
-    @gluon.jit
-    def _w4a8_ws_warpgroup(
-        x_ring, xt_ring, w_ring, s_ring, ready, empty,
-        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
-        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, x_scale_ptr, row_lo, row_hi, own_pad,
-        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
-        G: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
-        HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr,
-        ERR_FLAG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M_TAIL: gl.constexpr,
-    ):
-        """Warpgroup ``G`` of the w4a8 v3 kernel: weight rows ``[G * 64, G * 64 + 64)`` of every n-tile, the whole
-        schedule and K loop of :func:`_nvfp4_w4a8_pipe_kernel` for them, synchronised with the other warpgroup only
-        through the ring's mbarriers (``ready``: all 256 threads' copies of a step have landed; ``empty``: both
-        warpgroups' wgmmas of a step are done), so the two drift apart by up to two steps. ``w_ring`` / ``s_ring``
-        are this warpgroup's own; ``x_ring`` / ``xt_ring`` are shared, each warpgroup copying half of the rows."""
-        WN: gl.constexpr = 64  # weight rows per warpgroup
-        NW: gl.constexpr = 4
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                             instr_shape=[16, BLOCK_M, 32])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=4)
-        MT: gl.constexpr = BLOCK_M_TAIL if BLOCK_M_TAIL > 0 else BLOCK_M
-        mma_t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                               instr_shape=[16, MT, 32])
-        at_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_t_layout, k_width=4)
-        TILE_M: gl.constexpr = BLOCK_M + BLOCK_M_TAIL
-        HALF: gl.constexpr = BLOCK_M // 2
-        HALF_T: gl.constexpr = MT // 2
-        w_layout: gl.constexpr = weight_layout(WN, BLOCK_K, NW)
-        s_layout: gl.constexpr = scale_layout(WN, BLOCK_K, NW)
-        xr_layout: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (BLOCK_K // 16), BLOCK_K // 16], [NW, 1], [1, 0])
-        wr_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_K // 32), BLOCK_K // 32], [NW, 1], [1, 0])
-        sr_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_K // 16], [32, 1], [NW, 1], [1, 0])
-        xr_cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, xr_layout))
-        wr_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, wr_layout))
-        sr_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, sr_layout))
-        x_fp8 = x_ptr.to(gl.pointer_type(gl.float8e4nv), bitcast=True)
-        n_tiles = (N + BLOCK_N - 1) // BLOCK_N
-        k_tiles = K // BLOCK_K
-        lane, starts, ends, tiles, tile_ends, total_tiles = grouped_tile_table(
-            offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, TILE_M, BLOCK_E, 1, NW)
-        total_work = total_tiles * n_tiles
-
-        work = gl.program_id(0)
-        fills = 0  # ring fills (K steps) of this launch so far: the same count in both warpgroups
-        bad_rows = 0
-        while work < total_work:
-            tile = work // n_tiles
-            n_start = (work % n_tiles) * BLOCK_N + G * WN
-            row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, TILE_M)
-            is_real = expert < num_experts
-            expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
-            if is_real:
-                w_rows = gl.minimum(n_start + gl.arange(0, WN, layout=gl.SliceLayout(1, wr_layout)), N - 1)
-                wr_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + wr_cols[None, :]
-                s_rows = gl.minimum(n_start + gl.arange(0, WN, layout=gl.SliceLayout(1, sr_layout)), N - 1)
-                sr_ptrs = scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn \
-                    + sr_cols[None, :]
-                if HAS_ROW_INDEX:
-                    xr_ptrs, xr_mask, bad = tile_row_pointers(x_fp8, row_index_ptr, row_start + G * HALF, row_end,
-                                                              is_real, num_src_rows, 4 * stride_xm, xr_cols, HALF,
-                                                              xr_layout, ERR_FLAG)
-                    bad_rows += bad
-                else:
-                    r_rows = row_start + G * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, xr_layout))
-                    xr_ptrs = x_fp8 + gl.where(r_rows < row_end, r_rows, 0).to(gl.int64)[:, None] * (4 * stride_xm) \
-                        + xr_cols[None, :]
-                    xr_mask = None
-                if BLOCK_M_TAIL > 0:
-                    t0 = row_start + BLOCK_M + G * HALF_T
-                    if HAS_ROW_INDEX:
-                        xt_ptrs, xt_mask, bad = tile_row_pointers(x_fp8, row_index_ptr, t0, row_end, is_real,
-                                                                  num_src_rows, 4 * stride_xm, xr_cols, HALF_T,
-                                                                  xr_layout, ERR_FLAG)
-                        bad_rows += bad
-                    else:
-                        t_rows = t0 + gl.arange(0, HALF_T, layout=gl.SliceLayout(1, xr_layout))
-                        xt_ptrs = x_fp8 + gl.where(t_rows < row_end, t_rows, 0).to(gl.int64)[:, None] \
-                            * (4 * stride_xm) + xr_cols[None, :]
-                        xt_mask = None
-                else:
-                    xt_ptrs = xr_ptrs  # not read
-                    xt_mask = xr_mask
-                acc = gl.zeros([WN, BLOCK_M], gl.float32, layout=mma_layout)
-                if BLOCK_M_TAIL > 0:
-                    acc_t = gl.zeros([WN, BLOCK_M_TAIL], gl.float32, layout=mma_t_layout)
-                else:
-                    acc_t = acc  # passed through untouched
-                for j in gl.static_range(STAGES - 2):
-                    if j < k_tiles:
-                        _ring_wait_free(empty, fills + j, STAGES)
-                        _ws_fill(x_ring, xt_ring, w_ring, s_ring, ready, (fills + j) % STAGES, xr_ptrs, xr_mask,
-                                 xt_ptrs, xt_mask, wr_ptrs, sr_ptrs, j, G, HALF, HALF_T, BLOCK_K, BLOCK_M_TAIL)
-                # step 0, peeled (every path from the zeroing to the final wait passes a wgmma: C7515)
-                slot = fills % STAGES
-                mbarrier.wait(ready.index(slot), (fills // STAGES) & 1)
-                words = w_ring.index(slot).load(w_layout)
-                factor, big_s = _step_scales(s_ring.index(slot).load(s_layout), WN)
-                lut_lo, lut_hi = _block_luts(factor)
-                if STAGES - 2 < k_tiles:
-                    _ring_wait_free(empty, fills + STAGES - 2, STAGES)
-                    _ws_fill(x_ring, xt_ring, w_ring, s_ring, ready, (fills + STAGES - 2) % STAGES, xr_ptrs, xr_mask,
-                             xt_ptrs, xt_mask, wr_ptrs, sr_ptrs, STAGES - 2, G, HALF, HALF_T, BLOCK_K, BLOCK_M_TAIL)
-                a_first = _decode_sub_fp8(words, lut_lo, lut_hi, 0, a_layout, WN)
-                partial, partial_t = _step_mmas(acc, acc_t, words, lut_lo, lut_hi, x_ring.index(slot),
-                                                xt_ring.index(slot), a_layout, at_layout, WN, BLOCK_K, a_first,
-                                                BLOCK_M_TAIL)
-                s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
-                s_prev_t = gl.convert_layout(big_s, gl.SliceLayout(1, mma_t_layout))
-                for step in range(1, k_tiles):
-                    fill = fills + step
-                    slot = fill % STAGES
-                    mbarrier.wait(ready.index(slot), (fill // STAGES) & 1)  # every thread's copies of `step`
-                    words = w_ring.index(slot).load(w_layout)
-                    factor, big_s = _step_scales(s_ring.index(slot).load(s_layout), WN)
-                    lut_lo, lut_hi = _block_luts(factor)
-                    ahead = step + STAGES - 2  # its slot was read by both warpgroups' MMAs of step - 2
-                    if ahead < k_tiles:
-                        _ring_wait_free(empty, fills + ahead, STAGES)
-                        _ws_fill(x_ring, xt_ring, w_ring, s_ring, ready, (fills + ahead) % STAGES, xr_ptrs, xr_mask,
-                                 xt_ptrs, xt_mask, wr_ptrs, sr_ptrs, ahead, G, HALF, HALF_T, BLOCK_K, BLOCK_M_TAIL)
-                    a_first = _decode_sub_fp8(words, lut_lo, lut_hi, 0, a_layout, WN)
-                    # step - 1 complete: its slot is free for this warpgroup; promote its partial
-                    if BLOCK_M_TAIL > 0:
-                        partial, partial_t = warpgroup_mma_wait(0, deps=[partial, partial_t])
-                    else:
-                        partial = warpgroup_mma_wait(0, deps=[partial])
-                    gl.thread_barrier()  # this warpgroup's four warps
-                    mbarrier.arrive(empty.index((fill - 1) % STAGES), count=1)
-                    if BLOCK_M_TAIL > 0:
-                        acc_t = acc_t + partial_t * s_prev_t[:, None]
-                    acc = acc + partial * s_prev[:, None]
-                    partial, partial_t = _step_mmas(partial, partial_t, words, lut_lo, lut_hi, x_ring.index(slot),
-                                                    xt_ring.index(slot), a_layout, at_layout, WN, BLOCK_K,
-                                                    a_first, BLOCK_M_TAIL)
-                    s_prev = gl.convert_layout(big_s, gl.SliceLayout(1, mma_layout))
-                    s_prev_t = gl.convert_layout(big_s, gl.SliceLayout(1, mma_t_layout))
-                if BLOCK_M_TAIL > 0:
-                    partial, partial_t = warpgroup_mma_wait(0, deps=[partial, partial_t])
-                    acc_t = acc_t + partial_t * s_prev_t[:, None]
-                else:
-                    partial = warpgroup_mma_wait(0, deps=[partial])
-                gl.thread_barrier()
-                mbarrier.arrive(empty.index((fills + k_tiles - 1) % STAGES), count=1)
-                fills += k_tiles
-                acc = acc + partial * s_prev[:, None]
-                acc = _token_scales(acc, row_start, row_end, row_index_ptr, x_scale_ptr, num_src_rows, BLOCK_M,
-                                    HAS_ROW_INDEX)
-                _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
-                            stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, WN, HAS_BIAS,
-                            SWIGLU, HAS_LIMIT, NW)
-                if BLOCK_M_TAIL > 0:
-                    acc_t = _token_scales(acc_t, row_start + BLOCK_M, row_end, row_index_ptr, x_scale_ptr,
-                                          num_src_rows, BLOCK_M_TAIL, HAS_ROW_INDEX)
-                    _store_tile(acc_t, row_start + BLOCK_M, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
-                                stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M_TAIL,
-                                WN, HAS_BIAS, SWIGLU, HAS_LIMIT, NW)
-            else:
-                _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M, WN, SWIGLU, NW)
-                if BLOCK_M_TAIL > 0:
-                    _store_zeros(out_ptr, row_start + BLOCK_M, row_end, n_start, N, stride_om, BLOCK_M_TAIL, WN,
-                                 SWIGLU, NW)
-            work += num_programs
-        if HAS_ROW_INDEX:
-            if ERR_FLAG != 0:
-                gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
-
-    @gluon.jit(do_not_specialize=["num_rows", "num_programs", "num_src_rows", "row_lo", "row_hi", "own_pad"])
-    def _nvfp4_w4a8_ws_kernel(
-        x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
-        num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, x_scale_ptr, row_lo, row_hi, own_pad,
-        stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
-        GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
-        SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
-        STAGES: gl.constexpr = 5, BLOCK_M_TAIL: gl.constexpr = 0, WG_REGS: gl.constexpr = 256,
-    ):
-        """w4a8 v3: :func:`_nvfp4_w4a8_pipe_kernel`'s tiles, numerics and bits, with the two warpgroups as two
-        partitions (``gl.warp_specialize``; 4 warps each, the default partition is warpgroup 0) that share the x ring
-        and meet only at its mbarriers (:func:`_w4a8_ws_warpgroup`): no CTA barrier in the K loop."""
-        gl.static_assert(BLOCK_K == 128)
-        gl.static_assert(STAGES >= 3)
-        gl.static_assert(num_warps == 4)
-        gl.static_assert(BLOCK_N == 128)  # two warpgroups of 64 weight rows
-        x_smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-        flat_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        x_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], x_smem_layout)
-        if BLOCK_M_TAIL > 0:
-            xt_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M_TAIL, BLOCK_K], x_smem_layout)
-        else:
-            xt_ring = x_ring  # not read
-        w_ring0 = gl.allocate_shared_memory(gl.int32, [STAGES, 64, BLOCK_K // 8], flat_layout)
-        w_ring1 = gl.allocate_shared_memory(gl.int32, [STAGES, 64, BLOCK_K // 8], flat_layout)
-        s_ring0 = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, BLOCK_K // 16], flat_layout)
-        s_ring1 = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, BLOCK_K // 16], flat_layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=256)  # every thread's cp.async arrive (noinc)
-            mbarrier.init(empty.index(i), count=2)  # one per warpgroup
-        fence_async_shared()
-        gl.thread_barrier()
-        gl.warp_specialize([
-            (_w4a8_ws_warpgroup, (x_ring, xt_ring, w_ring0, s_ring0, ready, empty, x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr,
-                                  out_ptr, err_ptr, num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs,
-                                  x_scale_ptr, row_lo, row_hi, own_pad, stride_xm, stride_we, stride_wn, stride_se,
-                                  stride_sn, stride_ge, stride_gn, stride_om, 0, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_E,
-                                  HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT, ERR_FLAG, STAGES, BLOCK_M_TAIL)),
-            (_w4a8_ws_warpgroup, (x_ring, xt_ring, w_ring1, s_ring1, ready, empty, x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr,
-                                  out_ptr, err_ptr, num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs,
-                                  x_scale_ptr, row_lo, row_hi, own_pad, stride_xm, stride_we, stride_wn, stride_se,
-                                  stride_sn, stride_ge, stride_gn, stride_om, 1, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_E,
-                                  HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT, ERR_FLAG, STAGES, BLOCK_M_TAIL)),
-        ], [4], [WG_REGS])
-
 
 def compile_w4a8_pipe_for_sm90(config=W4A8_PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False,
-                               swiglu_limit=True, ws=False):
-    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's; ``ws``: the
-    warp-specialized v3 kernel (:data:`W4A8_WS`)."""
+                               swiglu_limit=True):
+    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
                "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
     head, tail = split_tile_rows(config[0])
-    if ws:
-        return compile_sm90(_nvfp4_w4a8_ws_kernel, scalars, (head,) + tuple(config[1:3]), 4, grouped=True,
-                            row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
-                            extra_signature=dict(x_scale_ptr="*fp32"),
-                            extra_constants=dict(STAGES=config[4], WG_REGS=W4A8_WS_REGS,
-                                                 **({"BLOCK_M_TAIL": tail} if tail else {})))
     return compile_sm90(_nvfp4_w4a8_pipe_kernel, scalars, (head,) + tuple(config[1:3]), config[3], grouped=True,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=dict(x_scale_ptr="*fp32"),
@@ -704,7 +454,6 @@ def launch_nvfp4_w4a8_pipe(
     row_lo: int = 0,
     row_hi: int | None = None,
     own_pad: bool = True,
-    ws: bool | None = None,
 ) -> torch.Tensor:
     """Launch the pipelined W4A8 grouped GEMM (inputs validated by ``megamoe.ops.gemm``; contract of
     :func:`megamoe.kernels.gemm.nvfp4_w4a8.launch_nvfp4_w4a8`, grouped only). ``row_lo`` / ``row_hi``: only the
@@ -716,7 +465,6 @@ def launch_nvfp4_w4a8_pipe(
     0-d, (E, 1, 1) or (E, N, 1) fp32, expert_offsets (E,) int32, out (T, N) bf16 or (T, N//2) with ``swiglu``.
     ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES), default :data:`W4A8_PIPE_CONFIG`; BLOCK_M (token
     rows per tile) a power of two or the sum of two (96 = 64 + 32: two wgmmas on the same decoded weights).
-    ``ws``: run the warp-specialized v3 kernel (same bits; default :data:`W4A8_WS`).
     """
     if expert_offsets is None:
         raise ValueError("expert_offsets: this kernel is grouped only")
@@ -735,13 +483,9 @@ def launch_nvfp4_w4a8_pipe(
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
     head_m, tail_m = split_tile_rows(block_m)
-    ws = W4A8_WS if ws is None else ws
-    kernel, extra = (_nvfp4_w4a8_ws_kernel, dict(WG_REGS=W4A8_WS_REGS)) if ws else (_nvfp4_w4a8_pipe_kernel, {})
-    if ws:
-        num_warps = 4  # per warpgroup partition: 8 warps in all
-    kernel[(programs,)](
+    _nvfp4_w4a8_pipe_kernel[(programs,)](
         *head, programs, x_scale, row_lo, ROW_HI_UNBOUNDED if row_hi is None else row_hi, int(own_pad), *strides,
         BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
-        **flags, **extra, **({"BLOCK_M_TAIL": tail_m} if tail_m else {}))
+        **flags, **({"BLOCK_M_TAIL": tail_m} if tail_m else {}))
     return out

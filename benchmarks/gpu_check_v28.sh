@@ -7,6 +7,8 @@
 #        with the default bands (64) and with MEGAMOE_W4A8_BANDS=64,96 in one call.
 #   c -> w4a8 v3 (MEGAMOE_W4A8_WS=1: the two warpgroups as warp-specialized partitions meeting at the ring's mbarriers):
 #        the w4a8 pipe tests (v3 == v2 bits, graph, sync-free), then bench_gemm.py --w4a8 with v2 and with v3.
+#   d -> today's defaults (w4a8 with the 96-row band): the MoE layer in w4a16 and w4a8 at 4096 tokens (V4-Flash, V4-Pro),
+#        and V4-Flash under uniform / Zipf / all-on-k routing at 8-4096 tokens against the bf16 layer.
 # (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879. c ran at 9233618; the
 #  v3 kernel and its tests were reverted after it.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
@@ -37,5 +39,10 @@ c)
   timeout 170 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" --tag c_w4a8_v2 2>&1 | tail -9
   MEGAMOE_W4A8_WS=1 timeout 170 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" \
     --tag c_w4a8_v3 2>&1 | tail -9 ;;
-*) echo "usage: $0 a|b|c"; exit 2 ;;
+d)
+  timeout 230 python benchmarks/bench_moe.py --configs v4-flash,v4-pro --tokens 4096 --modes w4a16,w4a8 \
+    --out-dir "$OUT" --tag d_moe_w4a8 2>&1 | tail -6
+  timeout 330 python benchmarks/bench_moe_skew.py --configs v4-flash --tokens 8,64,512,4096 \
+    --out-dir "$OUT" --tag d_moe_skew_flash 2>&1 | tail -16 ;;
+*) echo "usage: $0 a|b|c|d"; exit 2 ;;
 esac

@@ -9,6 +9,8 @@
 #        the w4a8 pipe tests (v3 == v2 bits, graph, sync-free), then bench_gemm.py --w4a8 with v2 and with v3.
 #   d -> today's defaults (w4a8 with the 96-row band): the MoE layer in w4a16 and w4a8 at 4096 tokens (V4-Flash, V4-Pro),
 #        and V4-Flash under uniform / Zipf / all-on-k routing at 8-4096 tokens against the bf16 layer.
+#   e -> dense w4a8 GEMMs (the shared expert) on the pipelined FP8 kernel as one expert (v1 before): the w4a8 kernel, op
+#        and layer tests, then the layer in w4a16 and w4a8 at 4096 / 16384 (V4-Flash) and 4096 / 8192 (V4-Pro).
 # (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879. c ran at 9233618; the
 #  v3 kernel and its tests were reverted after it.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
@@ -44,5 +46,12 @@ d)
     --out-dir "$OUT" --tag d_moe_w4a8 2>&1 | tail -6
   timeout 330 python benchmarks/bench_moe_skew.py --configs v4-flash --tokens 8,64,512,4096 \
     --out-dir "$OUT" --tag d_moe_skew_flash 2>&1 | tail -16 ;;
-*) echo "usage: $0 a|b|c|d"; exit 2 ;;
+e)
+  timeout 240 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" -n 2 \
+    tests/kernels/gemm/test_nvfp4_w4a8_pipe.py tests/kernels/gemm/test_nvfp4_w4a8.py \
+    tests/layers/test_moe_w4a8.py > "$OUT/e_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/e_tests.log" | head; tail -1 "$OUT/e_tests.log"
+  timeout 300 python benchmarks/bench_moe.py --configs v4-flash,v4-pro --tokens 4096,8192,16384 --modes w4a16,w4a8 \
+    --out-dir "$OUT" --tag e_moe_w4a8 2>&1 | tail -8 ;;
+*) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac

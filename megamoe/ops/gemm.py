@@ -472,12 +472,21 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     if mode == "w4a8" and w4a8_kernel_mode(x, m, None) == "w4a8":
+        from ..kernels.gemm import nvfp4_w4a8_pipe
         from ..kernels.gemm.nvfp4_w4a8 import launch_nvfp4_w4a8
 
+        bias_c = bias.contiguous() if bias is not None else None
+        if nvfp4_w4a8_pipe.W4A8_PIPE_ROUTE and nvfp4_w4a8_pipe.w4a8_pipe_supported(x, weight.data):
+            # the pipelined FP8 kernel as a grouped GEMM of one expert holding the M rows (v1 ran the shared
+            # expert's GEMMs at 0.6-0.8x the w4a16 speed: NOTES_gemm.md "w4a8: dense GEMMs on the pipelined kernel")
+            xq, xs = _fp8_activations(x, mma_order=True)
+            offsets = torch.full((1,), m, dtype=torch.int32, device=x.device)  # a fill launch, captured in graphs
+            return nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(
+                xq, xs, weight.data.contiguous()[None], weight.block_scale.contiguous()[None], weight.global_scale,
+                out, expert_offsets=offsets, bias=bias_c, config=nvfp4_w4a8_pipe.dense_config(m))
         xq, xs = _fp8_activations(x)
         return launch_nvfp4_w4a8(xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(),
-                                 weight.global_scale, out, bias=bias.contiguous() if bias is not None else None,
-                                 interpreter=not x.is_cuda)
+                                 weight.global_scale, out, bias=bias_c, interpreter=not x.is_cuda)
     xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
     data = weight.data.contiguous()
     launch = _launcher(decode_route(xa, data, m, None, n, k))

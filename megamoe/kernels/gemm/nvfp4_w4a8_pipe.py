@@ -68,6 +68,15 @@ W4A8_BAND_EDGES = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_BANDS", "64
                         ("", "0"))
 W4A8_BAND_CONFIGS = {edge: (edge,) + W4A8_PIPE_CONFIG[1:] for edge in W4A8_BAND_EDGES}
 SUB_K = 32  # K per FP8 wgmma: one packed word per lane
+
+
+def dense_config(num_rows: int) -> tuple:
+    """The config of a dense GEMM (one expert of ``num_rows`` rows, a host value): the smallest band tile that holds
+    it (:data:`W4A8_BAND_CONFIGS`), else :data:`W4A8_PIPE_CONFIG` (128-row tiles)."""
+    for edge, config in sorted(W4A8_BAND_CONFIGS.items()):
+        if num_rows <= edge:
+            return config
+    return W4A8_PIPE_CONFIG
 _SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 
 

@@ -11,10 +11,11 @@ sync-free and graph replay == eager.
 import pytest
 import torch
 
-from gemm_helpers import SKEWED_COUNTS_16, check_sync_free_and_graph, offsets_of, random_codes_weight, random_weight
+from gemm_helpers import (SKEWED_COUNTS_16, check_sync_free_and_graph, offsets_of, random_codes_weight, random_weight,
+                          sync_free_graph)
 from megamoe.format.mma_order import fp8_mma_k_permutation
 from megamoe.kernels.gemm import nvfp4_w4a8_pipe as w4a8_pipe
-from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm
+from megamoe.ops.gemm import interleave_gate_up, nvfp4_grouped_mm, nvfp4_linear
 from megamoe.reference import w4a8 as ref_w4a8
 from test_nvfp4_gluon import _cuobjdump, _inner_loops, gluon_only
 from test_nvfp4_w4a8 import _assert_close_to_reference, _quant
@@ -231,3 +232,40 @@ def test_cuda_op_routes_here_and_graph_replay_equals_eager():
                                               expert_offsets=offsets)
     assert torch.equal(via_op, direct)
     check_sync_free_and_graph(lambda: nvfp4_grouped_mm(x, w, offsets, mode="w4a8", out=out), x, offsets, tokens)
+
+
+@cuda_sm90
+@pytest.mark.cuda
+@pytest.mark.parametrize("m", [48, 64, 65, 96, 97, 300])  # each band tile, and rows past a tile
+def test_cuda_dense_linear_routes_here(m):
+    """``nvfp4_linear(mode="w4a8")`` runs this kernel as one expert of M rows (the smallest band tile holding them):
+    the same bits as that grouped launch, the reference within its bound, with a bias; sync-free, and a graph replay
+    after x changed in place equals an eager call."""
+    from megamoe.reference.w4a8 import w4a8_linear
+
+    n, k = 320, 1024  # N not a multiple of the 128-row weight tile
+    w = random_weight((n, k), "cuda", per_row_scale=True)
+    x = (torch.randn(m, k) * torch.logspace(-1, 1, m)[:, None]).bfloat16().cuda()
+    bias = torch.randn(n).bfloat16().cuda()
+    out = nvfp4_linear(x, w, bias, mode="w4a8")
+    xq, xs = _quant(x, mma_order=True)
+    one = torch.empty_like(out)
+    w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data[None], w.block_scale[None], w.global_scale, one,
+                                     expert_offsets=torch.tensor([m], dtype=torch.int32, device="cuda"), bias=bias,
+                                     config=w4a8_pipe.dense_config(m))
+    assert torch.equal(out, one)
+    _assert_close_to_reference(out, w4a8_linear(x.cpu(), w.to("cpu"), bias.cpu()))
+    buf = torch.empty_like(out)
+    graph, _ = sync_free_graph(lambda: nvfp4_linear(x, w, bias, mode="w4a8", out=buf))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(buf, nvfp4_linear(x, w, bias, mode="w4a8"))
+
+
+def test_dense_config_is_the_smallest_band_tile():
+    edges = sorted(w4a8_pipe.W4A8_BAND_CONFIGS)
+    for m in (1, 48, 64, 65, 96, 97, 128, 4096):
+        config = w4a8_pipe.dense_config(m)
+        fits = [e for e in edges if m <= e]
+        assert config == (w4a8_pipe.W4A8_BAND_CONFIGS[fits[0]] if fits else w4a8_pipe.W4A8_PIPE_CONFIG)

@@ -11,6 +11,7 @@
 #        and V4-Flash under uniform / Zipf / all-on-k routing at 8-4096 tokens against the bf16 layer.
 #   e -> dense w4a8 GEMMs (the shared expert) on the pipelined FP8 kernel as one expert (v1 before): the w4a8 kernel, op
 #        and layer tests, then the layer in w4a16 and w4a8 at 4096 / 16384 (V4-Flash) and 4096 / 8192 (V4-Pro).
+#   f -> where the w4a8 layer's time goes at 4096 tokens (V4-Flash): the kernels of one replay, w4a16 and w4a8.
 # (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879. c ran at 9233618; the
 #  v3 kernel and its tests were reverted after it.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
@@ -53,5 +54,10 @@ e)
   grep -E " (FAILED|ERROR)" "$OUT/e_tests.log" | head; tail -1 "$OUT/e_tests.log"
   timeout 300 python benchmarks/bench_moe.py --configs v4-flash,v4-pro --tokens 4096,8192,16384 --modes w4a16,w4a8 \
     --out-dir "$OUT" --tag e_moe_w4a8 2>&1 | tail -8 ;;
-*) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
+f)
+  timeout 200 python benchmarks/probe_moe_decode.py --tokens 4096 --configs v4-flash --row-interleave 4 --out "$OUT" \
+    --tag f_w4a16_4096 2>&1 | tail -30
+  timeout 200 python benchmarks/probe_moe_decode.py --tokens 4096 --configs v4-flash --mode w4a8 --out "$OUT" \
+    --tag f_w4a8_4096 2>&1 | tail -30 ;;
+*) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
 esac

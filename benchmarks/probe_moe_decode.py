@@ -1,12 +1,12 @@
 """Where the decode-sized MoE layer spends its time (issue 11): graph replay time and the kernels of one replay.
 
-``Nvfp4MoE.random`` at V4-Flash / V4-Pro dimensions (w4a16, default flags), x random; per token count: the layer's
+``Nvfp4MoE.random`` at V4-Flash / V4-Pro dimensions (w4a16 unless ``--mode``, default flags), x random; per token count: the layer's
 CUDA-graph replay median (L2 cleared before each replay, ``triton.testing.do_bench``) and, under the torch profiler,
 the kernels of one replay with their device time (L2 warm there: the sum is a lower bound of the replay). x is
 seeded by the token count (since 2026-11-26 part 12; the earlier files of gpu_check_v23 used unseeded inputs).
 
 Run (H100): ``python benchmarks/probe_moe_decode.py [--tokens 1,8] [--configs v4-flash,v4-pro] [--out DIR]
-[--row-interleave 4] [--tag T]`` -> DIR/probe_moe_decode[_T].md.
+[--row-interleave 4] [--mode w4a8] [--tag T]`` -> DIR/probe_moe_decode[_T].md.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--row-interleave", type=int, default=1, help="Nvfp4MoE(row_interleave=...): 1 or 4")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--mode", default="w4a16", help="Nvfp4MoE(mode=...): w4a16, w4a8 or w4a4")
     args = ap.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
@@ -39,7 +40,7 @@ def main():
     for name in args.configs.split(","):
         c = PRESETS[name]
         layer = Nvfp4MoE.random(c, seed=0, device=dev, max_num_tokens=max(int(v) for v in args.tokens.split(",")),
-                                row_interleave=args.row_interleave)
+                                row_interleave=args.row_interleave, mode=args.mode)
         for t in (int(v) for v in args.tokens.split(",")):
             x = torch.randn(t, c.hidden_size, device=dev, generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
             layer(x)

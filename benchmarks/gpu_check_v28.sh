@@ -12,6 +12,8 @@
 #   e -> dense w4a8 GEMMs (the shared expert) on the pipelined FP8 kernel as one expert (v1 before): the w4a8 kernel, op
 #        and layer tests, then the layer in w4a16 and w4a8 at 4096 / 16384 (V4-Flash) and 4096 / 8192 (V4-Pro).
 #   f -> where the w4a8 layer's time goes at 4096 tokens (V4-Flash): the kernels of one replay, w4a16 and w4a8.
+#   g -> w4a8 bands 64 / 96 / 128 / 192:96 (f: the > 96-row band's 128-row tiles left 129-192-row experts' second tile
+#        mostly padding): the w4a8 pipe tests, the layer in w4a16 and w4a8 at 4096 / 8192, and the w4a8 probe again.
 # (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879. c ran at 9233618; the
 #  v3 kernel and its tests were reverted after it.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
@@ -59,5 +61,13 @@ f)
     --tag f_w4a16_4096 2>&1 | tail -30
   timeout 200 python benchmarks/probe_moe_decode.py --tokens 4096 --configs v4-flash --mode w4a8 --out "$OUT" \
     --tag f_w4a8_4096 2>&1 | tail -30 ;;
-*) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
+g)
+  timeout 200 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_w4a8_pipe.py > "$OUT/g_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/g_tests.log" | head; tail -1 "$OUT/g_tests.log"
+  timeout 240 python benchmarks/bench_moe.py --configs v4-flash,v4-pro --tokens 4096,8192 --modes w4a16,w4a8 \
+    --out-dir "$OUT" --tag g_moe_w4a8 2>&1 | tail -6
+  timeout 120 python benchmarks/probe_moe_decode.py --tokens 4096 --configs v4-flash --mode w4a8 --out "$OUT" \
+    --tag g_w4a8_4096 2>&1 | tail -20 ;;
+*) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
 esac

@@ -61,12 +61,26 @@ W4A8_PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_PIPE_CONFI
 W4A8_PIPE_ROUTE = os.environ.get("MEGAMOE_W4A8_PIPE", "1").strip() not in ("", "0")
 # Row bands (rows per expert, upper edge -> config), each its own launch, instead of 128-row tiles that would be up to
 # half padding (V4-Pro at 4096 tokens averages 64 rows per expert, V4-Flash 96): experts of <= 64 rows run 64-row tiles
-# (NOTES_gemm.md "A 64-row band") and those of 65-96 rows 96-row (64 + 32) tiles (H100, results/gpu_check_v28/b: the
-# op 5-8% faster at 4096 tokens on V4-Flash and V4-Pro, both GEMMs, than with the 64 band alone); the rest run
-# W4A8_PIPE_CONFIG. Env MEGAMOE_W4A8_BANDS (read at import): "64,96" (default), "64", or "" / "0" (no bands).
-W4A8_BAND_EDGES = tuple(int(v) for v in os.environ.get("MEGAMOE_W4A8_BANDS", "64,96").split(",") if v.strip() not in
-                        ("", "0"))
-W4A8_BAND_CONFIGS = {edge: (edge,) + W4A8_PIPE_CONFIG[1:] for edge in W4A8_BAND_EDGES}
+# (NOTES_gemm.md "A 64-row band"), those of 65-96 rows 96-row (64 + 32) tiles (H100, results/gpu_check_v28/b: the op
+# 5-8% faster at 4096 tokens than with the 64 band alone), 97-128 rows one 128-row tile and 129-192 rows two 96-row
+# tiles (a 128-row tile would leave the second one up to 127/128 padding: the layer profile gpu_check_v28 f); the rest
+# run W4A8_PIPE_CONFIG. Env MEGAMOE_W4A8_BANDS (read at import): a comma list of "edge" (tiles of edge rows) or
+# "edge:rows" items, default "64,96,128,192:96"; "" / "0": no bands.
+
+
+def band_configs(spec: str) -> dict:
+    """{upper edge (rows per expert): config} of a MEGAMOE_W4A8_BANDS string, in edge order."""
+    configs = {}
+    for item in spec.split(","):
+        item = item.strip()
+        if item in ("", "0"):
+            continue
+        edge, _, rows = item.partition(":")
+        configs[int(edge)] = (int(rows or edge),) + W4A8_PIPE_CONFIG[1:]
+    return dict(sorted(configs.items()))
+
+
+W4A8_BAND_CONFIGS = band_configs(os.environ.get("MEGAMOE_W4A8_BANDS", "64,96,128,192:96"))
 SUB_K = 32  # K per FP8 wgmma: one packed word per lane
 
 

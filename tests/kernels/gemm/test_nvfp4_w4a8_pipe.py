@@ -193,13 +193,14 @@ def test_cuda_gather_swiglu_guard_and_nonfinite():
 
 @cuda_sm90
 @pytest.mark.cuda
-@pytest.mark.parametrize("edges", [(64,), (64, 96)])
-def test_cuda_op_bands_match_reference_and_one_launch(edges, monkeypatch):
-    """Through ``nvfp4_grouped_mm``: experts of <= 64 rows run the 64-row band launch, with the 96 band (default) 65-96
-    rows the 96-row (64 + 32) one, the rest the 128-row one; the result equals one 128-row launch over every expert
-    bit for bit and the reference within the bound."""
-    monkeypatch.setattr(w4a8_pipe, "W4A8_BAND_CONFIGS", {e: (e,) + w4a8_pipe.W4A8_PIPE_CONFIG[1:] for e in edges})
-    counts = SKEWED_COUNTS_16 + [65, 80, 96, 97]
+@pytest.mark.parametrize("spec", ["64", "64,96", "64,96,128,192:96"])
+def test_cuda_op_bands_match_reference_and_one_launch(spec, monkeypatch):
+    """Through ``nvfp4_grouped_mm``: each band's experts run its launch (default "64,96,128,192:96": <= 64 rows in
+    64-row tiles, 65-96 in 96-row (64 + 32) tiles, 97-128 in one 128-row tile, 129-192 in two 96-row tiles), the
+    rest 128-row tiles; the result equals one 128-row launch over every expert bit for bit and the reference within
+    the bound."""
+    monkeypatch.setattr(w4a8_pipe, "W4A8_BAND_CONFIGS", w4a8_pipe.band_configs(spec))
+    counts = SKEWED_COUNTS_16 + [65, 80, 96, 97, 128, 129, 150, 192, 193]
     e, n, k = len(counts), 256, 1024
     w = random_weight((e, n, k), "cuda", scale_shape=(e, n, 1))
     t = sum(counts)
@@ -261,6 +262,14 @@ def test_cuda_dense_linear_routes_here(m):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(buf, nvfp4_linear(x, w, bias, mode="w4a8"))
+
+
+def test_band_configs_parse_edges_and_tile_rows():
+    rest = w4a8_pipe.W4A8_PIPE_CONFIG[1:]
+    assert w4a8_pipe.band_configs("64,96,128,192:96") == {64: (64,) + rest, 96: (96,) + rest, 128: (128,) + rest,
+                                                          192: (96,) + rest}
+    assert w4a8_pipe.band_configs("96, 64") == {64: (64,) + rest, 96: (96,) + rest}
+    assert w4a8_pipe.band_configs("0") == {} and w4a8_pipe.band_configs("") == {}
 
 
 def test_dense_config_is_the_smallest_band_tile():

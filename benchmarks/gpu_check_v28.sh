@@ -14,6 +14,9 @@
 #   f -> where the w4a8 layer's time goes at 4096 tokens (V4-Flash): the kernels of one replay, w4a16 and w4a8.
 #   g -> w4a8 bands 64 / 96 / 128 / 192:96 (f: the > 96-row band's 128-row tiles left 129-192-row experts' second tile
 #        mostly padding): the w4a8 pipe tests, the layer in w4a16 and w4a8 at 4096 / 8192, and the w4a8 probe again.
+#   h -> the pipelined FP8 kernel reads 4-row interleaved weights (the layer's w4a16 layout): the w4a8 pipe tests, then
+#        bench_gemm.py --w4a8 with both layouts in both modes (g's layer profile: per band the w4a8 kernels ran 0.83-0.93x
+#        of the w4a16 ones, whose weights were interleaved; bench_gemm's w4a16 baseline was row-major).
 # (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879. c ran at 9233618; the
 #  v3 kernel and its tests were reverted after it.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
@@ -69,5 +72,10 @@ g)
     --out-dir "$OUT" --tag g_moe_w4a8 2>&1 | tail -6
   timeout 120 python benchmarks/probe_moe_decode.py --tokens 4096 --configs v4-flash --mode w4a8 --out "$OUT" \
     --tag g_w4a8_4096 2>&1 | tail -20 ;;
-*) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
+h)
+  timeout 200 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_w4a8_pipe.py > "$OUT/h_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/h_tests.log" | head; tail -1 "$OUT/h_tests.log"
+  timeout 300 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" --tag h_w4a8_il 2>&1 | tail -9 ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h"; exit 2 ;;
 esac

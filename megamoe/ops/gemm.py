@@ -520,8 +520,9 @@ def nvfp4_grouped_mm(
         dispatch gather fused into the activation loads).
     weight: NVFP4Tensor of logical shape (E, N, K): data (E, N, K//2) uint8,
         block_scale (E, N, K//16) float8_e4m3fn, global_scale fp32 0-d,
-        (E, 1, 1) or (E, N, 1); row-major, or ``row_interleave`` 4 (mode "w4a16"; on CUDA the Gluon
-        mma.sync / pipelined routes read it, others raise ValueError; on CPU a row-major copy is used).
+        (E, 1, 1) or (E, N, 1); row-major, or ``row_interleave`` 4 (modes "w4a16" and "w4a8"; on CUDA the Gluon
+        mma.sync / pipelined routes and the pipelined FP8 kernel read it, others raise ValueError; on CPU a row-major
+        copy is used).
     expert_offsets: (E,) int32 cumulative, non-decreasing row ends on the device
         (expert e owns rows [offsets[e-1], offsets[e])); never read on the host. Any stride (expert_offsets
         and row_index are copied when not contiguous).
@@ -542,8 +543,9 @@ def nvfp4_grouped_mm(
     _check_x(x, k)
     _check_mode(mode)
     _check_w4a8_k(mode, k)
-    if weight.row_interleave != 1 and mode != "w4a16":
-        raise ValueError(f"mode: weights with row_interleave={weight.row_interleave} run 'w4a16' only, got {mode!r}")
+    if weight.row_interleave != 1 and mode == "w4a4":
+        raise ValueError(f"mode: weights with row_interleave={weight.row_interleave} run 'w4a16' or 'w4a8' only, got "
+                         f"{mode!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
     if activation == "swiglu" and n % 2:
@@ -584,17 +586,21 @@ def nvfp4_grouped_mm(
         from ..kernels.gemm import nvfp4_w4a8_pipe
         from ..kernels.gemm.nvfp4_w4a8 import launch_nvfp4_w4a8
 
-        if nvfp4_w4a8_pipe.W4A8_PIPE_ROUTE and nvfp4_w4a8_pipe.w4a8_pipe_supported(x, weight.data):
+        if nvfp4_w4a8_pipe.W4A8_PIPE_ROUTE and nvfp4_w4a8_pipe.w4a8_pipe_supported(x, weight.data,
+                                                                                   weight.row_interleave):
             xq, xs = _fp8_activations(x, mma_order=True)
             args = (xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out)
             kw = dict(expert_offsets=expert_offsets, row_index=row_index, swiglu=activation == "swiglu",
-                      swiglu_limit=swiglu_limit)
+                      swiglu_limit=swiglu_limit, weight_interleave=weight.row_interleave)
             lo = 0
             for hi, band_config in nvfp4_w4a8_pipe.W4A8_BAND_CONFIGS.items():  # 64- and 96-row tiles by band
                 nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, config=band_config, row_lo=lo, row_hi=hi,
                                                        own_pad=False)
                 lo = hi
             return nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, row_lo=lo)  # the rest, and the padding rows
+        if weight.row_interleave != 1:
+            raise ValueError(f"weight: row_interleave={weight.row_interleave} in mode 'w4a8' needs the pipelined FP8 "
+                             "kernel (sm_90, K % 256 == 0, W4A8_PIPE_ROUTE on)")
         xq, xs = _fp8_activations(x)
         return launch_nvfp4_w4a8(
             xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out,

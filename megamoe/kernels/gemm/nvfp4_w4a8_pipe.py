@@ -38,7 +38,7 @@ import torch
 import triton
 
 from .nvfp4_gemm import _num_sms
-from .nvfp4_gluon_jit import GLUON_AVAILABLE, compile_sm90, kernel_arguments
+from .nvfp4_gluon_jit import GLUON_AVAILABLE, check_weight_interleave, compile_sm90, kernel_arguments
 from .nvfp4_mma_decode import ROW_HI_UNBOUNDED
 from .nvfp4_wgmma_pipe import split_tile_rows
 
@@ -48,8 +48,8 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-    from .nvfp4_gluon_jit import (grouped_tile_table, locate_tile, scale_layout, tile_row_pointers, weight_layout,
-                                  word_bytes)
+    from .nvfp4_gluon_jit import (grouped_tile_table, interleaved_row_offsets, locate_tile, scale_layout,
+                                  tile_row_pointers, weight_layout, word_bytes)
     from .nvfp4_wgmma_pipe import _store_tile, _store_zeros
 
 # (BLOCK_M token rows = the wgmma N, BLOCK_N weight rows, BLOCK_K, num_warps, STAGES). Shared memory per stage:
@@ -211,14 +211,14 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _fill(x_ring, xt_ring, w_ring, s_ring, slot, xr_ptrs, xr_mask, xt_ptrs, xt_mask, wr_ptrs, sr_ptrs, step,
-              BLOCK_K: gl.constexpr, BLOCK_M_TAIL: gl.constexpr):
+              BLOCK_K: gl.constexpr, BLOCK_M_TAIL: gl.constexpr, W_IL: gl.constexpr):
         """cp.async of K step ``step``'s FP8 x rows (masked rows zero-filled; the tail rows into ``xt_ring`` when
         BLOCK_M_TAIL > 0), weight words and scale bytes."""
         async_copy.async_copy_global_to_shared(x_ring.index(slot), xr_ptrs + step * BLOCK_K, mask=xr_mask)
         if BLOCK_M_TAIL > 0:
             async_copy.async_copy_global_to_shared(xt_ring.index(slot), xt_ptrs + step * BLOCK_K, mask=xt_mask)
-        async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (BLOCK_K // 8))
-        async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (BLOCK_K // 16))
+        async_copy.async_copy_global_to_shared(w_ring.index(slot), wr_ptrs + step * (W_IL * BLOCK_K // 8))
+        async_copy.async_copy_global_to_shared(s_ring.index(slot), sr_ptrs + step * (W_IL * BLOCK_K // 16))
 
     @gluon.jit
     def _step_mmas(partial, partial_t, words, lut_lo, lut_hi, xs, xts, a_layout: gl.constexpr, at_layout: gl.constexpr,
@@ -273,13 +273,15 @@ if GLUON_AVAILABLE:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
-        STAGES: gl.constexpr = 5, BLOCK_M_TAIL: gl.constexpr = 0,
+        STAGES: gl.constexpr = 5, BLOCK_M_TAIL: gl.constexpr = 0, W_IL: gl.constexpr = 1,
     ):
         """Grouped W4A8 GEMM: FP8 x (S, K) in the FP8 MMA K order, per-token scales ``x_scale_ptr`` (S,) fp32,
         NVFP4 weights; one ring, an async FP8 wgmma chain and a per-step promotion (module docstring). Only the
         experts with ``row_lo < rows <= row_hi`` (a row band); the padding rows with ``own_pad``. A tile holds
         BLOCK_M + BLOCK_M_TAIL token rows: with BLOCK_M_TAIL > 0 the tail has its own x ring part, partial and
-        accumulator, fed by the same decoded weights (96 = 64 + 32: shapes must be powers of two)."""
+        accumulator, fed by the same decoded weights (96 = 64 + 32: shapes must be powers of two). W_IL > 1: the weight
+        words and scale bytes hold rows interleaved in groups of W_IL per 128-K step
+        (:func:`megamoe.format.layouts.interleave_weight_rows`); only the ring's source addresses change."""
         gl.static_assert(BLOCK_K == 128)
         gl.static_assert(STAGES >= 3)
         gl.static_assert(BLOCK_N == 16 * num_warps)  # one m64 tile of weight rows per warpgroup
@@ -327,9 +329,15 @@ if GLUON_AVAILABLE:
             is_real = expert < num_experts
             expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
             w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wr_layout)), N - 1)
-            wr_ptrs = w_ptr + expert_c * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + wr_cols[None, :]
             s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sr_layout)), N - 1)
-            sr_ptrs = scale_ptr + expert_c * stride_se + s_rows.to(gl.int64)[:, None] * stride_sn + sr_cols[None, :]
+            if W_IL > 1:  # one 128-K step = one interleaved chunk: the columns stay, the row offsets and step change
+                w_off = interleaved_row_offsets(w_rows, stride_wn, BLOCK_K // 8, W_IL)
+                s_off = interleaved_row_offsets(s_rows, stride_sn, BLOCK_K // 16, W_IL)
+            else:
+                w_off = w_rows.to(gl.int64) * stride_wn
+                s_off = s_rows.to(gl.int64) * stride_sn
+            wr_ptrs = w_ptr + expert_c * stride_we + w_off[:, None] + wr_cols[None, :]
+            sr_ptrs = scale_ptr + expert_c * stride_se + s_off[:, None] + sr_cols[None, :]
             if HAS_ROW_INDEX:
                 xr_ptrs, xr_mask, bad = tile_row_pointers(x_fp8, row_index_ptr, row_start, row_end, is_real,
                                                           num_src_rows, 4 * stride_xm, xr_cols, BLOCK_M, xr_layout,
@@ -364,7 +372,7 @@ if GLUON_AVAILABLE:
                 for j in gl.static_range(STAGES - 2):
                     if j < k_tiles:
                         _fill(x_ring, xt_ring, w_ring, s_ring, j, xr_ptrs, xr_mask, xt_ptrs, xt_mask, wr_ptrs, sr_ptrs,
-                              j, BLOCK_K, BLOCK_M_TAIL)
+                              j, BLOCK_K, BLOCK_M_TAIL, W_IL)
                     async_copy.commit_group()
                 # step 0, peeled (every path from the zeroing to the final wait passes a wgmma: C7515)
                 async_copy.wait_group(STAGES - 3)
@@ -373,7 +381,7 @@ if GLUON_AVAILABLE:
                 lut_lo, lut_hi = _block_luts(factor)
                 if STAGES - 2 < k_tiles:
                     _fill(x_ring, xt_ring, w_ring, s_ring, (STAGES - 2) % STAGES, xr_ptrs, xr_mask, xt_ptrs, xt_mask,
-                          wr_ptrs, sr_ptrs, STAGES - 2, BLOCK_K, BLOCK_M_TAIL)
+                          wr_ptrs, sr_ptrs, STAGES - 2, BLOCK_K, BLOCK_M_TAIL, W_IL)
                 async_copy.commit_group()
                 a_first = _decode_sub_fp8(words, lut_lo, lut_hi, 0, a_layout, BLOCK_N)
                 partial, partial_t = _step_mmas(acc, acc_t, words, lut_lo, lut_hi, x_ring.index(0), xt_ring.index(0),
@@ -391,7 +399,7 @@ if GLUON_AVAILABLE:
                     ahead = step + STAGES - 2  # its slot was read by the MMAs of step - 2
                     if ahead < k_tiles:
                         _fill(x_ring, xt_ring, w_ring, s_ring, ahead % STAGES, xr_ptrs, xr_mask, xt_ptrs, xt_mask,
-                              wr_ptrs, sr_ptrs, ahead, BLOCK_K, BLOCK_M_TAIL)
+                              wr_ptrs, sr_ptrs, ahead, BLOCK_K, BLOCK_M_TAIL, W_IL)
                     async_copy.commit_group()
                     a_first = _decode_sub_fp8(words, lut_lo, lut_hi, 0, a_layout, BLOCK_N)
                     # step - 1 complete: promote its partial, then the partial registers start this step
@@ -436,26 +444,28 @@ if GLUON_AVAILABLE:
 
 
 def compile_w4a8_pipe_for_sm90(config=W4A8_PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False,
-                               swiglu_limit=True):
-    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
+                               swiglu_limit=True, weight_interleave=1):
+    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` and ``weight_interleave`` as the
+    launcher's."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
                "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
     head, tail = split_tile_rows(config[0])
     return compile_sm90(_nvfp4_w4a8_pipe_kernel, scalars, (head,) + tuple(config[1:3]), config[3], grouped=True,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=dict(x_scale_ptr="*fp32"),
-                        extra_constants=dict(STAGES=config[4], **({"BLOCK_M_TAIL": tail} if tail else {})))
+                        extra_constants=dict(STAGES=config[4], **({"BLOCK_M_TAIL": tail} if tail else {}),
+                                             **({"W_IL": weight_interleave} if weight_interleave > 1 else {})))
 
 
 def w4a8_pipe_supported(x: torch.Tensor, data: torch.Tensor, weight_interleave: int = 1) -> bool:
     """Whether :func:`launch_nvfp4_w4a8_pipe` runs this GEMM: sm_90 CUDA, K % 256 == 0 (the 128-K step, and scale
-    rows the compiler can prove 16-byte aligned), row-major weights, 16-byte aligned x rows."""
+    rows the compiler can prove 16-byte aligned), row-major or 4-row interleaved weights, 16-byte aligned x rows."""
     from .nvfp4_gluon_jit import _capability
 
     if not (GLUON_AVAILABLE and x.is_cuda and _capability(x.device.index or 0)[0] == 9):
         return False
     k = 2 * data.shape[-1]
-    return (k % 256 == 0 and weight_interleave == 1 and data.is_contiguous() and data.data_ptr() % 16 == 0
+    return (k % 256 == 0 and weight_interleave in (1, 4) and data.is_contiguous() and data.data_ptr() % 16 == 0
             and x.data_ptr() % 16 == 0)
 
 
@@ -477,6 +487,7 @@ def launch_nvfp4_w4a8_pipe(
     row_lo: int = 0,
     row_hi: int | None = None,
     own_pad: bool = True,
+    weight_interleave: int = 1,
 ) -> torch.Tensor:
     """Launch the pipelined W4A8 grouped GEMM (inputs validated by ``megamoe.ops.gemm``; contract of
     :func:`megamoe.kernels.gemm.nvfp4_w4a8.launch_nvfp4_w4a8`, grouped only). ``row_lo`` / ``row_hi``: only the
@@ -488,6 +499,8 @@ def launch_nvfp4_w4a8_pipe(
     0-d, (E, 1, 1) or (E, N, 1) fp32, expert_offsets (E,) int32, out (T, N) bf16 or (T, N//2) with ``swiglu``.
     ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, STAGES), default :data:`W4A8_PIPE_CONFIG`; BLOCK_M (token
     rows per tile) a power of two or the sum of two (96 = 64 + 32: two wgmmas on the same decoded weights).
+    ``weight_interleave`` (1 or 4): ``data`` and ``block_scale`` hold groups of that many rows interleaved per 128-K
+    step (:func:`megamoe.format.layouts.interleave_weight_rows`); the same bits as the row-major layout.
     """
     if expert_offsets is None:
         raise ValueError("expert_offsets: this kernel is grouped only")
@@ -498,6 +511,7 @@ def launch_nvfp4_w4a8_pipe(
         return out
     if k % 256:
         raise ValueError(f"data: K={k} must be a multiple of 256 for this kernel")
+    check_weight_interleave(weight_interleave, data)
     block_m, block_n, block_k, num_warps, stages = config or W4A8_PIPE_CONFIG
     m_tiles_bound = triton.cdiv(num_rows, block_m) + min(num_experts, num_rows // (row_lo + 1)) + 1
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
@@ -510,5 +524,6 @@ def launch_nvfp4_w4a8_pipe(
         *head, programs, x_scale, row_lo, ROW_HI_UNBOUNDED if row_hi is None else row_hi, int(own_pad), *strides,
         BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
-        **flags, **({"BLOCK_M_TAIL": tail_m} if tail_m else {}))
+        **flags, **({"BLOCK_M_TAIL": tail_m} if tail_m else {}),
+        **({"W_IL": weight_interleave} if weight_interleave > 1 else {}))
     return out

@@ -278,3 +278,40 @@ def test_dense_config_is_the_smallest_band_tile():
         config = w4a8_pipe.dense_config(m)
         fits = [e for e in edges if m <= e]
         assert config == (w4a8_pipe.W4A8_BAND_CONFIGS[fits[0]] if fits else w4a8_pipe.W4A8_PIPE_CONFIG)
+
+
+@cuda_sm90
+@pytest.mark.cuda
+@pytest.mark.parametrize("block_m", [128, 96, 64])
+def test_cuda_interleaved_weights_same_bits(block_m):
+    """4-row interleaved weights (``NVFP4Tensor.interleave_rows(4)``, ``weight_interleave=4``) give the row-major
+    launch's bits with the gather + SwiGLU, on every tile height; read as row-major they do not; through the op the
+    bands read them too."""
+    counts = SKEWED_COUNTS_16 + [65, 96, 97, 150]
+    e, n, k, s = len(counts), 256, 1024, 500
+    w = interleave_gate_up(random_weight((e, n, k), "cuda", scale_shape=(e, n, 1)))
+    w4 = w.interleave_rows(4)
+    t = sum(counts)
+    x = torch.randn(s, k).bfloat16().cuda()
+    row_index = torch.randint(0, s, (t + 2,), dtype=torch.int32, device="cuda")
+    offsets = offsets_of(counts, "cuda")
+    xq, xs = _quant(x, mma_order=True)
+    kw = dict(expert_offsets=offsets, row_index=row_index, swiglu=True, swiglu_limit=7.0,
+              config=(block_m,) + w4a8_pipe.W4A8_PIPE_CONFIG[1:])
+    plain = torch.empty(t + 2, n // 2, dtype=torch.bfloat16, device="cuda")
+    inter = torch.empty_like(plain)
+    w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w.data, w.block_scale, w.global_scale, plain, **kw)
+    w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w4.data, w4.block_scale, w4.global_scale, inter, weight_interleave=4,
+                                     **kw)
+    assert torch.equal(inter, plain)
+    w4a8_pipe.launch_nvfp4_w4a8_pipe(xq, xs, w4.data, w4.block_scale, w4.global_scale, inter, **kw)  # as row-major
+    assert not torch.equal(inter, plain)
+    op_kw = dict(row_index=row_index, activation="swiglu", swiglu_limit=7.0, mode="w4a8")
+    assert torch.equal(nvfp4_grouped_mm(x, w4, offsets, **op_kw), nvfp4_grouped_mm(x, w, offsets, **op_kw))
+
+
+def test_interleaved_weights_run_w4a16_and_w4a8_only(device):
+    w = random_weight((2, 8, 256), device).interleave_rows(4)
+    x = torch.randn(4, 256).bfloat16().to(device)
+    with pytest.raises(ValueError, match="row_interleave"):
+        nvfp4_grouped_mm(x, w, offsets_of([2, 4], device), mode="w4a4")

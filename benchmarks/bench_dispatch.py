@@ -3,7 +3,8 @@
 the baseline) and the torch path (radix sort + searchsorted + scatter), V4-Flash groups (256 experts + the fused
 shared slot: 257 groups, 7 slots per token).
 
-CUDA-graph replay, L2 cleared, ``triton.testing.do_bench`` median; outputs checked equal across the three.
+CUDA-graph replay, L2 cleared, ``triton.testing.do_bench`` median; outputs checked equal across the three. A second
+table: prefill sizes, the blocked kernels (``launch_moe_dispatch_blocked``) against the one-program sort and torch.
 Run (H100): ``python benchmarks/bench_dispatch.py [--out DIR]`` -> DIR/bench_dispatch.md.
 """
 from __future__ import annotations
@@ -94,6 +95,32 @@ def main():
                 assert torch.equal(outs[v][i], ref[key]), (v, key, tokens)
         lines.append(f"| {tokens} | {pairs} | {us['sort']:.1f} | {us['v1']:.1f} | {us['torch']:.1f} | "
                      f"{us['v1'] / us['sort']:.2f}x | {us['torch'] / us['sort']:.2f}x |")
+        print(lines[-1], flush=True)
+        outs = bufs = ids = flat = fns = None
+    # prefill sizes: the blocked kernels (two launches) vs the one-program sort (while it holds the pairs) and torch
+    from megamoe.kernels.moe_dispatch import DISPATCH_BLOCK, launch_moe_dispatch_blocked
+
+    lines += ["", f"## Prefill sizes: the blocked kernels ({DISPATCH_BLOCK} pairs per program)", "",
+              "| tokens | pairs | blocked | one-program sort | torch path | torch / blocked |", "|---|---|---|---|---|---|"]
+    for tokens in (256, 512, 1024, 2048, 4096, 8192, 16384):
+        ids = torch.randint(0, groups - 1, (tokens, slots), dtype=torch.int32, device=dev)
+        flat = ids.flatten().contiguous()
+        pairs = flat.numel()
+        outs = {v: [torch.empty(groups, dtype=torch.int32, device=dev)] +
+                [torch.empty(pairs, dtype=torch.int32, device=dev) for _ in range(3)] for v in ("blocked", "sort")}
+        bufs = {"expert_offsets": torch.empty(groups, dtype=torch.int32, device=dev)}
+        fns = {"blocked": lambda: launch_moe_dispatch_blocked(flat, slots, groups, *outs["blocked"]),
+               "torch": lambda: moe_ops.dispatch(ids, groups, buffers=bufs, backend="torch")}
+        if pairs <= 8192:
+            fns["sort"] = lambda: launch_moe_dispatch(flat, slots, groups, *outs["sort"])
+        us = {v: graph_replay_us(f, warmup=20, rep=200) for v, f in fns.items()}
+        ref = moe_ops.dispatch(ids, groups, backend="torch")
+        for v in [v for v in ("blocked", "sort") if v in fns]:
+            for i, key in enumerate(("expert_offsets", "sorted_expert", "row_index", "inv_perm")):
+                assert torch.equal(outs[v][i], ref[key].int()), (v, key, tokens)
+        sort_us = f"{us['sort']:.1f}" if "sort" in us else "-"
+        lines.append(f"| {tokens} | {pairs} | {us['blocked']:.1f} | {sort_us} | {us['torch']:.1f} | "
+                     f"{us['torch'] / us['blocked']:.2f}x |")
         print(lines[-1], flush=True)
         outs = bufs = ids = flat = fns = None
     os.makedirs(args.out, exist_ok=True)

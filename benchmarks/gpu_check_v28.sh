@@ -17,6 +17,9 @@
 #   h -> the pipelined FP8 kernel reads 4-row interleaved weights (the layer's w4a16 layout): the w4a8 pipe tests, then
 #        bench_gemm.py --w4a8 with both layouts in both modes (g's layer profile: per band the w4a8 kernels ran 0.83-0.93x
 #        of the w4a16 ones, whose weights were interleaved; bench_gemm's w4a16 baseline was row-major).
+#   i -> blocked dispatch (two launches of 1024 pairs per program above 2048 pairs, instead of the torch radix sort and
+#        ~20 small kernels with a 60-100 us idle gap before the sort in f / g): the dispatch op tests (CUDA and the
+#        interpreter-free ones), bench_dispatch.py, and the w4a16 layer probe at 4096 tokens.
 # (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879. c ran at 9233618; the
 #  v3 kernel and its tests were reverted after it.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
@@ -77,5 +80,12 @@ h)
     tests/kernels/gemm/test_nvfp4_w4a8_pipe.py > "$OUT/h_tests.log" 2>&1
   grep -E " (FAILED|ERROR)" "$OUT/h_tests.log" | head; tail -1 "$OUT/h_tests.log"
   timeout 300 python benchmarks/bench_gemm.py --w4a8 --rep-ms 40 --out-dir "$OUT" --tag h_w4a8_il 2>&1 | tail -9 ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h"; exit 2 ;;
+i)
+  timeout 240 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" -n 2 \
+    tests/ops/test_moe_ops.py tests/ops/test_moe_route_dispatch.py tests/ops/test_errors.py > "$OUT/i_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/i_tests.log" | head; tail -1 "$OUT/i_tests.log"
+  timeout 150 python benchmarks/bench_dispatch.py --out "$OUT" 2>&1 | tail -9
+  timeout 120 python benchmarks/probe_moe_decode.py --tokens 4096 --configs v4-flash --row-interleave 4 --out "$OUT" \
+    --tag i_w4a16_4096 2>&1 | grep -E "^## |dispatch|radix|memset|_moe_|Fill" ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i"; exit 2 ;;
 esac

@@ -12,7 +12,8 @@ pair count padded to a power of two, a host shape): position r of the sorted key
 pairs of one expert keep their pair order (stable), and one ``tl.histogram`` of the bins gives the offsets. This
 replaced (2026-11-26) a program that walked the pairs twice in 32-pair chunks (histogram, then ranks), serial in
 the chunks: 17 / 33 us for 224 / 448 pairs on the H100 (``benchmarks/bench_dispatch.py`` keeps it as the baseline).
-Decode- and small-prefill-sized inputs; above ``DISPATCH_KERNEL_MAX_PAIRS`` (megamoe.layers.moe) the torch path.
+Decode- and small-prefill-sized inputs (up to ``megamoe.ops.moe.DISPATCH_SORT_MAX_PAIRS``); larger ones take the
+blocked kernels below (:func:`launch_moe_dispatch_blocked`, same outputs).
 
 An id outside [0, E) drops its pair: it is grouped as expert E (after every real expert, i.e. into the
 padding rows past ``expert_offsets[E-1]`` that the grouped GEMM writes as zeros; ``sorted_expert`` holds E
@@ -92,3 +93,106 @@ def launch_moe_dispatch(ids: torch.Tensor, top_k: int, num_groups: int, offsets:
         TOP_K=top_k, BINS=bins, P_PAD=pairs_pad, ERR_FLAG=errors.kernel_flag("dispatch", "topk_ids"),
         num_warps=dispatch_num_warps(pairs_pad), PDL=pdl, launch_pdl=pdl,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Blocked dispatch: the same outputs for prefill-sized pair counts, in two launches of many programs.
+# Program b owns pairs [b * BLOCK, b * BLOCK + BLOCK). Launch 1 writes each block's histogram of the bins (the
+# count matrix (blocks, BINS), int32 workspace). Launch 2: every program sums the matrix's columns (the experts'
+# totals -> their first rows) and the rows above its own (its pairs' offset inside each expert), sorts its block's
+# keys ``bin * BLOCK + local pair`` (``tl.sort``), and places sorted lane i at
+# ``first[e] + above[e] + (i - block_first[e])``: the pairs of one expert keep their pair order across blocks and
+# inside a block, i.e. the stable sort by expert, bit for bit. Program 0 writes ``expert_offsets``.
+# ---------------------------------------------------------------------------------------------------------------
+
+#: Pairs per program of the blocked dispatch (a power of two; the block's keys are sorted in registers).
+DISPATCH_BLOCK = 1024
+_COUNT_ROWS = 8  # count-matrix rows summed per step in launch 2
+
+
+@triton.jit
+def _block_bins(ids_ptr, err_ptr, b, num_pairs, num_groups, BINS: tl.constexpr, BLOCK: tl.constexpr,
+                ERR_FLAG: tl.constexpr):
+    """(bins of block b's pairs, local pair index, valid): ids outside [0, E) -> E (flagged with ERR_FLAG != 0),
+    padding lanes -> BINS-1."""
+    lp = tl.arange(0, BLOCK)
+    p = b * BLOCK + lp
+    valid = p < num_pairs
+    e = tl.load(ids_ptr + p, mask=valid, other=0)
+    bad = valid & ((e < 0) | (e >= num_groups))
+    e = tl.where(bad, num_groups, e)  # dropped pairs: pseudo-expert E, after every real expert
+    if ERR_FLAG != 0:
+        tl.atomic_or(err_ptr, ERR_FLAG, mask=tl.max(bad.to(tl.int32), 0) > 0)
+    return tl.where(valid, e, BINS - 1), lp, valid
+
+
+@triton.jit
+def _moe_dispatch_count_kernel(ids_ptr, counts_ptr, err_ptr, num_pairs, num_groups, BINS: tl.constexpr,
+                               BLOCK: tl.constexpr, ERR_FLAG: tl.constexpr, PDL: tl.constexpr = False):
+    grid_dependency_prologue(PDL)
+    b = tl.program_id(0)
+    e, _, _ = _block_bins(ids_ptr, err_ptr, b, num_pairs, num_groups, BINS, BLOCK, ERR_FLAG)
+    tl.store(counts_ptr + b * BINS + tl.arange(0, BINS), tl.histogram(e, BINS))
+
+
+@triton.jit
+def _moe_dispatch_place_kernel(ids_ptr, counts_ptr, offsets_ptr, sorted_expert_ptr, row_index_ptr, inv_perm_ptr,
+                               num_pairs, num_groups, num_blocks, TOP_K: tl.constexpr, BINS: tl.constexpr,
+                               BLOCK: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = False):
+    grid_dependency_prologue(PDL)
+    b = tl.program_id(0)
+    bins = tl.arange(0, BINS)
+    rows = tl.arange(0, ROWS)
+    total = tl.zeros((BINS,), dtype=tl.int32)
+    above = tl.zeros((BINS,), dtype=tl.int32)
+    r0 = 0
+    while r0 < num_blocks:  # column sums of the count matrix, ROWS rows at a time (fixed order: exact integers)
+        r = r0 + rows
+        tile = tl.load(counts_ptr + r[:, None] * BINS + bins[None, :], mask=(r < num_blocks)[:, None], other=0)
+        total += tl.sum(tile, axis=0)
+        above += tl.sum(tl.where((r < b)[:, None], tile, 0), axis=0)
+        r0 += ROWS
+    total = tl.where(bins <= num_groups, total, 0)  # real experts and the dropped pairs' group E; not the padding
+    ends = tl.cumsum(total, 0)
+    if b == 0:
+        tl.store(offsets_ptr + bins, ends, mask=bins < num_groups)
+    own = tl.load(counts_ptr + b * BINS + bins)
+    base = ends - total + above - (tl.cumsum(own, 0) - own)  # first[e] + above[e] - block_first[e]
+    e, lp, _ = _block_bins(ids_ptr, ids_ptr, b, num_pairs, num_groups, BINS, BLOCK, 0)  # launch 1 flagged them
+    key = tl.sort(e * BLOCK + lp)  # stable by expert inside the block
+    ek = key // BLOCK
+    pair = b * BLOCK + key % BLOCK
+    dest = tl.gather(base, ek, 0) + lp  # sorted lane lp: its rank in the block is lp - block_first[ek]
+    placed = pair < num_pairs
+    tl.store(sorted_expert_ptr + dest, ek, mask=placed)
+    tl.store(row_index_ptr + dest, pair // TOP_K, mask=placed)
+    tl.store(inv_perm_ptr + pair, dest, mask=placed)
+
+
+def launch_moe_dispatch_blocked(ids: torch.Tensor, top_k: int, num_groups: int, offsets: torch.Tensor,
+                                sorted_expert: torch.Tensor, row_index: torch.Tensor, inv_perm: torch.Tensor,
+                                error_word: torch.Tensor | None = None, block: int | None = None) -> None:
+    """:func:`launch_moe_dispatch`'s contract and outputs for any pair count, in two launches of cdiv(P, ``block``)
+    programs (default :data:`DISPATCH_BLOCK`; the comment above); an int32 count workspace of cdiv(P, block) x BINS
+    is allocated here (graph capture: from the graph's pool)."""
+    from ..ops import errors
+
+    block = DISPATCH_BLOCK if block is None else block
+    num_pairs = ids.shape[0]
+    if num_pairs == 0:
+        offsets.zero_()
+        return
+    bins = triton.next_power_of_2(num_groups + 2)  # E real groups, the dropped pairs' group E, the padding bin
+    if bins * block > 2 ** 31:
+        raise ValueError(f"num_groups: {num_groups} groups x {block}-pair blocks exceed the kernel's int32 sort keys")
+    num_blocks = triton.cdiv(num_pairs, block)
+    counts = torch.empty(num_blocks * bins, dtype=torch.int32, device=ids.device)
+    pdl = pdl_enabled(ids)
+    warps = dispatch_num_warps(block)
+    _moe_dispatch_count_kernel[(num_blocks,)](
+        ids, counts, error_word if error_word is not None else errors.error_word(ids.device), num_pairs, num_groups,
+        BINS=bins, BLOCK=block, ERR_FLAG=errors.kernel_flag("dispatch", "topk_ids"), num_warps=warps, PDL=pdl,
+        launch_pdl=pdl)
+    _moe_dispatch_place_kernel[(num_blocks,)](
+        ids, counts, offsets, sorted_expert, row_index, inv_perm, num_pairs, num_groups, num_blocks, TOP_K=top_k,
+        BINS=bins, BLOCK=block, ROWS=_COUNT_ROWS, num_warps=warps, PDL=pdl, launch_pdl=pdl)

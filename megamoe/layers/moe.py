@@ -14,8 +14,9 @@ Pipeline of :meth:`Nvfp4MoE.forward` (all on the device, no host syncs):
    and scaling (group-limited configs use torch), then the dispatch
    (``megamoe.ops.moe.dispatch``): stable grouping of the T*k pairs by expert ->
    ``expert_offsets``, ``row_index`` (token of each sorted row), ``inv_perm``;
-   one Triton launch up to ``DISPATCH_KERNEL_MAX_PAIRS`` pairs, torch sort +
-   searchsorted above (identical outputs);
+   one Triton launch up to ``DISPATCH_SORT_MAX_PAIRS`` pairs and two blocked
+   launches above (``DISPATCH_KERNEL_MAX_PAIRS`` bounds "auto"; torch sort +
+   searchsorted past it; identical outputs);
 3. L1: ``nvfp4_grouped_mm(x, w13, expert_offsets, row_index=row_index,
    activation="swiglu")`` -- the row gather is fused into the GEMM's A loads and
    SwiGLU + clamp into its epilogue (w13 stored gate/up *interleaved*, done once

@@ -224,13 +224,15 @@ def route(
     return result
 
 
-#: "auto" dispatch: the one-program sort kernel (megamoe/kernels/moe_dispatch.py) up to this many pairs, the torch
-#: sort path above. H100 (gpu_check_v23/h/bench_dispatch.md, 257 groups): kernel vs torch 5.8 vs 30.1 us at 7 pairs,
-#: 8.7 vs 53.4 at 448, 24.6 vs 56.5 at 1792, 208 vs 81 at 7168.
-DISPATCH_KERNEL_MAX_PAIRS = 2048
-#: The largest pair count the sort kernel takes even when asked for (``backend="triton"``): it sorts them all in one
-#: program (8192 int32 keys, 8 warps: 208 us for 7168 pairs on the H100); above, the torch path.
-DISPATCH_SORT_MAX_PAIRS = 8192
+#: "auto" dispatch: the Triton kernels (megamoe/kernels/moe_dispatch.py) up to this many pairs, the torch sort path
+#: above (no bound: the blocked kernels take any size). H100 (gpu_check_v23/h/bench_dispatch.md, 257 groups): the
+#: one-program kernel vs torch 5.8 vs 30.1 us at 7 pairs, 8.7 vs 53.4 at 448, 24.6 vs 56.5 at 1792, 208 vs 81 at
+#: 7168; the blocked kernels from 2049 pairs: gpu_check_v28 (NOTES_moe_decode.md "Blocked dispatch").
+DISPATCH_KERNEL_MAX_PAIRS = 1 << 62
+#: The largest pair count the one-program sort kernel takes (all keys of one program: 24.6 us at 1792 pairs, 208 us at
+#: 7168 on the H100); above, ``backend="triton"`` runs the blocked kernels (two launches of DISPATCH_BLOCK pairs per
+#: program).
+DISPATCH_SORT_MAX_PAIRS = 2048
 
 #: From this many tokens the "triton" route backend computes the logits on the tensor cores
 #: (``megamoe/kernels/router_logits.py``: bf16 x, exact products, promotion of each 64-K chunk into the fp32
@@ -300,7 +302,7 @@ def route_dispatch(
     ``1 <= T <= FUSED_ROUTE_MAX_TOKENS`` and ``n_group == 1``, ONE launch of
     ``megamoe/kernels/moe_route_dispatch.py`` (gate GEMV in fp32, scoring, bias, top-k, renormalisation,
     scaling, grouping; hash routing with ``tid2eid``); otherwise :func:`route` then :func:`dispatch`
-    (``dispatch_backend``: "auto" = the one-launch dispatch kernel up to ``DISPATCH_KERNEL_MAX_PAIRS`` pairs, torch
+    (``dispatch_backend``: "auto" = the Triton dispatch kernels up to ``DISPATCH_KERNEL_MAX_PAIRS`` pairs, torch
     above).
 
     **Routing guarantee** of the fused path (it sums the float32 logits in its own fixed order, so its keys
@@ -423,10 +425,10 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
     on the kernel path, topk_ids' dtype on the torch path), else ValueError /
     TypeError before anything is written.
     backend: "torch" (stable radix sort + searchsorted + scatter; any size) or
-    "triton" (``megamoe/kernels/moe_dispatch.py``: one single-program sort,
-    meant for decode-sized batches; int32 ids; identical outputs). "triton" on
-    a CPU tensor without ``TRITON_INTERPRET=1``, or above
-    ``DISPATCH_SORT_MAX_PAIRS`` pairs, falls back to "torch".
+    "triton" (``megamoe/kernels/moe_dispatch.py``: one single-program sort up to
+    ``DISPATCH_SORT_MAX_PAIRS`` pairs, two blocked launches above; int32 ids and
+    ``sorted_expert``; identical values). "triton" on a CPU tensor without
+    ``TRITON_INTERPRET=1`` falls back to "torch".
 
     An id outside ``[0, E)`` drops its pair on both backends: the pair is grouped
     as a pseudo-expert E after every real expert (``sorted_expert`` = E), i.e. into
@@ -442,8 +444,7 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, buffers: dict | None =
     pairs = num_tokens * top_k
     device = topk_ids.device
     flat = topk_ids.reshape(-1)
-    # the one-program sort holds every pair at once: above DISPATCH_SORT_MAX_PAIRS the torch path (same outputs)
-    kernel = backend == "triton" and use_triton(topk_ids) and 0 < pairs <= DISPATCH_SORT_MAX_PAIRS
+    kernel = backend == "triton" and use_triton(topk_ids) and pairs > 0
     # the kernel writes int32 sorted experts; the torch sort keeps the ids' dtype
     b = _check_dispatch_buffers(buffers, pairs, num_experts, device, torch.int32 if kernel else topk_ids.dtype,
                                 topk_ids.dtype)
@@ -502,7 +503,7 @@ def _check_dispatch_buffers(buffers, pairs: int, num_groups: int, device, sorted
 
 
 def _dispatch_triton(flat: torch.Tensor, top_k: int, num_experts: int, pairs: int, b: dict) -> dict:
-    from ..kernels.moe_dispatch import launch_moe_dispatch
+    from ..kernels.moe_dispatch import launch_moe_dispatch, launch_moe_dispatch_blocked
 
     device = flat.device
 
@@ -514,7 +515,9 @@ def _dispatch_triton(flat: torch.Tensor, top_k: int, num_experts: int, pairs: in
                                                                             device=device)
     out = {"expert_offsets": offsets, "sorted_expert": buf("sorted_expert", pairs),
            "row_index": buf("row_index", pairs), "inv_perm": buf("inv_perm", pairs)}
-    launch_moe_dispatch(ids, top_k, num_experts, offsets, out["sorted_expert"], out["row_index"], out["inv_perm"])
+    # the one-program sort holds every pair at once; above DISPATCH_SORT_MAX_PAIRS the blocked kernels (same outputs)
+    launch = launch_moe_dispatch if pairs <= DISPATCH_SORT_MAX_PAIRS else launch_moe_dispatch_blocked
+    launch(ids, top_k, num_experts, offsets, out["sorted_expert"], out["row_index"], out["inv_perm"])
     return out
 
 

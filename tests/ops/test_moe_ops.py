@@ -143,15 +143,30 @@ def test_combine_kernel_matches_torch(with_shared, tokens):
     torch.testing.assert_close(out.float(), ref, rtol=2 ** -8, atol=1e-6)
 
 
-def test_dispatch_triton_above_the_sort_limit_takes_the_torch_path(monkeypatch):
-    """backend="triton" with more pairs than the one-program sort holds: the torch path's outputs (and its dtype)."""
-    monkeypatch.setattr(moe_ops, "DISPATCH_SORT_MAX_PAIRS", 8)
-    ids = torch.stack([torch.randperm(8)[:2] for _ in range(5)])  # int64, 10 pairs
-    got = moe_ops.dispatch(ids, 8, backend="triton")
-    want = moe_ops.dispatch(ids, 8, backend="torch")
+@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("tokens,k,e", [(5, 2, 8), (40, 3, 8), (73, 7, 385), (37, 6, 256), (1, 3, 4)])
+def test_dispatch_triton_above_the_sort_limit_runs_the_blocked_kernels(monkeypatch, tokens, k, e, block, device):
+    """backend="triton" with more pairs than the one-program sort holds: the blocked kernels (two launches of
+    ``block`` pairs per program), the torch path's values bit for bit (int32): pair counts that are not a multiple of
+    the block, one block, E not a power of two, empty experts, and dropped ids (outside [0, E), flagged)."""
+    from megamoe.kernels import moe_dispatch
+    from megamoe.ops import errors
+
+    monkeypatch.setattr(moe_ops, "DISPATCH_SORT_MAX_PAIRS", 0)
+    monkeypatch.setattr(moe_dispatch, "DISPATCH_BLOCK", block)
+    ids = torch.stack([torch.randperm(e - 1 if e > 8 else e)[:k] for _ in range(tokens)]).to(device)  # int64
+    if tokens > 2:
+        ids[1, 0], ids[-1, -1] = e + 2, -1  # dropped pairs
+    errors.clear_errors(ids.device)
+    got = moe_ops.dispatch(ids, e, backend="triton")
+    flagged = errors.decode(errors.peek_errors(ids.device))
+    errors.clear_errors(ids.device)
+    want = moe_ops.dispatch(ids, e, backend="torch")
+    errors.clear_errors(ids.device)
     for key in ("expert_offsets", "sorted_expert", "row_index", "inv_perm"):
-        assert torch.equal(got[key], want[key]), key
-    assert got["sorted_expert"].dtype == torch.int64
+        assert torch.equal(got[key].long(), want[key].long()), key
+    assert got["sorted_expert"].dtype == torch.int32
+    assert flagged == ([("dispatch", "topk_ids")] if tokens > 2 else [])
 
 
 @pytest.mark.parametrize("tokens,k,e", [(1, 6, 257), (5, 2, 8), (40, 3, 8), (33, 1, 4), (73, 7, 385),
@@ -205,3 +220,37 @@ def test_route_triton_kernel_group_limited_matches_torch(experts, k, n_group, to
     size = experts // n_group
     assert max(len(set((ids[t] // size).tolist())) for t in range(ids.shape[0])) <= topk_group
     assert set((ids[7] // size).tolist()) <= set(range(topk_group))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens,k,e", [(4096, 6, 256), (16384, 7, 385), (2925, 7, 257)])
+def test_cuda_blocked_dispatch_graph_sync_free_equals_torch(tokens, k, e):
+    """Prefill sizes (blocked kernels on the GPU): the torch path's values, with dropped ids; sync-free; a graph
+    replay after the ids changed in place (a hot expert) equals an eager call."""
+    from sync_helpers import no_host_syncs
+
+    dev = torch.device("cuda")
+    ids = torch.randint(0, e, (tokens, k), dtype=torch.int32, device=dev)
+    ids[7, 0], ids[-1, 1] = e, -3
+    bufs = {"expert_offsets": torch.empty(e, dtype=torch.int32, device=dev)}
+    for name in ("sorted_expert", "row_index", "inv_perm"):
+        bufs[name] = torch.empty(tokens * k, dtype=torch.int32, device=dev)
+    want = moe_ops.dispatch(ids, e, backend="torch")
+    torch.cuda.synchronize()
+    with no_host_syncs():
+        got = moe_ops.dispatch(ids, e, buffers=bufs, backend="triton")
+    for key in ("expert_offsets", "sorted_expert", "row_index", "inv_perm"):
+        assert torch.equal(got[key].long(), want[key].long()), key
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe_ops.dispatch(ids, e, buffers=bufs, backend="triton")
+    ids.copy_(torch.where(torch.rand(tokens, k, device=dev) < 0.5, 3, ids))  # expert 3 hot (repeats in a row allowed)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = {key: bufs[key].clone() for key in ("expert_offsets", "sorted_expert", "row_index", "inv_perm")}
+    want = moe_ops.dispatch(ids, e, backend="torch")
+    for key in replayed:
+        assert torch.equal(replayed[key].long(), want[key].long()), key
+    from megamoe.ops import errors
+    errors.clear_errors(dev)

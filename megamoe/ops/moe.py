@@ -227,12 +227,14 @@ def route(
 #: "auto" dispatch: the Triton kernels (megamoe/kernels/moe_dispatch.py) up to this many pairs, the torch sort path
 #: above (no bound: the blocked kernels take any size). H100 (gpu_check_v23/h/bench_dispatch.md, 257 groups): the
 #: one-program kernel vs torch 5.8 vs 30.1 us at 7 pairs, 8.7 vs 53.4 at 448, 24.6 vs 56.5 at 1792, 208 vs 81 at
-#: 7168; the blocked kernels from 2049 pairs: gpu_check_v28 (NOTES_moe_decode.md "Blocked dispatch").
+#: 7168; the blocked kernels 3.7-5.0x faster than torch from 1792 pairs (gpu_check_v28; NOTES_moe_decode.md "Blocked
+#: dispatch").
 DISPATCH_KERNEL_MAX_PAIRS = 1 << 62
-#: The largest pair count the one-program sort kernel takes (all keys of one program: 24.6 us at 1792 pairs, 208 us at
-#: 7168 on the H100); above, ``backend="triton"`` runs the blocked kernels (two launches of DISPATCH_BLOCK pairs per
-#: program).
-DISPATCH_SORT_MAX_PAIRS = 2048
+#: The largest pair count the one-program sort kernel takes (all keys of one program); above, ``backend="triton"`` runs
+#: the blocked kernels (two launches of DISPATCH_BLOCK pairs per program). H100 (gpu_check_v28/bench_dispatch.md,
+#: graph replay): one program 8.6 / 13.8 / 24.4 / 206.8 us at 448 / 896 / 1792 / 7168 pairs; blocked 15.6 / 16.1 /
+#: 21.4 us at 1792 / 7168 / 114688 (torch 56-96 us).
+DISPATCH_SORT_MAX_PAIRS = 1024
 
 #: From this many tokens the "triton" route backend computes the logits on the tensor cores
 #: (``megamoe/kernels/router_logits.py``: bf16 x, exact products, promotion of each 64-K chunk into the fp32

@@ -20,6 +20,8 @@
 #   i -> blocked dispatch (two launches of 1024 pairs per program above 2048 pairs, instead of the torch radix sort and
 #        ~20 small kernels with a 60-100 us idle gap before the sort in f / g): the dispatch op tests (CUDA and the
 #        interpreter-free ones), bench_dispatch.py, and the w4a16 layer probe at 4096 tokens.
+#   j -> final check of the part's changes: the layer / model CUDA tests (dispatch auto = Triton at every size, the w4a8
+#        paths), then the README main job on the GPU (4 layers, batch 1 and 8).
 # (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879. c ran at 9233618; the
 #  v3 kernel and its tests were reverted after it.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
@@ -87,5 +89,11 @@ i)
   timeout 150 python benchmarks/bench_dispatch.py --out "$OUT" 2>&1 | tail -9
   timeout 120 python benchmarks/probe_moe_decode.py --tokens 4096 --configs v4-flash --row-interleave 4 --out "$OUT" \
     --tag i_w4a16_4096 2>&1 | grep -E "^## |dispatch|radix|memset|_moe_|Fill" ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i"; exit 2 ;;
+j)
+  timeout 240 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" -n 2 \
+    tests/layers/test_moe_layer.py tests/layers/test_moe_w4a8.py tests/layers/test_moe_hash_layer.py \
+    tests/models/test_v4_model.py > "$OUT/j_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/j_tests.log" | head; tail -1 "$OUT/j_tests.log"
+  timeout 200 python -m megamoe generate --layers 4 --batch 1,8 --steps 8 2>&1 | tail -15 | tee "$OUT/j_generate.log" ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j"; exit 2 ;;
 esac

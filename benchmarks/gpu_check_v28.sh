@@ -21,7 +21,8 @@
 #        ~20 small kernels with a 60-100 us idle gap before the sort in f / g): the dispatch op tests (CUDA and the
 #        interpreter-free ones), bench_dispatch.py, and the w4a16 layer probe at 4096 tokens.
 #   j -> final check of the part's changes: the layer / model CUDA tests (dispatch auto = Triton at every size, the w4a8
-#        paths), then the README main job on the GPU (4 layers, batch 1 and 8).
+#        paths), then the README main job on the GPU (4 layers, batch 1 and 8), and the layer benchmark (graph == eager,
+#        error vs the bf16 layer) at 1 / 64 / 4096 tokens with the blocked dispatch.
 # (a ran at commit 2b84f3b; its benchmark script and the L2_PREFETCH code were reverted in d3d9879. c ran at 9233618; the
 #  v3 kernel and its tests were reverted after it.)
 # Run with carry [".peers"]. At most 8 output files (the device tool's limit).
@@ -94,6 +95,8 @@ j)
     tests/layers/test_moe_layer.py tests/layers/test_moe_w4a8.py tests/layers/test_moe_hash_layer.py \
     tests/models/test_v4_model.py > "$OUT/j_tests.log" 2>&1
   grep -E " (FAILED|ERROR)" "$OUT/j_tests.log" | head; tail -1 "$OUT/j_tests.log"
-  timeout 200 python -m megamoe generate --layers 4 --batch 1,8 --steps 8 2>&1 | tail -15 | tee "$OUT/j_generate.log" ;;
+  timeout 150 python -m megamoe generate --layers 4 --batch 1,8 --steps 8 2>&1 | tail -15 | tee "$OUT/j_generate.log"
+  timeout 150 python benchmarks/bench_moe.py --configs v4-flash --tokens 1,64,4096 --out-dir "$OUT" --tag j_moe \
+    2>&1 | tail -4 ;;
 *) echo "usage: $0 a|b|c|d|e|f|g|h|i|j"; exit 2 ;;
 esac

@@ -31,9 +31,10 @@ quantized to NVFP4 with a dynamic per-row global scale and decoded back to bf16
 before the GEMM, reproducing Blackwell W4A4 numerics to validate accuracy) and
 ``"w4a8"`` (prefill on Hopper's FP8 tensor cores: x quantized to FP8 E4M3 per
 token by ``megamoe/kernels/fp8_act_quant.py``, the NVFP4 weights decoded to FP8
-operands inside the kernel: grouped GEMMs with K % 256 == 0 on sm_90 run the pipelined
-``megamoe/kernels/gemm/nvfp4_w4a8_pipe.py`` (row bands: experts of <= 64 rows in 64-row tiles, the rest in
-128-row tiles; ``W4A8_BAND_CONFIGS``), the others ``megamoe/kernels/gemm/nvfp4_w4a8.py``; numerics in
+operands inside the kernel: grouped and dense GEMMs with K % 256 == 0 on sm_90 run the pipelined
+``megamoe/kernels/gemm/nvfp4_w4a8_pipe.py`` (row bands of 64 / 96 / 128 / 2 x 96-row tiles by the experts' rows,
+the rest 128-row tiles, ``W4A8_BAND_CONFIGS``; a dense GEMM is one expert), the others
+``megamoe/kernels/gemm/nvfp4_w4a8.py``; numerics in
 ``megamoe/reference/w4a8.py``; needs K % 128 == 0). Host rule (:func:`w4a8_kernel_mode`): on CUDA,
 a w4a8 GEMM with fewer than ``W4A8_MIN_ROWS_PER_EXPERT`` (48) rows per expert on average (M < 48 dense)
 runs the w4a16 kernels (decode sizes are weight-bandwidth bound; FP8 MMA buys nothing there); the
@@ -477,8 +478,8 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
 
         bias_c = bias.contiguous() if bias is not None else None
         if nvfp4_w4a8_pipe.W4A8_PIPE_ROUTE and nvfp4_w4a8_pipe.w4a8_pipe_supported(x, weight.data):
-            # the pipelined FP8 kernel as a grouped GEMM of one expert holding the M rows (v1 ran the shared
-            # expert's GEMMs at 0.6-0.8x the w4a16 speed: NOTES_gemm.md "w4a8: dense GEMMs on the pipelined kernel")
+            # the pipelined FP8 kernel as a grouped GEMM of one expert holding the M rows (v1 runs at 0.6-0.8x of
+            # the w4a16 kernels: NOTES_gemm.md "w4a8 in the layer")
             xq, xs = _fp8_activations(x, mma_order=True)
             offsets = torch.full((1,), m, dtype=torch.int32, device=x.device)  # a fill launch, captured in graphs
             return nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(

@@ -28,7 +28,8 @@ Registers: acc and partial are 64 fp32 each per thread (BLOCK_M 128); the bf16 k
 twice that. The A operands cannot be listed in ``warpgroup_mma_wait``'s deps (Triton 3.6 aborts on 8-bit deps) and
 ptxas does not keep registers that an async wgmma still reads: the offline test ``test_sm90_w4a8_pipe_k_loop`` checks
 every launched build for such a write (NOTES_gemm.md, "w4a8 v2"). Requirements: sm_90, K % 256 == 0
-(:func:`w4a8_pipe_supported`), row-major weights, grouped only.
+(:func:`w4a8_pipe_supported`), row-major or 4-row interleaved weights (``W_IL``), grouped (``nvfp4_linear`` runs a
+dense GEMM as one expert of M rows).
 """
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ def band_configs(spec: str) -> dict:
 
 W4A8_BAND_CONFIGS = band_configs(os.environ.get("MEGAMOE_W4A8_BANDS", "64,96,128,192:96"))
 SUB_K = 32  # K per FP8 wgmma: one packed word per lane
+_SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 
 
 def dense_config(num_rows: int) -> tuple:
@@ -91,7 +93,6 @@ def dense_config(num_rows: int) -> tuple:
         if num_rows <= edge:
             return config
     return W4A8_PIPE_CONFIG
-_SUB_K = gl.constexpr(SUB_K) if GLUON_AVAILABLE else SUB_K
 
 
 if GLUON_AVAILABLE:

@@ -512,7 +512,10 @@ def _dispatch_triton(flat: torch.Tensor, top_k: int, num_experts: int, pairs: in
     def buf(name, n):
         return b[name][:n] if name in b else torch.empty(n, dtype=torch.int32, device=device)
 
-    ids = flat if flat.dtype == torch.int32 and flat.is_contiguous() else flat.to(torch.int32).contiguous()
+    if flat.dtype == torch.int32:
+        ids = flat.contiguous()
+    else:  # int64: clamp first, so that an id beyond int32 stays out of range (dropped, flagged) instead of wrapping
+        ids = flat.clamp(-1, num_experts).to(torch.int32).contiguous()
     offsets = b["expert_offsets"] if "expert_offsets" in b else torch.empty(num_experts, dtype=torch.int32,
                                                                             device=device)
     out = {"expert_offsets": offsets, "sorted_expert": buf("sorted_expert", pairs),

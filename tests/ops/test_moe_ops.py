@@ -254,3 +254,22 @@ def test_cuda_blocked_dispatch_graph_sync_free_equals_torch(tokens, k, e):
         assert torch.equal(replayed[key].long(), want[key].long()), key
     from megamoe.ops import errors
     errors.clear_errors(dev)
+
+
+@pytest.mark.parametrize("pairs_limit", [4096, 0])  # the one-program sort, the blocked kernels
+def test_dispatch_triton_int64_ids_beyond_int32_are_dropped_not_wrapped(monkeypatch, pairs_limit, device):
+    """An int64 id of 2**32 + 1 is out of range (dropped into the padding rows, flagged) on the Triton path as on the
+    torch path, not read as expert 1 after a cast to int32."""
+    from megamoe.ops import errors
+
+    monkeypatch.setattr(moe_ops, "DISPATCH_SORT_MAX_PAIRS", pairs_limit)
+    ids = torch.tensor([[0, 2 ** 32 + 1], [1, 3], [-(2 ** 40), 2]], dtype=torch.int64, device=device)
+    errors.clear_errors(ids.device)
+    got = moe_ops.dispatch(ids, 4, backend="triton")
+    assert errors.decode(errors.peek_errors(ids.device)) == [("dispatch", "topk_ids")]
+    errors.clear_errors(ids.device)
+    want = moe_ops.dispatch(ids, 4, backend="torch")
+    errors.clear_errors(ids.device)
+    for key in ("expert_offsets", "sorted_expert", "row_index", "inv_perm"):
+        assert torch.equal(got[key].long(), want[key].long()), key
+    assert int(got["expert_offsets"][-1]) == 4  # the two out-of-range pairs sit past the last expert

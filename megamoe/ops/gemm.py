@@ -593,12 +593,10 @@ def nvfp4_grouped_mm(
             args = (xq, xs, weight.data.contiguous(), weight.block_scale.contiguous(), weight.global_scale, out)
             kw = dict(expert_offsets=expert_offsets, row_index=row_index, swiglu=activation == "swiglu",
                       swiglu_limit=swiglu_limit, weight_interleave=weight.row_interleave)
-            lo = 0
-            for hi, band_config in nvfp4_w4a8_pipe.W4A8_BAND_CONFIGS.items():  # 64- and 96-row tiles by band
-                nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, config=band_config, row_lo=lo, row_hi=hi,
-                                                       own_pad=False)
-                lo = hi
-            return nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, row_lo=lo)  # the rest, and the padding rows
+            for config, lo, hi, own_pad in nvfp4_w4a8_pipe.band_plan(num_rows, num_experts):  # tiles by row band
+                nvfp4_w4a8_pipe.launch_nvfp4_w4a8_pipe(*args, **kw, config=config, row_lo=lo, row_hi=hi,
+                                                       own_pad=own_pad)
+            return out
         if weight.row_interleave != 1:
             raise ValueError(f"weight: row_interleave={weight.row_interleave} in mode 'w4a8' needs the pipelined FP8 "
                              "kernel (sm_90, K % 256 == 0, W4A8_PIPE_ROUTE on)")

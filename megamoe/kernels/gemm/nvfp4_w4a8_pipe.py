@@ -95,6 +95,23 @@ def dense_config(num_rows: int) -> tuple:
     return W4A8_PIPE_CONFIG
 
 
+def band_plan(num_rows: int, num_experts: int) -> list:
+    """The launches of a grouped GEMM of ``num_rows`` rows over ``num_experts`` experts (host values only), in order:
+    ``[(config, row_lo, row_hi or None, own_pad)]``. One expert: a single launch in the smallest band tile that holds
+    every row (:func:`dense_config`). Otherwise a launch per band of :data:`W4A8_BAND_CONFIGS` that an expert can fall
+    in (its lower edge below ``num_rows``), then the rest in :data:`W4A8_PIPE_CONFIG` tiles with the padding rows.
+    Every expert's rows fall in exactly one launch's ``(row_lo, row_hi]``, whatever the routing."""
+    if num_experts == 1:
+        return [(dense_config(num_rows), 0, None, True)]
+    plan, lo = [], 0
+    for hi, config in W4A8_BAND_CONFIGS.items():
+        if num_rows > lo:
+            plan.append((config, lo, hi, False))
+        lo = hi
+    plan.append((W4A8_PIPE_CONFIG, lo, None, True))
+    return plan
+
+
 if GLUON_AVAILABLE:
 
     @gluon.jit

@@ -272,6 +272,21 @@ def test_band_configs_parse_edges_and_tile_rows():
     assert w4a8_pipe.band_configs("0") == {} and w4a8_pipe.band_configs("") == {}
 
 
+@pytest.mark.parametrize("spec", ["64,96,128,192:96", "64", ""])
+def test_band_plan_covers_every_row_count_once(spec, monkeypatch):
+    """Every possible expert row count (1..T) falls in exactly one launch's (row_lo, row_hi], the last launch writes
+    the padding rows, bands no expert can reach are skipped, and one expert is one launch in its smallest tile."""
+    monkeypatch.setattr(w4a8_pipe, "W4A8_BAND_CONFIGS", w4a8_pipe.band_configs(spec))
+    for num_rows in (1, 50, 64, 65, 100, 192, 193, 24576):
+        plan = w4a8_pipe.band_plan(num_rows, 256)
+        assert [own_pad for *_, own_pad in plan] == [False] * (len(plan) - 1) + [True]
+        for rows in range(1, min(num_rows, 300) + 1):
+            hits = [p for p in plan if p[1] < rows and (p[2] is None or rows <= p[2])]
+            assert len(hits) == 1, (num_rows, rows, plan)
+        assert all(lo < num_rows for _, lo, _, _ in plan[:-1])
+    assert w4a8_pipe.band_plan(300, 1) == [(w4a8_pipe.dense_config(300), 0, None, True)]
+
+
 def test_dense_config_is_the_smallest_band_tile():
     edges = sorted(w4a8_pipe.W4A8_BAND_CONFIGS)
     for m in (1, 48, 64, 65, 96, 97, 128, 4096):

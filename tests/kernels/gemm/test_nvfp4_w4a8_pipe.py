@@ -5,8 +5,9 @@ through the interpreter); the offline sm_90 builds' K loops (4 FP8 wgmma per ste
 not serialise, no spills, no A operand register reused while its wgmma may read it). CUDA: against
 ``megamoe/reference/w4a8.py`` on skewed routings (empty experts, one expert holding every row, rows that are not a
 multiple of the tile, padding rows, N not a multiple of the tile), the fused gather + SwiGLU, non-finite rows and
-scales, the row_index guard; the route of ``nvfp4_grouped_mm`` with its 64-row band (equal to one 128-row launch);
-sync-free and graph replay == eager.
+scales, the row_index guard; the route of ``nvfp4_grouped_mm`` with its row bands (equal to one 128-row launch) and of
+``nvfp4_linear`` (one expert); 4-row interleaved weights (the row-major bits); sync-free and graph replay == eager.
+CPU: the band spec, the band plan's coverage of every expert row count, the dense config.
 """
 import pytest
 import torch

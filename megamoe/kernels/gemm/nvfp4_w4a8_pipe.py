@@ -348,12 +348,10 @@ if GLUON_AVAILABLE:
             expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
             w_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wr_layout)), N - 1)
             s_rows = gl.minimum(n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, sr_layout)), N - 1)
-            if W_IL > 1:  # one 128-K step = one interleaved chunk: the columns stay, the row offsets and step change
-                w_off = interleaved_row_offsets(w_rows, stride_wn, BLOCK_K // 8, W_IL)
-                s_off = interleaved_row_offsets(s_rows, stride_sn, BLOCK_K // 16, W_IL)
-            else:
-                w_off = w_rows.to(gl.int64) * stride_wn
-                s_off = s_rows.to(gl.int64) * stride_sn
+            # one 128-K step = one interleaved chunk: the columns stay, the row offsets and step change (W_IL 1:
+            # row * stride)
+            w_off = interleaved_row_offsets(w_rows, stride_wn, BLOCK_K // 8, W_IL)
+            s_off = interleaved_row_offsets(s_rows, stride_sn, BLOCK_K // 16, W_IL)
             wr_ptrs = w_ptr + expert_c * stride_we + w_off[:, None] + wr_cols[None, :]
             sr_ptrs = scale_ptr + expert_c * stride_se + s_off[:, None] + sr_cols[None, :]
             if HAS_ROW_INDEX:

@@ -116,11 +116,8 @@ def build(name: str, pdl: bool):
     if name == "mma_decode":
         from megamoe.kernels.gemm import nvfp4_gluon_jit
         from megamoe.kernels.gemm import nvfp4_mma_decode as m
-        scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
-                   "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om",
-                   "splits", "chunk_steps", "slot_chunks"]
-        return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, scalars, (8, 128, 256), 4, swiglu=True,
-                                            extra_signature=dict(ws_ptr="*fp32", cnt_ptr="*i32"),
+        return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, m.COMPILE_SCALARS, (8, 128, 256), 4,
+                                            swiglu=True, extra_signature=m.COMPILE_EXTRA_POINTERS,
                                             extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl))
     raise KeyError(name)
 

@@ -1,0 +1,24 @@
+#!/bin/bash
+# GPU checks of 2026-11-27 (session part 18). Calls:
+#   a -> issue 11: the decode band's L2 prefetch of the down weights (prefetch_next, the kernel's PF_NEXT;
+#        NOTES_gemm.md v26): its CUDA tests, the MoE layer CUDA tests with the prefetch on (32 MB), the streaming probe
+#        through the TMA engine (probe_stream_tma.py: the real read ceiling), then the layer A/B at 1-16 tokens
+#        (off / 16 / 32 / 32e / 48e MB, interleaved rounds, same-bits check).
+# At most 8 output files (the device tool's limit).
+export PYTHONUNBUFFERED=1
+export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
+OUT=${OUT:-benchmarks/results/gpu_check_v29}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+case "$1" in
+a)
+  timeout 150 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "not slow" \
+    tests/kernels/gemm/test_nvfp4_mma_prefetch_next.py > "$OUT/a_tests.log" 2>&1
+  MEGAMOE_DECODE_PREFETCH_NEXT_MB=32 timeout 240 python -m pytest -v -rfE --tb=short -p no:cacheprovider \
+    -m "cuda and not slow" tests/layers/test_moe_layer.py >> "$OUT/a_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/a_tests.log" | head; grep -E "passed|failed" "$OUT/a_tests.log" | tail -2
+  timeout 150 python benchmarks/probe_stream_tma.py --out "$OUT/a_probe_stream_tma.md" 2>&1 | tail -30
+  timeout 300 python benchmarks/ab_decode_prefetch_next.py --out "$OUT" --tag a 2>&1 | tail -50 ;;
+*) echo "usage: $0 a"; exit 2 ;;
+esac

@@ -4,6 +4,9 @@
 #        NOTES_gemm.md v26): its CUDA tests, the MoE layer CUDA tests with the prefetch on (32 MB), the streaming probe
 #        through the TMA engine (probe_stream_tma.py: the real read ceiling), then the layer A/B at 1-16 tokens
 #        (off / 16 / 32 / 32e / 48e MB, interleaved rounds, same-bits check).
+#   b -> how much of an "L2 cleared" replay is the flush's own write-back (a: every TMA ring and per-thread read stream
+#        capped at 2.2-2.3 TB/s, torch copy_ 2.84): probe_l2_flush.py times the read stream, copy_, the MoE layer,
+#        nvfp4_linear and the sparse attention after do_bench's zeroing flush, a reading flush and none.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -20,5 +23,7 @@ a)
   grep -E " (FAILED|ERROR)" "$OUT/a_tests.log" | head; grep -E "passed|failed" "$OUT/a_tests.log" | tail -2
   timeout 150 python benchmarks/probe_stream_tma.py --out "$OUT/a_probe_stream_tma.md" 2>&1 | tail -30
   timeout 300 python benchmarks/ab_decode_prefetch_next.py --out "$OUT" --tag a 2>&1 | tail -50 ;;
-*) echo "usage: $0 a"; exit 2 ;;
+b)
+  timeout 500 python benchmarks/probe_l2_flush.py --out "$OUT/b_probe_l2_flush.md" 2>&1 | tail -20 ;;
+*) echo "usage: $0 a|b"; exit 2 ;;
 esac

@@ -9,7 +9,8 @@ prefetch moves no math); a mismatch is reported and fails the run.
 
 Run (H100): ``python benchmarks/ab_decode_prefetch_next.py [--configs v4-flash,v4-pro] [--tokens 1,2,4,8,16]
 [--settings off,16,32,32e,48e] [--rounds 2] [--out DIR] [--tag T]`` -> DIR/ab_decode_prefetch_next[_T].{md,json}
-(a setting "Ne" is N MB with the evict-last hint).
+(a setting "Ne" is N MB with the evict-last hint); ``--flush read``: do_bench clears the L2 by reading
+(``graph_timing.flush_mode``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def _apply(setting: str) -> None:
@@ -45,10 +47,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--flush", default="write", help="how do_bench clears the L2: write (its own) or read "
+                    "(graph_timing.flush_mode)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("ab_decode_prefetch_next.py needs a CUDA GPU")
         return 0
+    from graph_timing import flush_mode
     from megamoe.layers.moe import Nvfp4MoE
     from megamoe.models.config import PRESETS
 
@@ -76,10 +81,11 @@ def main(argv=None) -> int:
                 graphs[s], outs[s] = g, y.clone()
             _apply("off")
             times = {s: [] for s in settings}
-            for _ in range(args.rounds):
-                for s in settings:
-                    times[s].append(triton.testing.do_bench(graphs[s].replay, warmup=20, rep=150,
-                                                            return_mode="median") * 1e3)
+            with flush_mode(args.flush):
+                for _ in range(args.rounds):
+                    for s in settings:
+                        times[s].append(triton.testing.do_bench(graphs[s].replay, warmup=20, rep=150,
+                                                                return_mode="median") * 1e3)
             base = statistics.median(times["off"])
             for s in settings:
                 same = bool(torch.equal(outs[s], outs["off"]))
@@ -96,15 +102,15 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                command="python " + " ".join(sys.argv))
+                command="python " + " ".join(sys.argv), flush=args.flush)
     with open(os.path.join(args.out, f"ab_decode_prefetch_next{tag}.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     lines = [f"# Decode band's L2 prefetch of the down weights: MoE layer graph replay ({meta['device']})", "",
              f"- date {meta['date']}; torch {meta['torch']}; triton {meta['triton']}",
              f"- command: `{meta['command']}`",
              "- setting: MB of next-GEMM weights prefetched over the touched experts (e = evict-last hint); do_bench "
-             "median of graph replays, L2 cleared before each; median over the interleaved rounds; speed-up = off / "
-             "setting", "",
+             f"median of graph replays, L2 cleared before each by a {args.flush} flush; median over the interleaved "
+             "rounds; speed-up = off / setting", "",
              "| config | tokens | setting | us | speed-up | rounds | same bits as off |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['config']} | {r['tokens']} | {r['setting']} | {r['us']:.1f} | {r['speedup']:.3f}x | "
               f"{', '.join(f'{v:.1f}' for v in r['rounds'])} | {'yes' if r['same_bits'] else 'NO'} |" for r in rows]

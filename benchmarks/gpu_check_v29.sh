@@ -7,6 +7,8 @@
 #   b -> how much of an "L2 cleared" replay is the flush's own write-back (a: every TMA ring and per-thread read stream
 #        capped at 2.2-2.3 TB/s, torch copy_ 2.84): probe_l2_flush.py times the read stream, copy_, the MoE layer,
 #        nvfp4_linear and the sparse attention after do_bench's zeroing flush, a reading flush and none.
+#   c -> b found do_bench's zeroing flush costs the timed reads its dirty lines' write-back (117 MB read stream 2.27 ->
+#        2.78 TB/s with a reading flush): the TMA probe and a's prefetch A/B again with --flush read.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -25,5 +27,9 @@ a)
   timeout 300 python benchmarks/ab_decode_prefetch_next.py --out "$OUT" --tag a 2>&1 | tail -50 ;;
 b)
   timeout 500 python benchmarks/probe_l2_flush.py --out "$OUT/b_probe_l2_flush.md" 2>&1 | tail -20 ;;
-*) echo "usage: $0 a|b"; exit 2 ;;
+c)
+  timeout 150 python benchmarks/probe_stream_tma.py --flush read --out "$OUT/c_probe_stream_tma_read.md" 2>&1 | tail -28
+  timeout 300 python benchmarks/ab_decode_prefetch_next.py --flush read --tokens 1,2,4,8 --settings off,32,32e,48e \
+    --out "$OUT" --tag c_read 2>&1 | tail -40 ;;
+*) echo "usage: $0 a|b|c"; exit 2 ;;
 esac

@@ -1,9 +1,41 @@
 """One timing rule for the A/B benchmark scripts: a CUDA-graph replay of ``fn``, L2 cleared before each replay
-(``triton.testing.do_bench``), the median in microseconds."""
+(``triton.testing.do_bench``), the median in microseconds; and the choice of how the L2 is cleared.
+
+``do_bench`` clears the L2 by zeroing a 256 MB buffer. The H100's L2 is write-back, so that leaves up to ~50 MB of
+dirty lines, and the timed code's first misses write them back to HBM: a 117 MB read stream measured 2.27 TB/s after
+it and 2.78 TB/s after a flush that reads the buffer instead (results/gpu_check_v29/b_probe_l2_flush.md).
+:func:`flush_mode` ("read") makes ``do_bench`` clear the L2 by reading: cold for the timed data, no write-back.
+"""
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import triton
+
+FLUSH_MODES = ("write", "read")
+
+
+@contextlib.contextmanager
+def flush_mode(mode: str = "write"):
+    """Within the block, ``triton.testing.do_bench`` clears the L2 by ``mode``: "write" (its own: zero the buffer)
+    or "read" (sum the buffer into one int64: the L2 ends up holding clean lines of the buffer)."""
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"mode: expected one of {FLUSH_MODES}, got {mode!r}")
+    driver = triton.runtime.driver.active
+    original = driver.clear_cache
+    if mode == "read":
+        totals = {}
+
+        def clear_cache(cache):
+            total = totals.setdefault(cache.device, torch.empty((), dtype=torch.int64, device=cache.device))
+            torch.sum(cache, dim=0, dtype=torch.int64, out=total)
+
+        driver.clear_cache = clear_cache
+    try:
+        yield
+    finally:
+        driver.clear_cache = original
 
 
 def graph_replay_us(fn, warmup: int = 10, rep: int = 100) -> float:

@@ -84,11 +84,11 @@ def workloads(dev):
             yield f"MoE layer {name}, {t} token(s)", None, _graph(lambda: layer(x))
         layer = None
         torch.cuda.empty_cache()
-    from megamoe.ops import quantize as quantize_ops
     from megamoe.ops.gemm import nvfp4_linear
+    from megamoe.ops.quantize import quantize
 
     for n_out, k in ((18432, 7168), (4096, 4096)):
-        w = quantize_ops.quantize(torch.randn(n_out, k, device=dev) * 0.05)
+        w = quantize(torch.randn(n_out, k, device=dev) * 0.05)
         x = torch.randn(1, k, device=dev).bfloat16()
         out = torch.empty(1, n_out, dtype=torch.bfloat16, device=dev)
         yield f"nvfp4_linear {n_out}x{k}, M = 1", n_out * k * 9 // 16, _graph(lambda: nvfp4_linear(x, w, out=out))
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     cache = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
     total = torch.empty((), dtype=torch.int64, device=dev)
-    flushes = {"write (do_bench)": cache.zero_, "read": lambda: torch.sum(cache, dtype=torch.int64, out=total),
+    flushes = {"write (do_bench)": cache.zero_, "read": lambda: torch.sum(cache, dim=0, dtype=torch.int64, out=total),
                "none": lambda: None}
     rows = []
     for name, nbytes, graph in workloads(dev):

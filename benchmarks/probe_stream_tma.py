@@ -27,6 +27,7 @@ Run:  python benchmarks/probe_stream_tma.py [--out FILE.md]   (also writes FILE.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -309,6 +310,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="markdown file (a .json with the same stem is written too)")
     parser.add_argument("--compile-only", action="store_true", help="compile every config for sm_90 (no GPU)")
+    parser.add_argument("--flush", default="write", help="how do_bench clears the L2 before each repetition: write "
+                        "(its own zeroing: leaves dirty lines whose write-back the timed reads pay) or read "
+                        "(graph_timing.flush_mode)")
     args = parser.parse_args()
     if args.compile_only:
         compile_all_for_sm90()
@@ -317,6 +321,10 @@ def main():
         sys.exit("probe_stream_tma.py needs a CUDA GPU (use --compile-only to compile the kernels offline)")
     if torch.cuda.get_device_capability()[0] != 9:
         sys.exit("probe_stream_tma.py needs an sm_90 (Hopper) GPU")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from graph_timing import flush_mode
+
+    contextlib.ExitStack().enter_context(flush_mode(args.flush))  # for the rest of the run
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -389,7 +397,8 @@ def main():
               f"- date: {date}; device: {torch.cuda.get_device_name()} ({num_sms} SMs); torch {torch.__version__}; "
               f"triton {triton.__version__}",
               f"- command: `python {' '.join(sys.argv)}`",
-              "- median of triton.testing.do_bench (L2 flushed before every repetition), 4 rotating buffers; "
+              f"- median of triton.testing.do_bench (L2 flushed by a {args.flush} flush before every repetition), 4 "
+              "rotating buffers; "
               "check: xor of the words each program read == xor of the buffer", "",
               "| pattern | tile / access | depth | programs per SM | programs | us | TB/s | % of 3.0 TB/s | check |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -324,7 +324,8 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from graph_timing import flush_mode
 
-    contextlib.ExitStack().enter_context(flush_mode(args.flush))  # for the rest of the run
+    flushing = contextlib.ExitStack()  # held until main returns: a dropped stack closes the context at once
+    flushing.enter_context(flush_mode(args.flush))
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -548,7 +548,6 @@ class Nvfp4MoE:
         inter = gemm_ops.nvfp4_grouped_mm(
             x, self._w13_kernel, offsets, mode=gemm_mode, out=self._inter[:pairs], row_index=d["row_index"],
             activation="swiglu", swiglu_limit=c.swiglu_limit, max_rows_per_expert=t,  # distinct top-k experts
-            prefetch_next=self._w2_kernel,  # down reads these experts next (ops.gemm.DECODE_PREFETCH_NEXT_BYTES)
         )
         if static:
             l2 = self.input_scales.get("l2_groups", self.input_scales["l2"])

@@ -110,14 +110,6 @@ PIPE_LIST = os.environ.get("MEGAMOE_PIPE_LIST", "0").strip() not in ("", "0")
 # streaming rate of this kernel at 1 token. Read at every call (a captured CUDA graph keeps its launches).
 _SPLITK_ENV = os.environ.get("MEGAMOE_DECODE_SPLITK", "0").strip()
 DECODE_SPLITK = None if _SPLITK_ENV == "1" else max(1, int(_SPLITK_ENV or "0"))
-# L2 prefetch of the next GEMM's weights from the decode band (issue 11; NOTES_gemm.md v26): with
-# ``nvfp4_grouped_mm(..., prefetch_next=w2)`` the decode band's programs ask the copy engine to bring the touched
-# experts' next-GEMM weights into L2 (the first DECODE_PREFETCH_NEXT_BYTES of them over all touched experts) while
-# they stream their own (nvfp4_mma_decode.prefetch_next_pieces), so the down projection reads them from L2.
-# DECODE_PREFETCH_EVICT_LAST: with the L2 evict-last hint. Env MEGAMOE_DECODE_PREFETCH_NEXT_MB /
-# MEGAMOE_DECODE_PREFETCH_EVICT_LAST (read at import; the values at every call). 0 = off (opt-in until measured).
-DECODE_PREFETCH_NEXT_BYTES = int(float(os.environ.get("MEGAMOE_DECODE_PREFETCH_NEXT_MB", "0") or 0) * 2 ** 20)
-DECODE_PREFETCH_EVICT_LAST = os.environ.get("MEGAMOE_DECODE_PREFETCH_EVICT_LAST", "0").strip() not in ("", "0")
 
 
 # The BLOCK_M 16 band of the banded route (NOTES_peer_study.md section 6): when there is no small (BLOCK_M 8) band
@@ -376,11 +368,10 @@ def _check_interleaved_routes(kinds: list, row_interleave: int) -> None:
                          f"K % 256 == 0, PIPE_ROUTE on); this GEMM would run {kinds}")
 
 
-def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, prefetch_next=None, **kwargs):
+def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, **kwargs):
     """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream (with
     :data:`BANDS_CONCURRENT` and no decode band: each on its own side stream of :func:`_band_streams`, forked from
-    and joined back into the current one). ``prefetch_next``: the decode band's (the launch planned with
-    ``splits``) L2 prefetch of the next GEMM's weights (``launch_nvfp4_mma_decode``'s)."""
+    and joined back into the current one)."""
     out = args[4]
     data = args[1]
     plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert,
@@ -395,8 +386,6 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
         band_args = args
         if route == "pipe" and x_mma is not None:
             band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
-        if prefetch_next is not None and "splits" in band:
-            band = dict(band, prefetch_next=prefetch_next)
         launches.append(lambda route=route, band_args=band_args, band=band: _launcher(route)(
             *band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band))
     # not with a decode band (the only launch planned with "splits"): at 16-256 tokens the concurrent launches lost
@@ -524,7 +513,6 @@ def nvfp4_grouped_mm(
     activation=None,
     swiglu_limit=None,
     max_rows_per_expert=None,
-    prefetch_next=None,
 ) -> torch.Tensor:
     """Grouped GEMM over experts with NVFP4 weights (rows sorted by expert).
 
@@ -549,21 +537,10 @@ def nvfp4_grouped_mm(
     max_rows_per_expert: None or a host int, the most rows any expert can have
         (e.g. the token count of a top-k MoE layer); only sizes launches
         (:func:`plan_row_bands`): results never depend on it, even if wrong.
-    prefetch_next: None or the NVFP4Tensor (E, N2, K2) that the next GEMM on this stream reads for the same
-        experts (the MoE layer's down projection after gate_up). A hint that never changes results: with
-        :data:`DECODE_PREFETCH_NEXT_BYTES` > 0, the decode-sized launch (1-16 tokens on CUDA) prefetches the touched
-        experts' share of it into L2 while it streams its own weights.
     """
     _check_x(x, None)
     _check_weight(weight, 3, x, interleave_ok=True)
     num_experts, n, k = weight.shape
-    if prefetch_next is not None:
-        if not isinstance(prefetch_next, NVFP4Tensor):
-            raise TypeError(f"prefetch_next: expected an NVFP4Tensor or None, got {type(prefetch_next).__name__}")
-        if prefetch_next.data.dim() != 3 or prefetch_next.data.shape[0] != num_experts \
-                or prefetch_next.data.device != x.device:
-            raise ValueError(f"prefetch_next: expected {num_experts} experts on {x.device} (E, N2, K2), got shape "
-                             f"{tuple(prefetch_next.shape)} on {prefetch_next.data.device}")
     _check_x(x, k)
     _check_mode(mode)
     _check_w4a8_k(mode, k)
@@ -652,14 +629,5 @@ def nvfp4_grouped_mm(
         swiglu_limit=swiglu_limit,
         interpreter=not x.is_cuda,
         **({"max_rows_per_expert": max_rows_per_expert} if route == "banded" else {}), **interleave,
-        **_prefetch_hint(route, prefetch_next),
     )
-
-
-def _prefetch_hint(route: str, prefetch_next) -> dict:
-    """The banded route's ``prefetch_next`` keyword (:data:`DECODE_PREFETCH_NEXT_BYTES`), else nothing."""
-    if route != "banded" or prefetch_next is None or DECODE_PREFETCH_NEXT_BYTES <= 0:
-        return {}
-    return dict(prefetch_next=(prefetch_next.data, prefetch_next.block_scale, DECODE_PREFETCH_NEXT_BYTES,
-                               DECODE_PREFETCH_EVICT_LAST))
 

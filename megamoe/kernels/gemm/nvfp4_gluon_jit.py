@@ -253,20 +253,6 @@ if GLUON_AVAILABLE:
         return gl.load(w_ptrs + k0 // 8), gl.load(s_ptrs + k0 // 16)
 
     @gluon.jit
-    def bulk_prefetch_l2(ptrs, nbytes, EVICT_LAST: gl.constexpr = False):
-        """``cp.async.bulk.prefetch.L2`` of ``nbytes`` (int32 tensor like ``ptrs``; a multiple of 16, > 0) from every
-        pointer (16-byte aligned): one instruction asks the copy engine for the whole run, nothing is held in
-        registers or waited for. ``EVICT_LAST``: the lines carry the L2 evict-last hint (kept over normal lines)."""
-        if EVICT_LAST:
-            gl.inline_asm_elementwise(
-                "{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
-                "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;\n\t}\n\tmov.u32 $0, 0;",
-                "=r,l,r", [ptrs, nbytes], dtype=gl.int32, is_pure=False, pack=1)
-        else:
-            gl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                      [ptrs, nbytes], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def interleaved_row_offsets(rows, stride, CHUNK: gl.constexpr, W_IL: gl.constexpr):
         """Offset of each row's first K chunk in a matrix of row stride ``stride`` stored with rows interleaved in
         groups of ``W_IL`` per chunk of ``CHUNK`` elements (``megamoe.format.layouts.interleave_weight_rows``: 16

@@ -56,7 +56,6 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
     from .nvfp4_gluon_jit import (
-        bulk_prefetch_l2,
         decode_a_operand,
         gathered_source_rows,
         grouped_tile_table,
@@ -150,15 +149,6 @@ def interleave_constants(config, stages: int, weight_interleave: int) -> dict:
         return {}
     cap = INTERLEAVED_MAXNREG.get(tuple(config[:4])) if stages == 0 else None
     return dict(W_IL=weight_interleave, **({"maxnreg": cap} if cap else {}))
-
-
-def prefetch_register_cap(config, consts: dict) -> dict:
-    """The ``maxnreg`` of a PF_NEXT build (the next-GEMM prefetch): its addresses took the row-major gathered SwiGLU
-    decode build from 168 to 171 registers, i.e. from 3 to 2 programs per SM; capped at the
-    :data:`INTERLEAVED_MAXNREG` figure (the interleaved build already is) it keeps 3, with no spill in the K loop
-    (``test_sm90_prefetch_build_issues_bulk_prefetch_and_keeps_the_k_loop``)."""
-    cap = INTERLEAVED_MAXNREG.get(tuple(config[:4]))
-    return {"maxnreg": cap} if cap and consts.get("PF_NEXT") and "maxnreg" not in consts else {}
 
 
 #: The BLOCK_M 16 band (megamoe/ops/gemm.py: MMA16_BAND): experts with at most this many rows, tile config
@@ -273,20 +263,6 @@ if GLUON_AVAILABLE:
         return mma_v2(a, b, acc)
 
     @gluon.jit
-    def _prefetch_next_share(pf_w_ptr, pf_s_ptr, expert, pid_n, pf_stride_we, pf_stride_se, pf_w_piece, pf_s_piece,
-                             EVICT_LAST: gl.constexpr, num_warps: gl.constexpr):
-        """The kernel's PF_NEXT prefetch: warp w of n-tile ``pid_n`` asks for ``pf_w_piece`` weight bytes and
-        ``pf_s_piece`` scale bytes of ``expert`` at run ``pid_n * num_warps + w``. The bulk prefetch takes uniform
-        operands (a loop over the distinct values of a warp): every lane of a warp holds the same run, so each
-        warp issues one prefetch per matrix."""
-        pf_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        lane = (pid_n * num_warps + gl.arange(0, 32 * num_warps, layout=pf_layout) // 32).to(gl.int64)
-        bulk_prefetch_l2(pf_w_ptr + expert * pf_stride_we + lane * pf_w_piece,
-                         gl.full([32 * num_warps], pf_w_piece, gl.int32, layout=pf_layout), EVICT_LAST)
-        bulk_prefetch_l2(pf_s_ptr + expert * pf_stride_se + lane * pf_s_piece,
-                         gl.full([32 * num_warps], pf_s_piece, gl.int32, layout=pf_layout), EVICT_LAST)
-
-    @gluon.jit
     def chunk_rows(chunk, lane, starts, ends, chunks, chunk_ends, BLOCK_M: gl.constexpr):
         """(owner lane, row_start, row_end) of work chunk ``chunk`` (row_end - row_start <= BLOCK_M):
         :func:`locate_tile` with the row end clamped to the chunk."""
@@ -312,20 +288,18 @@ if GLUON_AVAILABLE:
         return acc
 
     @gluon.jit(do_not_specialize=["num_rows", "num_src_rows", "num_programs", "row_lo", "row_hi", "own_pad",
-                                  "splits", "chunk_steps", "slot_chunks", "pf_stride_we", "pf_stride_se",
-                                  "pf_w_piece", "pf_s_piece"])
+                                  "splits", "chunk_steps", "slot_chunks"])
     def _nvfp4_mma_decode_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
         ws_ptr, cnt_ptr,
         num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, row_lo, row_hi, own_pad,
         splits, chunk_steps, slot_chunks,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
-        pf_w_ptr, pf_s_ptr, pf_stride_we, pf_stride_se, pf_w_piece, pf_s_piece,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
         num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False, X_SMEM: gl.constexpr = False,
-        W_IL: gl.constexpr = 1, PF_NEXT: gl.constexpr = 0,
+        W_IL: gl.constexpr = 1,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
@@ -333,13 +307,7 @@ if GLUON_AVAILABLE:
         Split-K: program (pid_n, g, pid_s) takes K steps [pid_s * chunk_steps, +chunk_steps) of each of its
         chunks c < ``slot_chunks``; work item (c, pid_n) owns workspace tiles and counter ``c * n_tiles +
         pid_n``. Chunks at or past ``slot_chunks`` (only a routing beyond the host's hint) and the padding
-        chunks are computed whole by the pid_s == 0 program, as with SPLIT 0.
-        PF_NEXT (constexpr; grouped, register double-buffering, SPLIT 0 only): 0 = off (``pf_*`` unused); 1 = at K
-        step 0 of every real chunk, each warp w of the program asks the copy engine to prefetch into L2
-        ``pf_w_piece`` bytes at ``pf_w_ptr + expert * pf_stride_we + (pid_n * num_warps + w) * pf_w_piece`` and
-        likewise ``pf_s_piece`` scale bytes: the n-tile's share of the chunk's expert in the NEXT GEMM's weights
-        (the down projection's, read right after this gate_up), fetched while this GEMM streams its own; 2 = the
-        same with the L2 evict-last hint. Loads and math unchanged: the same bits."""
+        chunks are computed whole by the pid_s == 0 program, as with SPLIT 0."""
         gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 8])
@@ -513,10 +481,6 @@ if GLUON_AVAILABLE:
                     # the load past the end re-reads the last step (in bounds) and is discarded
                     words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0, W_IL)
                     x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
-                    if PF_NEXT != 0:
-                        if k_steps > 0:  # a real chunk: the next GEMM's share of its expert
-                            _prefetch_next_share(pf_w_ptr, pf_s_ptr, expert, pid_n, pf_stride_we, pf_stride_se,
-                                                 pf_w_piece, pf_s_piece, PF_NEXT == 2, num_warps)
                     for step in range(0, k_steps):
                         nxt = gl.minimum((step + 1) * BLOCK_K, last)
                         words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt, W_IL)
@@ -567,24 +531,22 @@ if GLUON_AVAILABLE:
 #: The kernel's i32 arguments and its pointers beyond the family's (offline compiles: :func:`compile_for_sm90`, tests).
 COMPILE_SCALARS = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
                    "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om", "splits",
-                   "chunk_steps", "slot_chunks", "pf_stride_we", "pf_stride_se", "pf_w_piece", "pf_s_piece"]
-COMPILE_EXTRA_POINTERS = dict(ws_ptr="*fp32", cnt_ptr="*i32", pf_w_ptr="*u8", pf_s_ptr="*u8")
+                   "chunk_steps", "slot_chunks"]
+COMPILE_EXTRA_POINTERS = dict(ws_ptr="*fp32", cnt_ptr="*i32")
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
-                     swiglu_limit=True, split=0, x_smem=False, weight_interleave=1, prefetch_next=0):
+                     swiglu_limit=True, split=0, x_smem=False, weight_interleave=1):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
     ``split``: the SPLIT mode (0 no split-K, 1 single launch, 2 partials, 3 reduction); ``weight_interleave``: as
-    the launcher's (its ``W_IL`` and register cap); ``prefetch_next``: the kernel's PF_NEXT."""
+    the launcher's (its ``W_IL`` and register cap)."""
     stages = config[4] if len(config) > 4 else 0
     interleave = interleave_constants(config, stages, weight_interleave)
-    maxnreg = interleave.pop("maxnreg", None) or prefetch_register_cap(
-        config, dict(PF_NEXT=prefetch_next)).get("maxnreg")
+    maxnreg = interleave.pop("maxnreg", None)
     return compile_sm90(_nvfp4_mma_decode_kernel, COMPILE_SCALARS, config[:3], config[3], grouped=grouped,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=COMPILE_EXTRA_POINTERS,
-                        extra_constants=dict(SPLIT=split, STAGES=stages, X_SMEM=x_smem, **interleave,
-                                             **({"PF_NEXT": prefetch_next} if prefetch_next else {})),
+                        extra_constants=dict(SPLIT=split, STAGES=stages, X_SMEM=x_smem, **interleave),
                         maxnreg=maxnreg)
 
 
@@ -623,33 +585,6 @@ def split_schedule_reference(items: list, num_experts: int, n_tiles: int, splits
     return summed, whole
 
 
-def prefetch_next_pieces(next_data: torch.Tensor, next_scale: torch.Tensor, experts: int, n_tiles: int,
-                         num_warps: int, budget_bytes: int):
-    """(weight bytes, scale bytes) per warp of the PF_NEXT prefetch, or None (off), from host values only.
-
-    ``next_data`` (E, N2, K2 // 2) uint8 and ``next_scale`` (E, N2, K2 // 16) 1-byte scales: the next GEMM's
-    weights, each expert one contiguous run (row-major or row-interleaved alike: the first bytes are the first
-    rows). ``experts``: the host bound on the experts this launch touches; ``budget_bytes``: the most bytes to put
-    in L2 over all of them. Each of the ``n_tiles * num_warps`` warps per expert prefetches one run, so an expert
-    gets the first ``min(1, budget / experts / its bytes)`` of its weights and scales, in runs of a multiple of 16
-    bytes at 16-byte aligned addresses (else None)."""
-    if budget_bytes <= 0 or next_data.dim() != 3 or next_scale.dim() != 3 or next_data.shape[0] != next_scale.shape[0]:
-        return None
-    if not (next_data.is_contiguous() and next_scale.is_contiguous()) or next_data.element_size() != 1 \
-            or next_scale.element_size() != 1:
-        return None
-    if next_data.data_ptr() % 16 or next_scale.data_ptr() % 16 or next_data.stride(0) % 16 or next_scale.stride(0) % 16:
-        return None
-    w_bytes, s_bytes = next_data.stride(0), next_scale.stride(0)
-    fraction = min(1.0, budget_bytes / max(1, experts) / (w_bytes + s_bytes))
-    runs = n_tiles * num_warps
-    w_piece = int(fraction * w_bytes / runs) // 16 * 16
-    s_piece = int(fraction * s_bytes / runs) // 16 * 16
-    if w_piece < 16 or s_piece < 16:
-        return None
-    return w_piece, s_piece
-
-
 def launch_nvfp4_mma_decode(
     x: torch.Tensor,
     data: torch.Tensor,
@@ -671,7 +606,6 @@ def launch_nvfp4_mma_decode(
     splits: int | None = 1,
     x_smem=None,
     weight_interleave: int = 1,
-    prefetch_next=None,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -691,10 +625,6 @@ def launch_nvfp4_mma_decode(
     without split-K and the weight ring only); the same MMAs in the same K order, so the same bits.
     ``weight_interleave`` (1 or 4): ``data`` and ``block_scale`` hold groups of that many rows interleaved per 128-K
     step (:func:`megamoe.format.layouts.interleave_weight_rows`); the same bits as the row-major layout.
-    ``prefetch_next`` (grouped, register double-buffering without split-K; else ignored): None, or (next_data,
-    next_scale, budget_bytes, evict_last): while this GEMM streams its weights, each real chunk asks the copy
-    engine to bring its n-tile's share of the same expert's next-GEMM weights into L2
-    (:func:`prefetch_next_pieces`; the kernel's PF_NEXT). A hint only: the same bits.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -755,20 +685,10 @@ def launch_nvfp4_mma_decode(
         head = (x32, *head[1:])
         strides = (x32.stride(0), *strides[1:])
     pointers, scalars = head[:9], head[9:]
-    prefetch = (out, out, 0, 0, 0, 0)
-    if prefetch_next is not None and grouped and splits == 1 and consts["STAGES"] == 0 and not consts["X_SMEM"]:
-        next_data, next_scale, budget, evict_last = prefetch_next
-        experts = chunk_bound(num_rows, num_experts, block_m, row_lo, row_hi, False, max_rows_per_expert)
-        pieces = prefetch_next_pieces(next_data, next_scale, experts, n_tiles, num_warps, int(budget))
-        if pieces is not None:
-            consts["PF_NEXT"] = 2 if evict_last else 1
-            consts.update(prefetch_register_cap(config, consts))
-            prefetch = (next_data.view(torch.uint8), next_scale.view(torch.uint8), next_data.stride(0),
-                        next_scale.stride(0), *pieces)
 
     def arguments(num_programs):
         return (*pointers, ws, cnt, *scalars, num_programs, row_lo, row_hi, int(own_pad), splits, chunk_steps,
-                slot_chunks, *strides, *prefetch)
+                slot_chunks, *strides)
 
     args = arguments(1)
     consts["SPLIT"] = mode

@@ -13,6 +13,9 @@
 #    entered, a dropped ExitStack; those two files were not kept. Fixed for d.)
 #   d -> the baselines of issues 11 and 15 under both flushes, same run: the TMA probe with the read flush, the MoE
 #        layer at 1 / 8 / 64 tokens (V4-Flash, V4-Pro) and the sparse attention grid with the write and the read flush.
+#   e -> b-d: every read stream reaches 2.7-2.8 TB/s after a reading flush, so the decode levers measured "no gain"
+#        under the zeroing flush (decode split-K, more programs) may have hit that flush's cap: the layer A/B at 1-8
+#        tokens with the read flush (ab_layer_settings.py).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -44,5 +47,9 @@ d)
     timeout 200 python benchmarks/bench_attention.py --flush $f --out /tmp/d/d_attention_$f 2>&1 | tail -2
     cp /tmp/d/d_attention_$f.md "$OUT/"
   done ;;
-*) echo "usage: $0 a|b|c|d"; exit 2 ;;
+e)
+  timeout 420 python benchmarks/ab_layer_settings.py --flush read --tokens 1,2,4,8 --out "$OUT" --tag e_decode \
+    --settings "base|gemm.DECODE_SPLITK=None|gemm.DECODE_SPLITK=2|mma.MMA_DECODE_CONFIGS[4]=(8,64,256,4)|gemm.DECODE_SPLITK=None; mma.DECODE_SPLITK_PROGRAMS_PER_SM=8" \
+    2>&1 | tail -45 ;;
+*) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac

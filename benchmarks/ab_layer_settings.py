@@ -1,8 +1,9 @@
 """A/B of module settings in the MoE layer at decode sizes, one run, same-bits check (issues 10 / 11).
 
-Each setting is Python run in a namespace holding ``gemm`` (``megamoe.ops.gemm``) and ``mma``
-(``megamoe.kernels.gemm.nvfp4_mma_decode``), e.g. ``gemm.DECODE_SPLITK=None`` (planned decode split-K) or
-``mma.MMA_DECODE_CONFIGS[4]=(8,64,256,4)``; "base" runs nothing. Per config and token count the layer
+Each setting is Python run in a namespace holding ``gemm`` (``megamoe.ops.gemm``), ``mma``
+(``megamoe.kernels.gemm.nvfp4_mma_decode``), ``pdl`` (``megamoe.kernels.pdl``) and ``layer`` (the layer), e.g.
+``gemm.DECODE_SPLITK=None`` (planned decode split-K), ``mma.MMA_DECODE_CONFIGS[4]=(8,64,256,4)``,
+``pdl.PDL_ENABLED=True`` or ``layer.shared_overlap=True``; "base" runs nothing. Per config and token count the layer
 (``Nvfp4MoE.random``, w4a16, defaults) is captured once per setting (the setting applied before the capture, the
 defaults restored after it: a graph keeps the launches it captured), then the replays are timed with
 ``triton.testing.do_bench`` in ``--rounds`` interleaved rounds (median), the L2 cleared before each replay by
@@ -30,14 +31,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 _SAVED = ("gemm.DECODE_SPLITK", "mma.MMA_DECODE_CONFIGS", "mma.INTERLEAVED_MAXNREG", "mma.DECODE_SPLITK_PROGRAMS_PER_SM",
-          "mma.DECODE_SPLITK_MAX_SPLITS", "gemm.PIPE_AFTER_DECODE")
+          "mma.DECODE_SPLITK_MAX_SPLITS", "gemm.PIPE_AFTER_DECODE", "pdl.PDL_ENABLED", "layer.shared_overlap",
+          "layer.fuse_shared_max_tokens")
 
 
 def _namespace():
+    from megamoe.kernels import pdl
     from megamoe.kernels.gemm import nvfp4_mma_decode as mma
     from megamoe.ops import gemm
 
-    return dict(gemm=gemm, mma=mma)
+    return dict(gemm=gemm, mma=mma, pdl=pdl)
 
 
 def _snapshot(ns):
@@ -79,7 +82,6 @@ def main(argv=None) -> int:
     from megamoe.models.config import PRESETS
 
     ns = _namespace()
-    defaults = _snapshot(ns)
     dev = torch.device("cuda")
     tokens = [int(v) for v in args.tokens.split(",")]
     settings = args.settings.split("|")
@@ -87,6 +89,8 @@ def main(argv=None) -> int:
     for name in args.configs.split(","):
         c = PRESETS[name]
         layer = Nvfp4MoE.random(c, seed=0, device=dev, max_num_tokens=max(tokens))
+        ns["layer"] = layer
+        defaults = _snapshot(ns)
         for t in tokens:
             x = torch.randn(t, c.hidden_size, device=dev,
                             generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
@@ -123,6 +127,7 @@ def main(argv=None) -> int:
                       f"same bits {same} rel {rel:.1e}", flush=True)
             del graphs, outs
         del layer
+        ns.pop("layer")
         torch.cuda.empty_cache()
     tag = f"_{args.tag}" if args.tag else ""
     os.makedirs(args.out, exist_ok=True)

@@ -16,6 +16,9 @@
 #   e -> b-d: every read stream reaches 2.7-2.8 TB/s after a reading flush, so the decode levers measured "no gain"
 #        under the zeroing flush (decode split-K, more programs) may have hit that flush's cap: the layer A/B at 1-8
 #        tokens with the read flush (ab_layer_settings.py).
+#   f -> the layer-level decode options measured before only under the zeroing flush (and, for the shared overlap,
+#        across two processes with different routings): the shared expert on a side stream beside the router, the
+#        shared expert unfused, PDL, PDL + overlap; ab_layer_settings.py with the read flush at 1-16 tokens.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -51,5 +54,9 @@ e)
   timeout 420 python benchmarks/ab_layer_settings.py --flush read --tokens 1,2,4,8 --out "$OUT" --tag e_decode \
     --settings "base|gemm.DECODE_SPLITK=None|gemm.DECODE_SPLITK=2|mma.MMA_DECODE_CONFIGS[4]=(8,64,256,4)|gemm.DECODE_SPLITK=None; mma.DECODE_SPLITK_PROGRAMS_PER_SM=8" \
     2>&1 | tail -45 ;;
-*) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
+f)
+  timeout 480 python benchmarks/ab_layer_settings.py --flush read --tokens 1,2,4,8,16 --out "$OUT" --tag f_layer \
+    --settings "base|layer.shared_overlap=True|layer.fuse_shared_max_tokens=0|pdl.PDL_ENABLED=True|pdl.PDL_ENABLED=True; layer.shared_overlap=True" \
+    2>&1 | tail -55 ;;
+*) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
 esac

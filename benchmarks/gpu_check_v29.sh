@@ -19,6 +19,9 @@
 #   f -> the layer-level decode options measured before only under the zeroing flush (and, for the shared overlap,
 #        across two processes with different routings): the shared expert on a side stream beside the router, the
 #        shared expert unfused, PDL, PDL + overlap; ab_layer_settings.py with the read flush at 1-16 tokens.
+#   g -> the decode band's weights through a cp.async ring (S - 1 K steps in flight instead of one in registers;
+#        at 1 token the 224 programs fit at 2 per SM, so the ring's registers cost no residency there), read flush,
+#        1-8 tokens; and the shared expert fused or apart at 12 / 16 tokens (f: apart 1.02-1.03x at 16, 0.91-0.98x at 8).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -58,5 +61,11 @@ f)
   timeout 480 python benchmarks/ab_layer_settings.py --flush read --tokens 1,2,4,8,16 --out "$OUT" --tag f_layer \
     --settings "base|layer.shared_overlap=True|layer.fuse_shared_max_tokens=0|pdl.PDL_ENABLED=True|pdl.PDL_ENABLED=True; layer.shared_overlap=True" \
     2>&1 | tail -55 ;;
-*) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
+g)
+  timeout 300 python benchmarks/ab_layer_settings.py --flush read --tokens 1,2,4,8 --out "$OUT" --tag g_ring \
+    --settings "base|mma.MMA_DECODE_CONFIGS[4]=(8,128,256,4,3)|mma.MMA_DECODE_CONFIGS[4]=(8,128,256,4,4)|mma.MMA_DECODE_CONFIGS[4]=(8,128,256,4,6)|mma.MMA_DECODE_CONFIGS[4]=(8,128,128,4,8)" \
+    2>&1 | tail -42
+  timeout 200 python benchmarks/ab_layer_settings.py --flush read --tokens 12,16 --out "$OUT" --tag g_fuse \
+    --settings "base|layer.fuse_shared_max_tokens=8" 2>&1 | tail -10 ;;
+*) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
 esac

@@ -22,6 +22,9 @@
 #   g -> the decode band's weights through a cp.async ring (S - 1 K steps in flight instead of one in registers;
 #        at 1 token the 224 programs fit at 2 per SM, so the ring's registers cost no residency there), read flush,
 #        1-8 tokens; and the shared expert fused or apart at 12 / 16 tokens (f: apart 1.02-1.03x at 16, 0.91-0.98x at 8).
+#   h -> g: deeper weight rings were SLOWER (0.80-0.98x), like the L2 prefetches: more bytes in flight, less
+#        throughput. Is the decode's access pattern (many short runs per step) what HBM serves badly? probe_stream.py
+#        with the read flush, plus the decode GEMM's own row-major and 4-row interleaved patterns.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -67,5 +70,7 @@ g)
     2>&1 | tail -42
   timeout 200 python benchmarks/ab_layer_settings.py --flush read --tokens 12,16 --out "$OUT" --tag g_fuse \
     --settings "base|layer.fuse_shared_max_tokens=8" 2>&1 | tail -10 ;;
-*) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
+h)
+  timeout 200 python benchmarks/probe_stream.py --flush read --out "$OUT/h_probe_stream_read.md" 2>&1 | tail -32 ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h"; exit 2 ;;
 esac

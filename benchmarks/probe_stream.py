@@ -16,7 +16,9 @@ Run:  python benchmarks/probe_stream.py [--out FILE.md]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import os
 import sys
 
 import torch
@@ -53,7 +55,14 @@ def _contiguous_kernel(w_ptr, out_ptr, CHUNK: tl.constexpr, STEPS: tl.constexpr)
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--flush", default="write", help="how do_bench clears the L2: write (its own zeroing) or read "
+                        "(graph_timing.flush_mode: no dirty lines for the timed reads to write back)")
     args = parser.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from graph_timing import flush_mode
+
+    flushing = contextlib.ExitStack()  # held until main returns
+    flushing.enter_context(flush_mode(args.flush))
     if not torch.cuda.is_available():
         sys.exit("probe_stream.py needs a CUDA GPU")
     experts, n, k = 8, 4096, 7168  # the gate_up weights touched by one token (top-8)
@@ -71,7 +80,7 @@ def main():
     lines = ["# Streaming probe: 8 experts x 4096 rows x 3584 bytes (one token's gate_up weights, 117 MB)", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
              f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
-             f"- command: `python {' '.join(sys.argv)}`", "",
+             f"- command: `python {' '.join(sys.argv)}`; L2 cleared before each repetition by a {args.flush} flush", "",
              "| pattern | rows per program | bytes per row per step | K splits | programs | warps | us | TB/s "
              "| % of 3.0 TB/s |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -85,6 +94,18 @@ def main():
         fn()
         us = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
         lines.append(f"| rows | {rows} | {seg} | {splits} | {programs * splits} | {warps} | {us:.1f} "
+                     f"| {total / us / 1e6:.2f} | {100 * total / us / 3e6:.0f}% |")
+    # the decode GEMM's own patterns on V4-Flash gate_up (K = 4096: 2048-byte rows, BLOCK_N 128, BLOCK_K 256): row-major
+    # (128 rows x 128 B per step) and 4-row interleaved (32 groups of 4 rows x 512 B per step, groups 8 KB apart)
+    for row_b, rows, seg, warps in [(2048, 128, 128, 4), (2048, 64, 128, 4), (8192, 32, 512, 4), (8192, 64, 512, 4),
+                                    (8192, 16, 512, 4)]:
+        steps = row_b // seg
+        programs = total // (rows * row_b)
+        fn = lambda: _rows_kernel[(programs, 1)](pool(), out, row_b, ROWS=rows, SEG=seg,  # noqa: E731
+                                                 STEPS=steps, num_warps=warps)
+        fn()
+        us = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
+        lines.append(f"| rows of {row_b} B | {rows} | {seg} | 1 | {programs} | {warps} | {us:.1f} "
                      f"| {total / us / 1e6:.2f} | {100 * total / us / 3e6:.0f}% |")
     for chunk, steps, warps in [(8192, 28, 4), (16384, 14, 4), (8192, 56, 4), (4096, 56, 4), (16384, 28, 8),
                                 (8192, 7, 4), (8192, 2, 4), (16384, 1, 4)]:

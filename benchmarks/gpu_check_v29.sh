@@ -25,6 +25,10 @@
 #   h -> g: deeper weight rings were SLOWER (0.80-0.98x), like the L2 prefetches: more bytes in flight, less
 #        throughput. Is the decode's access pattern (many short runs per step) what HBM serves badly? probe_stream.py
 #        with the read flush, plus the decode GEMM's own row-major and 4-row interleaved patterns.
+#   i -> h: the decode's own access patterns read at 2.4-2.6 TB/s alone (2.7-2.8 with more, shorter streams), the
+#        kernel at ~1.85: the kernel, not HBM, is the limit at 1 token, with ~7 warps per SM. Offline, the decode
+#        config at BLOCK_N 64 under a 128-register cap builds with 127 registers and no spill (4 programs per SM:
+#        448 programs at 1 token in one wave, twice the warps), and (8, 128, 256, 8) at 127 too: the layer A/B.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -72,5 +76,9 @@ g)
     --settings "base|layer.fuse_shared_max_tokens=8" 2>&1 | tail -10 ;;
 h)
   timeout 200 python benchmarks/probe_stream.py --flush read --out "$OUT/h_probe_stream_read.md" 2>&1 | tail -32 ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h"; exit 2 ;;
+i)
+  timeout 400 python benchmarks/ab_layer_settings.py --flush read --tokens 1,2,4,8,16 --out "$OUT" --tag i_occupancy \
+    --settings "base|mma.MMA_DECODE_CONFIGS[4]=(8,64,256,4); mma.INTERLEAVED_MAXNREG[(8,64,256,4)]=128|mma.MMA_DECODE_CONFIGS[4]=(8,128,256,8); mma.INTERLEAVED_MAXNREG[(8,128,256,8)]=128|mma.MMA_DECODE_CONFIGS[4]=(8,64,256,2); mma.INTERLEAVED_MAXNREG[(8,64,256,2)]=128" \
+    2>&1 | tail -42 ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i"; exit 2 ;;
 esac

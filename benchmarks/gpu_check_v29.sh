@@ -29,6 +29,10 @@
 #        kernel at ~1.85: the kernel, not HBM, is the limit at 1 token, with ~7 warps per SM. Offline, the decode
 #        config at BLOCK_N 64 under a 128-register cap builds with 127 registers and no spill (4 programs per SM:
 #        448 programs at 1 token in one wave, twice the warps), and (8, 128, 256, 8) at 127 too: the layer A/B.
+#   j -> i: (8, 128, 256, 8) under a 128-register cap was 1.07x at V4-Flash 1 token and 0.91-0.98x wherever its items
+#        need a second round: now the decode band's config where its work items fit one wave of it
+#        (one_wave_decode_config). CUDA tests (same bits as the 4-warp config, the banded route, the layer, the PDL
+#        tiny-model decode), then the layer with the rule on (default) and off, read and write flush.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -80,5 +84,14 @@ i)
   timeout 400 python benchmarks/ab_layer_settings.py --flush read --tokens 1,2,4,8,16 --out "$OUT" --tag i_occupancy \
     --settings "base|mma.MMA_DECODE_CONFIGS[4]=(8,64,256,4); mma.INTERLEAVED_MAXNREG[(8,64,256,4)]=128|mma.MMA_DECODE_CONFIGS[4]=(8,128,256,8); mma.INTERLEAVED_MAXNREG[(8,128,256,8)]=128|mma.MMA_DECODE_CONFIGS[4]=(8,64,256,2); mma.INTERLEAVED_MAXNREG[(8,64,256,2)]=128" \
     2>&1 | tail -42 ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i"; exit 2 ;;
+j)
+  timeout 300 python -m pytest -v -rfE --tb=short -p no:cacheprovider -m "cuda and not slow" \
+    tests/kernels/gemm/test_nvfp4_mma_interleave.py tests/ops/test_gemm_bands.py tests/layers/test_moe_layer.py \
+    tests/kernels/test_pdl.py > "$OUT/j_tests.log" 2>&1
+  grep -E " (FAILED|ERROR)" "$OUT/j_tests.log" | head; tail -1 "$OUT/j_tests.log"
+  for f in read write; do
+    timeout 200 python benchmarks/ab_layer_settings.py --flush $f --tokens 1,2,4,8 --out "$OUT" --tag j_one_wave_$f \
+      --settings "base|mma.DECODE_ONE_WAVE=False" 2>&1 | tail -16
+  done ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j"; exit 2 ;;
 esac

@@ -281,7 +281,7 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
 
 
 def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert: int | None = None, *,
-                   weight_interleave: int = 1) -> list:
+                   weight_interleave: int = 1, n: int | None = None, num_sms: int | None = None) -> list:
     """The launches of the "banded" route: [(route, launcher keyword arguments)], host shapes only.
 
     Each launch computes only the experts whose row count r (read on the
@@ -304,6 +304,9 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     ``weight_interleave`` > 1 (``NVFP4Tensor.row_interleave``): every launch must be "mma" or "pipe" (else
     ValueError); the plan is the row-major one, except that with :data:`PIPE_AFTER_DECODE` the rows above a
     decode band take the pipelined bands.
+
+    ``n`` (N) and ``num_sms`` (given on CUDA): the decode band takes the 8-warp one-wave config where its work items
+    fit in one wave of it (``nvfp4_mma_decode.one_wave_decode_config``: V4-Flash at 1 token).
     """
     from ..kernels.gemm import nvfp4_mma_decode as mma, nvfp4_wgmma_pipe as pipe
 
@@ -315,7 +318,10 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     decode_band = small[0] < wide[0]
     if decode_band:
         lo = mma.MMA_SMALL_BAND_ROWS if most > mma.MMA_SMALL_BAND_ROWS else mma.ROW_HI_UNBOUNDED
-        bands.append(("mma", dict(config=small, row_band=(0, lo), splits=DECODE_SPLITK)))
+        config = small
+        if n is not None and num_sms:
+            config = mma.one_wave_decode_config(num_rows, num_experts, n, k, max_rows_per_expert, num_sms, lo) or small
+        bands.append(("mma", dict(config=config, row_band=(0, lo), splits=DECODE_SPLITK)))
     # not with a decode band: decode sizes keep their mma.sync plan (a pipelined 64-row band after the decode band
     # measured 3% / 9% slower layers at 64 uniform / Zipf tokens on the H100, gpu_check_v19/z_moe_skew_pipe*.md,
     # though 14% faster when all 64 tokens pick the same experts)
@@ -374,8 +380,13 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
     and joined back into the current one)."""
     out = args[4]
     data = args[1]
+    num_sms = None
+    if out.is_cuda and not interpreter:
+        from ..kernels.gemm.nvfp4_gemm import _num_sms
+
+        num_sms = _num_sms(out.device.index or 0)
     plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert,
-                          weight_interleave=kwargs.get("weight_interleave", 1))
+                          weight_interleave=kwargs.get("weight_interleave", 1), n=data.shape[-2], num_sms=num_sms)
     x_mma = None
     if sum(route == "pipe" for route, _ in plan) > 1:  # the x copy in the MMA K order is made once for all of them
         from ..kernels.gemm.mma_k_order import launch_to_mma_k_order

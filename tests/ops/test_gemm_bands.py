@@ -397,3 +397,34 @@ def test_tile_list_plan_covers_every_routing(monkeypatch):
             assert _covered(items, t) == [1] * t
     monkeypatch.setattr(ops_gemm, "PIPE_TAIL", False)  # the lists hold 96-row tiles: only with PIPE_TAIL
     assert not any(kw.get("tile_list") for _, kw in ops_gemm.plan_row_bands(24576, 256, 4096, 4096))
+
+
+def test_decode_band_takes_the_one_wave_config_only_where_its_items_fit_one_wave(monkeypatch):
+    """The decode band's 8-warp config (nvfp4_mma_decode.one_wave_decode_config) is planned where the band's work items
+    (chunk bound with padding x n-tiles) fit in one wave of 2 programs per SM: V4-Flash at 1 token (gate_up and down),
+    not V4-Pro at 1 token nor V4-Flash from 2 tokens, never without N / the SM count, with the switch off or with a K
+    that its BLOCK_K does not divide."""
+    one_wave = mma.MMA_DECODE_ONE_WAVE_CONFIG
+    assert one_wave[:3] == mma.MMA_DECODE_CONFIGS[4][:3] and one_wave[3] == 8
+    assert mma.DECODE_MAXNREG[one_wave] == 128
+
+    def decode_config(pairs, e, k, n, t, **kw):
+        plan = ops_gemm.plan_row_bands(pairs, e, k, t, weight_interleave=4, n=n, **kw)
+        assert plan[0][0] == "mma" and "splits" in plan[0][1]
+        return plan[0][1]["config"]
+
+    for k, n in ((4096, 4096), (2048, 4096)):  # V4-Flash gate_up, down: 8 chunks x 32 n-tiles = 256 <= 264
+        assert decode_config(7, 257, k, n, 1, num_sms=132) == one_wave
+        assert decode_config(14, 257, k, n, 2, num_sms=132) == mma.MMA_DECODE_CONFIGS[4]
+        assert decode_config(7, 257, k, n, 1, num_sms=120) == mma.MMA_DECODE_CONFIGS[4]  # 256 > 240
+        assert decode_config(7, 257, k, n, 1) == mma.MMA_DECODE_CONFIGS[4]  # no SM count (CPU, interpreter)
+    for k, n in ((7168, 6144), (3072, 7168)):  # V4-Pro: 8 x 48 / 8 x 56 items
+        assert decode_config(7, 385, k, n, 1, num_sms=132) == mma.MMA_DECODE_CONFIGS[4]
+    assert decode_config(7, 257, 4224, 4096, 1, num_sms=132)[3] == 4  # K % 256 != 0
+    monkeypatch.setattr(mma, "DECODE_ONE_WAVE", False)
+    assert decode_config(7, 257, 4096, 4096, 1, num_sms=132) == mma.MMA_DECODE_CONFIGS[4]
+    # the 4-warp decode config keeps its build keywords (SASS-identical default), the one-wave one gets its cap
+    assert mma.interleave_constants(mma.MMA_DECODE_CONFIGS[4], 0, 1) == {}
+    assert mma.interleave_constants(mma.MMA_DECODE_CONFIGS[4], 0, 4) == {"W_IL": 4, "maxnreg": 168}
+    assert mma.interleave_constants(one_wave, 0, 1) == {"maxnreg": 128}
+    assert mma.interleave_constants(one_wave, 0, 4) == {"W_IL": 4, "maxnreg": 128}

@@ -142,13 +142,43 @@ def ring_stages(stages: int, scale_address: int, scale_strides) -> int:
 INTERLEAVED_MAXNREG = {(8, 128, 256, 4): 168}
 
 
+#: The one-wave decode config (issue 11; NOTES_moe_decode.md "One wave of 8-warp programs at 1 token"): the decode
+#: config's tiles with 8 warps instead of 4 (each warp 16 weight rows instead of 32), built under a 128-register cap
+#: (126-128 registers, no spill, on both layouts): 2 programs of 8 warps per SM, twice the warps of the 4-warp build
+#: (3 programs of 4) wherever the launch's work items fit in one wave of them (:func:`one_wave_decode_config`).
+MMA_DECODE_ONE_WAVE_CONFIG = (8, 128, 256, 8)
+#: Register cap (ptxas maxnreg) of register-buffered builds on any layout, per (BLOCK_M, BLOCK_N, BLOCK_K, num_warps).
+DECODE_MAXNREG = {MMA_DECODE_ONE_WAVE_CONFIG: 128}
+#: Host switch of the one-wave rule (env MEGAMOE_DECODE_ONE_WAVE, read at import; "0" off; the value at every call).
+DECODE_ONE_WAVE = os.environ.get("MEGAMOE_DECODE_ONE_WAVE", "1").strip() not in ("", "0")
+
+
 def interleave_constants(config, stages: int, weight_interleave: int) -> dict:
     """The compile keywords of a build reading ``weight_interleave``-row interleaved weights: ``W_IL`` and, for a
-    register-buffered build (``stages`` 0) of a config in :data:`INTERLEAVED_MAXNREG`, its ``maxnreg``."""
+    register-buffered build (``stages`` 0) of a config in :data:`INTERLEAVED_MAXNREG` (interleaved) or
+    :data:`DECODE_MAXNREG` (any layout), its ``maxnreg``."""
+    cap = None
+    if stages == 0:
+        cap = DECODE_MAXNREG.get(tuple(config[:4]))
+        if weight_interleave != 1:
+            cap = INTERLEAVED_MAXNREG.get(tuple(config[:4]), cap)
     if weight_interleave == 1:
-        return {}
-    cap = INTERLEAVED_MAXNREG.get(tuple(config[:4])) if stages == 0 else None
+        return {"maxnreg": cap} if cap else {}
     return dict(W_IL=weight_interleave, **({"maxnreg": cap} if cap else {}))
+
+
+def one_wave_decode_config(num_rows: int, num_experts: int, n: int, k: int, max_rows_per_expert: int | None,
+                           num_sms: int, row_hi: int = 2 ** 31 - 1):
+    """:data:`MMA_DECODE_ONE_WAVE_CONFIG` if every work item of a grouped decode-band launch (chunks of 8 rows, at most
+    ``row_hi`` rows per expert, padding included, x n-tiles; host bound :func:`chunk_bound`) fits in one wave of its
+    programs (2 per SM) and K is a multiple of its BLOCK_K, else None (keep the 4-warp config). Host shapes only.
+    Measured (H100, read flush, the MoE layer): V4-Flash 1 token 1.07x; where the items need a second round of the
+    8-warp programs (V4-Pro 1 token, 2+ tokens) it was 0.91-0.98x, hence the one-wave condition."""
+    config = MMA_DECODE_ONE_WAVE_CONFIG
+    if not DECODE_ONE_WAVE or k % config[2]:
+        return None
+    items = chunk_bound(num_rows, num_experts, config[0], 0, row_hi, True, max_rows_per_expert) * triton.cdiv(n, config[1])
+    return config if items <= 2 * num_sms else None
 
 
 #: The BLOCK_M 16 band (megamoe/ops/gemm.py: MMA16_BAND): experts with at most this many rows, tile config

@@ -72,3 +72,53 @@ def test_sm90_interleaved_decode_build_keeps_three_programs_per_sm(tmp_path, fla
     assert "LOCAL:0" in usage, usage
     loops = [ops for _, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"]]
     assert len(loops) == 1 and not loops[0]["LDL"] and not loops[0]["STL"], loops
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("interleave", [1, 4])
+def test_cuda_one_wave_config_same_bits(interleave):
+    """The 8-warp one-wave decode config (16 weight rows per warp instead of 32, under its 128-register cap) runs the
+    same MMAs in the same K order as the 4-warp decode config: the same bits, gathered SwiGLU and plain, with empty
+    experts, one 8-row chunk and padding rows."""
+    device = torch.device("cuda")
+    counts = [0, 1, 3, 8, 5, 0, 7, 2]
+    e, n, k = len(counts), 520, 1024
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    if interleave > 1:
+        w = w.interleave_rows(interleave)
+    t = sum(counts) + 3
+    x = torch.randn(t, k, device=device).bfloat16()
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    offsets = offsets_of(counts, device)
+    for swiglu, index in ((True, row_index), (False, None)):
+        width = n // 2 if swiglu else n
+        outs = []
+        for config in (mma.MMA_DECODE_CONFIGS[4], mma.MMA_DECODE_ONE_WAVE_CONFIG):
+            out = torch.full((t, width), float("nan"), dtype=torch.bfloat16, device=device)
+            mma.launch_nvfp4_mma_decode(x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                        row_index=index, swiglu=swiglu, config=config, max_rows_per_expert=8,
+                                        weight_interleave=interleave)
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1])
+        assert not outs[0].isnan().any()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
+@pytest.mark.parametrize("interleave", [1, 4])
+@pytest.mark.parametrize("flags", [dict(swiglu=True), dict(row_index=False)])
+def test_sm90_one_wave_build_fits_two_programs_per_sm(tmp_path, interleave, flags):
+    """The one-wave config's builds take at most 128 registers (2 programs of 8 warps per SM) without spilling."""
+    tk = pytest.importorskip("test_nvfp4_gluon")
+    if tk._cuobjdump() is None:
+        pytest.skip("needs cuobjdump")
+    config = mma.MMA_DECODE_ONE_WAVE_CONFIG
+    cubin = tk._compile_in_subprocess(config, dict(flags, weight_interleave=interleave), tmp_path)
+    path = tmp_path / "res.cubin"
+    path.write_bytes(cubin)
+    usage = subprocess.run([tk._cuobjdump(), "-res-usage", str(path)], capture_output=True, text=True).stdout
+    regs = int(usage.split("REG:")[1].split()[0])
+    assert regs <= 128 and mma.resident_programs(regs, 8, 0) == 2, usage
+    assert "LOCAL:0" in usage and "STACK:0" in usage, usage
+    loops = [ops for _, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"]]
+    assert len(loops) == 1 and not loops[0]["LDL"] and not loops[0]["STL"], loops

@@ -33,6 +33,10 @@
 #        need a second round: now the decode band's config where its work items fit one wave of it
 #        (one_wave_decode_config). CUDA tests (same bits as the 4-warp config, the banded route, the layer, the PDL
 #        tiny-model decode), then the layer with the rule on (default) and off, read and write flush.
+#   k -> j: the one-wave rule took V4-Flash 1 token 65.6 -> 61.4 us (read flush) / 73.8 -> 70.5 (write), the rest
+#        unchanged (81 CUDA tests passed). Offline, (8, 128, 128, 8) builds under an 80-register cap with no K-loop
+#        spill: 3 programs of 8 warps per SM, so V4-Pro's 1-token items (8 x 48) fit one wave too: A/B of that one-wave
+#        config and of (8, 128, 256, 8) at 80 registers against today's, 1-4 tokens, read flush.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -93,5 +97,9 @@ j)
     timeout 200 python benchmarks/ab_layer_settings.py --flush $f --tokens 1,2,4,8 --out "$OUT" --tag j_one_wave_$f \
       --settings "base|mma.DECODE_ONE_WAVE=False" 2>&1 | tail -16
   done ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j"; exit 2 ;;
+k)
+  timeout 300 python benchmarks/ab_layer_settings.py --flush read --tokens 1,2,4 --out "$OUT" --tag k_one_wave_80 \
+    --settings "base|mma.MMA_DECODE_ONE_WAVE_CONFIG=(8,128,128,8); mma.DECODE_MAXNREG[(8,128,128,8)]=80|mma.DECODE_MAXNREG[(8,128,256,8)]=80" \
+    2>&1 | tail -20 ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k"; exit 2 ;;
 esac

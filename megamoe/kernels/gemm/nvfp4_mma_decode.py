@@ -171,14 +171,16 @@ def one_wave_decode_config(num_rows: int, num_experts: int, n: int, k: int, max_
                            num_sms: int, row_hi: int = 2 ** 31 - 1):
     """:data:`MMA_DECODE_ONE_WAVE_CONFIG` if every work item of a grouped decode-band launch (chunks of 8 rows, at most
     ``row_hi`` rows per expert, padding included, x n-tiles; host bound :func:`chunk_bound`) fits in one wave of its
-    programs (2 per SM) and K is a multiple of its BLOCK_K, else None (keep the 4-warp config). Host shapes only.
+    programs (:func:`resident_programs` at its :data:`DECODE_MAXNREG` cap: 2 per SM) and K is a multiple of its
+    BLOCK_K, else None (keep the 4-warp config). Host shapes only.
     Measured (H100, read flush, the MoE layer): V4-Flash 1 token 1.07x; where the items need a second round of the
     8-warp programs (V4-Pro 1 token, 2+ tokens) it was 0.91-0.98x, hence the one-wave condition."""
     config = MMA_DECODE_ONE_WAVE_CONFIG
     if not DECODE_ONE_WAVE or k % config[2]:
         return None
     items = chunk_bound(num_rows, num_experts, config[0], 0, row_hi, True, max_rows_per_expert) * triton.cdiv(n, config[1])
-    return config if items <= 2 * num_sms else None
+    per_sm = resident_programs(DECODE_MAXNREG.get(tuple(config[:4]), 255), config[3])
+    return config if items <= per_sm * num_sms else None
 
 
 #: The BLOCK_M 16 band (megamoe/ops/gemm.py: MMA16_BAND): experts with at most this many rows, tile config

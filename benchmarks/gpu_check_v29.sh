@@ -37,6 +37,8 @@
 #        unchanged (81 CUDA tests passed). Offline, (8, 128, 128, 8) builds under an 80-register cap with no K-loop
 #        spill: 3 programs of 8 warps per SM, so V4-Pro's 1-token items (8 x 48) fit one wave too: A/B of that one-wave
 #        config and of (8, 128, 256, 8) at 80 registers against today's, 1-4 tokens, read flush.
+#   l -> final check of the part's code (the one-wave decode config is in every 1-token decode that fits it, small
+#        test models included): the model, layer, op and decode-kernel CUDA tests, then the README main job on the GPU.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -101,5 +103,11 @@ k)
   timeout 300 python benchmarks/ab_layer_settings.py --flush read --tokens 1,2,4 --out "$OUT" --tag k_one_wave_80 \
     --settings "base|mma.MMA_DECODE_ONE_WAVE_CONFIG=(8,128,128,8); mma.DECODE_MAXNREG[(8,128,128,8)]=80|mma.DECODE_MAXNREG[(8,128,256,8)]=80" \
     2>&1 | tail -20 ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k"; exit 2 ;;
+l)
+  timeout 420 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m "cuda and not slow" tests/models \
+    tests/ops/test_gemm_bands.py tests/kernels/gemm/test_nvfp4_mma_interleave.py tests/kernels/gemm/test_nvfp4_gluon.py \
+    tests/kernels/gemm/test_nvfp4_decode_splitk.py > "$OUT/l_tests.log" 2>&1
+  grep -E "(FAILED|ERROR)" "$OUT/l_tests.log" | head; tail -1 "$OUT/l_tests.log"
+  timeout 150 python -m megamoe generate > "$OUT/l_generate.log" 2>&1; tail -8 "$OUT/l_generate.log" ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l"; exit 2 ;;
 esac

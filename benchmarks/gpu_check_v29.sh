@@ -39,6 +39,8 @@
 #        config and of (8, 128, 256, 8) at 80 registers against today's, 1-4 tokens, read flush.
 #   l -> final check of the part's code (the one-wave decode config is in every 1-token decode that fits it, small
 #        test models included): the model, layer, op and decode-kernel CUDA tests, then the README main job on the GPU.
+#   m -> the 1-token layer's kernels with the one-wave config (V4-Flash, V4-Pro), and the fused route + dispatch
+#        launch's GEMV plan (experts per program, warps) at 1-4 tokens, read flush (sweep_route_plan.py).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -109,5 +111,10 @@ l)
     tests/kernels/gemm/test_nvfp4_decode_splitk.py > "$OUT/l_tests.log" 2>&1
   grep -E "(FAILED|ERROR)" "$OUT/l_tests.log" | head; tail -1 "$OUT/l_tests.log"
   timeout 150 python -m megamoe generate > "$OUT/l_generate.log" 2>&1; tail -8 "$OUT/l_generate.log" ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l"; exit 2 ;;
+m)
+  timeout 200 python benchmarks/probe_moe_decode.py --tokens 1 --configs v4-flash,v4-pro --row-interleave 4 --out "$OUT" --tag m \
+    2>&1 | tail -24
+  timeout 240 python benchmarks/sweep_route_plan.py --tokens 1,2,4 --flush read --out "$OUT/m_sweep_route_plan.md" 2>&1 \
+    | tail -45 ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m"; exit 2 ;;
 esac

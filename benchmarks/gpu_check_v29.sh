@@ -41,6 +41,8 @@
 #        test models included): the model, layer, op and decode-kernel CUDA tests, then the README main job on the GPU.
 #   m -> the 1-token layer's kernels with the one-wave config (V4-Flash, V4-Pro), and the fused route + dispatch
 #        launch's GEMV plan (experts per program, warps) at 1-4 tokens, read flush (sweep_route_plan.py).
+#   n -> the shared expert fused or apart at 9-12 tokens (g: apart 1.03-1.05x at 12 / 16, 0.91-0.98x at 8), and the
+#        route-plan sweep again with its output check fixed (m compared never-written dispatch buffers too).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -116,5 +118,10 @@ m)
     2>&1 | tail -24
   timeout 240 python benchmarks/sweep_route_plan.py --tokens 1,2,4 --flush read --out "$OUT/m_sweep_route_plan.md" 2>&1 \
     | tail -45 ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m"; exit 2 ;;
+n)
+  timeout 200 python benchmarks/ab_layer_settings.py --flush read --tokens 9,10,11,12 --out "$OUT" --tag n_fuse \
+    --settings "base|layer.fuse_shared_max_tokens=8" 2>&1 | tail -16
+  timeout 240 python benchmarks/sweep_route_plan.py --tokens 1,2,4,8 --flush read --out "$OUT/n_sweep_route_plan.md" 2>&1 \
+    | tail -60 ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n"; exit 2 ;;
 esac

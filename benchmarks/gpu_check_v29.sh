@@ -43,6 +43,8 @@
 #        launch's GEMV plan (experts per program, warps) at 1-4 tokens, read flush (sweep_route_plan.py).
 #   n -> the shared expert fused or apart at 9-12 tokens (g: apart 1.03-1.05x at 12 / 16, 0.91-0.98x at 8), and the
 #        route-plan sweep again with its output check fixed (m compared never-written dispatch buffers too).
+#   o -> the shared expert fused only up to 8 tokens (FUSE_SHARED_MAX_TOKENS 16 -> 8, from f / g / n): the model and
+#        layer CUDA tests, then the layer at 8-16 tokens (bench_moe, read flush).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -123,5 +125,12 @@ n)
     --settings "base|layer.fuse_shared_max_tokens=8" 2>&1 | tail -16
   timeout 240 python benchmarks/sweep_route_plan.py --tokens 1,2,4,8 --flush read --out "$OUT/n_sweep_route_plan.md" 2>&1 \
     | tail -60 ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n"; exit 2 ;;
+o)
+  timeout 360 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m "cuda and not slow" tests/models tests/layers \
+    > "$OUT/o_tests.log" 2>&1
+  grep -E "(FAILED|ERROR)" "$OUT/o_tests.log" | head; tail -1 "$OUT/o_tests.log"
+  timeout 200 python benchmarks/bench_moe.py --configs v4-flash,v4-pro --tokens 8,9,12,16 --flush read --out-dir /tmp/o \
+    --tag o_moe_read 2>&1 | tail -10
+  cp /tmp/o/o_moe_read.md "$OUT/" ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o"; exit 2 ;;
 esac

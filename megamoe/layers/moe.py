@@ -216,8 +216,10 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
 # 1 token 181.8 -> 141.9 / 123.5 -> 90.0 us and 8 tokens 651.3 -> 608.2 / 354.6 -> 309.6 us (fused better);
 # 16 tokens equal (1046 vs 1042 / 554.5 vs 556.6); 32 tokens 1579 -> 1679 / 831 -> 934 and 64 tokens
 # 2087 -> 2317 / 1145 -> 1351 us (fused worse: the shared group's T rows loop over 8-row MMA tiles, each
-# streaming its weights again).
-FUSE_SHARED_MAX_TOKENS = 16
+# streaming its weights again). 16 until 2026-11-27; then, with today's decode kernels (results/gpu_check_v29/
+# ab_layer_settings_{f,g,n}_*.md, graph replay, read flush), the shared expert apart was 1.03-1.05x faster at 9-16
+# tokens on V4-Flash and V4-Pro and 0.91 / 0.98x at 8 tokens, so the fused path now stops at 8.
+FUSE_SHARED_MAX_TOKENS = 8
 # "auto" dispatch uses the single-program Triton sort kernel (megamoe/kernels/moe_dispatch.py) up to this many
 # (token, slot) pairs and the torch sort path above (the op's constant, measured there).
 DISPATCH_KERNEL_MAX_PAIRS = moe_ops.DISPATCH_KERNEL_MAX_PAIRS

@@ -30,8 +30,9 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-_SAVED = ("gemm.DECODE_SPLITK", "mma.MMA_DECODE_CONFIGS", "mma.INTERLEAVED_MAXNREG", "mma.DECODE_SPLITK_PROGRAMS_PER_SM",
-          "mma.DECODE_SPLITK_MAX_SPLITS", "gemm.PIPE_AFTER_DECODE", "pdl.PDL_ENABLED", "layer.shared_overlap",
+_SAVED = ("gemm.DECODE_SPLITK", "mma.MMA_DECODE_CONFIGS", "mma.INTERLEAVED_MAXNREG",
+          "mma.DECODE_SPLITK_PROGRAMS_PER_SM", "mma.DECODE_SPLITK_MAX_SPLITS", "gemm.PIPE_AFTER_DECODE",
+          "pdl.PDL_ENABLED", "layer.shared_overlap",
           "layer.fuse_shared_max_tokens", "mma.DECODE_ONE_WAVE", "mma.DECODE_MAXNREG",
           "mma.MMA_DECODE_ONE_WAVE_CONFIG")
 

@@ -105,7 +105,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/attention_v1")
-    ap.add_argument("--flush", default="write", help="how do_bench clears the L2 before each replay: write (its own zeroing, the default) or read (graph_timing.flush_mode: no dirty lines to write back)")
+    ap.add_argument("--flush", default="write",
+                    help="how do_bench clears the L2 before each replay: write (its own zeroing, the "
+                    "default) or read (graph_timing.flush_mode: no dirty lines to write back)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from graph_timing import flush_mode

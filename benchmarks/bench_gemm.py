@@ -801,7 +801,9 @@ def main():
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--tag", default=None, help="file name stem (default gemm_<UTC date-time>)")
     parser.add_argument("--plot-only", default=None, help="redraw the PNG (and markdown) from a JSON result")
-    parser.add_argument("--flush", default="write", help="how do_bench clears the L2 before each replay: write (its own zeroing, the default) or read (graph_timing.flush_mode: no dirty lines to write back)")
+    parser.add_argument("--flush", default="write",
+                        help="how do_bench clears the L2 before each replay: write (its own zeroing, the "
+                        "default) or read (graph_timing.flush_mode: no dirty lines to write back)")
     args = parser.parse_args()
     from graph_timing import flush_mode
 

@@ -238,7 +238,9 @@ def main(argv=None) -> int:
                    help="Nvfp4MoE(shared_overlap=True): the shared expert apart, on a side stream beside the router")
     p.add_argument("--modes", default="w4a16",
                    help="comma-separated activation modes timed per token count, e.g. w4a16,w4a8 (issue 13)")
-    p.add_argument("--flush", default="write", help="how do_bench clears the L2 before each replay: write (its own zeroing, the default) or read (graph_timing.flush_mode: no dirty lines to write back)")
+    p.add_argument("--flush", default="write",
+                   help="how do_bench clears the L2 before each replay: write (its own zeroing, the "
+                   "default) or read (graph_timing.flush_mode: no dirty lines to write back)")
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from graph_timing import flush_mode

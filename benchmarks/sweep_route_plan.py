@@ -1,10 +1,10 @@
 """Sweep of the fused route + dispatch launch's GEMV plan at decode sizes (issue 11): experts per program
 (``BLOCK_E``, the whole H per program) and warps, against today's plan (``plan_route_dispatch``), same run.
 
-Each plan is timed as a CUDA-graph replay of ``megamoe.ops.moe.route_dispatch`` (do_bench median, L2 cleared before
-each replay by ``--flush``), and its outputs (ids, weights, offsets, row index) are compared with today's: the per-expert
-fp32 sums may reduce in another order, so ids can differ only where selection scores tie to within that; the table
-says whether everything was equal.
+Each plan is timed as a CUDA-graph replay of ``megamoe.ops.moe.route_dispatch`` (do_bench median, L2 cleared
+before each replay by ``--flush``), and its outputs (ids, weights, offsets, row index) are compared with today's:
+the per-expert fp32 sums may reduce in another order, so ids can differ only where selection scores tie to within
+that; the table says whether everything was equal.
 
 Run (H100): ``python benchmarks/sweep_route_plan.py [--tokens 1,2,4] [--flush read] [--out FILE.md]``.
 """
@@ -55,8 +55,9 @@ def main() -> int:
     original = rd.plan_route_dispatch
     k = 6
     lines = [f"# Fused route + dispatch GEMV plans ({datetime.date.today()}, {torch.cuda.get_device_name()}, torch "
-             f"{torch.__version__})", "", f"Command: `python {' '.join(sys.argv)}`; L2 cleared by a {args.flush} flush "
-             "before each replay", "", "| shape | tokens | plan (BLOCK_E, warps) | programs | us | vs today | same outputs |",
+             f"{torch.__version__})", "",
+             f"Command: `python {' '.join(sys.argv)}`; L2 cleared by a {args.flush} flush before each replay", "",
+             "| shape | tokens | plan (BLOCK_E, warps) | programs | us | vs today | same outputs |",
              "|---|---|---|---|---|---|---|"]
     with flush_mode(args.flush):
         for name, (e, h) in SHAPES.items():

@@ -167,22 +167,6 @@ def interleave_constants(config, stages: int, weight_interleave: int) -> dict:
     return dict(W_IL=weight_interleave, **({"maxnreg": cap} if cap else {}))
 
 
-def one_wave_decode_config(num_rows: int, num_experts: int, n: int, k: int, max_rows_per_expert: int | None,
-                           num_sms: int, row_hi: int = 2 ** 31 - 1):
-    """:data:`MMA_DECODE_ONE_WAVE_CONFIG` if every work item of a grouped decode-band launch (chunks of 8 rows, at most
-    ``row_hi`` rows per expert, padding included, x n-tiles; host bound :func:`chunk_bound`) fits in one wave of its
-    programs (:func:`resident_programs` at its :data:`DECODE_MAXNREG` cap: 2 per SM) and K is a multiple of its
-    BLOCK_K, else None (keep the 4-warp config). Host shapes only.
-    Measured (H100, read flush, the MoE layer): V4-Flash 1 token 1.07x; where the items need a second round of the
-    8-warp programs (V4-Pro 1 token, 2+ tokens) it was 0.91-0.98x, hence the one-wave condition."""
-    config = MMA_DECODE_ONE_WAVE_CONFIG
-    if not DECODE_ONE_WAVE or k % config[2]:
-        return None
-    items = chunk_bound(num_rows, num_experts, config[0], 0, row_hi, True, max_rows_per_expert) * triton.cdiv(n, config[1])
-    per_sm = resident_programs(DECODE_MAXNREG.get(tuple(config[:4]), 255), config[3])
-    return config if items <= per_sm * num_sms else None
-
-
 #: The BLOCK_M 16 band (megamoe/ops/gemm.py: MMA16_BAND): experts with at most this many rows, tile config
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps, ring stages) measured on the H100 at 512 tokens (results/gpu_check_v13b/
 #: mma_ring_v1.md: V4-Flash gate_up + down 2096 vs 2263 us uniform, 2148 vs 2322 zipf, same bits as registers).
@@ -236,6 +220,23 @@ def resident_programs(n_regs: int, num_warps: int, shared_bytes: int = 0) -> int
     by_regs = 65536 // (max(8, -(-n_regs // 8) * 8) * 32 * num_warps)
     by_smem = (227 * 1024) // shared_bytes if shared_bytes else 32
     return max(1, min(by_regs, 2048 // (32 * num_warps), 32, by_smem))
+
+
+def one_wave_decode_config(num_rows: int, num_experts: int, n: int, k: int, max_rows_per_expert: int | None,
+                           num_sms: int, row_hi: int = ROW_HI_UNBOUNDED):
+    """:data:`MMA_DECODE_ONE_WAVE_CONFIG` if every work item of a grouped decode-band launch (chunks of 8 rows, at most
+    ``row_hi`` rows per expert, padding included, x n-tiles; host bound :func:`chunk_bound`) fits in one wave of its
+    programs (:func:`resident_programs` at its :data:`DECODE_MAXNREG` cap: 2 per SM) and K is a multiple of its
+    BLOCK_K, else None (keep the 4-warp config). Host shapes only.
+    Measured (H100, read flush, the MoE layer): V4-Flash 1 token 1.07x; where the items need a second round of the
+    8-warp programs (V4-Pro 1 token, 2+ tokens) it was 0.91-0.98x, hence the one-wave condition."""
+    config = MMA_DECODE_ONE_WAVE_CONFIG
+    if not DECODE_ONE_WAVE or k % config[2]:
+        return None
+    chunks = chunk_bound(num_rows, num_experts, config[0], 0, row_hi, True, max_rows_per_expert)
+    items = chunks * triton.cdiv(n, config[1])
+    per_sm = resident_programs(DECODE_MAXNREG.get(tuple(config[:4]), 255), config[3])
+    return config if items <= per_sm * num_sms else None
 
 
 _RESIDENT: dict = {}

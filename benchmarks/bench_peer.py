@@ -47,6 +47,7 @@ V4-Flash default grid ~3 min (weights + bf16 copy ~30 s, first compiles ~100 s, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -629,7 +630,8 @@ def write_results(rows, meta, out_dir, tag):
         f"- peer: {meta['peer']}",
         f"- ours {meta.get('switch', 'WS_ROUTE')}: {meta['ws_variants']}",
         "- times: `triton.testing.do_bench(graph.replay, return_mode='median')` in us; do_bench clears L2 before "
-        "every timed replay. ours = gate_up+SwiGLU (gather fused) + down + combine, dispatch precomputed as the "
+        f"every timed replay ({meta.get('flush', 'write')} flush). ours ="
+        " gate_up+SwiGLU (gather fused) + down + combine, dispatch precomputed as the "
         "peer's metadata is; ours+disp adds our dispatch from the ids; peer = matmul_ogs gate_up + swiglu (gather) "
         "+ down (scatter, gammas, top-k sum); bf16 = torch._grouped_mm on dequantized weights, same dispatch; "
         "floor = max(touched NVFP4 experts + activations / 3.0 TB/s, FLOPs / 749 TFLOP/s)",
@@ -691,6 +693,9 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default=os.environ.get("OUT") or os.path.join(_HERE, "results"))
     p.add_argument("--tag", default="peer_v1")
+    p.add_argument("--flush", default="write",
+                   help="how do_bench clears the L2 before each replay: write (its own zeroing, the default) or "
+                        "read (graph_timing.flush_mode: no dirty lines to write back)")
     return p
 
 
@@ -714,6 +719,12 @@ def main(argv=None) -> int:
         return 2
     import triton
 
+    sys.path.insert(0, _HERE)
+    from graph_timing import flush_mode
+
+    flushing = contextlib.ExitStack()  # held until main returns
+    flushing.enter_context(flush_mode(args.flush))
+
     from megamoe.models.config import PRESETS
 
     start = time.time()
@@ -730,6 +741,7 @@ def main(argv=None) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "command": command, "peer": peer_desc, "ws_variants": variants, "switch": switch, "rep_ms": args.rep_ms,
+            "flush": args.flush,
             "timing": "do_bench median of CUDA-graph replays, L2 cleared before each", "notes": [],
             "rooflines": {"hbm_bytes_per_s": HBM_BYTES_PER_S, "bf16_flops": BF16_FLOPS}, "config_s": {}}
     rows, path = [], None

@@ -67,11 +67,13 @@ def _restore(ns, saved):
 
 
 def main(argv=None) -> int:
+    from graph_timing import add_flush_argument, flush_mode
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--settings", required=True, help='"|"-separated; the first is the baseline, e.g. "base|..."')
     ap.add_argument("--configs", default="v4-flash,v4-pro")
     ap.add_argument("--tokens", default="1,2,4,8")
-    ap.add_argument("--flush", default="read")
+    add_flush_argument(ap, default="read")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="")
@@ -79,7 +81,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("ab_layer_settings.py needs a CUDA GPU")
         return 0
-    from graph_timing import flush_mode
     from megamoe.layers.moe import Nvfp4MoE
     from megamoe.models.config import PRESETS
 

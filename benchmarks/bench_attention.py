@@ -17,7 +17,6 @@ Usage: python benchmarks/bench_attention.py [--quick] [--out benchmarks/results/
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -102,18 +101,15 @@ def torch_bf16_path(c, out):
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # graph_timing
+    from graph_timing import add_flush_argument, use_flush_mode
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/attention_v1")
-    ap.add_argument("--flush", default="write",
-                    help="how do_bench clears the L2 before each replay: write (its own zeroing, the "
-                    "default) or read (graph_timing.flush_mode: no dirty lines to write back)")
+    add_flush_argument(ap)
     args = ap.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from graph_timing import flush_mode
-
-    flushing = contextlib.ExitStack()  # held until main returns
-    flushing.enter_context(flush_mode(args.flush))
+    use_flush_mode(args.flush)
     dev = torch.device("cuda")
     batches = [1, 8, 32, 64, 128] if not args.quick else [1, 64]
     contexts = [4096, 32768, 131072] if not args.quick else [4096, 131072]

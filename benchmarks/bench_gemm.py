@@ -44,7 +44,6 @@ Run:  PYTHONUNBUFFERED=1 python benchmarks/bench_gemm.py [--tune] [--gemv-tune] 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -784,6 +783,9 @@ def write_plot(result, path):
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # graph_timing
+    from graph_timing import add_flush_argument, use_flush_mode
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     parser.add_argument("--tune", action="store_true", help="sweep the config candidates per shape")
@@ -801,14 +803,9 @@ def main():
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--tag", default=None, help="file name stem (default gemm_<UTC date-time>)")
     parser.add_argument("--plot-only", default=None, help="redraw the PNG (and markdown) from a JSON result")
-    parser.add_argument("--flush", default="write",
-                        help="how do_bench clears the L2 before each replay: write (its own zeroing, the "
-                        "default) or read (graph_timing.flush_mode: no dirty lines to write back)")
+    add_flush_argument(parser)
     args = parser.parse_args()
-    from graph_timing import flush_mode
-
-    flushing = contextlib.ExitStack()  # held until main returns
-    flushing.enter_context(flush_mode(args.flush))
+    use_flush_mode(args.flush)
     if args.plot_only:
         with open(args.plot_only) as f:
             result = json.load(f)

@@ -227,6 +227,9 @@ def write_results(rows, out_dir, tag, command):
 
 
 def main(argv=None) -> int:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # graph_timing
+    from graph_timing import add_flush_argument, flush_mode
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default="v4-flash,guide")
     p.add_argument("--tokens", default="1,8,64,512,4096")
@@ -238,13 +241,8 @@ def main(argv=None) -> int:
                    help="Nvfp4MoE(shared_overlap=True): the shared expert apart, on a side stream beside the router")
     p.add_argument("--modes", default="w4a16",
                    help="comma-separated activation modes timed per token count, e.g. w4a16,w4a8 (issue 13)")
-    p.add_argument("--flush", default="write",
-                   help="how do_bench clears the L2 before each replay: write (its own zeroing, the "
-                   "default) or read (graph_timing.flush_mode: no dirty lines to write back)")
+    add_flush_argument(p)
     args = p.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from graph_timing import flush_mode
-
     with flush_mode(args.flush):
         return run(args, command="python " + " ".join([os.path.relpath(__file__)] + (argv or sys.argv[1:])))
 

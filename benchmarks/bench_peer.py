@@ -47,7 +47,6 @@ V4-Flash default grid ~3 min (weights + bf16 copy ~30 s, first compiles ~100 s, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -664,6 +663,8 @@ def write_results(rows, meta, out_dir, tag):
 
 
 def build_parser():
+    from graph_timing import add_flush_argument  # benchmarks/ (on sys.path above)
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default="v4-flash,v4-pro", help="comma list of: " + ", ".join(CONFIGS))
     p.add_argument("--tokens", default=None, help="comma list (default: per config, see above)")
@@ -693,9 +694,7 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default=os.environ.get("OUT") or os.path.join(_HERE, "results"))
     p.add_argument("--tag", default="peer_v1")
-    p.add_argument("--flush", default="write",
-                   help="how do_bench clears the L2 before each replay: write (its own zeroing, the default) or "
-                        "read (graph_timing.flush_mode: no dirty lines to write back)")
+    add_flush_argument(p)
     return p
 
 
@@ -719,11 +718,9 @@ def main(argv=None) -> int:
         return 2
     import triton
 
-    sys.path.insert(0, _HERE)
-    from graph_timing import flush_mode
+    from graph_timing import use_flush_mode
 
-    flushing = contextlib.ExitStack()  # held until main returns
-    flushing.enter_context(flush_mode(args.flush))
+    use_flush_mode(args.flush)
 
     from megamoe.models.config import PRESETS
 

@@ -16,26 +16,44 @@ import triton
 FLUSH_MODES = ("write", "read")
 
 
-@contextlib.contextmanager
-def flush_mode(mode: str = "write"):
-    """Within the block, ``triton.testing.do_bench`` clears the L2 by ``mode``: "write" (its own: zero the buffer)
-    or "read" (sum the buffer into one int64: the L2 ends up holding clean lines of the buffer)."""
+def read_cache(cache: torch.Tensor, _totals={}) -> None:
+    """The "read" flush: sum ``cache`` into one int64 (per device, reused), so the L2 ends up holding clean lines."""
+    total = _totals.setdefault(cache.device, torch.empty((), dtype=torch.int64, device=cache.device))
+    torch.sum(cache, dim=0, dtype=torch.int64, out=total)
+
+
+def _swap_clear_cache(mode: str):
+    """Make ``do_bench`` clear the L2 by ``mode``; returns the driver's own ``clear_cache`` (to put back)."""
     if mode not in FLUSH_MODES:
         raise ValueError(f"mode: expected one of {FLUSH_MODES}, got {mode!r}")
     driver = triton.runtime.driver.active
     original = driver.clear_cache
     if mode == "read":
-        totals = {}
+        driver.clear_cache = read_cache
+    return original
 
-        def clear_cache(cache):
-            total = totals.setdefault(cache.device, torch.empty((), dtype=torch.int64, device=cache.device))
-            torch.sum(cache, dim=0, dtype=torch.int64, out=total)
 
-        driver.clear_cache = clear_cache
+@contextlib.contextmanager
+def flush_mode(mode: str = "write"):
+    """Within the block, ``triton.testing.do_bench`` clears the L2 by ``mode``: "write" (its own: zero the buffer)
+    or "read" (:func:`read_cache`: the L2 ends up holding clean lines of the buffer)."""
+    original = _swap_clear_cache(mode)
     try:
         yield
     finally:
-        driver.clear_cache = original
+        triton.runtime.driver.active.clear_cache = original
+
+
+def use_flush_mode(mode: str) -> None:
+    """:func:`flush_mode` for the rest of the process (a benchmark script's whole run)."""
+    _swap_clear_cache(mode)
+
+
+def add_flush_argument(parser, default: str = "write") -> None:
+    """The benchmarks' ``--flush`` option (:data:`FLUSH_MODES`)."""
+    parser.add_argument("--flush", default=default, choices=FLUSH_MODES,
+                        help="how do_bench clears the L2 before each repetition: write (its own zeroing: leaves dirty "
+                             "lines whose write-back the timed code pays) or read (no dirty lines)")
 
 
 def graph_replay_us(fn, warmup: int = 10, rep: int = 100) -> float:

@@ -119,10 +119,10 @@ def main(argv=None) -> int:
         print("probe_l2_flush.py needs a CUDA GPU")
         return 0
     dev = torch.device("cuda")
+    from graph_timing import read_cache
+
     cache = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
-    total = torch.empty((), dtype=torch.int64, device=dev)
-    flushes = {"write (do_bench)": cache.zero_, "read": lambda: torch.sum(cache, dim=0, dtype=torch.int64, out=total),
-               "none": lambda: None}
+    flushes = {"write (do_bench)": cache.zero_, "read": lambda: read_cache(cache), "none": lambda: None}
     rows = []
     for name, nbytes, graph in workloads(dev):
         us = {mode: time_replays(graph, flush, args.reps) for mode, flush in flushes.items()}

@@ -16,7 +16,6 @@ Run:  python benchmarks/probe_stream.py [--out FILE.md]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import os
 import sys
@@ -53,16 +52,14 @@ def _contiguous_kernel(w_ptr, out_ptr, CHUNK: tl.constexpr, STEPS: tl.constexpr)
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # graph_timing
+    from graph_timing import add_flush_argument, use_flush_mode
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--flush", default="write", help="how do_bench clears the L2: write (its own zeroing) or read "
-                        "(graph_timing.flush_mode: no dirty lines for the timed reads to write back)")
+    add_flush_argument(parser)
     args = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from graph_timing import flush_mode
-
-    flushing = contextlib.ExitStack()  # held until main returns
-    flushing.enter_context(flush_mode(args.flush))
+    use_flush_mode(args.flush)
     if not torch.cuda.is_available():
         sys.exit("probe_stream.py needs a CUDA GPU")
     experts, n, k = 8, 4096, 7168  # the gate_up weights touched by one token (top-8)

@@ -27,7 +27,6 @@ Run:  python benchmarks/probe_stream_tma.py [--out FILE.md]   (also writes FILE.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -307,12 +306,13 @@ def compile_all_for_sm90():
 # GPU run
 # ----------------------------------------------------------------------------------------------------------------
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # graph_timing
+    from graph_timing import add_flush_argument, use_flush_mode
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="markdown file (a .json with the same stem is written too)")
     parser.add_argument("--compile-only", action="store_true", help="compile every config for sm_90 (no GPU)")
-    parser.add_argument("--flush", default="write", help="how do_bench clears the L2 before each repetition: write "
-                        "(its own zeroing: leaves dirty lines whose write-back the timed reads pay) or read "
-                        "(graph_timing.flush_mode)")
+    add_flush_argument(parser)
     args = parser.parse_args()
     if args.compile_only:
         compile_all_for_sm90()
@@ -321,11 +321,7 @@ def main():
         sys.exit("probe_stream_tma.py needs a CUDA GPU (use --compile-only to compile the kernels offline)")
     if torch.cuda.get_device_capability()[0] != 9:
         sys.exit("probe_stream_tma.py needs an sm_90 (Hopper) GPU")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from graph_timing import flush_mode
-
-    flushing = contextlib.ExitStack()  # held until main returns: a dropped stack closes the context at once
-    flushing.enter_context(flush_mode(args.flush))
+    use_flush_mode(args.flush)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -54,3 +54,15 @@ def test_unknown_flush_mode_is_refused(driver):
     with pytest.raises(ValueError, match="mode"):
         with graph_timing.flush_mode("none"):
             pass
+
+
+def test_use_flush_mode_and_the_flush_option(driver):
+    import argparse
+
+    graph_timing.use_flush_mode("read")  # for the rest of a script (the stand-in driver is undone by monkeypatch)
+    assert triton.runtime.driver.active.clear_cache is graph_timing.read_cache
+    parser = argparse.ArgumentParser()
+    graph_timing.add_flush_argument(parser, default="read")
+    assert parser.parse_args([]).flush == "read" and parser.parse_args(["--flush", "write"]).flush == "write"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--flush", "none"])

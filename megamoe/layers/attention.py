@@ -20,7 +20,8 @@ holds NVFP4 (an :class:`NVFP4Tensor`), bf16/fp32 tensors otherwise (``megamoe/mo
 Projections that read the same input run as one GEMM over their row-concatenated weights
 (:class:`~megamoe.layers.linear.FusedLinear`, outputs split as column views): ``x_proj`` = ``wq_a | wkv``,
 ``qr_proj`` = ``wq_b | indexer.wq_b`` (CSA), ``comp_proj`` = the float32 ``compressor.wkv | compressor.wgate``
-(``| indexer.compressor.wkv | indexer.compressor.wgate`` on CSA layers).
+(``| indexer.compressor.wkv | indexer.compressor.wgate`` on CSA layers; bf16 weights in the checkpoint stay bf16 and
+run through ``megamoe.ops.gemm.bf16_linear_fp32``: exact products, float32 sums).
 
 Host side (outside graphs): :meth:`join` / :meth:`leave` a request slot, :meth:`prepare` pages before a step,
 :meth:`forward_prefill` for a new request. Device side (capturable, sync-free, preallocated):
@@ -178,7 +179,12 @@ class Nvfp4Attention:
             names = ["compressor.wkv", "compressor.wgate"]
             if csa:
                 names += ["indexer.compressor.wkv", "indexer.compressor.wgate"]
-            self.comp_proj = FusedLinear([(n, get(n + ".weight").float()) for n in names])
+            comp = [(n, get(n + ".weight")) for n in names]
+            if all(w.dtype == torch.bfloat16 for _, w in comp):
+                # float32 projections of bf16 weights: the weights stay bf16 (exact products, float32 sums)
+                self.comp_proj = FusedLinear(comp, out_dtype=torch.float32)
+            else:
+                self.comp_proj = FusedLinear([(n, w.float()) for n, w in comp])
             self.c_ape = get("compressor.ape").float().reshape(self.ratio, C * D).contiguous()
             index_norm = None
             if self.kind == "csa":
@@ -239,7 +245,7 @@ class Nvfp4Attention:
         """Float32 compressor projections with ``ape`` added to the gate scores (``add_ape=False``: without it; the
         decode step adds it inside the compressor kernel). One float32 GEMM for the two (HCA) or four (CSA)
         projections; the outputs are column views of its output."""
-        kv, score, *index = self.comp_proj(x.float())
+        kv, score, *index = self.comp_proj(x)  # bf16 x: float32 results (DenseLinear: x.float() for float32 weights)
         ikv, iscore = index if index else (None, None)
         if add_ape:
             phase = torch.remainder(pos.long(), self.ratio)

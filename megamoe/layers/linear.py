@@ -12,10 +12,14 @@ class DenseLinear:
 
     weight: an :class:`NVFP4Tensor` (runs ``megamoe.nvfp4_linear``, bf16 in, bf16 out, float32 accumulation),
     a bf16 tensor (``torch.matmul`` in bf16, float32 accumulation inside cuBLAS) or a float32 tensor (float32
-    matmul on ``x.float()``, the official code's choice for the compressor projections and the gate).
+    matmul on ``x.float()``).
+    out_dtype: None (the weight's result dtype above) or ``torch.float32`` with a bf16 weight: a float32 linear whose
+    weight the checkpoint holds in bf16 (the official compressor projections: ``x.float()`` through float32
+    linears), run by ``megamoe.ops.gemm.bf16_linear_fp32`` on the bf16 weight (exact products, float32 sums; half
+    the bytes of a float32 copy). x must then be bf16 (a float32 x would have to be rounded: TypeError).
     """
 
-    def __init__(self, weight, *, name: str = "weight"):
+    def __init__(self, weight, *, name: str = "weight", out_dtype: torch.dtype | None = None):
         if isinstance(weight, NVFP4Tensor):
             if len(weight.shape) != 2:
                 raise ValueError(f"{name}: expected a 2-D NVFP4 weight, got shape {tuple(weight.shape)}")
@@ -26,7 +30,12 @@ class DenseLinear:
             weight = weight.contiguous()
         else:
             raise TypeError(f"{name}: expected a torch.Tensor or NVFP4Tensor, got {type(weight).__name__}")
+        if out_dtype is not None and (out_dtype != torch.float32 or isinstance(weight, NVFP4Tensor)
+                                      or weight.dtype != torch.bfloat16):
+            raise ValueError(f"{name}: out_dtype={out_dtype} is for bf16 weights with float32 results (got "
+                             f"{type(weight).__name__ if isinstance(weight, NVFP4Tensor) else weight.dtype})")
         self.weight, self.name = weight, name
+        self.fp32_out = out_dtype == torch.float32
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
 
     @property
@@ -39,6 +48,8 @@ class DenseLinear:
         self._check_call(x, out)
         if self.nvfp4:
             return gemm_ops.nvfp4_linear(x.to(torch.bfloat16), self.weight, out=out)
+        if self.fp32_out:
+            return gemm_ops.bf16_linear_fp32(x, self.weight, out=out)
         if self.weight.dtype == torch.float32:
             y = x.float() @ self.weight.t()
         else:
@@ -57,11 +68,14 @@ class DenseLinear:
             raise TypeError(f"x: expected a float tensor (bf16 / fp16 / fp32), got {x.dtype}")
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"x: expected shape (M, {self.in_features}) for {self.name}, got {tuple(x.shape)}")
+        if self.fp32_out and x.dtype != torch.bfloat16:
+            raise TypeError(f"x: expected bfloat16 for {self.name} (bf16 weight, float32 results), got {x.dtype}")
         if out is None:
             return
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
-        dtype = torch.float32 if not self.nvfp4 and self.weight.dtype == torch.float32 else torch.bfloat16
+        dtype = torch.float32 if self.fp32_out or (not self.nvfp4 and self.weight.dtype == torch.float32) \
+            else torch.bfloat16
         if out.dtype != dtype:
             raise TypeError(f"out: expected dtype {dtype} for {self.name}, got {out.dtype}")
         if tuple(out.shape) != (x.shape[0], self.out_features) or out.device != x.device:
@@ -128,12 +142,13 @@ class FusedLinear:
     of the fused (M, sum of out_features) output (no copies; rows keep their stride ``sum of out_features``, unit
     stride along the last dim; at M == 1 every view is contiguous). ``part(name)``: that projection alone as a
     DenseLinear over its rows of the fused weight (views, no extra memory; tests and diagnostics, not the hot path).
+    out_dtype: :class:`DenseLinear`'s, for every part (``torch.float32``: all parts bf16).
 
     Numerics: each output element is the same dot product as the separate projection's; the GEMM route and its
     split-K / tile choices follow the fused N, so float32 summation order (and thus the last bits) can differ.
     """
 
-    def __init__(self, parts, *, name: str | None = None):
+    def __init__(self, parts, *, name: str | None = None, out_dtype: torch.dtype | None = None):
         parts = list(parts)
         if not parts:
             raise ValueError("FusedLinear: expected at least one (name, weight) part")
@@ -147,10 +162,12 @@ class FusedLinear:
         in_features = {n: int(w.shape[1]) for n, w in parts}
         if len(set(in_features.values())) != 1:
             raise ValueError(f"{self.name}: the parts read one input but have in_features {in_features}")
+        self.out_dtype = out_dtype
         if len({_kind(w) for _, w in parts}) == 1:
-            self.linear, self.separate = DenseLinear(concat_rows(w for _, w in parts), name=self.name), None
+            self.linear, self.separate = DenseLinear(concat_rows(w for _, w in parts), name=self.name,
+                                                     out_dtype=out_dtype), None
         else:  # mixed kinds (e.g. one part left unquantized by the checkpoint): one launch per part, as before
-            self.linear, self.separate = None, [DenseLinear(w, name=n) for n, w in parts]
+            self.linear, self.separate = None, [DenseLinear(w, name=n, out_dtype=out_dtype) for n, w in parts]
         starts = [0]
         for s in self.sizes:
             starts.append(starts[-1] + s)
@@ -175,7 +192,7 @@ class FusedLinear:
         if self.linear is None:
             return self.separate[self.names.index(name)]
         start, stop = self.ranges[name]
-        return DenseLinear(row_slice(self.linear.weight, start, stop), name=name)
+        return DenseLinear(row_slice(self.linear.weight, start, stop), name=name, out_dtype=self.out_dtype)
 
     def nbytes(self) -> int:
         if self.linear is None:

@@ -513,6 +513,57 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
     )
 
 
+#: Dense bf16 x bf16 -> float32 GEMMs (:func:`bf16_linear_fp32`) with at most this many rows take the split-K kernel
+#: (``megamoe/kernels/gemm/bf16_splitk.py``); more rows take the tensor-core tile kernel of ``router_logits.py``
+#: (the same math: exact products, BLOCK_K chunks promoted into float32 by an FMA).
+BF16_SPLITK_MAX_ROWS = 64
+
+
+def bf16_linear_fp32(x, weight, *, out=None) -> torch.Tensor:
+    """``x.float() @ weight.float().T`` in float32 for bf16 operands: the float32 linears of DeepSeek-V4 whose weights
+    the checkpoint holds in bf16 (the compressor projections), without float32 weight copies.
+
+    x: (M, K) bf16. weight: (N, K) bf16 tensor on x's device. out: optional (M, N) float32 buffer (unit stride along
+    the last dimension). Returns (M, N) float32. Every product is exact in float32 (bf16 x bf16); the sums are float32
+    with an error of at most ``bf16_splitk.error_bound_units(K, splits) * 2**-24 * sum_k |x_k| |w_nk|`` on CUDA (any
+    float32 summation order is within the same bound), the same bits on every run. CUDA routes by M (host shapes):
+    up to :data:`BF16_SPLITK_MAX_ROWS` rows the split-K kernel, above it the tensor-core tile kernel.
+    """
+    _check_x(x, None)
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
+    if weight.dtype != torch.bfloat16:
+        raise TypeError(f"weight: expected bfloat16, got {weight.dtype}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight: expected a 2-D (N, K) tensor, got shape {tuple(weight.shape)}")
+    if weight.device != x.device:
+        raise ValueError(f"weight: expected device {x.device} (x's), got {weight.device}")
+    n, k = weight.shape
+    _check_x(x, k)
+    m = x.shape[0]
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
+        if out.dtype != torch.float32:
+            raise TypeError(f"out: expected float32, got {out.dtype}")
+        if tuple(out.shape) != (m, n):
+            raise ValueError(f"out: expected shape {(m, n)}, got {tuple(out.shape)}")
+        if out.device != x.device:
+            raise ValueError(f"out: expected device {x.device}, got {out.device}")
+        if n > 1 and out.stride(1) != 1:
+            raise ValueError("out: expected unit stride along the last dimension")
+    if not use_triton(x):
+        return _reference.bf16_linear_fp32(x, weight, out=out)
+    xa, w = _contiguous_rows(x), _contiguous_rows(weight)
+    if m <= BF16_SPLITK_MAX_ROWS:
+        from ..kernels.gemm.bf16_splitk import launch_bf16_splitk
+
+        return launch_bf16_splitk(xa, w, out, interpreter=not x.is_cuda)
+    from ..kernels.router_logits import launch_router_logits
+
+    return launch_router_logits(xa, w, out, interpreter=not x.is_cuda)
+
+
 def nvfp4_grouped_mm(
     x,
     weight: NVFP4Tensor,

@@ -132,6 +132,16 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
     return _finish(y, out)
 
 
+def bf16_linear_fp32(x: torch.Tensor, weight: torch.Tensor, *, out=None) -> torch.Tensor:
+    """Reference ``x.float() @ weight.float().T``: x (M, K) bf16, weight (N, K) bf16 -> (M, N) float32 (written into
+    ``out`` when given). Every product of two bf16 values is exact in float32; only the summation order is free."""
+    y = x.float() @ weight.float().t()
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
 def nvfp4_grouped_mm(
     x,
     weight: NVFP4Tensor,

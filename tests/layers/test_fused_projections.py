@@ -137,8 +137,8 @@ def _layer(layer: int, max_batch: int = 2, prompt: int = 9):
 
 def _separate(w, layer: int, family: str):
     names = [n for n in FAMILIES[family] if CFG.layer_kind(layer) == "csa" or not n.startswith("indexer.")]
-    if family == "comp_proj":
-        return names, [DenseLinear(w[n + ".weight"].float(), name=n) for n in names]
+    if family == "comp_proj":  # bf16 checkpoint weights, float32 results (the official float32 linears)
+        return names, [DenseLinear(w[n + ".weight"], name=n, out_dtype=torch.float32) for n in names]
     return names, [DenseLinear(w[n + ".weight"], name=n) for n in names]
 
 
@@ -148,7 +148,7 @@ def test_layer_fused_projections_equal_separate(torch_path, layer):
     g = torch.Generator().manual_seed(layer)
     x = torch.randn(5, CFG.hidden_size, generator=g).to(torch.bfloat16)
     qr = torch.randn(5, CFG.q_lora_rank, generator=g).to(torch.bfloat16)
-    inputs = {"x_proj": x, "qr_proj": qr, "comp_proj": x.float()}
+    inputs = {"x_proj": x, "qr_proj": qr, "comp_proj": x}
     for family in ("x_proj", "qr_proj", "comp_proj"):
         fused = getattr(att, family)
         if CFG.layer_kind(layer) == "window" and family == "comp_proj":
@@ -160,6 +160,9 @@ def test_layer_fused_projections_equal_separate(torch_path, layer):
         assert len(outs) == len(separate)
         for n, o, lin in zip(names, outs, separate):
             _close(o, lin(inputs[family]), f"layer {layer} {family}: {n}")
+            if family == "comp_proj":  # the official float32 linear on the same values
+                assert o.dtype == torch.float32
+                _close(o, DenseLinear(w[n + ".weight"].float())(x.float()), f"layer {layer} {family}: {n} (fp32)")
     # the former attributes are the parts' rows of the fused weights (views)
     for n, attr in (("wq_a", "wq_a"), ("wkv", "wkv"), ("wq_b", "wq_b")):
         inp = qr if n == "wq_b" else x
@@ -292,7 +295,8 @@ def test_compressor_step_reads_strided_rows(device, ratio, overlap, width):
 def test_fused_projections_v4_flash_shapes_cuda(rows):
     """CUDA, V4-Flash shapes: the fused GEMMs (split-K routes chosen from the fused N, per-row global scales)
     against the separate ones, for x_proj (1024 + 512 rows, K 4096), qr_proj (32768 + 8192, K 1024) and the CSA
-    comp_proj (float32, 1024 + 1024 + 256 + 256, K 4096)."""
+    comp_proj (1024 + 1024 + 256 + 256, K 4096; float32 weights, and bf16 weights with float32 results as the layer
+    holds them) against the float32 linear."""
     from megamoe.models.config import V4_FLASH_MODEL as F
 
     dev = torch.device("cuda")
@@ -301,14 +305,17 @@ def test_fused_projections_v4_flash_shapes_cuda(rows):
         ("nvfp4", (ql, D), dim),
         ("nvfp4", (F.num_heads * D, F.index_n_heads * Di), ql),
         ("float32", (2 * D, 2 * D, 2 * Di, 2 * Di), dim),
+        ("bfloat16", (2 * D, 2 * D, 2 * Di, 2 * Di), dim),  # the layer's comp_proj: bf16 weights, float32 results
     ]
     for kind, sizes, k in families:
         ws = [w.to(dev) for w in _weights(kind, sizes, k, seed=rows)]
-        fused = FusedLinear([(f"p{i}", w) for i, w in enumerate(ws)])
+        out_dtype = torch.float32 if kind == "bfloat16" else None
+        fused = FusedLinear([(f"p{i}", w) for i, w in enumerate(ws)], out_dtype=out_dtype)
         x = torch.randn(rows, k, device=dev).to(torch.bfloat16)
         outs = fused(x.float() if kind == "float32" else x)
         for i, (o, w) in enumerate(zip(outs, ws)):
-            _close(o, DenseLinear(w)(x.float() if kind == "float32" else x), f"{kind} {sizes} p{i} rows {rows}")
+            ref = DenseLinear(w.float() if out_dtype else w)(x.float() if kind != "nvfp4" else x)
+            _close(o, ref, f"{kind} {sizes} p{i} rows {rows}")
 
 
 @pytest.mark.parametrize("kind", ["nvfp4", "bf16", "fp32"])

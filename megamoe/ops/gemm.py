@@ -513,10 +513,12 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
     )
 
 
-#: Dense bf16 x bf16 -> float32 GEMMs (:func:`bf16_linear_fp32`) with at most this many rows take the split-K kernel
-#: (``megamoe/kernels/gemm/bf16_splitk.py``); more rows take the tensor-core tile kernel of ``router_logits.py``
-#: (the same math: exact products, BLOCK_K chunks promoted into float32 by an FMA).
-BF16_SPLITK_MAX_ROWS = 64
+def bf16_linear_fp32_error_units(k: int) -> int:
+    """The error bound's factor of :func:`bf16_linear_fp32` on CUDA: ``|y - exact| <= factor * 2**-24 *
+    sum_k |x_k| |w_nk|``. The products are exact; the tensor cores' float32 sums may truncate (at most 2u relative per
+    16-product block, K / 16 blocks in sequence: K / 8), the tile kernel's promoted chunks stay within
+    ``2 BLOCK_K + K / BLOCK_K + 4`` (BLOCK_K <= 128), plus a margin for split-K reductions."""
+    return k // 8 + 2 * 128 + 64
 
 
 def bf16_linear_fp32(x, weight, *, out=None) -> torch.Tensor:
@@ -524,10 +526,12 @@ def bf16_linear_fp32(x, weight, *, out=None) -> torch.Tensor:
     the checkpoint holds in bf16 (the compressor projections), without float32 weight copies.
 
     x: (M, K) bf16. weight: (N, K) bf16 tensor on x's device. out: optional (M, N) float32 buffer (unit stride along
-    the last dimension). Returns (M, N) float32. Every product is exact in float32 (bf16 x bf16); the sums are float32
-    with an error of at most ``bf16_splitk.error_bound_units(K, splits) * 2**-24 * sum_k |x_k| |w_nk|`` on CUDA (any
-    float32 summation order is within the same bound), the same bits on every run. CUDA routes by M (host shapes):
-    up to :data:`BF16_SPLITK_MAX_ROWS` rows the split-K kernel, above it the tensor-core tile kernel.
+    the last dimension). Returns (M, N) float32. Every product of two bf16 values is exact in float32; only the
+    summation order differs from the float32 linear, within :func:`bf16_linear_fp32_error_units`.
+    CUDA: cuBLAS's bf16 GEMM with float32 output (``torch.mm(..., out_dtype=torch.float32)``; the tile kernel of
+    ``megamoe/kernels/router_logits.py`` where this torch lacks it). Measured against the float32 path on float32
+    weight copies (H100, ``benchmarks/results/gpu_check_v30/b_bf16_linear.md``): 1.4-1.6x at M = 1, 1.9-4x at
+    M = 2-16, 6-9x at M = 512-4096. CPU: the float32 reference (the same bits as the float32 linear).
     """
     _check_x(x, None)
     if not isinstance(weight, torch.Tensor):
@@ -552,16 +556,36 @@ def bf16_linear_fp32(x, weight, *, out=None) -> torch.Tensor:
             raise ValueError(f"out: expected device {x.device}, got {out.device}")
         if n > 1 and out.stride(1) != 1:
             raise ValueError("out: expected unit stride along the last dimension")
-    if not use_triton(x):
+    if not x.is_cuda:
         return _reference.bf16_linear_fp32(x, weight, out=out)
-    xa, w = _contiguous_rows(x), _contiguous_rows(weight)
-    if m <= BF16_SPLITK_MAX_ROWS:
-        from ..kernels.gemm.bf16_splitk import launch_bf16_splitk
-
-        return launch_bf16_splitk(xa, w, out, interpreter=not x.is_cuda)
+    if _cublas_fp32_out(x.device):
+        if out is not None and out.is_contiguous():
+            return torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
+        y = torch.mm(x, weight.t(), out_dtype=torch.float32)
+        return y if out is None else out.copy_(y)
     from ..kernels.router_logits import launch_router_logits
 
-    return launch_router_logits(xa, w, out, interpreter=not x.is_cuda)
+    return launch_router_logits(_contiguous_rows(x), _contiguous_rows(weight), out)
+
+
+#: Per CUDA device: whether this torch's ``torch.mm`` takes ``out_dtype=torch.float32`` for bf16 operands (torch >=
+#: 2.8); probed once on a 1 x 16 x 16 product (:func:`_cublas_fp32_out`), outside any graph capture.
+_MM_OUT_DTYPE: dict = {}
+
+
+def _cublas_fp32_out(device: torch.device) -> bool:
+    ok = _MM_OUT_DTYPE.get(device)
+    if ok is None:
+        if torch.cuda.is_current_stream_capturing():
+            return False  # no probe inside a capture: the tile kernel (same math, within the same bound)
+        try:
+            torch.mm(torch.ones(1, 16, dtype=torch.bfloat16, device=device),
+                     torch.ones(16, 16, dtype=torch.bfloat16, device=device), out_dtype=torch.float32)
+            ok = True
+        except (TypeError, RuntimeError):
+            ok = False
+        _MM_OUT_DTYPE[device] = ok
+    return ok
 
 
 def nvfp4_grouped_mm(

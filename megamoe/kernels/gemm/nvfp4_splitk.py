@@ -191,19 +191,15 @@ def splitk_counters(device) -> torch.Tensor | None:
     return counters
 
 
-def plan_splitk(m: int, n: int, k: int, block_n: int, block_k: int, target_programs: int,
-                weight_bytes: int | None = None) -> tuple[int, int]:
+def plan_splitk(m: int, n: int, k: int, block_n: int, block_k: int, target_programs: int) -> tuple[int, int]:
     """(splits, k_chunk) from host shapes only: enough K splits that ``cdiv(N, BLOCK_N) * splits``
     reaches ``target_programs`` (one wave), at most one split per K step, and a workspace within
-    :data:`WORKSPACE_L2_BYTES` and :data:`WORKSPACE_WEIGHT_RATIO` times the weight bytes (``weight_bytes``; default
-    the NVFP4 bytes N*K*9/16). ``k_chunk`` is a multiple of ``block_k``; every split is non-empty (the last may be
-    shorter)."""
+    :data:`WORKSPACE_L2_BYTES` and :data:`WORKSPACE_WEIGHT_RATIO` times the weight bytes. ``k_chunk`` is a multiple of ``block_k``; every
+    split is non-empty (the last may be shorter)."""
     n_tiles = triton.cdiv(n, block_n)
     k_steps = triton.cdiv(k, block_k)
     splits = max(1, min((2 * target_programs + n_tiles) // (2 * n_tiles), k_steps))  # round(target / n_tiles)
-    if weight_bytes is None:
-        weight_bytes = n * k * 9 / 16
-    ws_cap = int(min(WORKSPACE_L2_BYTES, WORKSPACE_WEIGHT_RATIO * weight_bytes) // (4 * max(m, 1) * n))
+    ws_cap = int(min(WORKSPACE_L2_BYTES, WORKSPACE_WEIGHT_RATIO * n * k * 9 / 16) // (4 * max(m, 1) * n))
     splits = max(1, min(splits, ws_cap))
     steps_per_split = triton.cdiv(k_steps, splits)
     splits = triton.cdiv(k_steps, steps_per_split)

@@ -1,0 +1,54 @@
+#!/bin/bash
+# GPU checks of 2026-11-27 (session part 19). Calls:
+#   a -> where the time goes now and what no kernel can remove: the fixed cost of a timed graph replay
+#        (probe_graph_overhead.py: an empty node, 1-3 dependent DRAM loads, 32 nodes), a fresh decode-step profile
+#        (V4-Flash, 4 layers, batch 1 / 8 / 64), and the routed experts against the peer at 1 / 8 / 64 tokens under
+#        both flushes (issue 11's 1.2x; not re-measured since the read flush).
+#   b -> a: the decode step at batch 8 spends 62 us per CSA + HCA layer pair in cuBLAS float32 GEMV / SGEMM on float32
+#        copies of the compressor weights (bf16 in the checkpoint). New: bf16_linear_fp32 (bf16 weights, exact
+#        products, float32 sums; split-K kernel up to 64 rows, the router's tile kernel above). Its CUDA tests, the
+#        fused-projection / attention CUDA tests, the benchmark against the float32 path and cuBLAS bf16 -> fp32, and
+#        the decode-step profile again.
+#   c -> b: cuBLAS's bf16 GEMM with float32 output beat the split-K kernel at nearly every shape (1.4-9x over the
+#        float32 path): bf16_linear_fp32 now calls it (the router's tile kernel as the fallback), the split-K kernel is
+#        dropped. Its CUDA tests (both routes, random-sign and all-positive inputs, V4 shapes, 1-4096 rows), the
+#        layer / model CUDA tests, the benchmark and the decode-step profile at batch 1 / 8 / 64.
+# At most 8 output files (the device tool's limit).
+export PYTHONUNBUFFERED=1
+export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
+OUT=${OUT:-benchmarks/results/gpu_check_v30}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+case "$1" in
+a)
+  timeout 60 python benchmarks/probe_graph_overhead.py --out "$OUT/a_graph_overhead.md"
+  timeout 200 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8,64 > "$OUT/a_profile.log" 2>&1
+  tail -5 "$OUT/a_profile.log"
+  for fl in read write; do
+    timeout 150 python benchmarks/bench_peer.py --configs v4-flash,v4-pro --tokens 1,8,64 --routings uniform \
+      --interleaved --no-bf16 --rep-ms 30 --budget-s 120 --flush $fl --out-dir "$OUT" --tag a_peer_decode_$fl \
+      2>&1 | tail -12
+  done
+  ;;
+b)
+  timeout 240 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/gemm/test_bf16_splitk.py \
+    tests/layers/test_fused_projections.py tests/layers/test_attention_layer.py > "$OUT/b_tests.log" 2>&1
+  tail -3 "$OUT/b_tests.log"
+  timeout 200 python benchmarks/bench_bf16_linear.py --flush read --sweep --rep-ms 20 --out "$OUT/b_bf16_linear.md" \
+    > "$OUT/b_bench.log" 2>&1; tail -3 "$OUT/b_bench.log"
+  timeout 120 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8 > "$OUT/b_profile.log" 2>&1
+  grep -E "^## batch|gemvx|sgemm|gemmSN|bf16_splitk|router_logits" "$OUT/b_profile.log"
+  ;;
+c)
+  timeout 300 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_bf16_linear.py \
+    tests/layers/test_fused_projections.py tests/layers/test_attention_layer.py tests/models > "$OUT/c_tests.log" 2>&1
+  tail -3 "$OUT/c_tests.log"
+  timeout 150 python benchmarks/bench_bf16_linear.py --flush read --rep-ms 20 --out "$OUT/c_bf16_linear.md" \
+    > "$OUT/c_bench.log" 2>&1; tail -3 "$OUT/c_bench.log"
+  timeout 150 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8,64 > "$OUT/c_profile.log" 2>&1
+  grep -E "^## batch|gemvx|sgemm|gemmSN|xmma|nvjet" "$OUT/c_profile.log"
+  ;;
+*)
+  echo "unknown call $1"; exit 2;;
+esac

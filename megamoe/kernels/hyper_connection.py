@@ -57,6 +57,8 @@ allocator: no host sync; under CUDA-graph capture they live in the graph's pool)
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -77,6 +79,16 @@ MIX_SMALL_COLS = 32
 MIX_DOT_BDI = 16
 MIX_WARPS = 4
 MIX_DOT_WARPS = 8
+#: From MIX_TC_MIN_T tokens on the GPU the ``tl.dot`` steps run on the tensor cores (:func:`mix_plan`'s TC): x is bf16
+#: (exact), each float32 ``hc_fn`` value is split into three bf16 terms (hi + mid + lo, exact for normal values), so
+#: every product is exact; each step's three dots are added to the float32 accumulator by one rounded add (the
+#: router-logits promotion). The FMA ``tl.dot`` (``input_precision="ieee"``) it replaces took 1.1 ms per call at
+#: 4096 tokens (22% of a V4-Flash prefill, ``results/gpu_check_v30/d_prefill.md``). MIX_TC_BT tokens per program
+#: above MIX_TC_MIN_T * 4 tokens, MIX_TC_BDI hidden positions per step.
+MIX_TC_MIN_T = 16
+MIX_TC_BT = 64
+MIX_TC_BDI = 16
+MIX_TC_WARPS = 8
 #: Finish kernel (one token per program): hidden positions per thread and copy (the warps follow: 4 at D = 4096, 8
 #: at 7168). Every thread runs the whole scalar Sinkhorn chain, so each extra warp per scheduler adds the chain's
 #: ~1500 instructions to the issue slots of the kernel's critical path (v2: 16 per thread, 8 / 16 warps). x is
@@ -170,16 +182,19 @@ def launch_hc_split_sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_bas
 
 
 # ------------------------------------------------------------------------------------------------ hc_pre / hc_head
-def mix_plan(T: int, D: int) -> tuple[int, bool, int, int, int, int]:
+def mix_plan(T: int, D: int, tc: bool = False) -> tuple[int, bool, int, int, int, int]:
     """(BT, DOT, BDI, CH, S, warps) of the mixes-partial kernel for T tokens of hidden size D (host shapes only).
 
     BT tokens per program (``tl.dot`` needs >= 16 rows; up to 4 tokens a broadcast product instead), BDI hidden
     positions per inner step (times ``hc`` copies: ``hc * BDI`` columns of the ``hc * D`` reduction), CH hidden
     positions per program (a multiple of BDI giving about ``MIX_TARGET_PROGRAMS`` programs), S = cdiv(D, CH)
-    partials per token."""
+    partials per token. ``tc``: the tensor-core steps (:func:`mix_tensor_cores`; from MIX_TC_MIN_T tokens)."""
     if T <= MIX_SMALL_T:
         bt = triton.next_power_of_2(max(T, 1))
         dot, bdi, warps = False, MIX_SMALL_COLS // bt, MIX_WARPS
+    elif tc:
+        bt = 16 if T <= 64 else MIX_TC_BT
+        dot, bdi, warps = True, MIX_TC_BDI, MIX_TC_WARPS
     else:
         bt = 16 if T <= 64 else 32
         dot, bdi, warps = True, MIX_DOT_BDI, MIX_DOT_WARPS if bt <= 16 else 2 * MIX_DOT_WARPS
@@ -189,16 +204,28 @@ def mix_plan(T: int, D: int) -> tuple[int, bool, int, int, int, int]:
     return bt, dot, bdi, ch, triton.cdiv(D, ch), warps
 
 
+def mix_tensor_cores(T: int, x: torch.Tensor) -> bool:
+    """Whether the mixes-partial kernel takes the tensor-core steps for T tokens (host shapes and device type only):
+    from :data:`MIX_TC_MIN_T` tokens, on the GPU (the interpreter runs them when ``MEGAMOE_HC_MIX_TC=1``, for the
+    CPU tests)."""
+    if T < MIX_TC_MIN_T:
+        return False
+    return x.is_cuda or os.environ.get("MEGAMOE_HC_MIX_TC", "0") == "1"
+
+
 @triton.jit
-def _hc_mix_partial_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, x_ptr, fn_ptr, ws_ptr, T, D,
+def _hc_mix_partial_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, x_ptr, fn_ptr, ws_ptr, T, D, one,
                            HC: tl.constexpr, M: tl.constexpr, MP: tl.constexpr, BT: tl.constexpr, CH: tl.constexpr,
-                           BDI: tl.constexpr, POST: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr = False):
+                           BDI: tl.constexpr, POST: tl.constexpr, DOT: tl.constexpr, TC: tl.constexpr = False,
+                           INTERPRET: tl.constexpr = False, PDL: tl.constexpr = False):
     """Program (pid_t, s): tokens [pid_t * BT, + BT), hidden positions d in [s * CH, (s + 1) * CH) of all HC copies.
 
     POST: h[t, k, d] = bf16(post[t, k] * y[t, d] + sum_j comb[t, j, k] * res[t, j, d]) (``_hc_post_kernel``'s
     order) is stored to ``out`` (T, HC, D) and is the ``x`` of the partials; else x is read from ``x_ptr``.
     ws[s, t, :M] = sum over the slice of x[t, k, d] * fn[:, k * D + d], ws[s, t, M] = sum of x[t, k, d]^2 (float32,
     inner steps of BDI positions in order). x / y / res / out: bf16 bits (int16); fn (M, HC * D) float32.
+    TC: each step's dot on the tensor cores, fn split into three bf16 terms (exact products), the step's sum added to
+    acc by one rounded add (``one`` is 1.0 at run time: the compiler cannot fold the add into the MMA accumulator).
     """
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     pid_t = tl.program_id(0)
@@ -238,7 +265,22 @@ def _hc_mix_partial_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, x_ptr, f
             xv = tl.where(mask, (hb << 16).to(tl.float32, bitcast=True), 0.0)
         else:
             xv = _load_bf16(x_ptr + rows64[:, None] * K + col[None, :], mask)
-        if DOT:
+        if TC:
+            w_hi = w.to(tl.bfloat16)
+            rest = w - w_hi.to(tl.float32)
+            w_mid = rest.to(tl.bfloat16)
+            w_lo = (rest - w_mid.to(tl.float32)).to(tl.bfloat16)
+            xb = xv.to(tl.bfloat16)  # exact: x holds bf16 values
+            if INTERPRET:  # the interpreter's bf16 dot is wrong; bf16 values and their products are exact in fp32
+                part = tl.dot(xb.to(tl.float32), tl.trans(w_hi.to(tl.float32)), input_precision="ieee")
+                small = tl.dot(xb.to(tl.float32), tl.trans(w_lo.to(tl.float32)), input_precision="ieee")
+                small = tl.dot(xb.to(tl.float32), tl.trans(w_mid.to(tl.float32)), small, input_precision="ieee")
+            else:
+                part = tl.dot(xb, tl.trans(w_hi))
+                small = tl.dot(xb, tl.trans(w_lo))
+                small = tl.dot(xb, tl.trans(w_mid), small)
+            acc = acc + (part + small) * one
+        elif DOT:
             acc = tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
         else:
             acc += tl.sum(xv[:, None, :] * w[None, :, :], axis=2)
@@ -405,7 +447,8 @@ def _launch_mix_and_finish(x, hc_fn, hc_scale, hc_base, norm_weight, post_args, 
     if T == 0:
         return x, out, pre, post, comb
     MP = mix_mp(M)
-    bt, dot, bdi, ch, S, warps = mix_plan(T, D)
+    tc = mix_tensor_cores(T, hc_fn)
+    bt, dot, bdi, ch, S, warps = mix_plan(T, D, tc)
     ws = torch.empty((S, T, MP), dtype=torch.float32, device=dev)
     x16 = x.view(torch.int16)
     pdl = pdl_enabled(hc_fn)
@@ -415,8 +458,9 @@ def _launch_mix_and_finish(x, hc_fn, hc_scale, hc_base, norm_weight, post_args, 
         y16, res16, p_in, c_in = post_args[0].view(torch.int16), post_args[1].view(torch.int16), post_args[2], \
             post_args[3]
     _hc_mix_partial_kernel[(triton.cdiv(T, bt), S)](
-        y16, res16, p_in, c_in, x16, x16, hc_fn, ws, T, D, HC=hc, M=M, MP=MP, BT=bt, CH=ch, BDI=bdi,
-        POST=post_args is not None, DOT=dot, num_warps=warps, PDL=pdl, launch_pdl=pdl, **_EXACT)
+        y16, res16, p_in, c_in, x16, x16, hc_fn, ws, T, D, 1.0, HC=hc, M=M, MP=MP, BT=bt, CH=ch, BDI=bdi,
+        POST=post_args is not None, DOT=dot, TC=tc, INTERPRET=not hc_fn.is_cuda, num_warps=warps, PDL=pdl,
+        launch_pdl=pdl, **_EXACT)
     has_norm = norm_weight is not None
     _hc_pre_finish_kernel[(T,)](
         ws, x16, hc_scale, hc_base, norm_weight if has_norm else hc_base, out.view(torch.int16), pre,
@@ -491,7 +535,7 @@ def launch_hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, 
 #: Offline sm_90 compile (tests / SASS inspection): kernel name -> runtime-argument signature.
 _SIGNATURES = {
     "_hc_mix_partial_kernel": dict(y_ptr="*i16", res_ptr="*i16", post_ptr="*fp32", comb_ptr="*fp32", out_ptr="*i16",
-                                   x_ptr="*i16", fn_ptr="*fp32", ws_ptr="*fp32", T="i32", D="i32"),
+                                   x_ptr="*i16", fn_ptr="*fp32", ws_ptr="*fp32", T="i32", D="i32", one="fp32"),
     "_hc_pre_finish_kernel": dict(ws_ptr="*fp32", x_ptr="*i16", scale_ptr="*fp32", base_ptr="*fp32", w_ptr="*fp32",
                                   out_ptr="*i16", pre_ptr="*fp32", post_ptr="*fp32", comb_ptr="*fp32", T="i32",
                                   S="i32", D="i32", hc_eps="fp32", norm_eps="fp32", rms_eps="fp32"),
@@ -509,10 +553,12 @@ def compile_sm90(T: int = 1, dim: int = 4096, hc: int = 4, *, head: bool = False
     from triton.compiler import ASTSource
 
     M = hc if head else (2 + hc) * hc
-    bt, dot, bdi, ch, S, warps = mix_plan(T, dim)
+    tc = T >= MIX_TC_MIN_T  # as launched on the GPU (mix_tensor_cores)
+    bt, dot, bdi, ch, S, warps = mix_plan(T, dim, tc)
     MP = mix_mp(M)
     consts = {
-        "_hc_mix_partial_kernel": (dict(HC=hc, M=M, MP=MP, BT=bt, CH=ch, BDI=bdi, POST=post, DOT=dot), warps),
+        "_hc_mix_partial_kernel": (dict(HC=hc, M=M, MP=MP, BT=bt, CH=ch, BDI=bdi, POST=post, DOT=dot, TC=tc,
+                                        INTERPRET=False), warps),
         "_hc_pre_finish_kernel": (dict(HC=hc, ITERS=iters, M=M, S_P2=triton.next_power_of_2(S),
                                        BLOCK_D=triton.next_power_of_2(dim), HEAD=head, HAS_NORM=True, MP=MP,
                                        HOIST=finish_hoist(dim), RCP=2 if FINISH_RCP else 0),

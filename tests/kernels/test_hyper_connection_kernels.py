@@ -116,6 +116,33 @@ def test_hc_pre_fused_norm_matches_reference(device, T, D):
         assert not torch.equal(y.cpu(), ry)
 
 
+@pytest.mark.parametrize("T,D", [(16, 64), (17, 72)])
+def test_hc_pre_tensor_core_mixes_match_reference(device, monkeypatch, T, D):
+    """The tensor-core steps of the mixes (fn split into three bf16 terms, exact products, one rounded add per step;
+    forced in the interpreter, chosen by the GPU from MIX_TC_MIN_T tokens): the same bounds as the float32 FMA steps,
+    and the fused hc_post + hc_pre equals the unfused ops bit for bit on that path too. A split that drops the lo term
+    moves the mixes by ~2**-16 of |fn| and fails the post / comb bound (tried). The 64-token tiles (T > 64) run in
+    the CUDA tests only (the interpreter's finish kernel takes ~1 s per token)."""
+    from megamoe.kernels.hyper_connection import mix_tensor_cores
+
+    monkeypatch.setenv("MEGAMOE_HC_MIX_TC", "1")
+    x, fn, scale, base, w = make(T, D, device)
+    assert mix_tensor_cores(T, fn) and mix_plan(T, D, True)[1]
+    assert not torch.equal(fn, fn.bfloat16().float())  # random float32 values: all three bf16 terms are needed
+    y, post, comb = hc_ops.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
+    ry, rn, rpost, rcomb = reference_pre(x.cpu(), fn.cpu(), scale.cpu(), base.cpu(), w.cpu())
+    torch.testing.assert_close(post.cpu(), rpost, rtol=0, atol=MIX_ATOL)
+    torch.testing.assert_close(comb.cpu(), rcomb, rtol=0, atol=MIX_ATOL)
+    assert_norm_mix_close(y, ry, x, w)
+    y_in = torch.randn(T, D, device=device).to(torch.bfloat16)
+    p_in, c_in = torch.rand(T, HC, device=device) * 2, torch.rand(T, HC, HC, device=device)
+    kw = dict(iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
+    h, xf, pf, cf = hc_ops.hc_post_pre(y_in, x, p_in, c_in, fn, scale, base, **kw)
+    h2 = hc_ops.hc_post(y_in, x, p_in, c_in)
+    xu, pu, cu = hc_ops.hc_pre(h2, fn, scale, base, hc=HC, **kw)
+    assert torch.equal(h, h2) and torch.equal(xf, xu) and torch.equal(pf, pu) and torch.equal(cf, cu)
+
+
 @pytest.mark.parametrize("T,D", [(1, 256), (17, 128), (4, 200)])
 def test_hc_pre_exact_given_kernel_weights(device, T, D):
     """y is the reference's bf16(sum_k pre_k x_k) bit for bit given the kernel's pre; the norm is <= 1 ulp."""
@@ -262,8 +289,10 @@ def test_mix_plan_shapes():
     assert dot and bt == 16 and ch % bdi == 0 and S * ch >= 4096
     for T in (1, 2, 3, 4, 5, 17, 64, 129, 4096):
         for D in (72, 200, 4096, 7168):
-            bt, dot, bdi, ch, S, _ = mix_plan(T, D)
-            assert ch % bdi == 0 and (S - 1) * ch < D <= S * ch and (dot or bt >= T or bt == 4)
+            for tc in (False, True):
+                bt, dot, bdi, ch, S, _ = mix_plan(T, D, tc)
+                assert ch % bdi == 0 and (S - 1) * ch < D <= S * ch and (dot or bt >= T or bt == 4)
+    assert mix_plan(4096, 4096, True)[:3] == (64, True, 32)  # the tensor-core tiles at prefill sizes
 
 
 def test_validation_errors():
@@ -342,8 +371,8 @@ def _v4(T, head=False):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("T", [1, 8, 64, 512])
-def test_cuda_v4_flash_dims_match_reference(T):
+@pytest.mark.parametrize("T", [1, 8, 16, 64, 512, 4096])  # from 16 tokens the mixes' tensor-core steps (64-token tiles
+def test_cuda_v4_flash_dims_match_reference(T):             # above 64)
     x, fn, scale, base, w = _v4(T)
     y, post, comb = hc_ops.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
     ry, rn, rpost, rcomb = reference_pre(x, fn, scale, base, w)

@@ -67,6 +67,12 @@ _FP4_AMAX_FLOOR = tl.constexpr(6.0 * 2.0 ** -126)
 #: Tile configs (tiny row kernels: one token row / head per program).
 RMS_NORM_WARPS = 4
 Q_KV_WARPS = 4
+#: Heads per program of the q / kv and the output kernels from Q_KV_MULTI_MIN_ROWS (tokens x heads) on: one head per
+#: program left ~266k programs at 4096 tokens, latency-bound at 525 us (q / kv) and 234 us (output) per call (a
+#: 4096-token V4-Flash prefill, ``results/gpu_check_v30/d_prefill.md``). Decode sizes keep one head per program (the
+#: same builds and bits as before).
+Q_KV_HEADS_PER_PROGRAM = 8
+Q_KV_MULTI_MIN_ROWS = 8192
 #: Indexer heads per program.
 INDEX_BLOCK_H = 8
 INDEX_WARPS = 4
@@ -211,6 +217,30 @@ def _q_head(q_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H: tl.c
 
 
 @triton.jit
+def _q_heads(q_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, h0, eps, stride_q, H: tl.constexpr, D: tl.constexpr,
+             RD: tl.constexpr, D_P2: tl.constexpr, HB: tl.constexpr):
+    """Heads [h0, h0 + HB) at once: :func:`_q_head`'s operations per head row (the per-head sum of squares is a row
+    reduction of the (HB, D) tile: another float32 summation order, within the op's stated order effects)."""
+    offs = tl.arange(0, D_P2)[None, :]
+    hh = h0 + tl.arange(0, HB)[:, None]
+    m = (offs < D) & (hh < H)
+    src = t * stride_q + hh * D
+    base = t * (H * D) + hh * D
+    x = _load_bf16(q_ptr + src + offs, m)
+    sq = _bf16_round(x * x)
+    mean = _bf16_round(tl.div_rn(tl.sum(sq, axis=1), D * 1.0))[:, None]
+    r = _bf16_round(tl.math.rsqrt(_bf16_round(mean + eps)))
+    y = _bf16_round(x * r)
+    NOPE: tl.constexpr = D - RD
+    rope = m & (offs >= NOPE)
+    yp = _bf16_round(_load_bf16(q_ptr + src + (offs ^ 1), rope) * r)
+    c, s = _rope_cos_sin(freqs_ptr, pos, pos_ok, offs - NOPE, rope, RD)
+    rot = _rotate(y, yp, c, s, (offs & 1) == 0, False)
+    bits = tl.where(rope, _bf16_bits(rot), _bf16_bits(y))
+    tl.store(out_ptr + base + offs, bits.to(tl.int16), mask=m)
+
+
+@triton.jit
 def _kv_row(kv_ptr, w_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, eps, stride_kv, D: tl.constexpr, RD: tl.constexpr,
             D_P2: tl.constexpr, FB: tl.constexpr):
     """The window kv row: RMSNorm(weight) -> RoPE -> FP8 simulation of the D - RD non-RoPE dims (FB-blocks)."""
@@ -246,20 +276,28 @@ def _kv_row(kv_ptr, w_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, eps, stride_kv, D
 def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, freqs_ptr, pos_ptr, q_out_ptr, kv_out_ptr, err_ptr, n_pos, eps,
                  stride_q, stride_kv, H: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, D_P2: tl.constexpr,
                  FB: tl.constexpr, HAS_Q: tl.constexpr, HAS_KV: tl.constexpr, FLAG: tl.constexpr = 0,
-                 PDL: tl.constexpr = False):
+                 HB: tl.constexpr = 1, PDL: tl.constexpr = False):
+    """Program (t, h): token t's q heads [h * HB, (h + 1) * HB) for h < cdiv(H, HB), then (HAS_KV) its kv row."""
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     pos_ok = (pos >= 0) & (pos < n_pos)
     _flag(err_ptr, ~pos_ok, h == 0, FLAG)
+    NQ: tl.constexpr = (H + HB - 1) // HB
     if HAS_Q and HAS_KV:
-        if h < H:
-            _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H, D, RD, D_P2)
+        if h < NQ:
+            if HB == 1:
+                _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H, D, RD, D_P2)
+            else:
+                _q_heads(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h * HB, eps, stride_q, H, D, RD, D_P2, HB)
         else:
             _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, stride_kv, D, RD, D_P2, FB)
     elif HAS_Q:
-        _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H, D, RD, D_P2)
+        if HB == 1:
+            _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H, D, RD, D_P2)
+        else:
+            _q_heads(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h * HB, eps, stride_q, H, D, RD, D_P2, HB)
     else:
         _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, stride_kv, D, RD, D_P2, FB)
 
@@ -281,7 +319,8 @@ def launch_q_kv(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torc
     q_out = torch.empty((T, num_heads, D), dtype=torch.bfloat16, device=src.device) if q is not None else None
     kv_out = torch.empty((T, D), dtype=torch.bfloat16, device=src.device) if kv is not None else None
     if T:
-        n_prog = (num_heads if q is not None else 0) + (1 if kv is not None else 0)
+        hb = q_kv_heads_per_program(T, num_heads) if q is not None else 1
+        n_prog = (triton.cdiv(num_heads, hb) if q is not None else 0) + (1 if kv is not None else 0)
         d_p2 = max(triton.next_power_of_2(D), FP8_BLOCK)
         pdl = pdl_enabled(src)
         _q_kv_kernel[(T, n_prog)](
@@ -291,9 +330,15 @@ def launch_q_kv(q: torch.Tensor | None, kv: torch.Tensor | None, kv_weight: torc
             (kv_out if kv is not None else q_out).view(torch.int16), _error_word(src.device, error_word),
             freqs.shape[0], float(eps), q.stride(0) if q is not None else 0, kv.stride(0) if kv is not None else 0,
             H=num_heads, D=D, RD=rd, D_P2=d_p2, FB=FP8_BLOCK, HAS_Q=q is not None,
-            HAS_KV=kv is not None, FLAG=_kernel_flag("q_kv_path"), num_warps=Q_KV_WARPS, PDL=pdl,
+            HAS_KV=kv is not None, FLAG=_kernel_flag("q_kv_path"), HB=hb, num_warps=Q_KV_WARPS, PDL=pdl,
             launch_pdl=pdl, **_EXACT)
     return q_out, kv_out
+
+
+def q_kv_heads_per_program(T: int, num_heads: int) -> int:
+    """q heads per program of :func:`launch_q_kv` (host shapes only): :data:`Q_KV_HEADS_PER_PROGRAM` from
+    :data:`Q_KV_MULTI_MIN_ROWS` token-heads on, else 1."""
+    return Q_KV_HEADS_PER_PROGRAM if T * num_heads >= Q_KV_MULTI_MIN_ROWS else 1
 
 
 # ------------------------------------------------------------------------------------------------ indexer query
@@ -375,15 +420,22 @@ def launch_index_q(q: torch.Tensor, weights: torch.Tensor, freqs: torch.Tensor, 
 @triton.jit
 def _output_kernel(o_ptr, freqs_ptr, pos_ptr, out_ptr, err_ptr, T, n_pos, H: tl.constexpr, D: tl.constexpr,
                    RD: tl.constexpr, G: tl.constexpr, D_P2: tl.constexpr, FLAG: tl.constexpr = 0,
-                   PDL: tl.constexpr = False):
+                   HB: tl.constexpr = 1, PDL: tl.constexpr = False):
+    """Program (t, j): token t's heads [j * HB, (j + 1) * HB) (HB 1: one head, the decode build)."""
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    j = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     pos_ok = (pos >= 0) & (pos < n_pos)
-    _flag(err_ptr, ~pos_ok, h == 0, FLAG)
-    offs = tl.arange(0, D_P2)
-    m = offs < D
+    _flag(err_ptr, ~pos_ok, j == 0, FLAG)
+    if HB == 1:
+        h = j
+        offs = tl.arange(0, D_P2)
+        m = offs < D
+    else:  # (HB, D_P2) tiles: row i is head j * HB + i, with the same per-element operations
+        h = j * HB + tl.arange(0, HB)[:, None]
+        offs = tl.arange(0, D_P2)[None, :]
+        m = (offs < D) & (h < H)
     src = o_ptr + (t * H + h) * D
     bits = tl.load(src + offs, mask=m, other=0)
     x = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
@@ -407,10 +459,12 @@ def launch_output(o: torch.Tensor, freqs: torch.Tensor, positions: torch.Tensor,
     out = torch.empty((groups, T, H * D // groups), dtype=torch.bfloat16, device=o.device)
     if T:
         pdl = pdl_enabled(o)
-        _output_kernel[(T, H)](o.view(torch.int16), freqs, positions, out.view(torch.int16),
-                               _error_word(o.device, error_word), T, freqs.shape[0], H=H, D=D, RD=2 * freqs.shape[1],
-                               G=groups, D_P2=triton.next_power_of_2(D), FLAG=_kernel_flag("output_path"),
-                               num_warps=OUTPUT_WARPS, PDL=pdl, launch_pdl=pdl, **_EXACT)
+        hb = q_kv_heads_per_program(T, H)
+        _output_kernel[(T, triton.cdiv(H, hb))](o.view(torch.int16), freqs, positions, out.view(torch.int16),
+                                                _error_word(o.device, error_word), T, freqs.shape[0], H=H, D=D,
+                                                RD=2 * freqs.shape[1], G=groups, D_P2=triton.next_power_of_2(D),
+                                                FLAG=_kernel_flag("output_path"), HB=hb, num_warps=OUTPUT_WARPS,
+                                                PDL=pdl, launch_pdl=pdl, **_EXACT)
     return out
 
 
@@ -485,10 +539,12 @@ _SIGNATURES = {
 
 
 def compile_sm90(family: str, *, num_heads: int = 64, head_dim: int = 512, rope_dim: int = 64, q_lora: int = 1024,
-                 index_heads: int = 64, index_dim: int = 128, groups: int = 8, pdl: bool = False):
+                 index_heads: int = 64, index_dim: int = 128, groups: int = 8, pdl: bool = False,
+                 q_heads_per_program: int = 1):
     """Compile one family's kernel for sm_90 without a GPU (default: V4-Flash shapes), as launched
     (``enable_fp_fusion=False``). Returns the ``CompiledKernel`` (``asm["ptx"]``, ``asm["cubin"]``). ``pdl``: the
-    programmatic-dependent-launch build."""
+    programmatic-dependent-launch build; ``q_heads_per_program``: the q / kv and output kernels' HB (prefill sizes:
+    :data:`Q_KV_HEADS_PER_PROGRAM`)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -496,11 +552,11 @@ def compile_sm90(family: str, *, num_heads: int = 64, head_dim: int = 512, rope_
     constexprs, warps = {
         "rms_norm": (dict(N=q_lora, N_P2=triton.next_power_of_2(q_lora), HAS_WEIGHT=True), RMS_NORM_WARPS),
         "q_kv": (dict(H=num_heads, D=head_dim, RD=rope_dim, D_P2=max(triton.next_power_of_2(head_dim), FP8_BLOCK),
-                      FB=FP8_BLOCK, HAS_Q=True, HAS_KV=True), Q_KV_WARPS),
+                      FB=FP8_BLOCK, HAS_Q=True, HAS_KV=True, HB=q_heads_per_program), Q_KV_WARPS),
         "index_q": (dict(NH=index_heads, DI=index_dim, LOG2_DI=index_dim.bit_length() - 1, RD=rope_dim, H_SCALE=index_dim ** -0.5, FB=FP4_BLOCK,
                          BLOCK_H=INDEX_BLOCK_H), INDEX_WARPS),
-        "output": (dict(H=num_heads, D=head_dim, RD=rope_dim, G=groups, D_P2=triton.next_power_of_2(head_dim)),
-                   OUTPUT_WARPS),
+        "output": (dict(H=num_heads, D=head_dim, RD=rope_dim, G=groups, D_P2=triton.next_power_of_2(head_dim),
+                        HB=q_heads_per_program), OUTPUT_WARPS),
         "post_pool": (dict(D=head_dim, D_P2=triton.next_power_of_2(head_dim), RD=rope_dim,
                            LOG2_D=head_dim.bit_length() - 1, H_SCALE=head_dim ** -0.5, ROTATE=False), POST_POOL_WARPS),
         "post_pool_index": (dict(D=index_dim, D_P2=triton.next_power_of_2(index_dim), RD=rope_dim,

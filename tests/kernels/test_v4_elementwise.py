@@ -108,6 +108,28 @@ def test_q_kv_random(device, D, rope_dim, yarn):
     _compare(gkv, wkv, max_fraction=ORDER_FRACTION, what="kv")
 
 
+@pytest.mark.parametrize("H", [3, 10])  # fewer heads than one program's 8; a partial second program
+def test_q_kv_several_heads_per_program(device, monkeypatch, H):
+    """Prefill sizes run Q_KV_HEADS_PER_PROGRAM heads per program (forced here): the same per-head formula (the sum
+    of squares reduced along the tile's rows: summation-order effects only), the kv row after the q programs, no
+    write past the last head."""
+    from megamoe.kernels import v4_elementwise as kew
+
+    monkeypatch.setattr(kew, "Q_KV_MULTI_MIN_ROWS", 0)
+    assert kew.q_kv_heads_per_program(1, H) == kew.Q_KV_HEADS_PER_PROGRAM
+    T, D, rd = 3, 320, 64
+    freqs = _table(rd).to(device)
+    pos = torch.tensor([0, 63, 17], dtype=torch.int32, device=device)
+    q = _random_bf16(T, H * D, device=device)
+    kv = _random_bf16(T, D, device=device)
+    w = (1 + 0.1 * torch.randn(D)).to(device)
+    gq, wq, gkv, wkv = _q_kv(q, kv, w, freqs, pos, H, 1e-6)
+    _compare(gq, wq, max_fraction=ORDER_FRACTION, what="q, several heads per program")
+    _compare(gkv, wkv, max_fraction=ORDER_FRACTION, what="kv after the q programs")
+    gq_only = ew.q_kv_path(q, None, None, freqs, pos, num_heads=H, eps=1e-6)[0]
+    _compare(gq_only, wq, max_fraction=ORDER_FRACTION, what="q only")
+
+
 def _e4m3_designed_weights(D, nope):
     """kv weights that, with |x| constant and eps = 0 (y = bf16(w)), put E4M3 ties, values rounding up to 448,
     subnormal codes and floored tiny blocks into the FP8 simulation."""
@@ -232,7 +254,18 @@ def test_output_grouped_layout(device, groups):
     o[2, 3, 301] = -0.0
     got = ew.output_path(o, freqs, pos, groups=groups)
     assert got.shape == (groups, T, H * D // groups) and got.is_contiguous()
-    _compare(got, ew.output_reference(*_cpu(o, freqs, pos), groups=groups), what="output")
+    want = ew.output_reference(*_cpu(o, freqs, pos), groups=groups)
+    _compare(got, want, what="output")
+    # prefill sizes: several heads per program (forced), the same bits (no reductions)
+    from megamoe.kernels import v4_elementwise as kew
+
+    saved = kew.Q_KV_MULTI_MIN_ROWS
+    kew.Q_KV_MULTI_MIN_ROWS = 0
+    try:
+        multi = ew.output_path(o, freqs, pos, groups=groups)
+    finally:
+        kew.Q_KV_MULTI_MIN_ROWS = saved
+    assert torch.equal(multi.view(torch.int16), got.view(torch.int16))
 
 
 # ------------------------------------------------------------------------------------------------ validation
@@ -277,14 +310,16 @@ def test_validation_errors():
 _BUILD = r"""
 import json, sys
 from megamoe.kernels.v4_elementwise import compile_sm90
-c = compile_sm90(sys.argv[1])
+family = sys.argv[1]
+multi = family.endswith("_multi")
+c = compile_sm90(family[:-6], q_heads_per_program=8) if multi else compile_sm90(family)
 open(sys.argv[2] + ".cubin", "wb").write(c.asm["cubin"])
 open(sys.argv[2] + ".ptx", "w").write(c.asm["ptx"])
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["rms_norm", "q_kv", "index_q", "output"])
+@pytest.mark.parametrize("family", ["rms_norm", "q_kv", "q_kv_multi", "index_q", "output", "output_multi"])
 def test_sm90_compile_no_spills_no_fma(family, tmp_path):
     """V4-Flash shapes build for sm_90 offline: no local memory (spills), a tiny stack, few registers, and no
     FMA contraction in the PTX (the reference rounds each product)."""

@@ -250,7 +250,8 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
     """Which kernel runs this GEMM: "splitk" (dense split-K decode), "banded" (grouped: Gluon mma.sync
     and wgmma launches by row bands, :func:`plan_row_bands`), "mma" (dense Gluon mma.sync decode),
     "wgmma" (Gluon wgmma), "ws" (warp-specialized Gluon wgmma, only when :data:`WS_ROUTE`), "pipe" (pipelined
-    Gluon wgmma, grouped, more than 256 rows per expert, only when :data:`PIPE_ROUTE`), "gemv"
+    Gluon wgmma, grouped, more than 256 rows per expert, only when :data:`PIPE_ROUTE`), "dense-pipe" (a dense GEMM of
+    at least :data:`DENSE_PIPE_MIN_ROWS` rows as a grouped GEMM of one expert: :func:`_dense_as_one_expert`), "gemv"
     (CUDA-core decode) or "tensor-core" (Triton).
 
     ``num_experts`` None means dense. Host metadata only (shapes, strides,
@@ -265,6 +266,9 @@ def decode_route(x: torch.Tensor, data: torch.Tensor, num_rows: int, num_experts
             and nvfp4_splitk.splitk_supports(x, data)):
         return "splitk"
     gluon_ok = nvfp4_gluon_jit.gluon_supports(x, data)
+    if (num_experts is None and PIPE_ROUTE and gluon_ok and num_rows >= DENSE_PIPE_MIN_ROWS
+            and nvfp4_wgmma_pipe.pipe_supported(k)):
+        return "dense-pipe"
     if gluon_ok and num_experts is not None and num_rows <= nvfp4_wgmma.WGMMA_MAX_ROWS_PER_EXPERT * num_experts:
         return "banded"
     if gluon_ok and nvfp4_mma_decode.mma_decode_preferred(num_rows, num_experts):
@@ -442,6 +446,25 @@ def _band_streams(device: torch.device, count: int) -> list:
     return streams[:count]
 
 
+#: Dense w4a16 GEMMs (no bias) with at least this many rows run as a grouped GEMM of one expert holding every row
+#: (route "dense-pipe"), i.e. on the pipelined wgmma kernel of the MoE layer instead of the Triton tensor-core kernel.
+#: H100, the V4 attention projections (``results/gpu_check_v30/f_dense_prefill.md``): 1.16-1.57x from 512 rows on
+#: all six shapes; at 256 rows 0.33-0.93x on five of them.
+DENSE_PIPE_MIN_ROWS = 512
+
+
+def _dense_as_one_expert(x: torch.Tensor, weight: NVFP4Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``x @ dequant(weight).T`` (dense, no bias) through :func:`nvfp4_grouped_mm` with one expert holding all M rows
+    (the global scale 0-d or per row (N, 1) -> (1, N, 1)); the offsets are one device fill (captured in graphs)."""
+    m = x.shape[0]
+    n, k = weight.shape
+    gs = weight.global_scale
+    w3 = NVFP4Tensor(weight.data[None], weight.block_scale[None], gs if gs.dim() == 0 else gs.reshape(1, -1, 1),
+                     (1, n, k))
+    offsets = torch.full((1,), m, dtype=torch.int32, device=x.device)
+    return nvfp4_grouped_mm(x, w3, offsets, out=out, max_rows_per_expert=m)
+
+
 def _launcher(route: str):
     from ..kernels.gemm import (nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_pipe,
                                 nvfp4_wgmma_ws)
@@ -501,7 +524,12 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
                                  weight.global_scale, out, bias=bias_c, interpreter=not x.is_cuda)
     xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
     data = weight.data.contiguous()
-    launch = _launcher(decode_route(xa, data, m, None, n, k))
+    route = decode_route(xa, data, m, None, n, k)
+    if route == "dense-pipe":
+        if bias is None and mode == "w4a16":
+            return _dense_as_one_expert(xa, weight, out)
+        route = "tensor-core"
+    launch = _launcher(route)
     return launch(
         xa,
         data,

@@ -230,3 +230,44 @@ def test_grouped_mm_row_interleaved_weights_same_result_and_refusals():
         nvfp4_grouped_mm(x, w4, offsets, mode="w4a4")
     with pytest.raises(ValueError, match="row_interleave"):
         nvfp4_linear(x, NVFP4Tensor(w4.data[0], w4.block_scale[0], w4.global_scale, (n, k), 4))
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_dense_as_one_expert_equals_linear_reference(monkeypatch, per_row):
+    """The "dense-pipe" wrapping (one expert holding every row; a 0-d or (N, 1) global scale as (1, N, 1)) computes
+    the dense product: on the ops' PyTorch references it equals ``nvfp4_linear`` bit for bit."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    w = quantize(torch.randn(48, 64) * 0.05, per_row=per_row)
+    x = torch.randn(5, 64).bfloat16()
+    assert torch.equal(ops_gemm._dense_as_one_expert(x, w, None), nvfp4_linear(x, w))
+    out = torch.empty(5, 48, dtype=torch.bfloat16)
+    assert ops_gemm._dense_as_one_expert(x, w, out) is out and torch.equal(out, nvfp4_linear(x, w))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m", [512, 600, 4096])
+def test_cuda_dense_prefill_takes_the_pipelined_kernel(m):
+    """From DENSE_PIPE_MIN_ROWS rows a dense w4a16 GEMM without bias runs as one expert on the pipelined kernel: the
+    grouped op's bits, float32 math on the decoded weights, graph replay == eager without host syncs; with a bias it
+    keeps the Triton tensor-core kernel."""
+    from gemm_helpers import rel_err, sync_free_graph  # tests/gemm_helpers.py (tests/ is on sys.path)
+
+    device = torch.device("cuda")
+    for n, k in [(1536, 4096), (4096, 8192)]:
+        w = quantize(torch.randn(n, k) * 0.05, per_row=True).to(device)
+        x = torch.randn(m, k, device=device).bfloat16()
+        assert ops_gemm.decode_route(x, w.data, m, None, n, k) == "dense-pipe"
+        y = nvfp4_linear(x, w)
+        ref = x.float().cpu() @ dequantize(w.to("cpu"), torch.float32).t()
+        assert rel_err(y, ref) < 1e-2
+        offsets = torch.full((1,), m, dtype=torch.int32, device=device)
+        w3 = NVFP4Tensor(w.data[None], w.block_scale[None], w.global_scale.reshape(1, -1, 1), (1, n, k))
+        assert torch.equal(y, nvfp4_grouped_mm(x, w3, offsets, max_rows_per_expert=m))
+        bias = torch.randn(n, device=device)
+        assert rel_err(nvfp4_linear(x, w, bias), ref + bias.cpu()) < 1e-2
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+        graph, _ = sync_free_graph(lambda: nvfp4_linear(x, w, out=out))
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, y)

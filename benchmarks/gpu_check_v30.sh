@@ -13,6 +13,21 @@
 #        float32 path): bf16_linear_fp32 now calls it (the router's tile kernel as the fallback), the split-K kernel is
 #        dropped. Its CUDA tests (both routes, random-sign and all-positive inputs, V4 shapes, 1-4096 rows), the
 #        layer / model CUDA tests, the benchmark and the decode-step profile at batch 1 / 8 / 64.
+#   d -> where a prefill goes (the float32 compressor GEMMs were 2.1 ms of a 4096-token CSA layer until c): a prefill
+#        profile at 1024 / 4096 tokens (profile_prefill.py), and the hyper-connection chain at batch 1 / 8 / 64
+#        (hc_mix_partial: 21.6 us per call at batch 64 in c's decode profile).
+#   e -> d: the mixes-partial kernel took 1.1 ms per call at 4096 tokens (22% of the prefill): its float32 FMA tl.dot.
+#        New: tensor-core steps from 16 tokens (fn split into three bf16 terms, exact products). The hc CUDA tests,
+#        the config sweep against the FMA path (sweep_hc_mix.py), the prefill profile again.
+#   f -> e: hc_pre 1349 -> 267 us at 4096 tokens. Now also the q / kv and output kernels with 8 heads per program at
+#        prefill sizes: their CUDA tests, the attention layer and model CUDA tests; the mixes' accuracy of both paths
+#        in units of sum |x||fn| (sweep_hc_mix.py), the dense projections at prefill sizes against the pipelined
+#        kernel as one expert and bf16 (bench_dense_prefill.py), and the prefill profile.
+#   g -> f: the pipelined kernel as one expert beat nvfp4_linear's Triton kernel by 1.16-1.57x from 512 rows on all
+#        six projection shapes: now the dense route there ("dense-pipe"). The gemm op CUDA tests, the attention layer
+#        and model CUDA tests, and the prefill profile at 1024 / 4096 tokens.
+#   h -> g: at 1024 tokens the prefill's wall time is 2.6x its GPU busy time (33.8 vs 12.9 ms for 4 layers): the host
+#        syncs of one prefill by source line and the torch ops by CPU self time (profile_prefill.py --host).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -48,6 +63,36 @@ c)
     > "$OUT/c_bench.log" 2>&1; tail -3 "$OUT/c_bench.log"
   timeout 150 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8,64 > "$OUT/c_profile.log" 2>&1
   grep -E "^## batch|gemvx|sgemm|gemmSN|xmma|nvjet" "$OUT/c_profile.log"
+  ;;
+d)
+  timeout 300 python benchmarks/profile_prefill.py --layers 4 --tokens 1024,4096 --out "$OUT/d_prefill.md" \
+    > "$OUT/d_prefill.log" 2>&1; tail -40 "$OUT/d_prefill.log"
+  timeout 200 python benchmarks/bench_hyper_connection.py --batch 1,8,64 > "$OUT/d_hc.log" 2>&1; tail -30 "$OUT/d_hc.log"
+  ;;
+e)
+  timeout 240 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/test_hyper_connection_kernels.py \
+    tests/ops/test_hyper_connection.py > "$OUT/e_tests.log" 2>&1; tail -3 "$OUT/e_tests.log"
+  timeout 150 python benchmarks/sweep_hc_mix.py --flush read --out "$OUT/e_sweep_hc_mix.md" 2>&1 | tail -10
+  timeout 150 python benchmarks/profile_prefill.py --layers 4 --tokens 4096 --top 20 --out "$OUT/e_prefill.md" \
+    2>&1 | tail -24
+  ;;
+f)
+  timeout 280 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/test_v4_elementwise.py \
+    tests/layers/test_attention_layer.py tests/models > "$OUT/f_tests.log" 2>&1; tail -3 "$OUT/f_tests.log"
+  timeout 100 python benchmarks/sweep_hc_mix.py --flush read --configs-default-only --out "$OUT/f_sweep_hc_mix.md" 2>&1 | tail -9
+  timeout 120 python benchmarks/bench_dense_prefill.py --flush read --out "$OUT/f_dense_prefill.md" 2>&1 | tail -25
+  timeout 80 python benchmarks/profile_prefill.py --layers 4 --tokens 4096 --top 16 --out "$OUT/f_prefill.md" 2>&1 | tail -20
+  ;;
+g)
+  timeout 300 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_gemm.py \
+    tests/layers/test_attention_layer.py tests/layers/test_fused_projections.py tests/models > "$OUT/g_tests.log" 2>&1
+  tail -3 "$OUT/g_tests.log"
+  timeout 150 python benchmarks/profile_prefill.py --layers 4 --tokens 1024,4096 --top 24 --out "$OUT/g_prefill.md" \
+    2>&1 | tail -28
+  ;;
+h)
+  timeout 200 python benchmarks/profile_prefill.py --layers 4 --tokens 1024 --top 20 --host --out "$OUT/h_prefill_host.md" \
+    2>&1 | tail -50
   ;;
 *)
   echo "unknown call $1"; exit 2;;

@@ -6,7 +6,10 @@ a fresh request with CUDA events (the median) and profiles one with torch.profil
 and GPU time, so the prompt's time can be split into the MoE GEMMs, attention, projections and the small kernels.
 Prefill is host-driven (no graph), so the wall time includes launch gaps; "GPU busy" is the kernels' sum.
 
-Usage: python benchmarks/profile_prefill.py [--layers 4] [--tokens 1024,4096] [--top 30] [--out PATH.md]
+``--host``: also where the host time goes: the host syncs of one prefill (``torch.cuda.set_sync_debug_mode("warn")``,
+counted by the line that caused them) and the torch ops by CPU self time.
+
+Usage: python benchmarks/profile_prefill.py [--layers 4] [--tokens 1024,4096] [--top 30] [--host] [--out PATH.md]
 """
 from __future__ import annotations
 
@@ -25,6 +28,47 @@ from megamoe.models.model import V4Model  # noqa: E402
 from megamoe.models.v4_weights import random_state_dict  # noqa: E402
 
 
+def host_profile(model, prompt, top: int) -> list:
+    """The host syncs of one prefill by source line, and the torch ops by CPU self time."""
+    import traceback
+    import warnings
+
+    torch.cuda.synchronize()
+    stacks = []
+
+    def keep(message, category, filename, lineno, file=None, line=None):
+        stacks.append(traceback.extract_stack()[:-2])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = keep  # restored by catch_warnings
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            model.prefill(0, prompt)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    model.leave(0)
+    frames = collections.Counter()
+    for st in stacks:
+        own = [f for f in st if "/megamoe/" in f.filename]
+        if own:
+            f = own[-1]
+            frames[f"{os.path.relpath(f.filename)}:{f.lineno} {f.line}"] += 1
+    out = [f"\n### host syncs in one prefill: {len(stacks)}\n", "| where (innermost megamoe frame) | syncs |", "|---|---|"]
+    out += [f"| `{k}` | {v} |" for k, v in frames.most_common(top)] or ["| - | 0 |"]
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model.prefill(0, prompt)
+        torch.cuda.synchronize()
+    model.leave(0)
+    out += ["\n### torch ops by CPU self time (one prefill)\n", "| op | calls | self CPU us |", "|---|---|---|"]
+    for ev in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]:
+        out.append(f"| `{ev.key[:80]}` | {ev.count} | {ev.self_cpu_time_total:.0f} |")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=4)
@@ -32,6 +76,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--host", action="store_true")
     args = ap.parse_args()
     dev = torch.device("cuda")
     lengths = [int(t) for t in args.tokens.split(",")]
@@ -81,6 +126,9 @@ def main():
         for name, (c, t) in sorted(stats.items(), key=lambda kv: -kv[1][1])[:args.top]:
             lines.append(f"| `{name}` | {c} | {t:.1f} | {t / c:.2f} | {100 * t / busy:.1f}% |")
         print("\n".join(lines[-args.top - 4:]), flush=True)
+        if args.host:
+            lines += host_profile(model, prompt, args.top)
+            print("\n".join(lines[-args.top - 12:]), flush=True)
     text = "\n".join(lines) + "\n"
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)

@@ -50,17 +50,20 @@ def main():
     ap.add_argument("--tokens", default="16,64,512,4096")
     ap.add_argument("--dims", default="4096,7168")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--configs-default-only", action="store_true", help="time the FMA path and the default TC config")
     add_flush_argument(ap)
     args = ap.parse_args()
     use_flush_mode(args.flush)
     dev = torch.device("cuda")
     default = (hcm.MIX_TC_MIN_T, hcm.MIX_TC_BT, hcm.MIX_TC_BDI, hcm.MIX_TC_WARPS)
-    names = ["fma" if c is None else "tc " + str(c) for c in CONFIGS]
+    configs = [None, default[1:]] if args.configs_default_only else CONFIGS
+    names = ["fma" if c is None else "tc " + str(c) for c in configs]
     lines = ["# hc_pre mixes: float32 FMA steps vs tensor-core steps\n",
              f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; device: {torch.cuda.get_device_name()}; "
              f"torch {torch.__version__}; triton {triton.__version__}; flush {args.flush}; default TC config "
              f"(min T, BT, BDI, warps) {default}",
-             f"- command: `python benchmarks/sweep_hc_mix.py --tokens {args.tokens} --dims {args.dims} --flush {args.flush}`",
+             f"- command: `python benchmarks/sweep_hc_mix.py --tokens {args.tokens} --dims {args.dims} --flush {args.flush}"
+             f"{' --configs-default-only' if args.configs_default_only else ''}`",
              "- us per hc_pre call (partial + finish kernels, with the norm), graph replay; (d) = max |post, comb| "
              "difference from the fma path\n",
              "- err: the mixes' dot products (the partials summed in float64) against the exact float64 dots, worst "
@@ -75,7 +78,7 @@ def main():
             scale, base = torch.rand(3, device=dev) + 0.5, torch.randn(M, device=dev)
             w = torch.rand(D, device=dev) + 0.5
             cells, ref = [], None
-            for c in CONFIGS:
+            for c in configs:
                 if c is None:
                     hcm.MIX_TC_MIN_T = 1 << 30
                 else:

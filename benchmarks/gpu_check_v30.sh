@@ -28,6 +28,8 @@
 #        and model CUDA tests, and the prefill profile at 1024 / 4096 tokens.
 #   h -> g: at 1024 tokens the prefill's wall time is 2.6x its GPU busy time (33.8 vs 12.9 ms for 4 layers): the host
 #        syncs of one prefill by source line and the torch ops by CPU self time (profile_prefill.py --host).
+#   i -> final check of the part's code: the README main job on the GPU, the PDL / tiny-model CUDA tests and the hc
+#        kernel CUDA tests (the mixes' tensor-core steps inside a whole model).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -93,6 +95,11 @@ g)
 h)
   timeout 200 python benchmarks/profile_prefill.py --layers 4 --tokens 1024 --top 20 --host --out "$OUT/h_prefill_host.md" \
     2>&1 | tail -50
+  ;;
+i)
+  timeout 300 python -m megamoe generate > "$OUT/i_generate.log" 2>&1; tail -12 "$OUT/i_generate.log"
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/test_pdl.py \
+    tests/kernels/test_hyper_connection_kernels.py > "$OUT/i_tests.log" 2>&1; tail -3 "$OUT/i_tests.log"
   ;;
 *)
   echo "unknown call $1"; exit 2;;

@@ -195,40 +195,27 @@ def launch_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) ->
 
 # ------------------------------------------------------------------------------------------------ q heads + kv
 @triton.jit
-def _q_head(q_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H: tl.constexpr, D: tl.constexpr,
-            RD: tl.constexpr, D_P2: tl.constexpr):
-    """One head: official bf16 per-head norm (every op rounded to bf16), then RoPE on the last RD dims."""
-    offs = tl.arange(0, D_P2)
-    m = offs < D
-    src = t * stride_q + h * D
-    base = t * (H * D) + h * D
-    x = _load_bf16(q_ptr + src + offs, m)
-    sq = _bf16_round(x * x)
-    mean = _bf16_round(tl.div_rn(tl.sum(sq, axis=0), D * 1.0))
-    r = _bf16_round(tl.math.rsqrt(_bf16_round(mean + eps)))
-    y = _bf16_round(x * r)
-    NOPE: tl.constexpr = D - RD
-    rope = m & (offs >= NOPE)
-    yp = _bf16_round(_load_bf16(q_ptr + src + (offs ^ 1), rope) * r)
-    c, s = _rope_cos_sin(freqs_ptr, pos, pos_ok, offs - NOPE, rope, RD)
-    rot = _rotate(y, yp, c, s, (offs & 1) == 0, False)
-    bits = tl.where(rope, _bf16_bits(rot), _bf16_bits(y))
-    tl.store(out_ptr + base + offs, bits.to(tl.int16), mask=m)
-
-
-@triton.jit
 def _q_heads(q_ptr, out_ptr, freqs_ptr, pos, pos_ok, t, h0, eps, stride_q, H: tl.constexpr, D: tl.constexpr,
              RD: tl.constexpr, D_P2: tl.constexpr, HB: tl.constexpr):
-    """Heads [h0, h0 + HB) at once: :func:`_q_head`'s operations per head row (the per-head sum of squares is a row
-    reduction of the (HB, D) tile: another float32 summation order, within the op's stated order effects)."""
-    offs = tl.arange(0, D_P2)[None, :]
-    hh = h0 + tl.arange(0, HB)[:, None]
-    m = (offs < D) & (hh < H)
+    """Heads [h0, h0 + HB): official bf16 per-head norm (every op rounded to bf16), then RoPE on the last RD dims.
+    HB 1: one head as a (D_P2,) vector (the decode build); else (HB, D_P2) tiles, the per-head sum of squares a row
+    reduction (another float32 summation order, within the op's stated order effects)."""
+    if HB == 1:
+        offs = tl.arange(0, D_P2)
+        hh = h0
+        m = offs < D
+    else:
+        offs = tl.arange(0, D_P2)[None, :]
+        hh = h0 + tl.arange(0, HB)[:, None]
+        m = (offs < D) & (hh < H)
     src = t * stride_q + hh * D
     base = t * (H * D) + hh * D
     x = _load_bf16(q_ptr + src + offs, m)
     sq = _bf16_round(x * x)
-    mean = _bf16_round(tl.div_rn(tl.sum(sq, axis=1), D * 1.0))[:, None]
+    if HB == 1:
+        mean = _bf16_round(tl.div_rn(tl.sum(sq, axis=0), D * 1.0))
+    else:
+        mean = _bf16_round(tl.div_rn(tl.sum(sq, axis=1), D * 1.0))[:, None]
     r = _bf16_round(tl.math.rsqrt(_bf16_round(mean + eps)))
     y = _bf16_round(x * r)
     NOPE: tl.constexpr = D - RD
@@ -287,17 +274,11 @@ def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, freqs_ptr, pos_ptr, q_out_ptr, kv_out_
     NQ: tl.constexpr = (H + HB - 1) // HB
     if HAS_Q and HAS_KV:
         if h < NQ:
-            if HB == 1:
-                _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H, D, RD, D_P2)
-            else:
-                _q_heads(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h * HB, eps, stride_q, H, D, RD, D_P2, HB)
+            _q_heads(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h * HB, eps, stride_q, H, D, RD, D_P2, HB)
         else:
             _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, stride_kv, D, RD, D_P2, FB)
     elif HAS_Q:
-        if HB == 1:
-            _q_head(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h, eps, stride_q, H, D, RD, D_P2)
-        else:
-            _q_heads(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h * HB, eps, stride_q, H, D, RD, D_P2, HB)
+        _q_heads(q_ptr, q_out_ptr, freqs_ptr, pos, pos_ok, t, h * HB, eps, stride_q, H, D, RD, D_P2, HB)
     else:
         _kv_row(kv_ptr, kv_w_ptr, kv_out_ptr, freqs_ptr, pos, pos_ok, t, eps, stride_kv, D, RD, D_P2, FB)
 

@@ -52,6 +52,7 @@ from ..format.tensor import NVFP4Tensor
 from ..reference import gemm as _reference
 from ..reference.gemm import deinterleave_gate_up, interleave_gate_up  # noqa: F401  (public layout helpers)
 from ._dispatch import use_triton
+from ._validate import check_tensor
 
 MODES = _reference.MODES
 ACTIVATIONS = _reference.ACTIVATIONS
@@ -562,26 +563,14 @@ def bf16_linear_fp32(x, weight, *, out=None) -> torch.Tensor:
     M = 2-16, 6-9x at M = 512-4096. CPU: the float32 reference (the same bits as the float32 linear).
     """
     _check_x(x, None)
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
-    if weight.dtype != torch.bfloat16:
-        raise TypeError(f"weight: expected bfloat16, got {weight.dtype}")
-    if weight.dim() != 2:
-        raise ValueError(f"weight: expected a 2-D (N, K) tensor, got shape {tuple(weight.shape)}")
-    if weight.device != x.device:
-        raise ValueError(f"weight: expected device {x.device} (x's), got {weight.device}")
+    check_tensor(weight, "weight", torch.bfloat16, 2, x.device)
     n, k = weight.shape
     _check_x(x, k)
     m = x.shape[0]
     if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
-        if out.dtype != torch.float32:
-            raise TypeError(f"out: expected float32, got {out.dtype}")
+        check_tensor(out, "out", torch.float32, 2, x.device)
         if tuple(out.shape) != (m, n):
             raise ValueError(f"out: expected shape {(m, n)}, got {tuple(out.shape)}")
-        if out.device != x.device:
-            raise ValueError(f"out: expected device {x.device}, got {out.device}")
         if n > 1 and out.stride(1) != 1:
             raise ValueError("out: expected unit stride along the last dimension")
     if not x.is_cuda:

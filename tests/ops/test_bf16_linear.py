@@ -39,7 +39,7 @@ def test_validation(device):
     n, k = 24, 160
     w = torch.randn(n, k).bfloat16().to(device)
     x = torch.randn(2, k).bfloat16().to(device)
-    with pytest.raises(TypeError, match="weight: expected bfloat16"):
+    with pytest.raises(TypeError, match="weight: expected dtype torch.bfloat16"):
         gemm_ops.bf16_linear_fp32(x, w.float())
     with pytest.raises(TypeError, match="weight: expected a torch.Tensor"):
         gemm_ops.bf16_linear_fp32(x, w.tolist())
@@ -47,9 +47,9 @@ def test_validation(device):
         gemm_ops.bf16_linear_fp32(x.float(), w)
     with pytest.raises(ValueError, match="x: expected K=160"):
         gemm_ops.bf16_linear_fp32(x[:, :100], w)
-    with pytest.raises(ValueError, match="weight: expected a 2-D"):
+    with pytest.raises(ValueError, match="weight: expected 2 dimensions"):
         gemm_ops.bf16_linear_fp32(x, w[None])
-    with pytest.raises(TypeError, match="out: expected float32"):
+    with pytest.raises(TypeError, match="out: expected dtype torch.float32"):
         gemm_ops.bf16_linear_fp32(x, w, out=torch.empty(2, n, dtype=torch.bfloat16, device=device))
     with pytest.raises(ValueError, match="out: expected shape"):
         gemm_ops.bf16_linear_fp32(x, w, out=torch.empty(2, n + 1, device=device))

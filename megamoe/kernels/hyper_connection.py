@@ -27,10 +27,12 @@ The PyTorch formulas (``megamoe.reference.v4_numerics``: ``hc_mixes``, ``hc_spli
   ``(T, cdiv(dim, BLOCK_D))``.
 
 Numerics (launches pass ``enable_fp_fusion=False``: no FMA contraction in the partial / finish / post kernels,
-each product is rounded as in the reference; ``tl.dot`` above 4 tokens uses FMAs, as before). What is not bit-for-bit the reference's:
+each product is rounded as in the reference; ``tl.dot`` above 4 tokens uses FMAs, and from ``MIX_TC_MIN_T`` tokens on
+the GPU the tensor cores with exact products, :data:`MIX_TC_MIN_T`). What is not bit-for-bit the reference's:
 
 * the mixes GEMV and the sums of squares are float32 sums in another order than cuBLAS / PyTorch's reductions
-  (``hc_fn`` dot products of 16384 terms; ``tl.dot`` with ``input_precision="ieee"``, plain float32 FMAs): the
+  (``hc_fn`` dot products of 16384 terms; ``tl.dot`` with ``input_precision="ieee"``, plain float32 FMAs, or the
+  tensor-core steps: exact products, each step's sum added once): the
   mixes differ by a few float32 ulps of ``sum |x_i w_i|``, so pre / post / comb differ by ~1e-7..1e-6
   (absolute; they are O(1)), and a bf16 output that depends on them moves by one bf16 ulp only where its float32
   value sits within that distance of a rounding boundary (measured: a few 1e-4 of the elements);
@@ -83,8 +85,9 @@ MIX_DOT_WARPS = 8
 #: (exact), each float32 ``hc_fn`` value is split into three bf16 terms (hi + mid + lo, exact for normal values), so
 #: every product is exact; each step's three dots are added to the float32 accumulator by one rounded add (the
 #: router-logits promotion). The FMA ``tl.dot`` (``input_precision="ieee"``) it replaces took 1.1 ms per call at
-#: 4096 tokens (22% of a V4-Flash prefill, ``results/gpu_check_v30/d_prefill.md``). MIX_TC_BT tokens per program
-#: above MIX_TC_MIN_T * 4 tokens, MIX_TC_BDI hidden positions per step.
+#: 4096 tokens (22% of a V4-Flash prefill, ``results/gpu_check_v30/d_prefill.md``; now 268 us, and more accurate:
+#: ``f_sweep_hc_mix.md``). 16 tokens per program up to 64 tokens, MIX_TC_BT above; MIX_TC_BDI hidden positions per
+#: step (32 spilled: 320-368 B of stack at 64-token tiles).
 MIX_TC_MIN_T = 16
 MIX_TC_BT = 64
 MIX_TC_BDI = 16
@@ -204,13 +207,13 @@ def mix_plan(T: int, D: int, tc: bool = False) -> tuple[int, bool, int, int, int
     return bt, dot, bdi, ch, triton.cdiv(D, ch), warps
 
 
-def mix_tensor_cores(T: int, x: torch.Tensor) -> bool:
-    """Whether the mixes-partial kernel takes the tensor-core steps for T tokens (host shapes and device type only):
-    from :data:`MIX_TC_MIN_T` tokens, on the GPU (the interpreter runs them when ``MEGAMOE_HC_MIX_TC=1``, for the
-    CPU tests)."""
+def mix_tensor_cores(T: int, operand: torch.Tensor) -> bool:
+    """Whether the mixes-partial kernel takes the tensor-core steps for T tokens (host shapes and the device of
+    ``operand``, one of the kernel's tensors): from :data:`MIX_TC_MIN_T` tokens, on the GPU (the interpreter runs them
+    when ``MEGAMOE_HC_MIX_TC=1``, for the CPU tests)."""
     if T < MIX_TC_MIN_T:
         return False
-    return x.is_cuda or os.environ.get("MEGAMOE_HC_MIX_TC", "0") == "1"
+    return operand.is_cuda or os.environ.get("MEGAMOE_HC_MIX_TC", "0") == "1"
 
 
 @triton.jit

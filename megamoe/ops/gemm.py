@@ -575,7 +575,7 @@ def bf16_linear_fp32(x, weight, *, out=None) -> torch.Tensor:
             raise ValueError("out: expected unit stride along the last dimension")
     if not x.is_cuda:
         return _reference.bf16_linear_fp32(x, weight, out=out)
-    if _cublas_fp32_out(x.device):
+    if MM_OUT_DTYPE:
         if out is not None and out.is_contiguous():
             return torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
         y = torch.mm(x, weight.t(), out_dtype=torch.float32)
@@ -585,24 +585,9 @@ def bf16_linear_fp32(x, weight, *, out=None) -> torch.Tensor:
     return launch_router_logits(_contiguous_rows(x), _contiguous_rows(weight), out)
 
 
-#: Per CUDA device: whether this torch's ``torch.mm`` takes ``out_dtype=torch.float32`` for bf16 operands (torch >=
-#: 2.8); probed once on a 1 x 16 x 16 product (:func:`_cublas_fp32_out`), outside any graph capture.
-_MM_OUT_DTYPE: dict = {}
-
-
-def _cublas_fp32_out(device: torch.device) -> bool:
-    ok = _MM_OUT_DTYPE.get(device)
-    if ok is None:
-        if torch.cuda.is_current_stream_capturing():
-            return False  # no probe inside a capture: the tile kernel (same math, within the same bound)
-        try:
-            torch.mm(torch.ones(1, 16, dtype=torch.bfloat16, device=device),
-                     torch.ones(16, 16, dtype=torch.bfloat16, device=device), out_dtype=torch.float32)
-            ok = True
-        except (TypeError, RuntimeError):
-            ok = False
-        _MM_OUT_DTYPE[device] = ok
-    return ok
+#: Whether ``torch.mm`` takes ``out_dtype=torch.float32`` for bf16 operands on CUDA (torch >= 2.8): a fixed host fact,
+#: so eager calls and graph captures take the same route. Without it :func:`bf16_linear_fp32` runs the tile kernel.
+MM_OUT_DTYPE = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
 
 
 def nvfp4_grouped_mm(

@@ -292,7 +292,10 @@ def test_mix_plan_shapes():
             for tc in (False, True):
                 bt, dot, bdi, ch, S, _ = mix_plan(T, D, tc)
                 assert ch % bdi == 0 and (S - 1) * ch < D <= S * ch and (dot or bt >= T or bt == 4)
-    assert mix_plan(4096, 4096, True)[:3] == (64, True, 32)  # the tensor-core tiles at prefill sizes
+    from megamoe.kernels import hyper_connection as hcm
+
+    # the tensor-core tiles at prefill sizes
+    assert mix_plan(4096, 4096, True)[:3] == (hcm.MIX_TC_BT, True, hcm.MIX_TC_BDI) == (64, True, 16)
 
 
 def test_validation_errors():

@@ -87,7 +87,7 @@ def test_cuda_v4_shapes_within_bound(monkeypatch, route, n, k, m):
     inputs."""
     dev = torch.device("cuda", torch.cuda.current_device())
     if route == "tile":
-        monkeypatch.setitem(gemm_ops._MM_OUT_DTYPE, dev, False)
+        monkeypatch.setattr(gemm_ops, "MM_OUT_DTYPE", False)
     for kind in ("signed", "positive"):
         if kind == "signed":
             x = torch.randn(m, k, device=dev).bfloat16()

@@ -31,17 +31,11 @@ SHAPES = [(1536, 4096, "Flash x_proj"), (40960, 1024, "Flash qr_proj CSA"), (409
           (2048, 7168, "Pro x_proj"), (73728, 1536, "Pro qr_proj CSA"), (7168, 16384, "Pro wo_b")]
 
 
-def graph_us(fn, rep_ms):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, rep=rep_ms, return_mode="median") * 1e3
-
-
 def main():
-    from graph_timing import add_flush_argument, use_flush_mode
+    from graph_timing import add_flush_argument, graph_replay_us, use_flush_mode
+
+    def graph_us(fn, rep_ms):
+        return graph_replay_us(fn, warmup=25, rep=rep_ms)  # do_bench's own warm-up, as measured in call f
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="256,512,1024,4096")

@@ -44,7 +44,7 @@ def mix_error_units(x, fn, tc: bool) -> float:
 
 
 def main():
-    from graph_timing import add_flush_argument, use_flush_mode
+    from graph_timing import add_flush_argument, graph_replay_us, use_flush_mode
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="16,64,512,4096")
@@ -89,11 +89,7 @@ def main():
                     return hcm.launch_hc_pre(x, fn, scale, base, w, iters=20, hc_eps=1e-6, norm_eps=1e-6,
                                              rms_eps=1e-6)
                 outs = call()
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    call()
-                us = triton.testing.do_bench(g.replay, rep=30, return_mode="median") * 1e3
+                us = graph_replay_us(call, warmup=25, rep=30)
                 if ref is None:
                     ref, cells = outs, [f"{us:.1f}"]
                 else:

@@ -207,13 +207,13 @@ def mix_plan(T: int, D: int, tc: bool = False) -> tuple[int, bool, int, int, int
     return bt, dot, bdi, ch, triton.cdiv(D, ch), warps
 
 
-def mix_tensor_cores(T: int, operand: torch.Tensor) -> bool:
-    """Whether the mixes-partial kernel takes the tensor-core steps for T tokens (host shapes and the device of
-    ``operand``, one of the kernel's tensors): from :data:`MIX_TC_MIN_T` tokens, on the GPU (the interpreter runs them
-    when ``MEGAMOE_HC_MIX_TC=1``, for the CPU tests)."""
+def mix_tensor_cores(T: int, on_gpu: bool) -> bool:
+    """Whether the mixes-partial kernel takes the tensor-core steps for T tokens (host shapes and the device only):
+    from :data:`MIX_TC_MIN_T` tokens, on the GPU (the interpreter runs them when ``MEGAMOE_HC_MIX_TC=1``, for the
+    CPU tests)."""
     if T < MIX_TC_MIN_T:
         return False
-    return operand.is_cuda or os.environ.get("MEGAMOE_HC_MIX_TC", "0") == "1"
+    return on_gpu or os.environ.get("MEGAMOE_HC_MIX_TC", "0") == "1"
 
 
 @triton.jit
@@ -450,7 +450,7 @@ def _launch_mix_and_finish(x, hc_fn, hc_scale, hc_base, norm_weight, post_args, 
     if T == 0:
         return x, out, pre, post, comb
     MP = mix_mp(M)
-    tc = mix_tensor_cores(T, hc_fn)
+    tc = mix_tensor_cores(T, hc_fn.is_cuda)
     bt, dot, bdi, ch, S, warps = mix_plan(T, D, tc)
     ws = torch.empty((S, T, MP), dtype=torch.float32, device=dev)
     x16 = x.view(torch.int16)
@@ -556,7 +556,7 @@ def compile_sm90(T: int = 1, dim: int = 4096, hc: int = 4, *, head: bool = False
     from triton.compiler import ASTSource
 
     M = hc if head else (2 + hc) * hc
-    tc = T >= MIX_TC_MIN_T  # as launched on the GPU (mix_tensor_cores)
+    tc = mix_tensor_cores(T, on_gpu=True)  # as launched on the GPU
     bt, dot, bdi, ch, S, warps = mix_plan(T, dim, tc)
     MP = mix_mp(M)
     consts = {

@@ -127,7 +127,7 @@ def test_hc_pre_tensor_core_mixes_match_reference(device, monkeypatch, T, D):
 
     monkeypatch.setenv("MEGAMOE_HC_MIX_TC", "1")
     x, fn, scale, base, w = make(T, D, device)
-    assert mix_tensor_cores(T, fn) and mix_plan(T, D, True)[1]
+    assert mix_tensor_cores(T, fn.is_cuda) and mix_plan(T, D, True)[1]
     assert not torch.equal(fn, fn.bfloat16().float())  # random float32 values: all three bf16 terms are needed
     y, post, comb = hc_ops.hc_pre(x, fn, scale, base, hc=HC, iters=ITERS, hc_eps=EPS, norm_eps=EPS, norm_weight=w)
     ry, rn, rpost, rcomb = reference_pre(x.cpu(), fn.cpu(), scale.cpu(), base.cpu(), w.cpu())

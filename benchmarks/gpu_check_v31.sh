@@ -1,0 +1,28 @@
+#!/bin/bash
+# GPU checks of 2026-11-27 (session part 20), on a 2-GPU machine (nvidia-h100-x2) while one is lent. Calls:
+#   a -> the expert-parallel decode step on 2 GPUs: where a capacity-mode (CUDA-graph) EP forward spends its time
+#        (kernels of one replay: NCCL, GEMMs, glue) and what the exchange primitives cost alone (NCCL all-to-all /
+#        all-gather, NVLink peer-to-peer through symmetric memory); bench_ep.py with its batched timing (part 9's
+#        numbers counted host skew; never rerun); the EP CUDA tests on 2 GPUs.
+# At most 8 output files (the device tool's limit).
+export PYTHONUNBUFFERED=1
+export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-benchmarks/results/gpu_check_v31}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
+NG=$(python -c "import torch; print(torch.cuda.device_count())")
+case "$1" in
+a)
+  nvidia-smi topo -m > "$OUT/a_topo.txt" 2>&1; cat "$OUT/a_topo.txt" | head -6
+  timeout 240 torchrun --nproc-per-node "$NG" benchmarks/probe_ep_exchange.py --tokens 1,8,64 \
+    --out "$OUT/a_ep_probe.md" > "$OUT/a_ep_probe.log" 2>&1; tail -30 "$OUT/a_ep_probe.log"
+  timeout 200 torchrun --nproc-per-node "$NG" benchmarks/bench_ep.py --tokens 1,8,64,256 --graph-max 256 \
+    --out "$OUT/a_ep_bench.json" > "$OUT/a_ep_bench.log" 2>&1; tail -8 "$OUT/a_ep_bench.log"
+  timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/distributed/test_ep_moe_cuda.py \
+    > "$OUT/a_tests.log" 2>&1; tail -3 "$OUT/a_tests.log"
+  ;;
+*)
+  echo "unknown call $1"; exit 2;;
+esac

@@ -4,6 +4,10 @@
 #        (kernels of one replay: NCCL, GEMMs, glue) and what the exchange primitives cost alone (NCCL all-to-all /
 #        all-gather, NVLink peer-to-peer through symmetric memory); bench_ep.py with its batched timing (part 9's
 #        numbers counted host skew; never rerun); the EP CUDA tests on 2 GPUs.
+#   b -> a: at 1 token per rank the step spent 145 us in 84 small glue kernels (the send-slot and receive-order
+#        arithmetic in torch ops). New: the pack and receive-order kernels (megamoe/kernels/ep_exchange.py), one
+#        launch each. Their tests on the GPU, the EP CUDA tests, the probe and bench_ep again, and the EP generate
+#        (8 layers, batch 1 / 8) against one GPU.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -22,6 +26,18 @@ a)
     --out "$OUT/a_ep_bench.json" > "$OUT/a_ep_bench.log" 2>&1; tail -8 "$OUT/a_ep_bench.log"
   timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/distributed/test_ep_moe_cuda.py \
     > "$OUT/a_tests.log" 2>&1; tail -3 "$OUT/a_tests.log"
+  ;;
+b)
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/kernels/test_ep_exchange.py \
+    tests/distributed/test_ep_moe_cuda.py tests/distributed/test_ep_generate.py::test_cuda_generate_ep_world_one_nccl \
+    > "$OUT/b_tests.log" 2>&1; tail -3 "$OUT/b_tests.log"
+  timeout 200 torchrun --nproc-per-node "$NG" benchmarks/probe_ep_exchange.py --tokens 1,8,64 \
+    --out "$OUT/b_ep_probe.md" > "$OUT/b_ep_probe.log" 2>&1; grep -E "^## |graph replay|^  - " "$OUT/b_ep_probe.md"
+  timeout 150 torchrun --nproc-per-node "$NG" benchmarks/bench_ep.py --tokens 1,8,64,256 --graph-max 256 \
+    --out "$OUT/b_ep_bench.json" > "$OUT/b_ep_bench.log" 2>&1; grep tokens_per_rank "$OUT/b_ep_bench.log" | cut -c1-400
+  ( timeout 150 torchrun --nproc-per-node "$NG" -m megamoe generate --ep --layers 8 --batch 1,8 --steps 16
+    timeout 100 python -m megamoe generate --layers 8 --batch 1,8 --steps 16 ) > "$OUT/b_generate.log" 2>&1
+  grep -iE "ms|token" "$OUT/b_generate.log" | tail -12
   ;;
 *)
   echo "unknown call $1"; exit 2;;

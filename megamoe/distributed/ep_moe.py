@@ -65,7 +65,7 @@ from ..layers.moe import (DISPATCH_KERNEL_MAX_PAIRS, FUSE_SHARED_MAX_TOKENS, MOD
 from ..models.config import MoEConfig
 from ..ops import gemm as gemm_ops
 from ..ops import moe as moe_ops
-from ..ops._dispatch import resolve_device
+from ..ops._dispatch import resolve_device, use_triton
 from .comm import check_backend, check_same_across_ranks, tensor_checksum
 
 
@@ -87,10 +87,6 @@ def slice_experts(weight: NVFP4Tensor, start: int, stop: int) -> NVFP4Tensor:
         gs = gs[start:stop]
     return NVFP4Tensor(weight.data[start:stop].contiguous(), weight.block_scale[start:stop].contiguous(),
                        gs.contiguous(), (stop - start,) + tuple(weight.shape[1:]), weight.row_interleave)
-
-
-def _excl_cumsum(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    return torch.cumsum(t, dim) - t
 
 
 class ExpertParallelMoE:
@@ -171,15 +167,18 @@ class ExpertParallelMoE:
         self._weights_ext = torch.ones((max_num_tokens, k + 1), dtype=torch.float32, device=dev)
         self._ids_ext = torch.zeros((max_num_tokens, k + 1), dtype=torch.int32, device=dev)
         self._inv_perm_ext = torch.empty((max_num_tokens, k + 1), dtype=torch.int32, device=dev)
-        self._tokens = torch.arange(max_num_tokens, dtype=torch.int64, device=dev)
+        self._ret_row = torch.empty((max_num_tokens, k), dtype=torch.int32, device=dev)  # combine rows, no fusion
         self._x_q = torch.empty((max_num_tokens, h), dtype=torch.bfloat16, device=dev)
         # counts: (E,) sent per expert, (W * E/W,) received = C (W, E/W) row-major
         self._send_counts = torch.empty(c.num_experts, dtype=torch.int32, device=dev)
         self._recv_counts = torch.empty(c.num_experts, dtype=torch.int32, device=dev)
         self._host_counts = torch.empty(2 * w, dtype=torch.int64, pin_memory=False)
-        # capacity-mode constants and exchange buffers (zeroed once: padding rows hold finite stale rows only)
-        self._peer_base = torch.arange(w, dtype=torch.int64, device=dev) * self.capacity_rows
-        self._rows = torch.arange(max(rows, pairs), dtype=torch.int64, device=dev)
+        # receive-side order (ep_local_order), sized for capacity mode; exact mode allocates when it does not fit
+        self._row_index = torch.empty(rows, dtype=torch.int32, device=dev)
+        self._back_index = torch.empty(rows, dtype=torch.int32, device=dev)
+        self._row_expert = torch.empty(rows, dtype=torch.int64, device=dev) if mode == "w4a4" else None
+        self._local_offsets = torch.empty(self.num_local_experts, dtype=torch.int32, device=dev)
+        # capacity-mode exchange buffers (zeroed once: padding rows hold finite stale rows only)
         self._send_x = torch.zeros((max(rows, pairs), h), dtype=torch.bfloat16, device=dev)
         self._recv_x = torch.zeros((rows, h), dtype=torch.bfloat16, device=dev)
         self._inter = torch.empty((rows, c.intermediate_size), dtype=torch.bfloat16, device=dev)
@@ -348,44 +347,41 @@ class ExpertParallelMoE:
             backend = "triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"
         d = moe_ops.dispatch(topk_ids, e, buffers=self._dispatch_buffers, backend=backend)
         offsets = d["expert_offsets"]
-        # 3. counts first (on the device)
-        send_counts = self._send_counts
-        send_counts[:1].copy_(offsets[:1])
-        torch.sub(offsets[1:], offsets[:-1], out=send_counts[1:])
-        dist.all_to_all_single(self._recv_counts, send_counts, group=self.group)
-        counts = self._recv_counts.view(w, el).long()  # C[s, l]: rows from source s for local expert l
-        send_per_peer = send_counts.view(w, el).long().sum(1)  # (W,)
-        recv_per_peer = counts.sum(1)  # (W,)
-        if capacity:
-            send_rows = recv_rows = w * self.capacity_rows
-            recv_base = self._peer_base
-            in_splits = out_splits = None
-        else:  # one host read of the 2W totals
-            self._host_counts.copy_(torch.cat((send_per_peer, recv_per_peer)))
-            host = self._host_counts.tolist()
-            in_splits, out_splits = host[:w], host[w:]
-            send_rows, recv_rows = pairs, sum(out_splits)
-            recv_base = _excl_cumsum(recv_per_peer)
-        # 4. rows: token rows gathered in sorted-pair order into the send layout
+        # 3. pack (one launch on the GPU): per-expert send counts, the token rows into their send rows, and the
+        #    return row of every pair for the combine (ep_exchange's docstring)
+        impl = _exchange_impl(hidden_states)
+        cap = self.capacity_rows if capacity else 0
+        send_rows = w * self.capacity_rows if capacity else pairs
         x = hidden_states
         static = self.mode == "w4a4" and self.input_scales is not None
         gemm_mode = "w4a16" if static else self.mode
         if static and t:
             x = _quant_roundtrip(hidden_states, self.input_scales["l1"], self._x_q[:t])
         send_x = self._buffer(self._send_x, send_rows, c.hidden_size)
-        if pairs:
-            gathered = x.index_select(0, d["row_index"])
-            if capacity:  # sorted pair p -> slot peer*cap + (p - first pair of that peer)
-                sorted_peer = d["sorted_expert"].long() // el
-                slot = (sorted_peer * self.capacity_rows + self._arange(pairs)
-                        - send_base_of(send_per_peer, sorted_peer))
-                send_x.index_copy_(0, slot, gathered)
-            else:
-                send_x.copy_(gathered)
+        ret_row = self._inv_perm_ext[:t] if shared_last else self._ret_row[:t]
+        impl.ep_pack(x, d["inv_perm"], d["sorted_expert"], offsets, send_x, self._send_counts, ret_row, top_k=k,
+                     num_local_experts=el, capacity_rows=cap, shared_base=send_rows if shared_last else None)
+        # 4. counts, then rows (ordered by source rank, then local expert, then the sender's token order)
+        dist.all_to_all_single(self._recv_counts, self._send_counts, group=self.group)
+        if capacity:
+            recv_rows = send_rows
+            in_splits = out_splits = None
+        else:  # one host read of the 2W totals
+            send_per_peer = self._send_counts.view(w, el).long().sum(1)
+            recv_per_peer = self._recv_counts.view(w, el).long().sum(1)
+            self._host_counts.copy_(torch.cat((send_per_peer, recv_per_peer)))
+            host = self._host_counts.tolist()
+            in_splits, out_splits = host[:w], host[w:]
+            recv_rows = sum(out_splits)
         recv_x = self._buffer(self._recv_x, recv_rows, c.hidden_size)
         dist.all_to_all_single(recv_x, send_x, out_splits, in_splits, group=self.group)
         # 5. local experts: expert-major row order (expert l: source 0's rows, source 1's, ...)
-        row_index, back_index, local_offsets, row_expert = self._local_order(counts, recv_base, recv_rows)
+        row_index = self._vector(self._row_index, recv_rows)
+        back_index = self._vector(self._back_index, recv_rows)
+        row_expert = self._vector(self._row_expert, recv_rows) if static else None
+        impl.ep_local_order(self._recv_counts, row_index, back_index, self._local_offsets, row_expert,
+                            world_size=w, capacity_rows=cap)
+        local_offsets = self._local_offsets
         y_back = self._buffer(self._y_back, recv_rows, c.hidden_size)
         if recv_rows:
             inter = gemm_ops.nvfp4_grouped_mm(
@@ -406,23 +402,14 @@ class ExpertParallelMoE:
         out = self._out[:t]
         if t == 0:
             return out
-        # 7. combine in the single-process layer's order
-        inv_perm = d["inv_perm"]
-        if capacity:  # sorted row p came back at slot peer(p)*cap + p - first pair of that peer
-            inv_perm = self._capacity_rows_of(inv_perm, d["sorted_expert"], send_per_peer)
+        # 7. combine in the single-process layer's order (ret_row: the pack's return rows, -1 = dropped pair)
         if shared_last:
             self.shared.forward(hidden_states, out=ret[send_rows:send_rows + t])
-            ext = self._inv_perm_ext[:t]
-            ext[:, :k].copy_(inv_perm.view(t, k))
-            torch.add(self._tokens[:t], send_rows, out=ext[:, k])
-            return moe_ops.combine(ret, ext.view(-1), self._weights_ext[:t], None, out=out)
+            return moe_ops.combine(ret, ret_row.view(-1), self._weights_ext[:t], None, out=out)
         shared = self.shared.forward(hidden_states) if self.shared is not None else None
-        return moe_ops.combine(ret, inv_perm, topk_weights, shared, out=out)
+        return moe_ops.combine(ret, ret_row.view(-1), topk_weights, shared, out=out)
 
     __call__ = forward
-
-    def _arange(self, n: int) -> torch.Tensor:
-        return self._rows[:n] if n <= self._rows.shape[0] else torch.arange(n, dtype=torch.int64, device=self.device)
 
     @staticmethod
     def _buffer(buf: torch.Tensor, rows: int, width: int) -> torch.Tensor:
@@ -431,45 +418,10 @@ class ExpertParallelMoE:
             return buf[:rows]
         return torch.empty((rows, width), dtype=buf.dtype, device=buf.device)
 
-    def _capacity_rows_of(self, inv_perm: torch.Tensor, sorted_expert: torch.Tensor,
-                          send_per_peer: torch.Tensor) -> torch.Tensor:
-        p = inv_perm.long()
-        peer = sorted_expert.long().index_select(0, p) // self.num_local_experts
-        return (peer * self.capacity_rows + p - send_base_of(send_per_peer, peer)).to(torch.int32)
-
-    def _local_order(self, counts: torch.Tensor, recv_base: torch.Tensor, rows: int):
-        """Expert-major order of the received rows (device ops only, sizes from ``rows``).
-
-        counts: C (W, E/W) int64. recv_base: (W,) first receive row of each source. Returns
-        ``row_index`` (rows,) int32: receive row of expert-major position q (0 for padding);
-        ``back_index`` (rows,) int64: expert-major position of receive row r (0 for padding);
-        ``local_offsets`` (E/W,) int32 cumulative row ends; ``row_expert`` (rows,) int64 local expert of
-        position q (0 for padding).
-        """
-        w, el = counts.shape
-        src_start = (recv_base.unsqueeze(1) + _excl_cumsum(counts, 1)).reshape(-1)  # block (s, l) -> recv row
-        src_end = src_start + counts.reshape(-1)
-        em_counts = counts.t().reshape(-1)  # blocks in (l, s) order
-        em_end = torch.cumsum(em_counts, 0)
-        em_start = em_end - em_counts
-        local_offsets = torch.cumsum(counts.sum(0), 0).to(torch.int32)
-        total = em_end[-1:]
-        q = self._arange(rows)
-        nblocks = w * el
-        b = torch.searchsorted(em_end, q, right=True).clamp_(max=nblocks - 1)  # block (l, s) of position q
-        row_expert = torch.div(b, w, rounding_mode="floor")
-        src_block = (b % w) * el + row_expert
-        valid_q = q < total
-        row_index = torch.where(valid_q, src_start.index_select(0, src_block) + q - em_start.index_select(0, b),
-                                torch.zeros_like(q)).to(torch.int32)
-        row_expert = torch.where(valid_q, row_expert, torch.zeros_like(row_expert))
-        r = q
-        b2 = torch.searchsorted(src_end, r, right=True).clamp_(max=nblocks - 1)  # block (s, l) of receive row r
-        start2 = src_start.index_select(0, b2)
-        valid_r = (r >= start2) & (r < src_end.index_select(0, b2))
-        em_block = (b2 % el) * w + torch.div(b2, el, rounding_mode="floor")
-        back_index = torch.where(valid_r, em_start.index_select(0, em_block) + r - start2, torch.zeros_like(r))
-        return row_index, back_index, local_offsets, row_expert
+    @staticmethod
+    def _vector(buf: torch.Tensor, n: int) -> torch.Tensor:
+        """The first ``n`` elements of a preallocated 1-D buffer, or an exact-size one when it does not fit."""
+        return buf[:n] if n <= buf.shape[0] else torch.empty(n, dtype=buf.dtype, device=buf.device)
 
     # ------------------------------------------------------------ CUDA graphs
     def capture(self, num_tokens: int, *, warmup: int = 2):
@@ -513,9 +465,14 @@ class ExpertParallelMoE:
         return 2 * rows * self.config.hidden_size * 2
 
 
-def send_base_of(send_per_peer: torch.Tensor, peer: torch.Tensor) -> torch.Tensor:
-    """First sorted pair sent to each of ``peer`` (int64 indices): exclusive cumsum of the per-peer counts."""
-    return _excl_cumsum(send_per_peer).index_select(0, peer)
+def _exchange_impl(t: torch.Tensor):
+    """The exchange planning for ``t``'s device: the kernels (CUDA, or the interpreter with TRITON_INTERPRET=1)
+    or their PyTorch oracles (the CPU path); both write the same values."""
+    if use_triton(t):
+        from ..kernels import ep_exchange
+        return ep_exchange
+    from ..reference import ep_exchange
+    return ep_exchange
 
 
 _check_router_weights = check_router_weights  # the single-GPU layer's rules

@@ -134,6 +134,36 @@ def compare_with_single_process(rank: int, world: int, *, seed: int, fuse_max: i
     }
 
 
+def exchange_kernels_vs_oracles(rank: int, world: int, *, seed: int) -> dict:
+    """Launched with ``interpret=True``: the EP layer with the exchange-planning kernels (interpreter) against the
+    same layer with ``megamoe/reference/ep_exchange.py`` in their place; every other op is the same, so the outputs
+    must be equal bit for bit. Scenarios: shared expert fused (last) and first, and every pair on the last rank."""
+    from megamoe.distributed import ExpertParallelMoE
+    from megamoe.distributed import ep_moe
+    from megamoe.kernels import ep_exchange as kernels
+    from megamoe.reference import ep_exchange as oracles
+
+    c = TINY
+    counts, x, _ = _batch(world, seed + 1, c.hidden_size)
+    mx = _mine(x, counts, rank)
+    out = {"tokens": counts[rank]}
+    for name, fuse_max, bias_rank in (("fused", 64, None), ("shared_first", 0, None), ("last_rank", 64, world - 1)):
+        ep = ExpertParallelMoE.random(c, seed=seed, max_num_tokens=8, fuse_shared_max_tokens=fuse_max)
+        if bias_rank is not None:
+            el = c.num_experts // world
+            bias = torch.zeros(c.num_experts)
+            bias[bias_rank * el:(bias_rank + 1) * el] = 100.0
+            ep.correction_bias = bias
+        results = {}
+        for impl_name, impl in (("kernels", kernels), ("oracles", oracles)):
+            ep_moe._exchange_impl = lambda t, impl=impl: impl
+            results[impl_name] = (ep.forward(mx).clone(), ep.forward(mx, capacity=True).clone())
+        out[name] = {"exact_equal": torch.equal(results["kernels"][0], results["oracles"][0]),
+                     "capacity_equal": torch.equal(results["kernels"][1], results["oracles"][1]),
+                     "nonzero": bool(results["kernels"][0].abs().sum() > 0) if counts[rank] else True}
+    return out
+
+
 def config_mismatch(rank: int, world: int, *, what: str) -> dict:
     """Ranks disagree on a setting: every rank must raise a clear ValueError (no hang)."""
     from megamoe.distributed import ExpertParallelMoE

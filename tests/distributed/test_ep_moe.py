@@ -35,6 +35,17 @@ def test_matches_single_process_bit_for_bit(world, tmp_path):
     assert set(results[0]["all_to_last_rank"]["experts_used"]) <= set(range((world - 1) * el, world * el))
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_exchange_kernels_match_their_oracles_in_the_layer(world, tmp_path):
+    """The pack / receive-order kernels (interpreter) inside the layer give the oracles' outputs bit for bit."""
+    seed = int(torch.randint(0, 1000, ()).item())
+    results = workers.launch(world, workers.exchange_kernels_vs_oracles, tmp_path, timeout_s=600, interpret=True,
+                             seed=seed)
+    for rank, r in enumerate(results):
+        for name in ("fused", "shared_first", "last_rank"):
+            assert r[name]["exact_equal"] and r[name]["capacity_equal"] and r[name]["nonzero"], (rank, name, r)
+
+
 def _write_checkpoint(directory) -> str:
     """A sharded ModelOpt checkpoint of a TINY MoE block with static input scales (distinct per module)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checkpoint"))

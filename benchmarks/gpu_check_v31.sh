@@ -8,6 +8,12 @@
 #        arithmetic in torch ops). New: the pack and receive-order kernels (megamoe/kernels/ep_exchange.py), one
 #        launch each. Their tests on the GPU, the EP CUDA tests, the probe and bench_ep again, and the EP generate
 #        (8 layers, batch 1 / 8) against one GPU.
+#   c -> b: 1 token per rank 158 us (H100), glue 11 kernels / 30 us; NCCL's three calls ~10-12 us each. New: the
+#        GEMMs sized by max_rows_per_expert (W * capacity tokens), the fused route + dispatch, and peer-to-peer
+#        stores into a symmetric-memory workspace instead of NCCL in capacity mode (exchange="auto" -> "p2p").
+#        Tests on the GPU (incl. p2p == nccl bit for bit, graph steps == eager); the probe for the code before
+#        this session (_base/, commit c5052b1, not committed) and for nccl / p2p now, all on this machine;
+#        bench_ep; the EP generate against one GPU.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -38,6 +44,20 @@ b)
   ( timeout 150 torchrun --nproc-per-node "$NG" -m megamoe generate --ep --layers 8 --batch 1,8 --steps 16
     timeout 100 python -m megamoe generate --layers 8 --batch 1,8 --steps 16 ) > "$OUT/b_generate.log" 2>&1
   grep -iE "ms|token" "$OUT/b_generate.log" | tail -12
+  ;;
+c)
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/kernels/test_ep_exchange.py \
+    tests/distributed/test_ep_moe_cuda.py > "$OUT/c_tests.log" 2>&1; tail -3 "$OUT/c_tests.log"
+  ( cd _base && timeout 150 torchrun --nproc-per-node "$NG" benchmarks/probe_ep_exchange.py --tokens 1,8,64 \
+    --exchange legacy --out "$OUT/c_probe_base.md" ) > "$OUT/c_probe.log" 2>&1
+  timeout 200 torchrun --nproc-per-node "$NG" benchmarks/probe_ep_exchange.py --tokens 1,8,64 --exchange nccl,p2p \
+    --out "$OUT/c_probe.md" >> "$OUT/c_probe.log" 2>&1
+  grep -hE "^## |graph replay|^  - " "$OUT/c_probe_base.md" "$OUT/c_probe.md"
+  timeout 150 torchrun --nproc-per-node "$NG" benchmarks/bench_ep.py --tokens 1,8,64,256 --graph-max 256 \
+    --out "$OUT/c_ep_bench.json" > "$OUT/c_ep_bench.log" 2>&1; grep tokens_per_rank "$OUT/c_ep_bench.log" | cut -c1-300
+  ( timeout 150 torchrun --nproc-per-node "$NG" -m megamoe generate --ep --layers 8 --batch 1,8 --steps 16
+    timeout 100 python -m megamoe generate --layers 8 --batch 1,8 --steps 16 ) > "$OUT/c_generate.log" 2>&1
+  grep -E "ms/token|same tokens|^model" "$OUT/c_generate.log"
   ;;
 *)
   echo "unknown call $1"; exit 2;;

@@ -1,9 +1,10 @@
 """Where an expert-parallel decode step goes, and what the exchange itself could cost (GPU, NCCL, >= 2 ranks).
 
-    torchrun --nproc-per-node 2 benchmarks/probe_ep_exchange.py [--config v4-flash] [--tokens 1,8,64] [--out F.md]
+    torchrun --nproc-per-node 2 benchmarks/probe_ep_exchange.py [--config v4-flash] [--tokens 1,8,64]
+             [--exchange auto,nccl] [--out F.md]
 
 Per tokens-per-rank T (a layer whose capacity is T, as a decode deployment sizes it):
-* the capacity-mode EP forward in one CUDA graph: time per replay (batches of back-to-back replays, a barrier
+* for each ``--exchange`` setting of the layer, the capacity-mode EP forward in one CUDA graph: time per replay (batches of back-to-back replays, a barrier
   before each batch), and rank 0's kernels of one replay by name (torch.profiler): count and GPU time, split
   into NCCL kernels, the grouped GEMMs and the rest (the routing / dispatch / reordering glue);
 * the exchange primitives alone, each captured 16 times into one graph: NCCL ``all_to_all_single`` of the
@@ -77,6 +78,7 @@ def main() -> None:
     p.add_argument("--config", default="v4-flash")
     p.add_argument("--tokens", default="1,8,64")
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--exchange", default="auto", help="comma-separated ExpertParallelMoE exchange settings")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     dev = init_from_env("cuda")
@@ -99,41 +101,43 @@ def main() -> None:
         lines.append(f"- symmetric memory unavailable: {exc!r}")
     for t in [int(x) for x in args.tokens.split(",")]:
         lines += [f"## {t} tokens per rank", ""]
-        layer = ExpertParallelMoE.random(c, seed=0, max_num_tokens=t, capacity_tokens=t, device=dev)
         x = torch.randn(t, h, device=dev).to(torch.bfloat16)
-        run = layer.capture(t)
-        run(x)
-        step_us = _time_graph(run.graph, 1)
-        from torch.profiler import ProfilerActivity, profile
-        dist.barrier()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                run.graph.replay()
+        for exchange in args.exchange.split(","):
+            kw = {} if exchange == "legacy" else {"exchange": exchange}  # "legacy": code without the option
+            layer = ExpertParallelMoE.random(c, seed=0, max_num_tokens=t, capacity_tokens=t, device=dev, **kw)
+            run = layer.capture(t)
+            run(x)
+            step_us = _time_graph(run.graph, 1)
+            from torch.profiler import ProfilerActivity, profile
+            dist.barrier()
             torch.cuda.synchronize()
-        dist.barrier()
-        stats = collections.defaultdict(lambda: [0, 0.0])
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
-                s = stats[ev.name]
-                s[0] += 1
-                s[1] += ev.device_time_total
-        per_kind = collections.defaultdict(lambda: [0, 0.0])
-        for name, (n, us) in stats.items():
-            kk = per_kind[_kind(name)]
-            kk[0] += n
-            kk[1] += us
-        lines.append(f"- EP forward, capacity mode, graph replay: **{step_us:.1f} us** per step "
-                     f"({world * layer.capacity_rows} receive rows)")
-        for kind_name, (n, us) in sorted(per_kind.items()):
-            lines.append(f"  - {kind_name}: {n / 5:.0f} kernels, {us / 5:.1f} us GPU time per step")
-        lines += ["", "| kernel | per step | us per step |", "|---|---|---|"]
-        for name, (n, us) in sorted(stats.items(), key=lambda kv: -kv[1][1])[:args.top]:
-            lines.append(f"| `{name[:90]}` | {n / 5:.0f} | {us / 5:.1f} |")
-        lines.append("")
-        run = None
-        layer = None
-        torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    run.graph.replay()
+                torch.cuda.synchronize()
+            dist.barrier()
+            stats = collections.defaultdict(lambda: [0, 0.0])
+            for ev in prof.events():
+                if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+                    s = stats[ev.name]
+                    s[0] += 1
+                    s[1] += ev.device_time_total
+            per_kind = collections.defaultdict(lambda: [0, 0.0])
+            for name, (n, us) in stats.items():
+                kk = per_kind[_kind(name)]
+                kk[0] += n
+                kk[1] += us
+            lines.append(f"- EP forward (exchange {getattr(layer, 'exchange', 'nccl')}), capacity mode, graph replay: "
+                         f"**{step_us:.1f} us** per step ({world * layer.capacity_rows} receive rows)")
+            for kind_name, (n, us) in sorted(per_kind.items()):
+                lines.append(f"  - {kind_name}: {n / 5:.0f} kernels, {us / 5:.1f} us GPU time per step")
+            lines += ["", "| kernel | per step | us per step |", "|---|---|---|"]
+            for name, (n, us) in sorted(stats.items(), key=lambda kv: -kv[1][1])[:args.top]:
+                lines.append(f"| `{name[:90]}` | {n / 5:.0f} | {us / 5:.1f} |")
+            lines.append("")
+            run = None
+            layer = None
+            torch.cuda.synchronize()
         # primitives
         cap = world * t * k
         counts_s = torch.zeros(e, dtype=torch.int32, device=dev)

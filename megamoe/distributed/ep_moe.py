@@ -66,7 +66,9 @@ from ..models.config import MoEConfig
 from ..ops import gemm as gemm_ops
 from ..ops import moe as moe_ops
 from ..ops._dispatch import resolve_device, use_triton
+from ..kernels import ep_exchange
 from .comm import check_backend, check_same_across_ranks, tensor_checksum
+from .peer_exchange import PeerExchange, peer_exchange_available
 
 
 def expert_range(num_experts: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -98,15 +100,21 @@ class ExpertParallelMoE:
     mode / fuse_shared_expert / fuse_shared_max_tokens / dispatch_backend / router_backend: as
     :class:`~megamoe.layers.moe.Nvfp4MoE` (the fuse settings choose the combine order that matches it; the
     shared expert itself always runs on the rank's own tokens).
+    exchange: how capacity mode moves rows: "nccl" (``all_to_all_single``), "p2p" (peer-to-peer stores into a
+    symmetric-memory workspace, :mod:`~megamoe.distributed.peer_exchange`; CUDA ranks of one host) or "auto"
+    (p2p when every rank is a CUDA rank of one host with symmetric memory and the world has >= 2 ranks, else
+    nccl). Both move the same rows to the same places: the outputs are equal bit for bit. Exact mode always
+    uses NCCL / gloo.
 
-    Attributes: ``rank``, ``world_size``, ``expert_start``, ``expert_stop``, ``num_local_experts``.
+    Attributes: ``rank``, ``world_size``, ``expert_start``, ``expert_stop``, ``num_local_experts``,
+    ``exchange`` ("nccl" or "p2p", the one in use).
     The constructor is a collective over ``group``.
     """
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, group=None, device="cpu", mode: str = "w4a16",
                  capacity_tokens: int | None = None, fuse_shared_expert: bool = True,
                  fuse_shared_max_tokens: int | None = None, dispatch_backend: str = "auto",
-                 router_backend: str = "triton"):
+                 router_backend: str = "triton", exchange: str = "auto"):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("ExpertParallelMoE: torch.distributed is not initialised (init_process_group, or "
                                "megamoe.distributed.init_from_env under torchrun)")
@@ -128,6 +136,8 @@ class ExpertParallelMoE:
                 raise ValueError(f"dispatch_backend: expected 'auto', 'torch' or 'triton', got {dispatch_backend!r}")
             if router_backend not in ("torch", "triton"):
                 raise ValueError(f"router_backend: expected 'torch' or 'triton', got {router_backend!r}")
+            if exchange not in ("auto", "nccl", "p2p"):
+                raise ValueError(f"exchange: expected 'auto', 'nccl' or 'p2p', got {exchange!r}")
             self.device = resolve_device(device)
             check_backend(self.group, self.device)
         except (TypeError, ValueError, RuntimeError) as e:
@@ -136,9 +146,10 @@ class ExpertParallelMoE:
             "config": dataclasses.asdict(config), "mode": mode, "max_num_tokens": max_num_tokens,
             "capacity_tokens": capacity_tokens, "fuse_shared_expert": bool(fuse_shared_expert),
             "fuse_shared_max_tokens": fuse_shared_max_tokens, "device_type": self.device.type,
-            "world_size": self.world_size,
+            "world_size": self.world_size, "exchange": exchange,
         }
         check_same_across_ranks(self.group, "ExpertParallelMoE", fields, error)
+        self.exchange = _agree_on_exchange(self.group, self.device, exchange)
         c = config
         self.expert_start, self.expert_stop = expert_range(c.num_experts, self.world_size, self.rank)
         self.num_local_experts = self.expert_stop - self.expert_start
@@ -180,12 +191,16 @@ class ExpertParallelMoE:
         self._local_offsets = torch.empty(self.num_local_experts, dtype=torch.int32, device=dev)
         # capacity-mode exchange buffers (zeroed once: padding rows hold finite stale rows only)
         self._send_x = torch.zeros((max(rows, pairs), h), dtype=torch.bfloat16, device=dev)
-        self._recv_x = torch.zeros((rows, h), dtype=torch.bfloat16, device=dev)
+        self._peer = (PeerExchange(self.group, dev, rows=rows, ret_rows=max(rows, pairs) + max_num_tokens, hidden=h,
+                                   num_experts=c.num_experts) if self.exchange == "p2p" else None)
+        self._recv_x = (self._peer.recv_x if self._peer is not None
+                        else torch.zeros((rows, h), dtype=torch.bfloat16, device=dev))
         self._inter = torch.empty((rows, c.intermediate_size), dtype=torch.bfloat16, device=dev)
         self._inter_q = torch.empty_like(self._inter) if mode == "w4a4" else None
         self._y = torch.empty((rows, h), dtype=torch.bfloat16, device=dev)
         self._y_back = torch.empty((rows, h), dtype=torch.bfloat16, device=dev)
-        self._ret = torch.zeros((max(rows, pairs) + max_num_tokens, h), dtype=torch.bfloat16, device=dev)
+        self._ret = (self._peer.ret if self._peer is not None
+                     else torch.zeros((max(rows, pairs) + max_num_tokens, h), dtype=torch.bfloat16, device=dev))
         self._out = torch.empty((max_num_tokens, h), dtype=torch.bfloat16, device=dev)
         self.last_routing = None  # (topk_weights, topk_ids) of the last forward: views of layer buffers
 
@@ -331,21 +346,23 @@ class ExpertParallelMoE:
         order_tokens = t if combine_tokens is None else combine_tokens
         shared_last = self.shared is not None and self.fused_shared and order_tokens <= self.fuse_shared_max_tokens
         pairs = t * k
-        # 1. routing (local)
-        if t == 0:
-            topk_weights, topk_ids = self._route_weights[:0], self._route_ids[:0]
-        elif shared_last:
-            topk_weights, topk_ids = self.route(hidden_states, out=(self._weights_ext, self._ids_ext),
-                                                token_ids=token_ids)
-        else:
-            topk_weights, topk_ids = self.route(hidden_states, out=(self._route_weights, self._route_ids),
-                                                token_ids=token_ids)
-        self.last_routing = (topk_weights, topk_ids)
-        # 2. local dispatch: pairs sorted by expert = by destination rank
+        # 1-2. routing and the local dispatch (pairs sorted by expert = by destination rank): one launch for
+        #      decode-sized batches (megamoe.ops.moe.route_dispatch picks it from the token count)
         backend = self.dispatch_backend
         if backend == "auto":
             backend = "triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"
-        d = moe_ops.dispatch(topk_ids, e, buffers=self._dispatch_buffers, backend=backend)
+        if t == 0:
+            topk_weights, topk_ids = self._route_weights[:0], self._route_ids[:0]
+            d = moe_ops.dispatch(topk_ids, e, buffers=self._dispatch_buffers, backend=backend)
+        else:
+            c_out = (self._weights_ext, self._ids_ext) if shared_last else (self._route_weights, self._route_ids)
+            topk_weights, topk_ids, d = moe_ops.route_dispatch(
+                hidden_states, self.gate_weight, self.correction_bias, top_k=k, scoring_func=c.scoring_func,
+                n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
+                routed_scaling_factor=c.routed_scaling_factor, num_groups=e, slots=k, out=c_out,
+                buffers=self._dispatch_buffers, token_ids=token_ids if self.hash_routed else None,
+                tid2eid=self.tid2eid, backend=self.router_backend, dispatch_backend=backend)
+        self.last_routing = (topk_weights, topk_ids)
         offsets = d["expert_offsets"]
         # 3. pack (one launch on the GPU): per-expert send counts, the token rows into their send rows, and the
         #    return row of every pair for the combine (ep_exchange's docstring)
@@ -362,43 +379,60 @@ class ExpertParallelMoE:
         impl.ep_pack(x, d["inv_perm"], d["sorted_expert"], offsets, send_x, self._send_counts, ret_row, top_k=k,
                      num_local_experts=el, capacity_rows=cap, shared_base=send_rows if shared_last else None)
         # 4. counts, then rows (ordered by source rank, then local expert, then the sender's token order)
-        dist.all_to_all_single(self._recv_counts, self._send_counts, group=self.group)
+        p2p = capacity and self._peer is not None
+        recv_counts = self._peer.recv_counts if p2p else self._recv_counts
+        if p2p:  # rows and counts stored into the peers' workspaces, then the barrier
+            ep_exchange.ep_put_rows(send_x, self._peer.peer_base, self._peer.recv_x_offset, self._send_counts,
+                                    capacity_rows=cap, my_rank=self.rank, counts_dst_offset=self._peer.counts_offset)
+            self._peer.barrier()
+        else:
+            dist.all_to_all_single(recv_counts, self._send_counts, group=self.group)
         if capacity:
             recv_rows = send_rows
             in_splits = out_splits = None
         else:  # one host read of the 2W totals
             send_per_peer = self._send_counts.view(w, el).long().sum(1)
-            recv_per_peer = self._recv_counts.view(w, el).long().sum(1)
+            recv_per_peer = recv_counts.view(w, el).long().sum(1)
             self._host_counts.copy_(torch.cat((send_per_peer, recv_per_peer)))
             host = self._host_counts.tolist()
             in_splits, out_splits = host[:w], host[w:]
             recv_rows = sum(out_splits)
         recv_x = self._buffer(self._recv_x, recv_rows, c.hidden_size)
-        dist.all_to_all_single(recv_x, send_x, out_splits, in_splits, group=self.group)
+        if not p2p:
+            dist.all_to_all_single(recv_x, send_x, out_splits, in_splits, group=self.group)
         # 5. local experts: expert-major row order (expert l: source 0's rows, source 1's, ...)
         row_index = self._vector(self._row_index, recv_rows)
         back_index = self._vector(self._back_index, recv_rows)
         row_expert = self._vector(self._row_expert, recv_rows) if static else None
-        impl.ep_local_order(self._recv_counts, row_index, back_index, self._local_offsets, row_expert,
+        impl.ep_local_order(recv_counts, row_index, back_index, self._local_offsets, row_expert,
                             world_size=w, capacity_rows=cap)
         local_offsets = self._local_offsets
+        # distinct top-k experts per token: a local expert receives at most one row per source token (sizes the
+        # GEMM launches only; results never depend on it)
+        max_rows = min(recv_rows, w * (self.capacity_tokens if capacity else self.max_num_tokens))
         y_back = self._buffer(self._y_back, recv_rows, c.hidden_size)
         if recv_rows:
             inter = gemm_ops.nvfp4_grouped_mm(
                 recv_x, self._w13_kernel, local_offsets, mode=gemm_mode,
                 out=self._buffer(self._inter, recv_rows, c.intermediate_size), row_index=row_index,
-                activation="swiglu", swiglu_limit=c.swiglu_limit,
+                activation="swiglu", swiglu_limit=c.swiglu_limit, max_rows_per_expert=max_rows,
             )
             if static:
                 row_scale = self.input_scales["l2"].index_select(0, row_expert).unsqueeze(1)
                 inter = _quant_roundtrip(inter, row_scale,
                                          self._buffer(self._inter_q, recv_rows, c.intermediate_size))
             y = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, local_offsets, mode=gemm_mode,
-                                          out=self._buffer(self._y, recv_rows, c.hidden_size))
+                                          out=self._buffer(self._y, recv_rows, c.hidden_size),
+                                          max_rows_per_expert=max_rows)
             # 6. back to source order, second all-to-all
             torch.index_select(y, 0, back_index, out=y_back)
         ret = self._buffer(self._ret, send_rows + t, c.hidden_size)
-        dist.all_to_all_single(ret[:send_rows], y_back, in_splits, out_splits, group=self.group)
+        if p2p:  # each source's rows back into its workspace, then the barrier
+            ep_exchange.ep_put_rows(y_back, self._peer.peer_base, self._peer.ret_offset, recv_counts,
+                                    capacity_rows=cap, my_rank=self.rank)
+            self._peer.barrier()
+        else:
+            dist.all_to_all_single(ret[:send_rows], y_back, in_splits, out_splits, group=self.group)
         out = self._out[:t]
         if t == 0:
             return out
@@ -463,6 +497,28 @@ class ExpertParallelMoE:
         """Bytes this rank receives in the two row all-to-alls of one forward (bf16 rows)."""
         rows = self.world_size * self.capacity_rows if capacity else int(received_pairs or 0)
         return 2 * rows * self.config.hidden_size * 2
+
+
+def _agree_on_exchange(group, device: torch.device, requested: str) -> str:
+    """The capacity-mode exchange every rank uses (a collective): "p2p" when requested or "auto" and every rank
+    is a CUDA rank of one host with symmetric memory (and the world has >= 2 ranks), else "nccl"; a "p2p" request
+    that some rank cannot serve raises the same ValueError on every rank."""
+    import socket
+
+    ok, why = peer_exchange_available(device)
+    world = dist.get_world_size(group)
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, (socket.gethostname(), ok, why), group=group)
+    hosts = {g[0] for g in gathered}
+    problems = [f"rank {r}: {g[2]}" for r, g in enumerate(gathered) if not g[1]]
+    if len(hosts) > 1:
+        problems.append(f"the ranks are on {len(hosts)} hosts")
+    if requested == "p2p" and problems:
+        raise ValueError("exchange='p2p': peer-to-peer stores need CUDA ranks of one host with symmetric memory; "
+                         + "; ".join(problems))
+    if requested == "nccl" or problems or (requested == "auto" and world < 2):
+        return "nccl"
+    return "p2p"
 
 
 def _exchange_impl(t: torch.Tensor):

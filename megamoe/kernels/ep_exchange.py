@@ -28,7 +28,15 @@ sum of the earlier sources' rows in exact mode, ordered by local expert, then th
 * ``local_offsets`` (EL,) int32: cumulative row ends of the local experts in expert-major order;
 * optionally ``row_expert`` (rows,) int64: the local expert of position q (0 for padding).
 
-Both are sync-free and graph-capturable: sizes come from the host (T, rows, cap), values stay on the device.
+:func:`ep_put_rows` (the peer-to-peer exchange, ``megamoe/distributed/peer_exchange.py``): for each rank
+``peer``, the first ``n_peer`` rows of ``src``'s block ``[peer * cap, (peer + 1) * cap)`` are stored into that
+rank's workspace at rows ``my_rank * cap + i`` of the region at ``dst_offset`` bytes, where ``n_peer`` is the
+sum of ``counts[peer * EL:(peer + 1) * EL]`` (the send counts before the GEMMs, the received counts after: only
+the rows that exist move). With ``counts_dst_offset``, ``counts[peer * EL:(peer + 1) * EL]`` goes to that rank's
+counts region at ``my_rank * EL``. Addresses come from ``peer_base`` (W,) int64; the caller's barrier makes the
+stores visible.
+
+All are sync-free and graph-capturable: sizes come from the host (T, rows, cap), values stay on the device.
 Every store is masked to its buffer, so inconsistent counts cannot write out of bounds.
 """
 from __future__ import annotations
@@ -39,6 +47,8 @@ import triton.language as tl
 
 # ep_pack: BLOCK_P pairs per program, rows copied BLOCK_H columns at a time (16-byte bf16 vectors at 4 warps).
 PACK_CONFIG = {"BLOCK_P": 8, "BLOCK_H": 1024, "num_warps": 4}
+# ep_put_rows: PROGS programs per destination rank, each storing every PROGS-th row (8 KB at H = 4096).
+PUT_CONFIG = {"PROGS": 16, "BLOCK_H": 2048, "num_warps": 4}
 # ep_local_order: one program per (source, local expert) block + one for the padding; BLOCK rows per step.
 ORDER_CONFIG = {"BLOCK": 128, "num_warps": 4}
 INTERPRETER_PACK_CONFIG = {"BLOCK_P": 4, "BLOCK_H": 32, "num_warps": 1}
@@ -145,6 +155,36 @@ def _ep_local_order_kernel(counts_ptr, row_index_ptr, back_index_ptr, local_offs
                     r += BLOCK
 
 
+@triton.jit
+def _ep_put_rows_kernel(src_ptr, stride_src, peer_base_ptr, dst_offset, counts_ptr, counts_dst_offset, CAP, MY_RANK,
+                        H, W: tl.constexpr, EL: tl.constexpr, EL_P2: tl.constexpr, PUT_COUNTS: tl.constexpr,
+                        PROGS: tl.constexpr, BLOCK_H: tl.constexpr):
+    pid = tl.program_id(0)
+    peer = pid // PROGS
+    j = pid - peer * PROGS
+    lx = tl.arange(0, EL_P2)
+    peer_counts = tl.load(counts_ptr + peer * EL + lx, mask=lx < EL, other=0)
+    n = tl.minimum(tl.sum(tl.maximum(peer_counts, 0)), CAP)
+    base = tl.load(peer_base_ptr + peer)
+    dst = (base + dst_offset).to(tl.pointer_type(tl.bfloat16))
+    if PUT_COUNTS:
+        if j == 0:
+            cdst = (base + counts_dst_offset).to(tl.pointer_type(tl.int32))
+            tl.store(cdst + MY_RANK * EL + lx, peer_counts, mask=lx < EL)
+    cols = tl.arange(0, BLOCK_H)
+    i = j
+    while i < n:
+        src_row = (peer * CAP + i).to(tl.int64)
+        dst_row = (MY_RANK * CAP + i).to(tl.int64)
+        h0 = 0
+        while h0 < H:
+            c = h0 + cols
+            v = tl.load(src_ptr + src_row * stride_src + c, mask=c < H)
+            tl.store(dst + dst_row * H + c, v, mask=c < H)
+            h0 += BLOCK_H
+        i += PROGS
+
+
 def _interpret(t: torch.Tensor) -> bool:
     return not t.is_cuda
 
@@ -189,5 +229,22 @@ def ep_local_order(recv_counts: torch.Tensor, row_index: torch.Tensor, back_inde
         row_index.shape[0], capacity_rows,
         W=world_size, EL=el, W_P2=triton.next_power_of_2(world_size), EL_P2=triton.next_power_of_2(el),
         CAPACITY=capacity_rows > 0, HAS_ROW_EXPERT=row_expert is not None, BLOCK=cfg["BLOCK"],
+        num_warps=cfg["num_warps"],
+    )
+
+
+def ep_put_rows(src: torch.Tensor, peer_base: torch.Tensor, dst_offset: int, counts: torch.Tensor, *,
+                capacity_rows: int, my_rank: int, counts_dst_offset: int | None = None) -> None:
+    """Launch the peer-to-peer row stores (module docstring). src (W * cap, H) bf16, unit column stride (each
+    destination region is (rows, H) contiguous); peer_base (W,) int64 workspace addresses; counts (E,) int32;
+    offsets in bytes. CUDA only (the stores address other GPUs)."""
+    world = peer_base.shape[0]
+    num_experts = counts.shape[0]
+    el = num_experts // world
+    cfg = PUT_CONFIG
+    _ep_put_rows_kernel[(world * cfg["PROGS"],)](
+        src, src.stride(0), peer_base, dst_offset, counts, 0 if counts_dst_offset is None else counts_dst_offset,
+        capacity_rows, my_rank, src.shape[1], W=world, EL=el, EL_P2=triton.next_power_of_2(el),
+        PUT_COUNTS=counts_dst_offset is not None, PROGS=cfg["PROGS"], BLOCK_H=cfg["BLOCK_H"],
         num_warps=cfg["num_warps"],
     )

@@ -176,6 +176,10 @@ def config_mismatch(rank: int, world: int, *, what: str) -> dict:
         kwargs["mode"] = "w4a4"
     elif what == "divisible":
         c = c.replace(num_experts=5)
+    elif what == "p2p_on_cpu":  # every rank asks for peer-to-peer stores, which gloo / CPU ranks cannot do
+        kwargs["exchange"] = "p2p"
+    elif what == "bad_exchange" and rank == 0:
+        kwargs["exchange"] = "nvlink"
     elif what == "local_error" and rank == 1:
         kwargs["max_num_tokens"] = 0
     try:
@@ -239,7 +243,7 @@ def all_scenarios(rank: int, world: int, *, seed: int) -> dict:
 
 def loading_and_validation(rank: int, world: int, *, path: str, seed: int) -> dict:
     out = {"checkpoint": load_from_checkpoint(rank, world, path=path, seed=seed, fuse_max=64)}
-    for what in ("top_k", "mode", "divisible", "local_error", "weights"):
+    for what in ("top_k", "mode", "divisible", "local_error", "weights", "p2p_on_cpu", "bad_exchange"):
         out[what] = config_mismatch(rank, world, what=what)
     return out
 
@@ -254,7 +258,7 @@ def cuda_checks(rank: int, world: int, *, preset: str, tokens: int, seed: int) -
     gen = torch.Generator(device=dev).manual_seed(seed)
     x_all = torch.randn(world * tokens, c.hidden_size, generator=gen, device=dev).to(torch.bfloat16)
     x = x_all[rank * tokens:(rank + 1) * tokens].contiguous()
-    ep = ExpertParallelMoE.random(c, seed=seed, max_num_tokens=tokens, device=dev)
+    ep = ExpertParallelMoE.random(c, seed=seed, max_num_tokens=tokens, device=dev)  # exchange "auto"
     exact = ep.forward(x).clone()
     cap = ep.forward(x, capacity=True).clone()
     torch.cuda.synchronize()
@@ -268,6 +272,13 @@ def cuda_checks(rank: int, world: int, *, preset: str, tokens: int, seed: int) -
         torch.cuda.set_sync_debug_mode("default")
     replay = ep.capture(tokens)
     graph = replay(x).clone()
+    # a second input, replayed back to back with the first (the workspaces are reused across steps)
+    x2 = torch.randn(tokens, c.hidden_size, generator=gen, device=dev).to(torch.bfloat16)
+    graphs2 = [replay(xi).clone() for xi in (x2, x, x2)]
+    eager2 = ep.forward(x2, capacity=True).clone()
+    nccl = ExpertParallelMoE.random(c, seed=seed, max_num_tokens=tokens, device=dev, exchange="nccl")
+    cap_nccl = nccl.forward(x, capacity=True).clone()
+    nccl = None
     single = Nvfp4MoE.random(c, seed=seed, max_num_tokens=world * tokens, device=dev)
     single.fuse_shared_max_tokens = ep.fuse_shared_max_tokens
     want = single.forward(x_all)[rank * tokens:(rank + 1) * tokens].float()
@@ -277,6 +288,8 @@ def cuda_checks(rank: int, world: int, *, preset: str, tokens: int, seed: int) -
     cap_rel = ((cap.float() - exact.float()).norm() / exact.float().norm()).item()
     return {"capacity_vs_exact": torch.equal(cap, exact), "capacity_rel_vs_exact": cap_rel,
             "graph_vs_eager": torch.equal(graph, cap),
+            "graph_steps_vs_eager": all(torch.equal(g, want) for g, want in zip(graphs2, (eager2, cap, eager2))),
+            "exchange": ep.exchange, "exchange_vs_nccl": torch.equal(cap, cap_nccl),
             "synced": synced, "rel_vs_single_gpu": rel, "bit_equal_single_gpu": torch.equal(exact.float(), want),
             "rel_vs_reference": rel_ref}
 

@@ -81,6 +81,8 @@ def test_checkpoint_loading_and_mismatched_settings(tmp_path, monkeypatch):
         assert "divisible" in r["divisible"]["error"]
         assert "rank 1" in r["local_error"]["error"] and "max_num_tokens" in r["local_error"]["error"]
         assert "gate_weight" in r["weights"]["error"]
+        assert "exchange='p2p'" in r["p2p_on_cpu"]["error"] and "CUDA" in r["p2p_on_cpu"]["error"]
+        assert "rank 0" in r["bad_exchange"]["error"] and "exchange" in r["bad_exchange"]["error"]
     assert results[0]["top_k"]["error"] == results[1]["top_k"]["error"]
 
 

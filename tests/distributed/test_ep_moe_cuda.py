@@ -19,7 +19,11 @@ def test_nccl_matches_single_gpu_and_graph_replays(world, preset, tokens, tmp_pa
     results = workers.launch(world, workers.cuda_checks, tmp_path, timeout_s=600, backend="nccl", preset=preset,
                              tokens=tokens, seed=5)
     for rank, r in enumerate(results):
-        assert r["graph_vs_eager"], (rank, r)
+        assert r["graph_vs_eager"] and r["graph_steps_vs_eager"], (rank, r)
+        # peer-to-peer stores move the same rows to the same places as NCCL's all-to-all: the same bits
+        assert r["exchange_vs_nccl"], (rank, r)
+        if world >= 2:
+            assert r["exchange"] == "p2p", (rank, r)  # "auto" on one host with symmetric memory
         # capacity and exact mode plan the grouped GEMMs from different host row counts (the capacity vs the
         # received rows), so other kernels may run: equal up to float32 summation order (bit-equal on the CPU
         # path, test_ep_moe.py). Seen on the H100 at world 4, 16 tokens of V4-Flash (2026-11-26).

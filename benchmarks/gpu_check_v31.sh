@@ -14,6 +14,9 @@
 #        Tests on the GPU (incl. p2p == nccl bit for bit, graph steps == eager); the probe for the code before
 #        this session (_base/, commit c5052b1, not committed) and for nccl / p2p now, all on this machine;
 #        bench_ep; the EP generate against one GPU.
+#   d -> c (same H200 x2 machine kind): 1 token per rank 284.9 (before this session) -> 138.4 (nccl) -> 116.2 us
+#        (p2p). New: the return stores gather through back_index (no index_select). The EP tests on the GPU, the
+#        probe (nccl / p2p), the EP generate against one GPU at batch 1 / 8 / 64.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -58,6 +61,16 @@ c)
   ( timeout 150 torchrun --nproc-per-node "$NG" -m megamoe generate --ep --layers 8 --batch 1,8 --steps 16
     timeout 100 python -m megamoe generate --layers 8 --batch 1,8 --steps 16 ) > "$OUT/c_generate.log" 2>&1
   grep -E "ms/token|same tokens|^model" "$OUT/c_generate.log"
+  ;;
+d)
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/kernels/test_ep_exchange.py \
+    tests/distributed/test_ep_moe_cuda.py tests/distributed/test_ep_generate.py::test_cuda_generate_ep_world_one_nccl \
+    > "$OUT/d_tests.log" 2>&1; tail -3 "$OUT/d_tests.log"
+  timeout 150 torchrun --nproc-per-node "$NG" benchmarks/probe_ep_exchange.py --tokens 1,8,64 --exchange nccl,p2p \
+    --out "$OUT/d_probe.md" > "$OUT/d_probe.log" 2>&1; grep -hE "^## |graph replay|^  - " "$OUT/d_probe.md"
+  ( timeout 150 torchrun --nproc-per-node "$NG" -m megamoe generate --ep --layers 8 --batch 1,8,64 --steps 16
+    timeout 100 python -m megamoe generate --layers 8 --batch 1,8,64 --steps 16 ) > "$OUT/d_generate.log" 2>&1
+  grep -E "ms/token|same tokens|^model" "$OUT/d_generate.log"
   ;;
 *)
   echo "unknown call $1"; exit 2;;

@@ -424,12 +424,13 @@ class ExpertParallelMoE:
             y = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, local_offsets, mode=gemm_mode,
                                           out=self._buffer(self._y, recv_rows, c.hidden_size),
                                           max_rows_per_expert=max_rows)
-            # 6. back to source order, second all-to-all
-            torch.index_select(y, 0, back_index, out=y_back)
+            # 6. back to source order (the p2p stores gather through back_index themselves), second all-to-all
+            if not p2p:
+                torch.index_select(y, 0, back_index, out=y_back)
         ret = self._buffer(self._ret, send_rows + t, c.hidden_size)
         if p2p:  # each source's rows back into its workspace, then the barrier
-            ep_exchange.ep_put_rows(y_back, self._peer.peer_base, self._peer.ret_offset, recv_counts,
-                                    capacity_rows=cap, my_rank=self.rank)
+            ep_exchange.ep_put_rows(y, self._peer.peer_base, self._peer.ret_offset, recv_counts,
+                                    capacity_rows=cap, my_rank=self.rank, src_index=back_index)
             self._peer.barrier()
         else:
             dist.all_to_all_single(ret[:send_rows], y_back, in_splits, out_splits, group=self.group)

@@ -32,7 +32,8 @@ sum of the earlier sources' rows in exact mode, ordered by local expert, then th
 ``peer``, the first ``n_peer`` rows of ``src``'s block ``[peer * cap, (peer + 1) * cap)`` are stored into that
 rank's workspace at rows ``my_rank * cap + i`` of the region at ``dst_offset`` bytes, where ``n_peer`` is the
 sum of ``counts[peer * EL:(peer + 1) * EL]`` (the send counts before the GEMMs, the received counts after: only
-the rows that exist move). With ``counts_dst_offset``, ``counts[peer * EL:(peer + 1) * EL]`` goes to that rank's
+the rows that exist move; with ``src_index`` the row read is ``src[src_index[peer * cap + i]]``, the return
+exchange's gather from the expert-major GEMM output). With ``counts_dst_offset``, ``counts[peer * EL:(peer + 1) * EL]`` goes to that rank's
 counts region at ``my_rank * EL``. Addresses come from ``peer_base`` (W,) int64; the caller's barrier makes the
 stores visible.
 
@@ -156,9 +157,10 @@ def _ep_local_order_kernel(counts_ptr, row_index_ptr, back_index_ptr, local_offs
 
 
 @triton.jit
-def _ep_put_rows_kernel(src_ptr, stride_src, peer_base_ptr, dst_offset, counts_ptr, counts_dst_offset, CAP, MY_RANK,
-                        H, W: tl.constexpr, EL: tl.constexpr, EL_P2: tl.constexpr, PUT_COUNTS: tl.constexpr,
-                        PROGS: tl.constexpr, BLOCK_H: tl.constexpr):
+def _ep_put_rows_kernel(src_ptr, stride_src, src_index_ptr, peer_base_ptr, dst_offset, counts_ptr, counts_dst_offset,
+                        CAP, MY_RANK, H, W: tl.constexpr, EL: tl.constexpr, EL_P2: tl.constexpr,
+                        PUT_COUNTS: tl.constexpr, HAS_INDEX: tl.constexpr, PROGS: tl.constexpr,
+                        BLOCK_H: tl.constexpr):
     pid = tl.program_id(0)
     peer = pid // PROGS
     j = pid - peer * PROGS
@@ -175,6 +177,8 @@ def _ep_put_rows_kernel(src_ptr, stride_src, peer_base_ptr, dst_offset, counts_p
     i = j
     while i < n:
         src_row = (peer * CAP + i).to(tl.int64)
+        if HAS_INDEX:  # gather: row src_index[peer * cap + i] of src
+            src_row = tl.load(src_index_ptr + src_row).to(tl.int64)
         dst_row = (MY_RANK * CAP + i).to(tl.int64)
         h0 = 0
         while h0 < H:
@@ -234,17 +238,20 @@ def ep_local_order(recv_counts: torch.Tensor, row_index: torch.Tensor, back_inde
 
 
 def ep_put_rows(src: torch.Tensor, peer_base: torch.Tensor, dst_offset: int, counts: torch.Tensor, *,
-                capacity_rows: int, my_rank: int, counts_dst_offset: int | None = None) -> None:
+                capacity_rows: int, my_rank: int, counts_dst_offset: int | None = None,
+                src_index: torch.Tensor | None = None) -> None:
     """Launch the peer-to-peer row stores (module docstring). src (W * cap, H) bf16, unit column stride (each
-    destination region is (rows, H) contiguous); peer_base (W,) int64 workspace addresses; counts (E,) int32;
-    offsets in bytes. CUDA only (the stores address other GPUs)."""
+    destination region is (rows, H) contiguous), or with ``src_index`` ((W * cap,) int32) any (R, H) bf16 whose
+    row ``src_index[peer * cap + i]`` is sent as row i to ``peer``; peer_base (W,) int64 workspace addresses;
+    counts (E,) int32; offsets in bytes. CUDA only (the stores address other GPUs)."""
     world = peer_base.shape[0]
     num_experts = counts.shape[0]
     el = num_experts // world
     cfg = PUT_CONFIG
     _ep_put_rows_kernel[(world * cfg["PROGS"],)](
-        src, src.stride(0), peer_base, dst_offset, counts, 0 if counts_dst_offset is None else counts_dst_offset,
-        capacity_rows, my_rank, src.shape[1], W=world, EL=el, EL_P2=triton.next_power_of_2(el),
-        PUT_COUNTS=counts_dst_offset is not None, PROGS=cfg["PROGS"], BLOCK_H=cfg["BLOCK_H"],
+        src, src.stride(0), counts if src_index is None else src_index, peer_base, dst_offset, counts,
+        0 if counts_dst_offset is None else counts_dst_offset, capacity_rows, my_rank, src.shape[1], W=world, EL=el,
+        EL_P2=triton.next_power_of_2(el), PUT_COUNTS=counts_dst_offset is not None, HAS_INDEX=src_index is not None,
+        PROGS=cfg["PROGS"], BLOCK_H=cfg["BLOCK_H"],
         num_warps=cfg["num_warps"],
     )

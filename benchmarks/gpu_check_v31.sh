@@ -17,6 +17,8 @@
 #   d -> c (same H200 x2 machine kind): 1 token per rank 284.9 (before this session) -> 138.4 (nccl) -> 116.2 us
 #        (p2p). New: the return stores gather through back_index (no index_select). The EP tests on the GPU, the
 #        probe (nccl / p2p), the EP generate against one GPU at batch 1 / 8 / 64.
+#   e -> the whole V4-Flash (43 layers, random NVFP4 weights) expert-parallel on 2 H200s (about 78 GiB per rank:
+#        it does not fit one GPU): generate --ep at batch 1 / 8 with the code of d.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -71,6 +73,11 @@ d)
   ( timeout 150 torchrun --nproc-per-node "$NG" -m megamoe generate --ep --layers 8 --batch 1,8,64 --steps 16
     timeout 100 python -m megamoe generate --layers 8 --batch 1,8,64 --steps 16 ) > "$OUT/d_generate.log" 2>&1
   grep -E "ms/token|same tokens|^model" "$OUT/d_generate.log"
+  ;;
+e)
+  timeout 230 torchrun --nproc-per-node "$NG" -m megamoe generate --ep --layers 43 --batch 1,8 --steps 16 \
+    > "$OUT/e_generate_full.log" 2>&1; grep -vE "^W1127|\*\*\*\*|OMP_NUM" "$OUT/e_generate_full.log" | tail -14
+  nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader
   ;;
 *)
   echo "unknown call $1"; exit 2;;

@@ -34,15 +34,22 @@ Two exchange modes, chosen per call (``capacity=``), the same on every rank for 
 * **exact** (default; prefill, outside CUDA graphs): after the counts exchange the host reads the W send and
   W receive totals (one device->host copy) and the row all-to-alls use exact split sizes; the buffers are
   prefixes of the preallocated ones when they fit, else exact-size allocations.
-* **capacity** (decode, CUDA-graph capturable, no host reads): every rank pair exchanges a fixed
+* **capacity** (decode, CUDA-graph capturable, no host reads): every rank pair has a fixed block of
   ``cap = capacity_tokens * top_k`` rows (the worst case: all of a rank's pairs to one peer); counts are
   exchanged on the device; the sender scatters its rows into its peer slots, padding rows are never part of
-  an expert segment (the grouped GEMMs write them as zeros) and the combine reads only valid rows.
+  an expert segment (the grouped GEMMs write them as zeros) and the combine reads only valid rows. The rows move
+  by NCCL all-to-alls (whole blocks) or, with ``exchange="p2p"`` (the default on one host,
+  :mod:`~megamoe.distributed.peer_exchange`), by peer-to-peer stores of the valid rows only, with the counts.
+
+The send packing (steps 2-4) and the receive order (step 5) are one kernel each on CUDA
+(``megamoe/kernels/ep_exchange.py``; their PyTorch oracles in ``megamoe/reference/ep_exchange.py`` run the CPU
+path).
 
 Memory of the capacity mode, per rank, with R = W * capacity_tokens * top_k rows, bf16:
 send R*H, receive R*H, intermediate R*I (+ R*I for static w4a4), expert output R*H, return send R*H and
 return receive (R + max_num_tokens)*H, i.e. about ``2 * R * (5*H + I)`` bytes (+ ``2*R*I`` for w4a4 static
-scales), plus int64 indices of 4*R. Example: V4-Flash (H=4096, I=2048, k=6), W=8, capacity_tokens=64:
+scales), plus int32 indices of 2*R (int64 of R more for static w4a4); with ``exchange="p2p"`` the receive and
+return buffers live in the symmetric-memory workspace. Example: V4-Flash (H=4096, I=2048, k=6), W=8, capacity_tokens=64:
 R = 3072 rows -> 2 * 3072 * (20480 + 2048) = 138 MB per MoE layer's buffers (they can be shared between
 layers by the model: they are workspace, not state). The exact mode reuses these buffers when the step fits
 and allocates ``(received pairs) * (3*H + I) * 2`` bytes otherwise.

@@ -4,9 +4,10 @@
              [--exchange auto,nccl] [--out F.md]
 
 Per tokens-per-rank T (a layer whose capacity is T, as a decode deployment sizes it):
-* for each ``--exchange`` setting of the layer, the capacity-mode EP forward in one CUDA graph: time per replay (batches of back-to-back replays, a barrier
-  before each batch), and rank 0's kernels of one replay by name (torch.profiler): count and GPU time, split
-  into NCCL kernels, the grouped GEMMs and the rest (the routing / dispatch / reordering glue);
+* for each ``--exchange`` setting of the layer, the capacity-mode EP forward in one CUDA graph: time per replay
+  (batches of back-to-back replays, a barrier before each batch), and rank 0's kernels of one replay by name
+  (torch.profiler): count and GPU time, split into NCCL kernels, the grouped GEMMs and the rest (the routing /
+  dispatch / reordering glue, the peer stores and barriers);
 * the exchange primitives alone, each captured 16 times into one graph: NCCL ``all_to_all_single`` of the
   counts (E int32) and of the capacity rows (W * T * k bf16 rows of H), ``all_gather_into_tensor`` of T rows;
 * the same bytes over NVLink peer-to-peer (``torch.distributed._symmetric_memory``, no multicast): a copy into

@@ -1,9 +1,11 @@
-"""Expert-parallel exchange planning on the device: the send packing and the receive-side order in one launch each.
+"""Expert-parallel exchange on the device: the send packing, the receive-side order and the peer-to-peer stores.
 
-Two kernels, one launcher each; the pure-PyTorch oracles of the same names are in
-``megamoe/reference/ep_exchange.py`` (and run the CPU path). Notation: W ranks, E routed experts, EL = E / W
-local experts per rank (rank r owns ``[r * EL, (r + 1) * EL)``), k slots per token, P = T * k pairs.
-``cap``: rows per rank pair in capacity mode (0 = exact mode).
+Three kernels, one launcher each, one launch per call. The pure-PyTorch oracles of ``ep_pack`` and
+``ep_local_order`` (same names) are in ``megamoe/reference/ep_exchange.py`` and run the CPU path; ``ep_put_rows``
+addresses other GPUs and is CUDA only (its CPU counterpart is NCCL's / gloo's all-to-all).
+
+Notation: W ranks, E routed experts, EL = E / W local experts per rank (rank r owns ``[r * EL, (r + 1) * EL)``),
+k slots per token, P = T * k pairs. ``cap``: rows per rank pair in capacity mode (0 = exact mode).
 
 :func:`ep_pack` (before the exchange). From ``megamoe.ops.moe.dispatch``'s outputs (``inv_perm``,
 ``sorted_expert``, ``expert_offsets``) and the token rows ``x`` (T, H) bf16 it writes
@@ -33,12 +35,13 @@ sum of the earlier sources' rows in exact mode, ordered by local expert, then th
 rank's workspace at rows ``my_rank * cap + i`` of the region at ``dst_offset`` bytes, where ``n_peer`` is the
 sum of ``counts[peer * EL:(peer + 1) * EL]`` (the send counts before the GEMMs, the received counts after: only
 the rows that exist move; with ``src_index`` the row read is ``src[src_index[peer * cap + i]]``, the return
-exchange's gather from the expert-major GEMM output). With ``counts_dst_offset``, ``counts[peer * EL:(peer + 1) * EL]`` goes to that rank's
-counts region at ``my_rank * EL``. Addresses come from ``peer_base`` (W,) int64; the caller's barrier makes the
-stores visible.
+exchange's gather from the expert-major GEMM output). With ``counts_dst_offset``,
+``counts[peer * EL:(peer + 1) * EL]`` goes to that rank's counts region at ``my_rank * EL``. Addresses come from
+``peer_base`` (W,) int64; the caller's barrier makes the stores visible.
 
 All are sync-free and graph-capturable: sizes come from the host (T, rows, cap), values stay on the device.
-Every store is masked to its buffer, so inconsistent counts cannot write out of bounds.
+Every store is masked to its buffer (the peer stores to the sender's block of ``cap`` rows), so inconsistent counts
+cannot write out of bounds.
 """
 from __future__ import annotations
 

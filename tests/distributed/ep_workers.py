@@ -97,6 +97,14 @@ def _mine(t: torch.Tensor | None, counts: list, rank: int):
     return t[start:start + counts[rank]]
 
 
+def _bias_towards_rank(c, world: int, rank: int) -> torch.Tensor:
+    """A correction bias that routes every token's k experts to ``rank``'s experts (the others receive nothing)."""
+    el = c.num_experts // world
+    bias = torch.zeros(c.num_experts)
+    bias[rank * el:(rank + 1) * el] = 100.0
+    return bias
+
+
 def compare_with_single_process(rank: int, world: int, *, seed: int, fuse_max: int, hash_vocab=None,
                                 mode="w4a16", bias_to_rank: int | None = None) -> dict:
     """EP forward (exact and capacity) vs Nvfp4MoE on the concatenated batch; returns equality flags."""
@@ -110,10 +118,7 @@ def compare_with_single_process(rank: int, world: int, *, seed: int, fuse_max: i
     ep = ExpertParallelMoE.random(c, seed=seed, hash_vocab=hash_vocab, max_num_tokens=8, mode=mode,
                                   fuse_shared_max_tokens=fuse_max)
     if bias_to_rank is not None:  # every token's k experts on one rank: the other ranks receive nothing
-        el = c.num_experts // world
-        bias = torch.zeros(c.num_experts)
-        bias[bias_to_rank * el:(bias_to_rank + 1) * el] = 100.0
-        single.correction_bias = ep.correction_bias = bias
+        single.correction_bias = ep.correction_bias = _bias_towards_rank(c, world, bias_to_rank)
     ref = single.forward(x, ids).clone()
     ref_ids = single.last_routing[1].clone()
     mx, mids = _mine(x, counts, rank), _mine(ids, counts, rank)
@@ -150,10 +155,7 @@ def exchange_kernels_vs_oracles(rank: int, world: int, *, seed: int) -> dict:
     for name, fuse_max, bias_rank in (("fused", 64, None), ("shared_first", 0, None), ("last_rank", 64, world - 1)):
         ep = ExpertParallelMoE.random(c, seed=seed, max_num_tokens=8, fuse_shared_max_tokens=fuse_max)
         if bias_rank is not None:
-            el = c.num_experts // world
-            bias = torch.zeros(c.num_experts)
-            bias[bias_rank * el:(bias_rank + 1) * el] = 100.0
-            ep.correction_bias = bias
+            ep.correction_bias = _bias_towards_rank(c, world, bias_rank)
         results = {}
         for impl_name, impl in (("kernels", kernels), ("oracles", oracles)):
             ep_moe._exchange_impl = lambda t, impl=impl: impl

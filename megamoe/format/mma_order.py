@@ -65,3 +65,41 @@ def from_mma_k_order(x_mma: torch.Tensor, block_k: int = MMA_K_GROUP) -> torch.T
     _check(x_mma, block_k)
     m, k = x_mma.shape
     return x_mma.reshape(m, k // block_k, block_k).index_select(2, inverse).reshape(m, k)
+
+
+#: The paired order's permutation within every 8 consecutive K elements: position j holds element PAIRED_PERM[j].
+PAIRED_PERM = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def to_paired_order(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(M, K) -> (M, K) contiguous in the *paired* order of the mma.sync decode kernel (``X_PAIRED``).
+
+    Within every 8 consecutive K elements (one packed weight word) position ``c0 + 2*c1 + 4*nib`` holds memory
+    element ``nib + 2*c0 + 4*c1`` (``x0 x2 x4 x6 x1 x3 x5 x7``): the bf16 pairs that one MMA operand register holds in
+    the K order of :func:`mma_k_permutation` (``c0`` the pair's halves) are then adjacent, so the kernel moves whole
+    32-bit pairs into the MMA operand instead of building them with byte permutes. Unlike the MMA K order it does
+    not depend on the kernel's K step (a thread's K range is a multiple of 8 for every BLOCK_K). Exact (a column
+    permutation, any dtype); K % 8 == 0. ``out``: optional (M, K) buffer.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise TypeError(f"x: expected a 2-D torch.Tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    m, k = x.shape
+    if k % 8:
+        raise ValueError(f"x: K={k} must be a multiple of 8 for the paired order")
+    # (m, g, a, b) element 2a + b -> position 4b + a: PAIRED_PERM without a host index tensor (graph-capturable)
+    src = x.reshape(m, k // 8, 4, 2).transpose(2, 3)
+    if out is None:
+        return src.reshape(m, k)
+    out.view(m, k // 8, 2, 4).copy_(src)
+    return out
+
+
+def from_paired_order(x_paired: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`to_paired_order`: (M, K) in the paired order -> memory order (a new tensor)."""
+    if not isinstance(x_paired, torch.Tensor) or x_paired.dim() != 2:
+        raise TypeError(f"x_paired: expected a 2-D torch.Tensor, got "
+                        f"{getattr(x_paired, 'shape', type(x_paired).__name__)}")
+    m, k = x_paired.shape
+    if k % 8:
+        raise ValueError(f"x_paired: K={k} must be a multiple of 8 for the paired order")
+    return x_paired.reshape(m, k // 8, 2, 4).transpose(2, 3).reshape(m, k)

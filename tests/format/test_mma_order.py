@@ -46,3 +46,32 @@ def test_roundtrip_out_buffer_and_edges():
         to_mma_k_order(torch.randn(128))
     with pytest.raises(ValueError, match="block_k"):
         to_mma_k_order(x, block_k=64)
+
+
+@pytest.mark.parametrize("block_k", [128, 256])
+def test_paired_order_feeds_the_same_mma_k_order(block_k):
+    """The kernel's ``x_paired_order`` (mirrored here: reshape (m, q, i, nib, c1, c0), permute to (m, i, nib, c1, q,
+    c0)) of the paired x equals ``x_kappa_order`` of the plain x, per K step; and the pairs (c0) stay whole."""
+    from megamoe.format.mma_order import PAIRED_PERM, to_paired_order
+
+    x = torch.randn(3, 2 * block_k).bfloat16()
+    xp = to_paired_order(x)
+    for s in range(0, 2 * block_k, block_k):
+        kappa = x[:, s:s + block_k].reshape(3, 4, block_k // 32, 2, 2, 2).permute(0, 2, 5, 3, 1, 4)
+        paired = xp[:, s:s + block_k].reshape(3, 4, block_k // 32, 2, 2, 2).permute(0, 2, 3, 4, 1, 5)
+        assert torch.equal(paired.reshape(3, block_k), kappa.reshape(3, block_k))
+    assert torch.equal(xp[:, :8], x[:, list(PAIRED_PERM)])
+    assert not torch.equal(xp, x)
+
+
+def test_paired_order_arguments():
+    from megamoe.format.mma_order import to_paired_order
+
+    x = torch.arange(32.0).reshape(2, 16)
+    out = torch.empty_like(x)
+    assert to_paired_order(x, out=out) is out and out[0, :8].tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert to_paired_order(torch.empty(0, 8)).shape == (0, 8)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        to_paired_order(torch.empty(2, 12))
+    with pytest.raises(TypeError, match="2-D"):
+        to_paired_order(torch.empty(8))

@@ -411,9 +411,11 @@ if GLUON_AVAILABLE:
     def store_epilogue(acc, pid_rows, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge, stride_gn,
                        bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       num_warps: gl.constexpr, OUT_PAIRED: gl.constexpr = False):
         """acc (BLOCK_N, BLOCK_M) fp32 (weight rows x token rows) -> out rows pid_rows..: global scale
-        (times 2**8: the decoded weights carry 2**-8), bias, SwiGLU; zeros where ``is_real`` is false."""
+        (times 2**8: the decoded weights carry 2**-8), bias, SwiGLU; zeros where ``is_real`` is false.
+        ``OUT_PAIRED`` (SwiGLU only; N // 2 a multiple of 8): the output columns go in the paired order of
+        :func:`megamoe.format.mma_order.to_paired_order` (column c at ``8 (c // 8) + 4 (c % 2) + (c % 8) // 2``)."""
         if SWIGLU:
             # stay in the MMA layout (a full layout conversion of the tile through shared memory
             # spilled registers): one shuffle exchange puts rows 2j, 2j+1 in the same thread
@@ -437,7 +439,11 @@ if GLUON_AVAILABLE:
             half_layout: gl.constexpr = y.type.layout
             half_cols = n_start // 2 + gl.arange(0, BLOCK_N // 2, layout=gl.SliceLayout(1, half_layout))
             rows = pid_rows + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, half_layout))
-            gl.store(out_ptr + rows.to(gl.int64)[None, :] * stride_om + half_cols[:, None], y.to(gl.bfloat16),
+            if OUT_PAIRED:
+                store_cols = (half_cols // 8) * 8 + (half_cols % 2) * 4 + (half_cols % 8) // 2
+            else:
+                store_cols = half_cols
+            gl.store(out_ptr + rows.to(gl.int64)[None, :] * stride_om + store_cols[:, None], y.to(gl.bfloat16),
                      mask=(rows < row_end)[None, :] & (half_cols < N // 2)[:, None])
         else:
             epi_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [1, num_warps], [1, 0])

@@ -61,6 +61,7 @@ if GLUON_AVAILABLE:
         grouped_tile_table,
         interleaved_offsets,
         load_weights,
+        pair_halves,
         locate_tile,
         scale_layout,
         store_epilogue,
@@ -96,6 +97,10 @@ MMA_DECODE_CONFIGS = {
 # (env MEGAMOE_MMA_X_SMEM="32", a comma list, read at import) until measured on the H100.
 MMA_X_SMEM_BLOCK_M = frozenset(int(v) for v in os.environ.get("MEGAMOE_MMA_X_SMEM", "").split(",") if v.strip())
 MMA_RING_STAGES = int(os.environ.get("MEGAMOE_MMA_STAGES", "0") or 0)
+# Measurement switch (issue 11, NOTES_moe_decode.md "x in the paired order"): the launcher copies x into the paired
+# order (megamoe/format/mma_order.py: one extra torch launch per GEMM) and the kernel skips its 32 byte permutes per K
+# step (the x half of the MMA B operand). Off by default; callers that already hold a paired x pass x_paired=True.
+MMA_X_PAIRED = os.environ.get("MEGAMOE_MMA_X_PAIRED", "0") == "1"
 if MMA_RING_STAGES >= 2:
     MMA_DECODE_CONFIGS[1 << 62] = MMA_DECODE_CONFIGS[1 << 62] + (MMA_RING_STAGES,)
 
@@ -290,10 +295,22 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _mma_step(acc, words, scale_bytes, x_pairs, a_layout: gl.constexpr, b_layout: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr):
+                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, X_PAIRED: gl.constexpr = False):
         a = decode_a_operand(words, scale_bytes, a_layout, BLOCK_N, BLOCK_K)
-        b = gl.convert_layout(x_kappa_order(x_pairs, BLOCK_M, BLOCK_K).permute([1, 0]), b_layout)
+        if X_PAIRED:
+            xk = x_paired_order(x_pairs, BLOCK_M, BLOCK_K)
+        else:
+            xk = x_kappa_order(x_pairs, BLOCK_M, BLOCK_K)
+        b = gl.convert_layout(xk.permute([1, 0]), b_layout)
         return mma_v2(a, b, acc)
+
+    @gluon.jit
+    def x_paired_order(x_pairs, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr):
+        """Activation pairs already in the paired order (:func:`megamoe.format.mma_order.to_paired_order`: per 8
+        elements ``x0 x2 x4 x6 x1 x3 x5 x7``) -> the MMA K order of :func:`decode_a_operand`, moving whole
+        32-bit pairs only (no byte permutes)."""
+        x = pair_halves(x_pairs).reshape([BLOCK_M, 4, BLOCK_K // 32, 2, 2, 2])  # m, q, i, nib, c1, c0
+        return x.permute([0, 2, 3, 4, 1, 5]).reshape([BLOCK_M, BLOCK_K])
 
     @gluon.jit
     def chunk_rows(chunk, lane, starts, ends, chunks, chunk_ends, BLOCK_M: gl.constexpr):
@@ -332,7 +349,7 @@ if GLUON_AVAILABLE:
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
         num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False, X_SMEM: gl.constexpr = False,
-        W_IL: gl.constexpr = 1,
+        W_IL: gl.constexpr = 1, X_PAIRED: gl.constexpr = False, OUT_PAIRED: gl.constexpr = False,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
@@ -519,20 +536,20 @@ if GLUON_AVAILABLE:
                         words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt, W_IL)
                         x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
                         acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
-                                        BLOCK_K)
+                                        BLOCK_K, X_PAIRED)
                         words, scale_bytes, x_pairs = words_n, scale_n, x_next
             if SPLIT == 0:
                 # padding rows (the bias included) are zeros
                 store_epilogue(acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge,
                                stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
-                               SWIGLU, HAS_LIMIT, num_warps)
+                               SWIGLU, HAS_LIMIT, num_warps, OUT_PAIRED)
             else:
                 slot = chunk * n_tiles + pid_n
                 if SPLIT != 3:
                     if (~split_item) & (pid_s == 0):  # whole-K chunk (past the slots) or padding zeros
                         store_epilogue(acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge,
                                        stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N,
-                                       HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
+                                       HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps, OUT_PAIRED)
                     if split_item:
                         gl.store(ws_ptr + (slot.to(gl.int64) * splits + pid_s) * (BLOCK_N * BLOCK_M) + tile_offs,
                                  acc)
@@ -547,14 +564,14 @@ if GLUON_AVAILABLE:
                                 store_epilogue(total_acc, r0, row_end, is_real, n_start, N, global_scale_ptr,
                                                expert, stride_ge, stride_gn, bias_ptr, out_ptr, stride_om,
                                                swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU, HAS_LIMIT,
-                                               num_warps)
+                                               num_warps, OUT_PAIRED)
                                 gl.store(cnt_ptr + slot, 0)
                 else:
                     if split_item:
                         total_acc = _sum_partials(ws_ptr, slot, splits, tile_offs, BLOCK_N, BLOCK_M)
                         store_epilogue(total_acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert,
                                        stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M,
-                                       BLOCK_N, HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps)
+                                       BLOCK_N, HAS_BIAS, SWIGLU, HAS_LIMIT, num_warps, OUT_PAIRED)
             chunk += num_programs
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:
@@ -569,7 +586,8 @@ COMPILE_EXTRA_POINTERS = dict(ws_ptr="*fp32", cnt_ptr="*i32")
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
-                     swiglu_limit=True, split=0, x_smem=False, weight_interleave=1):
+                     swiglu_limit=True, split=0, x_smem=False, weight_interleave=1, x_paired=False,
+                     out_paired=False):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
     ``split``: the SPLIT mode (0 no split-K, 1 single launch, 2 partials, 3 reduction); ``weight_interleave``: as
     the launcher's (its ``W_IL`` and register cap)."""
@@ -579,7 +597,8 @@ def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=Tr
     return compile_sm90(_nvfp4_mma_decode_kernel, COMPILE_SCALARS, config[:3], config[3], grouped=grouped,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=COMPILE_EXTRA_POINTERS,
-                        extra_constants=dict(SPLIT=split, STAGES=stages, X_SMEM=x_smem, **interleave),
+                        extra_constants=dict(SPLIT=split, STAGES=stages, X_SMEM=x_smem, X_PAIRED=x_paired,
+                                             OUT_PAIRED=out_paired, **interleave),
                         maxnreg=maxnreg)
 
 
@@ -639,6 +658,8 @@ def launch_nvfp4_mma_decode(
     splits: int | None = 1,
     x_smem=None,
     weight_interleave: int = 1,
+    x_paired: bool = False,
+    out_paired: bool = False,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -658,6 +679,11 @@ def launch_nvfp4_mma_decode(
     without split-K and the weight ring only); the same MMAs in the same K order, so the same bits.
     ``weight_interleave`` (1 or 4): ``data`` and ``block_scale`` hold groups of that many rows interleaved per 128-K
     step (:func:`megamoe.format.layouts.interleave_weight_rows`); the same bits as the row-major layout.
+    ``x_paired``: ``x`` is already in the paired order (:func:`megamoe.format.mma_order.to_paired_order`), so the
+    kernel feeds its pairs to the MMA without byte permutes (register path only: no x_smem, no weight ring); the
+    same MMAs in the same K order, so the same bits as the plain ``x``.
+    ``out_paired`` (``swiglu`` only, N // 2 a multiple of 8): the SwiGLU output is written in the paired order (the
+    next GEMM's ``x_paired`` input).
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -680,6 +706,16 @@ def launch_nvfp4_mma_decode(
         chunks = chunk_bound(num_rows, num_experts, block_m, row_lo, row_hi, own_pad, max_rows_per_expert)
     else:
         chunks = triton.cdiv(num_rows, block_m)
+    x_smem = MMA_X_SMEM_BLOCK_M if x_smem is None else x_smem
+    if out_paired and (not swiglu or (n // 2) % 8):
+        raise ValueError(f"out_paired: the paired output needs swiglu and N // 2 a multiple of 8, got swiglu={swiglu}, "
+                         f"N={n}")
+    if x_paired and (stages or block_m in x_smem):
+        raise ValueError("x_paired: the paired x order is read by the register path only (no x_smem, no weight ring)")
+    if MMA_X_PAIRED and not x_paired and stages == 0 and block_m not in x_smem:
+        from ...format.mma_order import to_paired_order
+
+        x, x_paired = to_paired_order(x), True
     head, strides, flags = kernel_arguments(x, data, block_scale, global_scale, out, expert_offsets=expert_offsets,
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
@@ -711,8 +747,9 @@ def launch_nvfp4_mma_decode(
     if splits > 1:  # the ring reads whole-K slabs from the chunk's start: split-K keeps register buffering
         consts["STAGES"] = 0
     consts.update(interleave_constants(config, consts["STAGES"], weight_interleave))
-    x_smem = MMA_X_SMEM_BLOCK_M if x_smem is None else x_smem
     consts["X_SMEM"] = block_m in x_smem and splits == 1 and consts["STAGES"] == 0
+    consts["X_PAIRED"] = bool(x_paired)
+    consts["OUT_PAIRED"] = bool(out_paired)
     if consts["X_SMEM"]:  # x in the kernel's MMA K order (a (S, K) temporary), streamed by cp.async
         x32 = launch_to_mma_k_order(x, block_k=block_k).view(torch.int32)
         head = (x32, *head[1:])

@@ -122,3 +122,74 @@ def test_sm90_one_wave_build_fits_two_programs_per_sm(tmp_path, interleave, flag
     assert "LOCAL:0" in usage and "STACK:0" in usage, usage
     loops = [ops for _, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"]]
     assert len(loops) == 1 and not loops[0]["LDL"] and not loops[0]["STL"], loops
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config,kwargs", [
+    ((8, 128, 256, 4), dict(weight_interleave=4)),  # the decode band's config
+    ((8, 128, 256, 8), dict(weight_interleave=4)),  # the one-wave config
+    ((32, 128, 128, 4), {}),  # the 32-row band, 128-K steps
+    ((8, 128, 256, 4), dict(splits=3)),  # split-K partials
+])
+def test_cuda_x_paired_same_bits(config, kwargs):
+    """x in the paired order (``x_paired=True``, no byte permutes in the kernel) runs the same MMAs in the same K
+    order as the plain x: the same bits, gathered SwiGLU and plain, with empty experts and padding rows; the paired x
+    read as plain (or the plain x read as paired) gives other values."""
+    from megamoe.format.mma_order import to_paired_order
+
+    device = torch.device("cuda")
+    counts = [0, 1, 3, 8, 5, 0, 7, 2]
+    e, n, k = len(counts), 520, 1024
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    if kwargs.get("weight_interleave", 1) > 1:
+        w = w.interleave_rows(kwargs["weight_interleave"])
+    t = sum(counts) + 3
+    x = torch.randn(t, k, device=device).bfloat16()
+    xp = to_paired_order(x)
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    offsets = offsets_of(counts, device)
+    for swiglu, index in ((True, row_index), (False, None)):
+        width = n // 2 if swiglu else n
+        outs = []
+        for xin, paired in ((x, False), (xp, True), (x, True)):
+            out = torch.full((t, width), float("nan"), dtype=torch.bfloat16, device=device)
+            mma.launch_nvfp4_mma_decode(xin, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets,
+                                        row_index=index, swiglu=swiglu, config=config, max_rows_per_expert=8,
+                                        x_paired=paired, **kwargs)
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1])
+        assert not outs[0].isnan().any()
+        assert not torch.equal(outs[2][:sum(counts)], outs[0][:sum(counts)])
+
+
+def test_x_paired_refuses_the_shared_memory_paths():
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    scale = torch.zeros(2, 8, 16, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="x_paired"):
+        mma.launch_nvfp4_mma_decode(x, torch.zeros(2, 8, 128, dtype=torch.uint8), scale, torch.ones(()),
+                                    torch.empty(4, 8), expert_offsets=torch.tensor([2, 4], dtype=torch.int32),
+                                    config=(32, 128, 128, 4), x_smem=(32,), x_paired=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
+def test_sm90_x_paired_drops_the_x_byte_permutes(tmp_path):
+    """Offline sm_90: the paired build of the one-wave gathered SwiGLU config has 32 fewer PRMT per K step (two per
+    MMA: the B operand's pairs) and the same MMAs and loads, within the same 128-register cap, without spills."""
+    tk = pytest.importorskip("test_nvfp4_gluon")
+    if tk._cuobjdump() is None:
+        pytest.skip("needs cuobjdump")
+    loops, regs = {}, {}
+    for paired in (False, True):
+        flags = dict(swiglu=True, weight_interleave=4, x_paired=paired)
+        cubin = tk._compile_in_subprocess(mma.MMA_DECODE_ONE_WAVE_CONFIG, flags, tmp_path)
+        path = tmp_path / "res.cubin"
+        path.write_bytes(cubin)
+        usage = subprocess.run([tk._cuobjdump(), "-res-usage", str(path)], capture_output=True, text=True).stdout
+        regs[paired] = int(usage.split("REG:")[1].split()[0])
+        assert "LOCAL:0" in usage, usage
+        (loops[paired],) = [ops for _, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"]]
+    plain, paired = loops[False], loops[True]
+    assert plain["HMMA"] == paired["HMMA"] == 16 and plain["LDG"] == paired["LDG"]
+    assert plain["PRMT"] - paired["PRMT"] == 32, (plain, paired)
+    assert max(regs.values()) <= 128, regs

@@ -48,6 +48,7 @@ import os
 
 import torch
 
+from ..format.mma_order import from_paired_order, to_paired_order
 from ..format.tensor import NVFP4Tensor
 from ..reference import gemm as _reference
 from ..reference.gemm import deinterleave_gate_up, interleave_gate_up  # noqa: F401  (public layout helpers)
@@ -601,6 +602,8 @@ def nvfp4_grouped_mm(
     activation=None,
     swiglu_limit=None,
     max_rows_per_expert=None,
+    x_order="plain",
+    out_order="plain",
 ) -> torch.Tensor:
     """Grouped GEMM over experts with NVFP4 weights (rows sorted by expert).
 
@@ -625,10 +628,24 @@ def nvfp4_grouped_mm(
     max_rows_per_expert: None or a host int, the most rows any expert can have
         (e.g. the token count of a top-k MoE layer); only sizes launches
         (:func:`plan_row_bands`): results never depend on it, even if wrong.
+    x_order / out_order: "plain" (default) or "paired": x holds its K columns, or the SwiGLU output is written, in
+        the paired order of :func:`megamoe.format.mma_order.to_paired_order` (a column permutation within every 8;
+        the values are those of the plain order). The decode kernel then skips the byte permutes that build its MMA
+        operand; a layer chains them (``out_order="paired"`` feeding the next GEMM's ``x_order="paired"``). On CUDA
+        only where :func:`paired_order_supported` says so (decode sizes, mode "w4a16"), else ValueError; on CPU the
+        reference permutes.
     """
     _check_x(x, None)
     _check_weight(weight, 3, x, interleave_ok=True)
     num_experts, n, k = weight.shape
+    for name, order in (("x_order", x_order), ("out_order", out_order)):
+        if order not in ("plain", "paired"):
+            raise ValueError(f"{name}: expected 'plain' or 'paired', got {order!r}")
+    if out_order == "paired" and (activation != "swiglu" or (n // 2) % 8):
+        raise ValueError(f"out_order: 'paired' needs activation='swiglu' and N // 2 a multiple of 8, got "
+                         f"activation={activation!r}, N={n}")
+    if x_order == "paired" and k % 8:
+        raise ValueError(f"x_order: 'paired' needs K a multiple of 8, got K={k}")
     _check_x(x, k)
     _check_mode(mode)
     _check_w4a8_k(mode, k)
@@ -662,6 +679,13 @@ def nvfp4_grouped_mm(
     expert_offsets = expert_offsets.contiguous()
     if row_index is not None:
         row_index = row_index.contiguous()
+    paired = x_order == "paired" or out_order == "paired"
+    if paired and not x.is_cuda:  # CPU (reference, interpreter): the plain order's values, permuted
+        result = nvfp4_grouped_mm(from_paired_order(x) if x_order == "paired" else x, weight, expert_offsets,
+                                  mode=mode, out=None if out_order == "paired" else out, row_index=row_index,
+                                  activation=activation, swiglu_limit=swiglu_limit,
+                                  max_rows_per_expert=max_rows_per_expert)
+        return to_paired_order(result, out=out) if out_order == "paired" else result
     if not use_triton(x):
         if row_index is not None:  # same drop rule and flag as the kernels (megamoe/ops/errors.py)
             _record_row_index(x, row_index, expert_offsets)
@@ -669,6 +693,10 @@ def nvfp4_grouped_mm(
             x, weight.rows_in_order(), expert_offsets, mode=mode, out=out, row_index=row_index,
             activation=activation, swiglu_limit=swiglu_limit,
         )
+    if paired and not paired_order_supported(x, weight, num_rows, mode=mode, max_rows_per_expert=max_rows_per_expert):
+        raise ValueError(f"x_order / out_order: 'paired' runs on the mma.sync decode kernel's register path only (mode "
+                         f"'w4a16', decode sizes); this GEMM (rows {num_rows}, E {num_experts}, N {n}, K {k}, mode "
+                         f"{mode!r}) would not (paired_order_supported)")
     if out is None:
         out = torch.empty((num_rows, n_out), dtype=torch.bfloat16, device=x.device)
     if mode == "w4a8" and w4a8_kernel_mode(x, num_rows, num_experts) == "w4a8":
@@ -717,5 +745,34 @@ def nvfp4_grouped_mm(
         swiglu_limit=swiglu_limit,
         interpreter=not x.is_cuda,
         **({"max_rows_per_expert": max_rows_per_expert} if route == "banded" else {}), **interleave,
+        **({"x_paired": x_order == "paired", "out_paired": out_order == "paired"} if paired else {}),
     )
+
+
+def paired_order_supported(x: torch.Tensor, weight: NVFP4Tensor, num_rows: int, *, mode: str = "w4a16",
+                           max_rows_per_expert: int | None = None) -> bool:
+    """Whether :func:`nvfp4_grouped_mm` of ``x`` (its shape, dtype, device; the values never read) with ``weight``,
+    ``num_rows`` output rows and the ``max_rows_per_expert`` hint runs every launch on the mma.sync decode kernel's
+    register path, which reads ``x_order="paired"`` and writes ``out_order="paired"``: CUDA, mode "w4a16", the banded
+    route with only "mma" bands, none with the cp.async weight ring or x through shared memory. Host shapes only
+    (a graph keeps one answer per shape); True on CPU (the reference permutes)."""
+    if not x.is_cuda:
+        return True
+    if mode != "w4a16" or len(weight.shape) != 3:
+        return False
+    from ..kernels.gemm import nvfp4_mma_decode as mma
+    from ..kernels.gemm.nvfp4_gemm import _num_sms
+
+    num_experts, n, k = weight.shape
+    data = weight.data
+    if decode_route(x, data, num_rows, num_experts, n, k) != "banded":
+        return False
+    plan = plan_row_bands(num_rows, num_experts, k, max_rows_per_expert, weight_interleave=weight.row_interleave,
+                          n=n, num_sms=_num_sms(x.device.index or 0))
+    for route, band in plan:
+        config = band.get("config")
+        if route != "mma" or config is None or (len(config) > 4 and config[4] >= 2) \
+                or config[0] in mma.MMA_X_SMEM_BLOCK_M:
+            return False
+    return True
 

@@ -44,6 +44,9 @@ def main():
                     help="the gate as the layer holds it (bf16 since 2026-11-26; fp32 before)")
     ap.add_argument("--split-min-tokens", type=int, default=None,
                     help="moe_route_dispatch.SPLIT_H_MIN_TOKENS for this run (A/B of the GEMV plan)")
+    ap.add_argument("--paired", action="store_true",
+                    help="also time the fused launch writing x in the paired order (x_paired_out; issue 11) and "
+                         "print the compiled variants' registers / spills")
     args = ap.parse_args()
     if args.split_min_tokens:
         from megamoe.kernels import moe_route_dispatch
@@ -75,7 +78,23 @@ def main():
 
             a, b = _graph_time(unfused), _graph_time(fused)
             lines.append(f"| {name} | {t} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+            if args.paired:
+                xp = torch.empty_like(x)
+                c = _graph_time(lambda: moe_ops.route_dispatch(x, gate, bias, x_paired_out=xp, **kw))
+                lines[-1] += f" fused + paired x: {c:.1f} us ({b / c:.3f}x of fused) |"
             print(lines[-1], flush=True)
+    if args.paired:
+        from megamoe.kernels.moe_route_dispatch import _route_dispatch_kernel
+
+        for cache in _route_dispatch_kernel.device_caches.values():
+            for key, compiled in cache[0].items():
+                try:
+                    paired = dict(compiled.src.constants).get("PAIRED_X", "?")
+                except Exception:  # the compiled kernel's source record differs between Triton versions
+                    paired = "?"
+                lines.append(f"- compiled variant: PAIRED_X {paired}, registers {getattr(compiled, 'n_regs', '?')}, "
+                             f"spills {getattr(compiled, 'n_spills', '?')}, key {str(key)[-60:]}")
+                print(lines[-1])
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(args.out, "w") as f:

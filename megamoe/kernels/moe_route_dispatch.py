@@ -253,6 +253,7 @@ def _route_dispatch_kernel(
     SPLITS_PAD: tl.constexpr, TBR: tl.constexpr, USE_DOT: tl.constexpr, BT: tl.constexpr, BINS: tl.constexpr,
     SCORING: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr, HASH: tl.constexpr,
     FLAG_TOKENS: tl.constexpr, FLAG_TABLE: tl.constexpr, FLAG_IDS: tl.constexpr, PDL: tl.constexpr = False,
+    xp_ptr=None, stride_xp=0, PAIRED_X: tl.constexpr = False,  # (T, H) bf16 out: x in the paired order
 ):
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     pid_e = tl.program_id(0)
@@ -280,6 +281,11 @@ def _route_dispatch_kernel(
         tok_ok = tok < num_tokens
         xv = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + hh[None, :],
                      mask=tok_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
+        if PAIRED_X:  # the first expert block's programs also copy their H chunk in the paired order (the GEMMs' x):
+            if pid_e == 0:  # element 2a + b of each 8 to position 4b + a, permuted in registers, stored contiguous
+                xq = tl.reshape(tl.permute(tl.reshape(xv, [TB, CHUNK // 8, 4, 2]), (0, 1, 3, 2)), [TB, CHUNK])
+                tl.store(xp_ptr + tok.to(tl.int64)[:, None] * stride_xp + hh[None, :],
+                         xq.to(xp_ptr.dtype.element_ty), mask=tok_ok[:, None] & h_ok[None, :])
         if USE_DOT:
             acc = tl.dot(xv, wt, input_precision="ieee")
         else:
@@ -332,7 +338,7 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
                           offsets: torch.Tensor, sorted_expert: torch.Tensor, row_index: torch.Tensor,
                           inv_perm: torch.Tensor, counters: torch.Tensor, *, token_ids: torch.Tensor | None = None,
                           tid2eid: torch.Tensor | None = None, error_word: torch.Tensor | None = None,
-                          interpreter: bool = False) -> None:
+                          interpreter: bool = False, x_paired_out: torch.Tensor | None = None) -> None:
     """One launch: route T tokens and group their ``T * slots`` pairs (module docstring).
 
     hidden_states (T >= 1, H) bf16/fp32 and gate_weight (E, H) fp32/bf16, unit column stride; bias (E,) fp32
@@ -340,6 +346,9 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
     k..slots-1 preset by the caller); offsets (num_groups,) and sorted_expert / row_index / inv_perm
     (>= T*slots,) int32 contiguous; counters from :func:`route_dispatch_counters`; token_ids (T,) int32/int64
     contiguous + tid2eid (V, k) int32 unit column stride: hash routing. error_word: default the device's.
+    x_paired_out: None or (>= T, H) bf16, unit column stride, H % 8 == 0: also receives hidden_states in the paired
+    order (:func:`megamoe.format.mma_order.to_paired_order`; the expert GEMMs' ``x_order="paired"`` input), copied
+    by the programs that read x anyway.
     """
     from ..ops import errors
 
@@ -374,4 +383,6 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
         FLAG_TABLE=errors.kernel_flag("route", "tid2eid") if hashed else 0,
         FLAG_IDS=errors.kernel_flag("dispatch", "topk_ids"), num_warps=p["num_warps"],
         PDL=pdl, launch_pdl=pdl,
+        **(dict(xp_ptr=x_paired_out, stride_xp=x_paired_out.stride(0), PAIRED_X=True) if x_paired_out is not None
+           else {}),
     )

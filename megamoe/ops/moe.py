@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from ..format.mma_order import to_paired_order
 from ..reference import moe as _reference
 from ._dispatch import interpreter_enabled, use_triton
 from ._validate import check_bool, check_int, check_vector
@@ -290,6 +291,7 @@ def route_dispatch(
     tid2eid: torch.Tensor | None = None,
     backend: str = "triton",
     dispatch_backend: str = "auto",
+    x_paired_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Router + dispatch: ``(topk_weights (T, k) fp32, topk_ids (T, k) int32, dispatch dict)``.
 
@@ -324,9 +326,23 @@ def route_dispatch(
     flags as :func:`route`; an id outside ``[0, num_groups)`` (only possible in caller-preset columns) flags
     as :func:`dispatch`.
     T = 0: empty outputs, ``expert_offsets`` all zero.
+    x_paired_out: None or a contiguous (>= T, H) bf16 buffer on the device, H % 8 == 0: rows [0, T) also receive
+    ``hidden_states`` in the paired order (:func:`megamoe.format.mma_order.to_paired_order`), the expert GEMMs'
+    ``x_order="paired"`` input; the fused launch copies it from the x it reads anyway, other paths by a torch copy.
     """
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
+    if x_paired_out is not None:
+        if not isinstance(x_paired_out, torch.Tensor):
+            raise TypeError(f"x_paired_out: expected a tensor or None, got {type(x_paired_out).__name__}")
+        if (isinstance(hidden_states, torch.Tensor) and hidden_states.dim() == 2
+                and (x_paired_out.dim() != 2 or x_paired_out.dtype != torch.bfloat16
+                     or x_paired_out.device != hidden_states.device or not x_paired_out.is_contiguous()
+                     or x_paired_out.shape[1] != hidden_states.shape[1] or hidden_states.shape[1] % 8
+                     or x_paired_out.shape[0] < hidden_states.shape[0])):
+            raise ValueError(f"x_paired_out: expected a contiguous bf16 (>= T, H) buffer on {hidden_states.device} with "
+                             f"H % 8 == 0 for hidden states {tuple(hidden_states.shape)}, got "
+                             f"{x_paired_out.dtype} {tuple(x_paired_out.shape)} on {x_paired_out.device}")
     _validate_route_args(hidden_states, gate_weight, correction_bias, top_k, scoring_func, n_group, topk_group,
                          norm_topk_prob, routed_scaling_factor, out, token_ids, tid2eid)
     num_experts = gate_weight.shape[0]
@@ -361,6 +377,8 @@ def route_dispatch(
         d = dispatch(pair_ids, num_groups, buffers=buffers, backend=dispatch_backend)
         if num_tokens == 0:
             d["expert_offsets"].zero_()
+        if x_paired_out is not None and num_tokens:
+            to_paired_order(hidden_states, out=x_paired_out[:num_tokens])
         return weights, ids, d
     from ..kernels.moe_route_dispatch import launch_route_dispatch, route_dispatch_counters
 
@@ -369,7 +387,8 @@ def route_dispatch(
         return route_dispatch(hidden_states, gate_weight, correction_bias, top_k=top_k, scoring_func=scoring_func,
                               norm_topk_prob=norm_topk_prob, routed_scaling_factor=routed_scaling_factor,
                               num_groups=num_groups, slots=slots, out=out, buffers=buffers, token_ids=token_ids,
-                              tid2eid=tid2eid, backend="torch", dispatch_backend=dispatch_backend)
+                              tid2eid=tid2eid, backend="torch", dispatch_backend=dispatch_backend,
+                              x_paired_out=x_paired_out)
     device = hidden_states.device
     if out is None:
         out = (torch.empty((num_tokens, top_k), dtype=torch.float32, device=device),
@@ -392,6 +411,7 @@ def route_dispatch(
         token_ids=token_ids.contiguous() if hashed else None,
         tid2eid=(tid2eid if tid2eid.stride(1) == 1 else tid2eid.contiguous()) if hashed else None,
         interpreter=interpreter_enabled() and not x.is_cuda,
+        x_paired_out=x_paired_out,
     )
     return weights[:, :top_k], ids[:, :top_k], d
 

@@ -326,3 +326,35 @@ def test_cuda_hash_layer_shape_graph():
     w, ids, d = moe_ops.route_dispatch(x, gate, None, top_k=k, token_ids=tok, tid2eid=table)
     assert torch.equal(ids, table[tok])
     _dispatch_equal({n: t.cpu() for n, t in d.items()}, ids.cpu(), e)
+
+
+@pytest.mark.parametrize("tokens,hidden,fused_max", [(1, 64, 64), (5, 600, 64), (9, 96, 64), (3, 64, 0)])
+def test_x_paired_out_is_the_paired_copy(monkeypatch, tokens, hidden, fused_max):
+    """``x_paired_out`` receives the hidden states in the paired order on the fused launch (interpreter; ragged H
+    chunks at 600) and on the unfused path (FUSED_ROUTE_MAX_TOKENS 0), rows past T untouched, routing unchanged."""
+    from megamoe.format.mma_order import to_paired_order
+
+    monkeypatch.setattr(moe_ops, "FUSED_ROUTE_MAX_TOKENS", fused_max)
+    x = torch.randn(tokens, hidden).bfloat16()
+    x[0, 5] = float("nan")
+    gate = torch.randn(16, hidden) * hidden ** -0.5
+    buf = torch.full((tokens + 2, hidden), 7.0, dtype=torch.bfloat16)
+    w, ids, d = moe_ops.route_dispatch(x, gate, None, top_k=3, x_paired_out=buf)
+    w0, ids0, d0 = moe_ops.route_dispatch(x, gate, None, top_k=3)
+    assert torch.equal(buf[:tokens].view(torch.int16), to_paired_order(x).view(torch.int16))  # NaN bits too
+    assert (buf[tokens:] == 7.0).all()
+    assert torch.equal(ids, ids0) and torch.equal(w.nan_to_num(), w0.nan_to_num())
+
+
+def test_x_paired_out_is_checked():
+    x = torch.randn(2, 64).bfloat16()
+    gate = torch.randn(16, 64)
+    for bad in (torch.empty(1, 64, dtype=torch.bfloat16), torch.empty(2, 32, dtype=torch.bfloat16),
+                torch.empty(2, 64), torch.empty(2, 128, dtype=torch.bfloat16)[:, :64]):
+        with pytest.raises(ValueError, match="x_paired_out"):
+            moe_ops.route_dispatch(x, gate, None, top_k=2, x_paired_out=bad)
+    with pytest.raises(TypeError, match="x_paired_out"):
+        moe_ops.route_dispatch(x, gate, None, top_k=2, x_paired_out="buffer")
+    with pytest.raises(ValueError, match="x_paired_out"):  # H not a multiple of 8
+        moe_ops.route_dispatch(torch.randn(2, 60).bfloat16(), torch.randn(16, 60), None, top_k=2,
+                               x_paired_out=torch.empty(2, 60, dtype=torch.bfloat16))

@@ -1,9 +1,10 @@
 """A/B of module settings in the MoE layer at decode sizes, one run, same-bits check (issues 10 / 11).
 
 Each setting is Python run in a namespace holding ``gemm`` (``megamoe.ops.gemm``), ``mma``
-(``megamoe.kernels.gemm.nvfp4_mma_decode``), ``pdl`` (``megamoe.kernels.pdl``) and ``layer`` (the layer), e.g.
+(``megamoe.kernels.gemm.nvfp4_mma_decode``), ``pdl`` (``megamoe.kernels.pdl``), ``moe`` (``megamoe.layers.moe``) and
+``layer`` (the layer), e.g.
 ``gemm.DECODE_SPLITK=None`` (planned decode split-K), ``mma.MMA_DECODE_CONFIGS[4]=(8,64,256,4)``,
-``pdl.PDL_ENABLED=True`` or ``layer.shared_overlap=True``; "base" runs nothing. Per config and token count the layer
+``pdl.PDL_ENABLED=True``, ``moe.PAIRED_X_MAX_TOKENS=0`` or ``layer.shared_overlap=True``; "base" runs nothing. Per config and token count the layer
 (``Nvfp4MoE.random``, w4a16, defaults) is captured once per setting (the setting applied before the capture, the
 defaults restored after it: a graph keeps the launches it captured), then the replays are timed with
 ``triton.testing.do_bench`` in ``--rounds`` interleaved rounds (median), the L2 cleared before each replay by
@@ -34,15 +35,16 @@ _SAVED = ("gemm.DECODE_SPLITK", "mma.MMA_DECODE_CONFIGS", "mma.INTERLEAVED_MAXNR
           "mma.DECODE_SPLITK_PROGRAMS_PER_SM", "mma.DECODE_SPLITK_MAX_SPLITS", "gemm.PIPE_AFTER_DECODE",
           "pdl.PDL_ENABLED", "layer.shared_overlap",
           "layer.fuse_shared_max_tokens", "mma.DECODE_ONE_WAVE", "mma.DECODE_MAXNREG",
-          "mma.MMA_DECODE_ONE_WAVE_CONFIG")
+          "mma.MMA_DECODE_ONE_WAVE_CONFIG", "mma.MMA_X_PAIRED", "moe.PAIRED_X_MAX_TOKENS")
 
 
 def _namespace():
     from megamoe.kernels import pdl
     from megamoe.kernels.gemm import nvfp4_mma_decode as mma
+    from megamoe.layers import moe
     from megamoe.ops import gemm
 
-    return dict(gemm=gemm, mma=mma, pdl=pdl)
+    return dict(gemm=gemm, mma=mma, pdl=pdl, moe=moe)
 
 
 def _snapshot(ns):

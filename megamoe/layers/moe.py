@@ -21,6 +21,9 @@ Pipeline of :meth:`Nvfp4MoE.forward` (all on the device, no host syncs):
    activation="swiglu")`` -- the row gather is fused into the GEMM's A loads and
    SwiGLU + clamp into its epilogue (w13 stored gate/up *interleaved*, done once
    at load);
+   From ``PAIRED_X_MIN_TOKENS`` to ``PAIRED_X_MAX_TOKENS`` tokens (8) the route launch also writes x in the
+   decode kernel's paired K order and gate_up reads it and writes ``inter`` in that order (``x_order`` /
+   ``out_order="paired"``): the same bits, fewer instructions;
 4. L2: ``nvfp4_grouped_mm(inter, w2, expert_offsets)``;
 5. combine kernel: ``out[t] = sum_j w[t, j] * y[inv_perm[t*k + j]]`` (float32, one
    bf16 rounding). The shared expert, when as wide as a routed expert
@@ -220,6 +223,15 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
 # ab_layer_settings_{f,g,n}_*.md, graph replay, read flush), the shared expert apart was 1.03-1.05x faster at 9-16
 # tokens on V4-Flash and V4-Pro and 0.91 / 0.98x at 8 tokens, so the fused path now stops at 8.
 FUSE_SHARED_MAX_TOKENS = 8
+# Decode batches of PAIRED_X_MIN_TOKENS..PAIRED_X_MAX_TOKENS tokens run both expert GEMMs on x in the paired order
+# (issue 11; NOTES_moe_decode.md "x in the paired order"): the route + dispatch launch also writes the hidden states
+# in that order, gate_up reads it and writes its SwiGLU output in it, down reads that, so the decode kernel skips the
+# byte permutes that build its MMA operand (same MMAs, same bits). Only where every launch of both GEMMs is the
+# mma.sync decode kernel's register path (megamoe.ops.gemm.paired_order_supported), mode w4a16, on CUDA; MAX 0 turns
+# it off. The window is where it measured faster on the H100 (results/gpu_check_v32/ d, e: 1.005-1.017x at 8
+# tokens; 0.986-1.006x at 1-4 tokens, where the route launch's copy costs about what the GEMMs save).
+PAIRED_X_MIN_TOKENS = 8
+PAIRED_X_MAX_TOKENS = 8
 # "auto" dispatch uses the single-program Triton sort kernel (megamoe/kernels/moe_dispatch.py) up to this many
 # (token, slot) pairs and the torch sort path above (the op's constant, measured there).
 DISPATCH_KERNEL_MAX_PAIRS = moe_ops.DISPATCH_KERNEL_MAX_PAIRS
@@ -359,6 +371,12 @@ class Nvfp4MoE:
             self._ids_ext = torch.full((max_num_tokens, self._slots), c.num_experts, dtype=torch.int32, device=dev)
             self._weights_ext = torch.ones((max_num_tokens, self._slots), dtype=torch.float32, device=dev)
         self._x_q = torch.empty((max_num_tokens, c.hidden_size), dtype=torch.bfloat16, device=dev)
+        # the hidden states in the paired order (PAIRED_X_MAX_TOKENS), and a cache of its host rule (_paired_x)
+        # keyed by the shapes and settings it reads: {(tokens, shared fused, mode, dynamic scales, weight
+        # interleave, fused decode, the PAIRED_X window): bool}
+        self._x_paired = torch.empty((min(max_num_tokens, PAIRED_X_MAX_TOKENS), c.hidden_size), dtype=torch.bfloat16,
+                                     device=dev)
+        self._paired_rule: dict = {}
         self._inter = torch.empty((pairs, c.intermediate_size), dtype=torch.bfloat16, device=dev)
         self._inter_q = torch.empty_like(self._inter)
         self._expert_out = torch.empty((pairs, c.hidden_size), dtype=torch.bfloat16, device=dev)
@@ -522,6 +540,7 @@ class Nvfp4MoE:
         if t == 0:
             return out
         side = self._fork_shared(hidden_states) if self.shared_overlap and self.shared is not None else None
+        paired = self._paired_x(hidden_states, fuse)
         # routing + dispatch: one launch for decode-sized batches (megamoe.ops.moe.route_dispatch picks it from
         # the token count), the router kernel + dispatch otherwise
         c_out = (self._weights_ext, self._ids_ext) if fuse else (self._route_weights, self._route_ids)
@@ -532,7 +551,8 @@ class Nvfp4MoE:
             slots=self._slots if fuse else c.top_k, out=c_out, buffers=self._dispatch_buffers,
             token_ids=token_ids, tid2eid=self.tid2eid, backend=self.router_backend,
             dispatch_backend=self.dispatch_backend if self.dispatch_backend != "auto" else
-            ("triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"))
+            ("triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"),
+            x_paired_out=self._x_paired[:t] if paired else None)
         self.last_routing = (topk_weights, topk_ids)
         if fuse:  # column k is the shared expert (id E, weight 1.0, preset once)
             topk_weights = self._weights_ext[:t]
@@ -547,16 +567,20 @@ class Nvfp4MoE:
         static = self.mode == "w4a4" and self.input_scales is not None
         if static:
             x, gemm_mode = _quant_roundtrip(hidden_states, self.input_scales["l1"], self._x_q[:t]), "w4a16"
+        order = "paired" if paired else "plain"
+        if paired:
+            x = self._x_paired[:t]
         inter = gemm_ops.nvfp4_grouped_mm(
             x, self._w13_kernel, offsets, mode=gemm_mode, out=self._inter[:pairs], row_index=d["row_index"],
             activation="swiglu", swiglu_limit=c.swiglu_limit, max_rows_per_expert=t,  # distinct top-k experts
+            x_order=order, out_order=order,
         )
         if static:
             l2 = self.input_scales.get("l2_groups", self.input_scales["l2"])
             row_scale = l2.index_select(0, d["sorted_expert"]).unsqueeze(1)  # (pairs, 1)
             inter = _quant_roundtrip(inter, row_scale, self._inter_q[:pairs])
         expert_out = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, offsets, mode=gemm_mode,
-                                               out=self._expert_out[:pairs], max_rows_per_expert=t)
+                                               out=self._expert_out[:pairs], max_rows_per_expert=t, x_order=order)
         if side is not None:
             shared = self._join_shared(side)
         else:
@@ -567,6 +591,27 @@ class Nvfp4MoE:
         return result
 
     __call__ = forward
+
+    def _paired_x(self, hidden_states: torch.Tensor, fuse: bool) -> bool:
+        """Host rule (shapes only, cached per token count): this batch's expert GEMMs run on x in the paired order
+        (see PAIRED_X_MIN_TOKENS / PAIRED_X_MAX_TOKENS)."""
+        t = hidden_states.shape[0]
+        key = (t, fuse, self.mode, self.input_scales is None, self._w13_kernel.row_interleave, self.fused_decode,
+               PAIRED_X_MIN_TOKENS, PAIRED_X_MAX_TOKENS)
+        rule = self._paired_rule.get(key)
+        if rule is None:
+            c = self.config
+            pairs = t * (self._slots if fuse else c.top_k)
+            rule = (self.device.type == "cuda" and PAIRED_X_MIN_TOKENS <= t <= min(PAIRED_X_MAX_TOKENS,
+                                                                                 self._x_paired.shape[0])
+                    and self.mode == "w4a16" and self.input_scales is None
+                    and not self._use_fused_decode(hidden_states, fuse)
+                    and c.hidden_size % 8 == 0 and c.intermediate_size % 8 == 0
+                    and gemm_ops.paired_order_supported(hidden_states, self._w13_kernel, pairs, max_rows_per_expert=t)
+                    and gemm_ops.paired_order_supported(self._inter[:pairs], self._w2_kernel, pairs,
+                                                        max_rows_per_expert=t))
+            self._paired_rule[key] = rule
+        return rule
 
     def _use_fused_decode(self, hidden_states: torch.Tensor, fuse: bool) -> bool:
         """Host rule (shapes only): the single-launch decode MoE takes this batch (see ``fused_decode``)."""

@@ -186,6 +186,48 @@ def test_cuda_shared_overlap_graph_sync_free_same_bits(tokens):
     assert torch.equal(replay(x2), separate.forward(x2))
 
 
+# ---------------------------------------------------------------- x in the paired order (issue 11)
+PAIRED = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=16, top_k=4, shared_intermediate_size=256,
+                   scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="paired")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("row_interleave", [1, 4])
+def test_cuda_paired_x_same_bits_graph_sync_free(monkeypatch, row_interleave):
+    """Decode batches in the window (widened here to 1..8 tokens) take the paired x path (the rule fires: K % 256
+    shapes, mma decode bands only) and give the bits of the plain path (PAIRED_X_MAX_TOKENS 0), eager and in graph
+    replays with new inputs, without host syncs; 9 tokens stay plain."""
+    from megamoe.layers import moe as moe_mod
+
+    monkeypatch.setattr(moe_mod, "PAIRED_X_MIN_TOKENS", 1)
+    monkeypatch.setattr(moe_mod, "PAIRED_X_MAX_TOKENS", 8)
+    paired = Nvfp4MoE.random(PAIRED, seed=7, max_num_tokens=16, device="cuda", row_interleave=row_interleave)
+    plain = Nvfp4MoE.random(PAIRED, seed=7, max_num_tokens=16, device="cuda", row_interleave=row_interleave)
+    for tokens in (1, 3, 8, 9):
+        x = torch.randn(tokens, PAIRED.hidden_size, device="cuda").bfloat16()
+        got = paired.forward(x).clone()
+        fuse = paired.fused_shared and tokens <= paired.fuse_shared_max_tokens
+        assert paired._paired_x(x, fuse) == (tokens <= 8), tokens
+        monkeypatch.setattr(moe_mod, "PAIRED_X_MAX_TOKENS", 0)
+        want = plain.forward(x).clone()
+        assert not plain._paired_x(x, fuse)
+        monkeypatch.setattr(moe_mod, "PAIRED_X_MAX_TOKENS", 8)
+        assert torch.equal(got, want), tokens
+        assert _rel(got, paired.reference_forward(x, paired.last_routing)) < 1e-2
+        if tokens == 9:
+            continue
+        torch.cuda.synchronize()
+        with no_host_syncs():
+            paired.forward(x)
+        replay = paired.capture(tokens)
+        x2 = torch.randn_like(x)
+        monkeypatch.setattr(moe_mod, "PAIRED_X_MAX_TOKENS", 0)
+        want2 = plain.forward(x2).clone()
+        monkeypatch.setattr(moe_mod, "PAIRED_X_MAX_TOKENS", 8)
+        assert torch.equal(replay(x2), want2)
+        assert torch.equal(replay(x), want)
+
+
 # ---------------------------------------------------------------- fused decode (issue 11, opt-in)
 def test_fused_decode_layer_within_bound_and_falls_back(monkeypatch):
     """fused_decode=True: 1..16 tokens, w4a16 -> the single-launch kernel (interpreter on CPU), within the

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from ..format.mma_order import from_paired_order, to_paired_order
 from ..format.tensor import NVFP4Tensor
 from .quantize import dequantize, quantize
 
@@ -153,6 +154,8 @@ def nvfp4_grouped_mm(
     activation=None,
     swiglu_limit=None,
     max_rows_per_expert=None,
+    x_order="plain",
+    out_order="plain",
 ) -> torch.Tensor:
     """Reference grouped GEMM over experts (rows sorted by expert).
 
@@ -162,9 +165,16 @@ def nvfp4_grouped_mm(
     ``activation="swiglu"``; rows >= expert_offsets[-1] are zero. A
     ``row_index`` value outside ``[0, S)`` reads zero activations (the row is
     dropped, as in the kernels). ``max_rows_per_expert``: the kernels' launch-size hint (unused here).
+    ``x_order`` / ``out_order`` "paired": x holds, and the result is written in, the paired K order
+    (:func:`megamoe.format.mma_order.to_paired_order`); the values are the plain order's.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if x_order == "paired" or out_order == "paired":
+        result = nvfp4_grouped_mm(from_paired_order(x) if x_order == "paired" else x, weight, expert_offsets,
+                                  mode=mode, out=None if out_order == "paired" else out, row_index=row_index,
+                                  activation=activation, swiglu_limit=swiglu_limit)
+        return to_paired_order(result, out=out) if out_order == "paired" else result
     if mode == "w4a8":
         from .w4a8 import w4a8_grouped_mm
 

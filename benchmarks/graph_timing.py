@@ -56,11 +56,19 @@ def add_flush_argument(parser, default: str = "write") -> None:
                              "lines whose write-back the timed code pays) or read (no dirty lines)")
 
 
-def graph_replay_us(fn, warmup: int = 10, rep: int = 100) -> float:
-    """Run ``fn`` once (compiles, allocates), capture one call in a CUDA graph, return the median replay in us."""
+def capture_graph(fn) -> torch.cuda.CUDAGraph:
+    """Run ``fn`` once (compiles, allocates), capture one call in a CUDA graph, replay it once; return the graph."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def graph_replay_us(fn, warmup: int = 10, rep: int = 100) -> float:
+    """The median replay in us of :func:`capture_graph`'s graph of ``fn``."""
+    graph = capture_graph(fn)
     return triton.testing.do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="median") * 1e3

@@ -94,19 +94,8 @@ def _variants(call):
     return {"x": (base, out_base), "paired x": (paired, out_paired)}
 
 
-def _capture(fn):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
 def main(argv=None) -> int:
-    from graph_timing import add_flush_argument, flush_mode
+    from graph_timing import add_flush_argument, capture_graph, flush_mode
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", default="v4-flash,v4-pro")
@@ -145,7 +134,7 @@ def main(argv=None) -> int:
                             generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
             for gemm, call in zip(("gate_up", "down"), _record_gemms(layer, x)):
                 variants = _variants(call)
-                graphs = {v: _capture(fn) for v, (fn, _) in variants.items()}
+                graphs = {v: capture_graph(fn) for v, (fn, _) in variants.items()}
                 same = torch.equal(variants["x"][1], variants["paired x"][1])
                 times = {v: [] for v in variants}
                 with flush_mode(args.flush):

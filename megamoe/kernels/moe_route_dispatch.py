@@ -254,6 +254,7 @@ def _route_dispatch_kernel(
     SCORING: tl.constexpr, HAS_BIAS: tl.constexpr, NORMALIZE: tl.constexpr, HASH: tl.constexpr,
     FLAG_TOKENS: tl.constexpr, FLAG_TABLE: tl.constexpr, FLAG_IDS: tl.constexpr, PDL: tl.constexpr = False,
     xp_ptr=None, stride_xp=0, PAIRED_X: tl.constexpr = False,  # (T, H) bf16 out: x in the paired order
+    PAIRED_GROUPS: tl.constexpr = 1,  # 8-element groups of x each program copies (PAIRED_X)
 ):
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     pid_e = tl.program_id(0)
@@ -261,6 +262,21 @@ def _route_dispatch_kernel(
     splits = tl.num_programs(1)
     e_blocks = tl.num_programs(0)
     logits_size = num_tokens * num_experts
+    if PAIRED_X:
+        # the paired copy of x (the expert GEMMs' x), spread over every program so that none is late: program p
+        # copies the 8-element groups p, p + P, ... of the (T, H / 8) groups, each group permuted in registers
+        # (element 2a + b to position 4b + a) and stored whole
+        groups = hidden // 8
+        prog = pid_e * splits + pid_s
+        gid = prog + tl.arange(0, PAIRED_GROUPS).to(tl.int64) * (e_blocks * splits)
+        g_ok = gid < num_tokens * groups
+        g_tok = gid // groups
+        g_col = (gid % groups) * 8
+        e8 = tl.arange(0, 8)
+        xg = tl.load(x_ptr + (g_tok * stride_x + g_col)[:, None] + e8[None, :], mask=g_ok[:, None], other=0.0)
+        xg = tl.reshape(tl.permute(tl.reshape(xg, [PAIRED_GROUPS, 4, 2]), (0, 2, 1)), [PAIRED_GROUPS, 8])
+        tl.store(xp_ptr + (g_tok * stride_xp + g_col)[:, None] + e8[None, :], xg.to(xp_ptr.dtype.element_ty),
+                 mask=g_ok[:, None])
     # ---- stage 1: logits (or a partial) of experts [pid_e * BLOCK_E, +BLOCK_E) over this program's H chunk;
     # the gate tile is loaded at once (all its loads in flight), then the tokens in blocks of TB
     ex = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -281,11 +297,6 @@ def _route_dispatch_kernel(
         tok_ok = tok < num_tokens
         xv = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + hh[None, :],
                      mask=tok_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
-        if PAIRED_X:  # the first expert block's programs also copy their H chunk in the paired order (the GEMMs' x):
-            if pid_e == 0:  # element 2a + b of each 8 to position 4b + a, permuted in registers, stored contiguous
-                xq = tl.reshape(tl.permute(tl.reshape(xv, [TB, CHUNK // 8, 4, 2]), (0, 1, 3, 2)), [TB, CHUNK])
-                tl.store(xp_ptr + tok.to(tl.int64)[:, None] * stride_xp + hh[None, :],
-                         xq.to(xp_ptr.dtype.element_ty), mask=tok_ok[:, None] & h_ok[None, :])
         if USE_DOT:
             acc = tl.dot(xv, wt, input_precision="ieee")
         else:
@@ -347,8 +358,8 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
     (>= T*slots,) int32 contiguous; counters from :func:`route_dispatch_counters`; token_ids (T,) int32/int64
     contiguous + tid2eid (V, k) int32 unit column stride: hash routing. error_word: default the device's.
     x_paired_out: None or (>= T, H) bf16, unit column stride, H % 8 == 0: also receives hidden_states in the paired
-    order (:func:`megamoe.format.mma_order.to_paired_order`; the expert GEMMs' ``x_order="paired"`` input), copied
-    by the programs that read x anyway.
+    order (:func:`megamoe.format.mma_order.to_paired_order`; the expert GEMMs' ``x_order="paired"`` input), a few
+    8-element groups per program (each permuted in registers), independent of the program's own work.
     """
     from ..ops import errors
 
@@ -383,6 +394,8 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
         FLAG_TABLE=errors.kernel_flag("route", "tid2eid") if hashed else 0,
         FLAG_IDS=errors.kernel_flag("dispatch", "topk_ids"), num_warps=p["num_warps"],
         PDL=pdl, launch_pdl=pdl,
-        **(dict(xp_ptr=x_paired_out, stride_xp=x_paired_out.stride(0), PAIRED_X=True) if x_paired_out is not None
-           else {}),
+        **(dict(xp_ptr=x_paired_out, stride_xp=x_paired_out.stride(0), PAIRED_X=True,
+                PAIRED_GROUPS=triton.next_power_of_2(triton.cdiv(num_tokens * (hidden // 8),
+                                                                 p["e_blocks"] * p["splits"])))
+           if x_paired_out is not None else {}),
     )

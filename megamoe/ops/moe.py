@@ -328,7 +328,7 @@ def route_dispatch(
     T = 0: empty outputs, ``expert_offsets`` all zero.
     x_paired_out: None or a contiguous (>= T, H) bf16 buffer on the device, H % 8 == 0: rows [0, T) also receive
     ``hidden_states`` in the paired order (:func:`megamoe.format.mma_order.to_paired_order`), the expert GEMMs'
-    ``x_order="paired"`` input; the fused launch copies it from the x it reads anyway, other paths by a torch copy.
+    ``x_order="paired"`` input; the fused launch spreads the copy over its programs, other paths make a torch copy.
     """
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")

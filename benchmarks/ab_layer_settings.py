@@ -35,7 +35,8 @@ _SAVED = ("gemm.DECODE_SPLITK", "mma.MMA_DECODE_CONFIGS", "mma.INTERLEAVED_MAXNR
           "mma.DECODE_SPLITK_PROGRAMS_PER_SM", "mma.DECODE_SPLITK_MAX_SPLITS", "gemm.PIPE_AFTER_DECODE",
           "pdl.PDL_ENABLED", "layer.shared_overlap",
           "layer.fuse_shared_max_tokens", "mma.DECODE_ONE_WAVE", "mma.DECODE_MAXNREG",
-          "mma.MMA_DECODE_ONE_WAVE_CONFIG", "mma.MMA_X_PAIRED", "moe.PAIRED_X_MAX_TOKENS")
+          "mma.MMA_DECODE_ONE_WAVE_CONFIG", "mma.MMA_X_PAIRED", "moe.PAIRED_X_MIN_TOKENS",
+          "moe.PAIRED_X_MAX_TOKENS")
 
 
 def _namespace():

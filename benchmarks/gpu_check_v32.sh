@@ -24,6 +24,10 @@
 #        tests that d's 300 s limit cut (the model tests).
 #   f -> the final code (the layer takes the paired x at 8 tokens only, where e measured it faster): the CUDA tests of
 #        the op, the layer, the route op, the decode kernel, the bands, the models and PDL.
+#   g -> e: the route launch's copy cost 2.1 us at V4-Pro 1 token, where the grid runs in two waves (384 programs): one
+#        late first-wave program delays a second-wave one. Now every program copies a few 8-element groups. The
+#        route op with / without the copy, the layer with the paired x at 1-8 tokens against plain, the route and
+#        layer CUDA tests.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -84,5 +88,13 @@ f)
     tests/layers/test_moe_layer.py tests/ops/test_moe_route_dispatch.py tests/kernels/gemm/test_nvfp4_mma_interleave.py \
     tests/ops/test_gemm_bands.py tests/models tests/kernels/test_pdl.py > "$OUT/f_tests.log" 2>&1
   tail -3 "$OUT/f_tests.log"
+  ;;
+g)
+  timeout 120 python benchmarks/bench_route.py --tokens 1,8 --paired --out "$OUT/g_route_paired.md" 2>&1 | grep "^|"
+  timeout 240 python benchmarks/ab_layer_settings.py --settings "moe.PAIRED_X_MIN_TOKENS=1|moe.PAIRED_X_MAX_TOKENS=0" \
+    --configs v4-flash,v4-pro --tokens 1,2,4,8 --rounds 3 --flush read --out "$OUT" --tag g_paired_h100 2>&1 | tail -16
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_moe_route_dispatch.py \
+    tests/layers/test_moe_layer.py -k "paired or route" > "$OUT/g_tests.log" 2>&1
+  tail -3 "$OUT/g_tests.log"
   ;;
 esac

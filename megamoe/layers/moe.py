@@ -228,7 +228,7 @@ FUSE_SHARED_MAX_TOKENS = 8
 # in that order, gate_up reads it and writes its SwiGLU output in it, down reads that, so the decode kernel skips the
 # byte permutes that build its MMA operand (same MMAs, same bits). Only where every launch of both GEMMs is the
 # mma.sync decode kernel's register path (megamoe.ops.gemm.paired_order_supported), mode w4a16, on CUDA; MAX 0 turns
-# it off. The window is where it measured faster on the H100 (results/gpu_check_v32/ d, e: 1.005-1.017x at 8
+# it off. The window is where it measured faster on the H100 (results/gpu_check_v32/ d, e, g: 1.005-1.017x at 8
 # tokens; 0.986-1.006x at 1-4 tokens, where the route launch's copy costs about what the GEMMs save).
 PAIRED_X_MIN_TOKENS = 8
 PAIRED_X_MAX_TOKENS = 8

@@ -39,11 +39,11 @@ def fp8_mma_k_permutation(device=None) -> torch.Tensor:
     return m.permute(1, 2, 0, 3).reshape(-1)  # read in MMA order (i, g, q, c)
 
 
-def _check(x: torch.Tensor, block_k: int) -> None:
+def _check(x: torch.Tensor, block_k: int, order: str = "the MMA K order", name: str = "x") -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise TypeError(f"x: expected a 2-D torch.Tensor, got {getattr(x, 'shape', type(x).__name__)}")
+        raise TypeError(f"{name}: expected a 2-D torch.Tensor, got {getattr(x, 'shape', type(x).__name__)}")
     if x.shape[1] % block_k:
-        raise ValueError(f"x: K={x.shape[1]} must be a multiple of {block_k} for the MMA K order")
+        raise ValueError(f"{name}: K={x.shape[1]} must be a multiple of {block_k} for {order}")
 
 
 def to_mma_k_order(x: torch.Tensor, out: torch.Tensor | None = None, block_k: int = MMA_K_GROUP) -> torch.Tensor:
@@ -81,11 +81,8 @@ def to_paired_order(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.T
     not depend on the kernel's K step (a thread's K range is a multiple of 8 for every BLOCK_K). Exact (a column
     permutation, any dtype); K % 8 == 0. ``out``: optional (M, K) buffer.
     """
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise TypeError(f"x: expected a 2-D torch.Tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    _check(x, 8, "the paired order")
     m, k = x.shape
-    if k % 8:
-        raise ValueError(f"x: K={k} must be a multiple of 8 for the paired order")
     # (m, g, a, b) element 2a + b -> position 4b + a: PAIRED_PERM without a host index tensor (graph-capturable)
     src = x.reshape(m, k // 8, 4, 2).transpose(2, 3)
     if out is None:
@@ -96,10 +93,6 @@ def to_paired_order(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.T
 
 def from_paired_order(x_paired: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`to_paired_order`: (M, K) in the paired order -> memory order (a new tensor)."""
-    if not isinstance(x_paired, torch.Tensor) or x_paired.dim() != 2:
-        raise TypeError(f"x_paired: expected a 2-D torch.Tensor, got "
-                        f"{getattr(x_paired, 'shape', type(x_paired).__name__)}")
+    _check(x_paired, 8, "the paired order", "x_paired")
     m, k = x_paired.shape
-    if k % 8:
-        raise ValueError(f"x_paired: K={k} must be a multiple of 8 for the paired order")
     return x_paired.reshape(m, k // 8, 2, 4).transpose(2, 3).reshape(m, k)

@@ -7,7 +7,7 @@ pure-PyTorch references (or the Triton interpreter with ``TRITON_INTERPRET=1``).
 __version__ = "0.1.0"
 
 from .format import NVFP4Tensor  # noqa: F401
-from .ops.gemm import interleave_gate_up, nvfp4_grouped_mm, nvfp4_linear  # noqa: F401
+from .ops.gemm import host_global_scale, interleave_gate_up, nvfp4_grouped_mm, nvfp4_linear  # noqa: F401
 from .ops.quantize import compute_global_scale, dequantize, quantize  # noqa: F401
 from .kvcache import CompressedCacheConfig, CompressedKVCache  # noqa: F401
 from .layers import Nvfp4Attention, Nvfp4MoE, Nvfp4SharedExpert  # noqa: F401

@@ -10,7 +10,8 @@ from ..ops import gemm as gemm_ops
 class DenseLinear:
     """``y = x @ W.T`` for a weight of logical shape (out_features, in_features).
 
-    weight: an :class:`NVFP4Tensor` (runs ``megamoe.nvfp4_linear``, bf16 in, bf16 out, float32 accumulation),
+    weight: an :class:`NVFP4Tensor` (runs ``megamoe.nvfp4_linear``, bf16 in, bf16 out, float32 accumulation; its
+    global scale is read to the host here, once, for the op's prefill route "dense-bf16"),
     a bf16 tensor (``torch.matmul`` in bf16, float32 accumulation inside cuBLAS) or a float32 tensor (float32
     matmul on ``x.float()``).
     out_dtype: None (the weight's result dtype above) or ``torch.float32`` with a bf16 weight: a float32 linear whose
@@ -35,6 +36,9 @@ class DenseLinear:
             raise ValueError(f"{name}: out_dtype={out_dtype} is for bf16 weights with float32 results (got "
                              f"{type(weight).__name__ if isinstance(weight, NVFP4Tensor) else weight.dtype})")
         self.weight, self.name = weight, name
+        # NVFP4: the global scale read to the host once, here (a device sync at construction): prefill-sized calls
+        # then run as bf16 cuBLAS on the exactly dequantized weight (``nvfp4_linear``'s route "dense-bf16")
+        self.host_scale = gemm_ops.host_global_scale(weight) if isinstance(weight, NVFP4Tensor) else None
         self.fp32_out = out_dtype == torch.float32
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
 
@@ -47,7 +51,7 @@ class DenseLinear:
         weights, float32 for float32 weights. out: optional (M, out) tensor of that dtype on x's device."""
         self._check_call(x, out)
         if self.nvfp4:
-            return gemm_ops.nvfp4_linear(x.to(torch.bfloat16), self.weight, out=out)
+            return gemm_ops.nvfp4_linear(x.to(torch.bfloat16), self.weight, out=out, host_scale=self.host_scale)
         if self.fp32_out:
             return gemm_ops.bf16_linear_fp32(x, self.weight, out=out)
         if self.weight.dtype == torch.float32:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -467,6 +468,93 @@ def _dense_as_one_expert(x: torch.Tensor, weight: NVFP4Tensor, out: torch.Tensor
     return nvfp4_grouped_mm(x, w3, offsets, out=out, max_rows_per_expert=m)
 
 
+#: Dense w4a16 GEMMs (no bias) with at least this many rows run as route "dense-bf16" when the caller passes the
+#: weight's :class:`HostGlobalScale`: the weight is dequantized to bf16 WITHOUT its global scale (exact: e2m1 x E4M3
+#: has at most 6 significant bits and lies in [2**-10, 2688], which bf16 holds), then cuBLAS multiplies in float32
+#: and applies the global scale as its alpha before the one bf16 rounding (``torch.addmm(beta=0, alpha=...)``, one
+#: call per row segment of constant scale). The same dot products as the other routes in another order. Set from
+#: H100 measurements (``benchmarks/bench_dense_prefill.py``; NOTES_gemm.md v30). Env ``MEGAMOE_DENSE_BF16=0``: off.
+DENSE_BF16_MIN_ROWS = 256
+DENSE_BF16_ROUTE = os.environ.get("MEGAMOE_DENSE_BF16", "1").strip() not in ("", "0")
+#: :func:`host_global_scale` gives up (returns None) on a global scale with more runs of equal values than this: a
+#: fused weight has one run per part; a true per-row scale keeps the kernels' routes.
+HOST_SCALE_MAX_SEGMENTS = 16
+
+
+@dataclass(frozen=True)
+class HostGlobalScale:
+    """A host copy of an NVFP4 weight's global scale, for route "dense-bf16" (cuBLAS's alpha is a host float).
+
+    segments: ((row_start, row_stop, value), ...) covering rows [0, N) in order, the scale constant on each.
+    source: (data_ptr, version counter, shape) of the ``global_scale`` tensor it was read from; :func:`nvfp4_linear`
+    compares it with the weight's (host metadata) and raises ValueError on a mismatch, so a copy read from another
+    weight, or from one changed in place since, is refused instead of used. Build it with :func:`host_global_scale`.
+    """
+
+    segments: tuple
+    source: tuple
+
+
+def host_global_scale(weight: NVFP4Tensor) -> HostGlobalScale | None:
+    """Read ``weight.global_scale`` to the host once (a device sync: call it at load / construction time, never in a
+    hot path) as runs of equal values. Returns None where route "dense-bf16" cannot use it: more than
+    :data:`HOST_SCALE_MAX_SEGMENTS` runs, or a value that is not finite and positive (the kernels' routes keep
+    those).
+
+    weight: a 2-D :class:`NVFP4Tensor` whose global scale is 0-d or (N, 1) (broadcastable over its N rows).
+    """
+    if not isinstance(weight, NVFP4Tensor):
+        raise TypeError(f"weight: expected an NVFP4Tensor, got {type(weight).__name__}")
+    if len(weight.shape) != 2:
+        raise ValueError(f"weight: expected a 2-D NVFP4 weight, got shape {tuple(weight.shape)}")
+    gs = weight.global_scale
+    n = int(weight.shape[0])
+    source = (gs.data_ptr(), gs._version, tuple(gs.shape))
+    if gs.numel() == 1:
+        values = [float(gs.reshape(()).item())]
+        runs = [(0, n, values[0])]
+    else:
+        if gs.numel() != n:
+            return None
+        values = gs.reshape(-1).tolist()
+        runs, start = [], 0
+        for i in range(1, n + 1):
+            if i == n or values[i] != values[start]:
+                runs.append((start, i, float(values[start])))
+                start = i
+                if len(runs) > HOST_SCALE_MAX_SEGMENTS:
+                    return None
+    if any(not (math.isfinite(v) and v > 0) for _, _, v in runs):
+        return None
+    return HostGlobalScale(tuple(runs), source)
+
+
+def _check_host_scale(host_scale, weight: NVFP4Tensor) -> None:
+    if host_scale is None:
+        return
+    if not isinstance(host_scale, HostGlobalScale):
+        raise TypeError(f"host_scale: expected a HostGlobalScale (megamoe.ops.gemm.host_global_scale) or None, got "
+                        f"{type(host_scale).__name__}")
+    gs = weight.global_scale
+    if host_scale.source != (gs.data_ptr(), gs._version, tuple(gs.shape)):
+        raise ValueError("host_scale: it was not read from this weight's global_scale, or that tensor changed in "
+                         "place since; rebuild it with host_global_scale(weight)")
+
+
+def _dense_bf16(x: torch.Tensor, weight: NVFP4Tensor, host_scale: HostGlobalScale, out: torch.Tensor) -> torch.Tensor:
+    """Route "dense-bf16" (see :data:`DENSE_BF16_MIN_ROWS`): x (M, K) bf16, weight (N, K) row-major -> out (M, N)."""
+    from ..kernels.quantize import launch_dequantize
+
+    n, k = weight.shape
+    w16 = torch.empty((n, k), dtype=torch.bfloat16, device=x.device)  # the caching allocator's block, per call
+    one = torch.ones((1,), dtype=torch.float32, device=x.device)
+    launch_dequantize(weight.data.contiguous(), weight.block_scale.contiguous().view(torch.uint8), one, w16)
+    for start, stop, alpha in host_scale.segments:
+        dst = out if (start, stop) == (0, n) else out[:, start:stop]
+        torch.addmm(dst, x, w16[start:stop].t(), beta=0, alpha=alpha, out=dst)
+    return out
+
+
 def _launcher(route: str):
     from ..kernels.gemm import (nvfp4_gemm, nvfp4_gemv, nvfp4_mma_decode, nvfp4_splitk, nvfp4_wgmma, nvfp4_wgmma_pipe,
                                 nvfp4_wgmma_ws)
@@ -477,7 +565,8 @@ def _launcher(route: str):
             "gemv": nvfp4_gemv.launch_nvfp4_gemv, "tensor-core": nvfp4_gemm.launch_nvfp4_gemm}[route]
 
 
-def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -> torch.Tensor:
+def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
+                 host_scale=None) -> torch.Tensor:
     """``x @ dequant(weight).T (+ bias)`` with NVFP4 weights.
 
     x: (M, K) bf16.  weight: NVFP4Tensor of logical shape (N, K): data (N, K//2)
@@ -485,6 +574,9 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
     global_scale float32 0-d or (N, 1).  bias: None or (N,) bf16/fp32.
     mode: "w4a16", "w4a4" or "w4a8" (K % 128 == 0; M < 48 on CUDA runs w4a16, :func:`w4a8_kernel_mode`).
     out: optional (M, N) bf16 buffer.
+    host_scale: None or the weight's :class:`HostGlobalScale` (:func:`host_global_scale`, read at load time). With
+    it, a w4a16 GEMM without bias of at least :data:`DENSE_BF16_MIN_ROWS` rows on CUDA runs route "dense-bf16"
+    (the weight dequantized exactly to bf16, cuBLAS with the global scale as alpha); otherwise it changes nothing.
     Returns (M, N) bf16 (float32 accumulation, one final rounding).
     """
     _check_x(x, None)
@@ -504,10 +596,14 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None) -
             raise ValueError(f"bias: expected shape ({n},), got {tuple(bias.shape)}")
         if bias.device != x.device:
             raise ValueError(f"bias: expected device {x.device}, got {bias.device}")
+    _check_host_scale(host_scale, weight)
     if not use_triton(x):
         return _reference.nvfp4_linear(x, weight, bias, mode=mode, out=out)
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    if (host_scale is not None and DENSE_BF16_ROUTE and x.is_cuda and mode == "w4a16" and bias is None
+            and m >= DENSE_BF16_MIN_ROWS and weight.row_interleave == 1 and m * n * k > 0):
+        return _dense_bf16(x, weight, host_scale, out)
     if mode == "w4a8" and w4a8_kernel_mode(x, m, None) == "w4a8":
         from ..kernels.gemm import nvfp4_w4a8_pipe
         from ..kernels.gemm.nvfp4_w4a8 import launch_nvfp4_w4a8

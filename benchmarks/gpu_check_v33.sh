@@ -1,0 +1,28 @@
+#!/bin/bash
+# GPU checks of 2026-11-27 (session part 22). Calls:
+#   a -> dense linears at prefill sizes: bf16 cuBLAS on the dequantized weight beat every NVFP4 kernel route there
+#        (gpu_check_v30 f: V4-Flash wo_b at 4096 rows 355 vs 515 us). New: route "dense-bf16" of nvfp4_linear (the
+#        weight dequantized exactly to bf16 without its global scale, cuBLAS with the host-read global scale as alpha,
+#        one call per run of the scale), taken by DenseLinear from DENSE_BF16_MIN_ROWS rows. The benchmark at 64-4096
+#        rows (the route at every M, to find the crossover); its CUDA tests with the gemm op and fused projection
+#        tests; the prefill profile with the route off / on (4096 tokens). The attention layer and model CUDA tests
+#        follow in a later call.
+# At most 8 output files (the device tool's limit).
+export PYTHONUNBUFFERED=1
+export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
+OUT=${OUT:-benchmarks/results/gpu_check_v33}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+case "$1" in
+a)
+  timeout 200 python benchmarks/bench_dense_prefill.py --rows 64,128,256,512,1024,4096 --flush read \
+    --out "$OUT/a_dense_prefill.md" 2>&1 | tail -40
+  timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda \
+    tests/ops/test_gemm_dense_bf16.py tests/ops/test_gemm.py tests/layers/test_fused_projections.py > "$OUT/a_tests.log" 2>&1
+  tail -3 "$OUT/a_tests.log"
+  MEGAMOE_DENSE_BF16=0 timeout 100 python benchmarks/profile_prefill.py --tokens 4096 --top 12 \
+    --out "$OUT/a_prefill_off.md" 2>&1 | tail -4
+  timeout 100 python benchmarks/profile_prefill.py --tokens 4096 --top 12 --out "$OUT/a_prefill_on.md" 2>&1 | tail -4
+  ;;
+esac

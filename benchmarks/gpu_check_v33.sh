@@ -7,6 +7,10 @@
 #        rows (the route at every M, to find the crossover); its CUDA tests with the gemm op and fused projection
 #        tests; the prefill profile with the route off / on (4096 tokens). The attention layer and model CUDA tests
 #        follow in a later call.
+#   b -> a: the route is 1.30-1.76x faster than the kernels at 4096 rows, 0.99-1.71x at 1024, 0.74-1.96x at 512, and
+#        slower below; the dequantize kernel moves only ~1.6 TB/s (V4-Pro qr_proj 187 us). A row-strided out gave wrong
+#        sums (~2**-9 of the partials): cuBLAS's reduced-precision split-K; now disallowed around the route's calls.
+#        The CUDA tests again, with the attention layer and model tests; a config sweep of the dequantize kernel.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -24,5 +28,14 @@ a)
   MEGAMOE_DENSE_BF16=0 timeout 100 python benchmarks/profile_prefill.py --tokens 4096 --top 12 \
     --out "$OUT/a_prefill_off.md" 2>&1 | tail -4
   timeout 100 python benchmarks/profile_prefill.py --tokens 4096 --top 12 --out "$OUT/a_prefill_on.md" 2>&1 | tail -4
+  ;;
+b)
+  timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda \
+    tests/ops/test_gemm_dense_bf16.py tests/ops/test_gemm.py tests/layers/test_fused_projections.py > "$OUT/b_tests.log" 2>&1
+  tail -3 "$OUT/b_tests.log"
+  timeout 120 python benchmarks/sweep_dequant.py --flush read --out "$OUT/b_sweep_dequant.md" 2>&1 | tail -8
+  timeout 300 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda \
+    tests/layers/test_attention_layer.py tests/models > "$OUT/b_tests_model.log" 2>&1
+  tail -3 "$OUT/b_tests_model.log"
   ;;
 esac

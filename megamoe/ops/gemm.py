@@ -472,7 +472,7 @@ def _dense_as_one_expert(x: torch.Tensor, weight: NVFP4Tensor, out: torch.Tensor
 #: weight's :class:`HostGlobalScale`: the weight is dequantized to bf16 WITHOUT its global scale (exact: e2m1 x E4M3
 #: has at most 6 significant bits and lies in [2**-10, 2688], which bf16 holds), then cuBLAS multiplies in float32
 #: and applies the global scale as its alpha before the one bf16 rounding (``torch.addmm(beta=0, alpha=...)``, one
-#: call per row segment of constant scale). The same dot products as the other routes in another order. Set from
+#: call per row segment of constant scale, with cuBLAS's reduced-precision (bf16) split-K reductions disallowed). The same dot products as the other routes in another order. Set from
 #: H100 measurements (``benchmarks/bench_dense_prefill.py``; NOTES_gemm.md v30). Env ``MEGAMOE_DENSE_BF16=0``: off.
 DENSE_BF16_MIN_ROWS = 256
 DENSE_BF16_ROUTE = os.environ.get("MEGAMOE_DENSE_BF16", "1").strip() not in ("", "0")
@@ -549,9 +549,17 @@ def _dense_bf16(x: torch.Tensor, weight: NVFP4Tensor, host_scale: HostGlobalScal
     w16 = torch.empty((n, k), dtype=torch.bfloat16, device=x.device)  # the caching allocator's block, per call
     one = torch.ones((1,), dtype=torch.float32, device=x.device)
     launch_dequantize(weight.data.contiguous(), weight.block_scale.contiguous().view(torch.uint8), one, w16)
-    for start, stop, alpha in host_scale.segments:
-        dst = out if (start, stop) == (0, n) else out[:, start:stop]
-        torch.addmm(dst, x, w16[start:stop].t(), beta=0, alpha=alpha, out=dst)
+    # float32 sums only: with reduced-precision reductions allowed (torch's default) cuBLAS may pick split-K algorithms
+    # whose partials are bf16 (H100: a row-strided out gave errors of ~2**-9 of the partials' size; CUDA test)
+    matmul = torch.backends.cuda.matmul
+    allowed = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        for start, stop, alpha in host_scale.segments:
+            dst = out if (start, stop) == (0, n) else out[:, start:stop]
+            torch.addmm(dst, x, w16[start:stop].t(), beta=0, alpha=alpha, out=dst)
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = allowed
     return out
 
 

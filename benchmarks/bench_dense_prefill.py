@@ -47,13 +47,13 @@ def main():
     ap.add_argument("--rows", default="64,128,256,512,1024,4096")
     ap.add_argument("--rep-ms", type=int, default=30)
     ap.add_argument("--min-rows", type=int, default=1,
-                    help="DENSE_BF16_MIN_ROWS for this run (default 1: the dense-bf16 column at every M, to find the "
-                         "crossover)")
+                    help="DENSE_BF16_MIN_ROWS and DENSE_BF16_WIDE_MIN_ROWS for this run (default 1: the dense-bf16 column "
+                         "at every M, to find the crossover)")
     ap.add_argument("--out", default=None)
     add_flush_argument(ap)
     args = ap.parse_args()
     use_flush_mode(args.flush)
-    gemm_ops.DENSE_BF16_MIN_ROWS = args.min_rows
+    gemm_ops.DENSE_BF16_MIN_ROWS = gemm_ops.DENSE_BF16_WIDE_MIN_ROWS = args.min_rows
     dev = torch.device("cuda")
     lines = ["# Dense NVFP4 linears at prefill sizes\n",
              f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; device: {torch.cuda.get_device_name()}; "
@@ -62,7 +62,7 @@ def main():
              f"--flush {args.flush}`",
              "- us per call (graph replay, do_bench median). kernels = `nvfp4_linear(x, w)` (no host scale: the "
              "kernels' routes); dense-bf16 = `nvfp4_linear(x, w, host_scale=host_global_scale(w))` (dequantize + "
-             "cuBLAS, from --min-rows rows; below it the same kernels); dequant = the dequantize kernel "
+             "cuBLAS, from --min-rows rows; below it the same kernels); dequant = the unscaled dequantize kernel "
              "alone; bf16 = `F.linear` on a dequantized bf16 weight. err = worst |y - y32| / sum |x||w| against the "
              "float32 product on the decoded weight (x 1e-3).\n",
              "| shape | N x K | M | kernels us | dense-bf16 us | dequant us | bf16 us | kernels / dense-bf16 | "
@@ -76,7 +76,8 @@ def main():
         wb = wf.bfloat16()
         one = torch.ones((1,), dtype=torch.float32, device=dev)
         w16 = torch.empty((n, k), dtype=torch.bfloat16, device=dev)
-        t_dq = graph_us(lambda: launch_dequantize(w.data, w.block_scale.view(torch.uint8), one, w16), args.rep_ms)
+        t_dq = graph_us(lambda: launch_dequantize(w.data, w.block_scale.view(torch.uint8), one, w16,
+                                                 unscaled=True), args.rep_ms)
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, k, device=dev).bfloat16()
             t_lin = graph_us(lambda: gemm_ops.nvfp4_linear(x, w), args.rep_ms)

@@ -699,16 +699,33 @@ def _bf16_rne(v):
     return tl.where(v != v, 0x7FC0, rounded)
 
 
+@triton.jit
+def _e2m1_unscaled_bf16_bits(code, scale_2p14):
+    """E2M1 code (int32, low 4 bits) times an E4M3 block scale -> bf16 bit pattern (int32 0..0xFFFF), exact.
+
+    The code's bits placed as a float16 (``(c & 7) << 9``, sign ``(c & 8) << 12``) are e2m1 * 2**-14 exactly (code 1,
+    0.5, is the float16 subnormal 2**-15); converted to float32 (exact) and multiplied by ``scale * 2**14`` (float32,
+    exact), the product e2m1 * scale has at most 6 significant bits and lies in [2**-10, 2688], so its bf16 pattern is
+    the float32's high half with no rounding. A NaN scale gives 0x7FC0, as :func:`_bf16_rne`.
+    """
+    h = ((code & 7) << 9) | ((code & 8) << 12)
+    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale_2p14
+    return tl.where(v != v, 0x7FC0, (v.to(tl.int32, bitcast=True) >> 16) & 0xFFFF)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _dequantize_kernel(
     data_ptr, scale_ptr, gs_ptr, out_words_ptr, M, K,
     PER_ROW: tl.constexpr, OUT_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    UNSCALED: tl.constexpr = False,
 ):
     """out = e2m1(code) * (block_scale * global_scale), float32 math, rounded to out's dtype.
 
     Works on (BLOCK_M, BLOCK_K // 16, 8) packed bytes; the two values of a byte
     are written as one word of ``out`` (int32 for bf16 / fp16 out, OUT_KIND 0 / 1;
     int64 for fp32, OUT_KIND 2), even element in the low half.
+    UNSCALED (bf16 out only): out = e2m1(code) * block_scale, without the global scale (``gs_ptr`` unread), exact in
+    bf16 (:func:`_e2m1_unscaled_bf16_bits`, about half the integer work of the general path).
     """
     NB: tl.constexpr = BLOCK_K // 16
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -722,6 +739,12 @@ def _dequantize_kernel(
     packed = tl.load(data_ptr + poffs, mask=pmask, other=0).to(tl.int32)
     smask = row_ok[:, None] & (blocks < num_blocks)[None, :]
     sbyte = tl.load(scale_ptr + rows[:, None] * num_blocks + blocks[None, :], mask=smask, other=0)
+    if UNSCALED:
+        scale_2p14 = (e4m3_decode(sbyte) * 16384.0)[:, :, None]  # (BM, NB, 1), exact
+        word = _e2m1_unscaled_bf16_bits(packed & 15, scale_2p14) | \
+            (_e2m1_unscaled_bf16_bits(packed >> 4, scale_2p14) << 16)
+        tl.store(out_words_ptr + poffs, word, mask=pmask)
+        return
     if PER_ROW:
         gs = tl.load(gs_ptr + rows, mask=row_ok, other=1.0)
     else:
@@ -822,15 +845,28 @@ def launch_quantize(
     )
 
 
-def launch_dequantize(data, block_scale, global_scale, out, *, config=None, interpreter=False):
+def launch_dequantize(data, block_scale, global_scale, out, *, config=None, interpreter=False, unscaled=False):
     """out (M, K) float32/bf16/fp16 <- dequantized data (M, K // 2) uint8 and block_scale (M, K // 16) uint8.
 
     global_scale: float32 with 1 element (per tensor) or M contiguous elements (per row).
+    unscaled: bf16 out only; e2m1 * block_scale without the global scale (not read), exact (the kernel's UNSCALED
+    path, configs ``"dequant_unscaled"`` by K).
     """
     M, K = out.shape
+    out_kind = _IN_KINDS[out.dtype]
+    if unscaled:
+        if out_kind != 0:
+            raise ValueError(f"out: the unscaled dequantize writes bf16, got {out.dtype}")
+        config = config or (INTERPRETER_CONFIGS["dequant"] if interpreter else unscaled_dequant_config(K))
     block_m, block_k, warps = config or select_config("dequant", M, interpreter)
     grid = (triton.cdiv(M, block_m), triton.cdiv(K, block_k))
-    out_kind = _IN_KINDS[out.dtype]
     out_words = out.view(torch.int64 if out_kind == 2 else torch.int32)
     _dequantize_kernel[grid](data, block_scale, global_scale, out_words, M, K, PER_ROW=global_scale.numel() != 1,
-                             OUT_KIND=out_kind, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps)
+                             OUT_KIND=out_kind, BLOCK_M=block_m, BLOCK_K=block_k, UNSCALED=unscaled,
+                             num_warps=warps)
+
+
+def unscaled_dequant_config(k: int) -> tuple:
+    """(BLOCK_M, BLOCK_K, warps) of the unscaled bf16 dequantize for rows of ``k`` elements: BLOCK_K 1024 where it
+    divides K, else 512 (K = 1536: no half-empty second tile)."""
+    return (4, 1024, 4) if k % 1024 == 0 else (8, 512, 4)

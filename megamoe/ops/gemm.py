@@ -468,13 +468,18 @@ def _dense_as_one_expert(x: torch.Tensor, weight: NVFP4Tensor, out: torch.Tensor
     return nvfp4_grouped_mm(x, w3, offsets, out=out, max_rows_per_expert=m)
 
 
-#: Dense w4a16 GEMMs (no bias) with at least this many rows run as route "dense-bf16" when the caller passes the
-#: weight's :class:`HostGlobalScale`: the weight is dequantized to bf16 WITHOUT its global scale (exact: e2m1 x E4M3
-#: has at most 6 significant bits and lies in [2**-10, 2688], which bf16 holds), then cuBLAS multiplies in float32
-#: and applies the global scale as its alpha before the one bf16 rounding (``torch.addmm(beta=0, alpha=...)``, one
-#: call per row segment of constant scale, with cuBLAS's reduced-precision (bf16) split-K reductions disallowed). The same dot products as the other routes in another order. Set from
-#: H100 measurements (``benchmarks/bench_dense_prefill.py``; NOTES_gemm.md v30). Env ``MEGAMOE_DENSE_BF16=0``: off.
-DENSE_BF16_MIN_ROWS = 256
+#: Route "dense-bf16" of a dense w4a16 GEMM without bias, when the caller passes the weight's
+#: :class:`HostGlobalScale`: the weight is dequantized to bf16 WITHOUT its global scale (exact: e2m1 x E4M3 has at
+#: most 6 significant bits and lies in [2**-10, 2688], which bf16 holds; ``launch_dequantize(unscaled=True)``), then
+#: cuBLAS multiplies in float32 and applies the global scale as its alpha before the one bf16 rounding
+#: (``torch.addmm(beta=0, alpha=...)``, one call per run of the scale, cuBLAS's reduced-precision (bf16) split-K
+#: reductions disallowed). The same dot products as the other routes, in another order. It runs from
+#: DENSE_BF16_MIN_ROWS rows where N <= DENSE_BF16_NARROW_N, and from DENSE_BF16_WIDE_MIN_ROWS rows for wider weights
+#: (:func:`dense_bf16_preferred`): the dequantize costs ~N K, what cuBLAS saves ~M N K, and the kernels' routes do
+#: best on wide N (H100, ``benchmarks/bench_dense_prefill.py``, NOTES_gemm.md v30). Env ``MEGAMOE_DENSE_BF16=0``: off.
+DENSE_BF16_MIN_ROWS = 512
+DENSE_BF16_NARROW_N = 4096
+DENSE_BF16_WIDE_MIN_ROWS = 1024
 DENSE_BF16_ROUTE = os.environ.get("MEGAMOE_DENSE_BF16", "1").strip() not in ("", "0")
 #: :func:`host_global_scale` gives up (returns None) on a global scale with more runs of equal values than this: a
 #: fused weight has one run per part; a true per-row scale keeps the kernels' routes.
@@ -541,14 +546,22 @@ def _check_host_scale(host_scale, weight: NVFP4Tensor) -> None:
                          "place since; rebuild it with host_global_scale(weight)")
 
 
+def dense_bf16_preferred(num_rows: int, n: int) -> bool:
+    """Whether a dense GEMM of ``num_rows`` rows and N = ``n`` takes route "dense-bf16" (given the host scale; host
+    values only, see :data:`DENSE_BF16_MIN_ROWS`)."""
+    return DENSE_BF16_ROUTE and num_rows >= (DENSE_BF16_MIN_ROWS if n <= DENSE_BF16_NARROW_N
+                                             else DENSE_BF16_WIDE_MIN_ROWS)
+
+
 def _dense_bf16(x: torch.Tensor, weight: NVFP4Tensor, host_scale: HostGlobalScale, out: torch.Tensor) -> torch.Tensor:
     """Route "dense-bf16" (see :data:`DENSE_BF16_MIN_ROWS`): x (M, K) bf16, weight (N, K) row-major -> out (M, N)."""
     from ..kernels.quantize import launch_dequantize
 
     n, k = weight.shape
     w16 = torch.empty((n, k), dtype=torch.bfloat16, device=x.device)  # the caching allocator's block, per call
-    one = torch.ones((1,), dtype=torch.float32, device=x.device)
-    launch_dequantize(weight.data.contiguous(), weight.block_scale.contiguous().view(torch.uint8), one, w16)
+    one = torch.empty((1,), dtype=torch.float32, device=x.device)  # the unscaled kernel does not read it
+    launch_dequantize(weight.data.contiguous(), weight.block_scale.contiguous().view(torch.uint8), one, w16,
+                      unscaled=True)
     # float32 sums only: with reduced-precision reductions allowed (torch's default) cuBLAS may pick split-K algorithms
     # whose partials are bf16 (H100: a row-strided out gave errors of ~2**-9 of the partials' size; CUDA test)
     matmul = torch.backends.cuda.matmul
@@ -583,8 +596,9 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
     mode: "w4a16", "w4a4" or "w4a8" (K % 128 == 0; M < 48 on CUDA runs w4a16, :func:`w4a8_kernel_mode`).
     out: optional (M, N) bf16 buffer.
     host_scale: None or the weight's :class:`HostGlobalScale` (:func:`host_global_scale`, read at load time). With
-    it, a w4a16 GEMM without bias of at least :data:`DENSE_BF16_MIN_ROWS` rows on CUDA runs route "dense-bf16"
-    (the weight dequantized exactly to bf16, cuBLAS with the global scale as alpha); otherwise it changes nothing.
+    it, a w4a16 GEMM without bias on CUDA with enough rows (:func:`dense_bf16_preferred`: 512, or 1024 for N > 4096)
+    runs route "dense-bf16" (the weight dequantized exactly to bf16, cuBLAS with the global scale as alpha);
+    otherwise it changes nothing.
     Returns (M, N) bf16 (float32 accumulation, one final rounding).
     """
     _check_x(x, None)
@@ -609,8 +623,8 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
         return _reference.nvfp4_linear(x, weight, bias, mode=mode, out=out)
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    if (host_scale is not None and DENSE_BF16_ROUTE and x.is_cuda and mode == "w4a16" and bias is None
-            and m >= DENSE_BF16_MIN_ROWS and weight.row_interleave == 1 and m * n * k > 0):
+    if (host_scale is not None and x.is_cuda and mode == "w4a16" and bias is None and dense_bf16_preferred(m, n)
+            and weight.row_interleave == 1 and m * n * k > 0):
         return _dense_bf16(x, weight, host_scale, out)
     if mode == "w4a8" and w4a8_kernel_mode(x, m, None) == "w4a8":
         from ..kernels.gemm import nvfp4_w4a8_pipe

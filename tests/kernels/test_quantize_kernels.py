@@ -15,6 +15,7 @@ import triton.language as tl
 
 import megamoe.ops.quantize  # noqa: F401
 from megamoe.format.e2m1 import e2m1_encode
+from megamoe.format.tensor import NVFP4Tensor
 from megamoe.kernels import quantize as kernels
 import megamoe.reference.quantize  # noqa: F401
 from megamoe.format.layouts import swizzled_128x4_shape, to_swizzled_128x4
@@ -104,6 +105,28 @@ def test_dequantize_bf16_rounding(device):
     tiny = torch.tensor(2.0**-120 * 1.3, device=device)
     q = ops.quantize(torch.randn(4, 32, device=device) * 2.0**-112, global_scale=tiny)
     assert_same_values(ops.dequantize(q, torch.bfloat16), ref.dequantize(q.to("cpu"), torch.bfloat16))
+
+
+@pytest.mark.parametrize("k", [64, 1536, 2048])
+def test_dequantize_unscaled_bf16_is_exact(device, k):
+    """``launch_dequantize(unscaled=True)`` (the dense-bf16 GEMM route's weight): every E2M1 code under every E4M3 scale
+    byte (subnormal, negative, the largest, NaN) equals the reference's e2m1 * block_scale bit for bit (NaN: 0x7FC0);
+    the global scale passed is not read (NaN here), the GPU configs by K (1536: 512-wide tiles) included."""
+    rows = 32
+    codes = torch.arange(rows * k) % 16
+    codes = codes[torch.randperm(rows * k)]
+    data = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8).reshape(rows, k // 2)
+    scale = (torch.arange(rows * k // 16) * 37 % 256).to(torch.uint8).reshape(rows, k // 16)
+    t = NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), torch.tensor(1.0), (rows, k))
+    expect = ref.dequantize(t, torch.bfloat16)
+    out = torch.empty(rows, k, dtype=torch.bfloat16, device=device)
+    kernels.launch_dequantize(data.to(device), scale.to(device), torch.full((1,), float("nan"), device=device), out,
+                              unscaled=True, interpreter=not out.is_cuda)
+    got, want = out.cpu().view(torch.int16), expect.view(torch.int16)
+    assert torch.equal(got[~expect.isnan()], want[~expect.isnan()])
+    assert bool((got[expect.isnan()] == 0x7FC0).all()) and expect.isnan().any()
+    with pytest.raises(ValueError, match="out: the unscaled dequantize writes bf16"):
+        kernels.launch_dequantize(data, scale, torch.ones(1), torch.empty(rows, k), unscaled=True)
 
 
 MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)

@@ -87,12 +87,15 @@ def test_dense_bf16_route_math_on_cpu(sizes, scales):
 @pytest.mark.cuda
 @pytest.mark.parametrize("extra", [0, 1, 344])
 def test_cuda_dense_bf16_route(monkeypatch, extra):
-    """From DENSE_BF16_MIN_ROWS rows, given the host scale, the route runs: its output is within the float32 bound for a
-    0-d and a three-part (N, 1) scale, written into ``out`` (also a row-strided view), a NaN block scale stays in its
-    column, zero x gives zeros; graph replay == eager without host syncs; one row fewer keeps the kernels' route."""
+    """From DENSE_BF16_MIN_ROWS rows (N <= DENSE_BF16_NARROW_N), given the host scale, the route runs: its output is
+    within the float32 bound for a 0-d and a three-part (N, 1) scale, written into ``out`` (also a row-strided view:
+    there cuBLAS with reduced-precision split-K reductions gave bf16 partials, over the bound), a NaN block scale stays
+    in its column, zero x gives zeros; graph replay == eager without host syncs; one row fewer keeps the kernels'
+    route."""
     from gemm_helpers import sync_free_graph  # tests/gemm_helpers.py (tests/ is on sys.path)
 
     device = torch.device("cuda")
+    assert ops_gemm.DENSE_BF16_NARROW_N >= 2304  # both weights below are narrow
     m = ops_gemm.DENSE_BF16_MIN_ROWS + extra
     calls = []
     route = ops_gemm._dense_bf16
@@ -108,7 +111,8 @@ def test_cuda_dense_bf16_route(monkeypatch, extra):
         big = torch.full((m, n + 8), float("nan"), dtype=torch.bfloat16, device=device)
         view = big[:, 4:4 + n]
         assert nvfp4_linear(x, w, out=view, host_scale=hs) is view
-        assert torch.equal(view, y) and big[:, :4].isnan().all() and big[:, 4 + n:].isnan().all()
+        _bound_check(view, x, w)  # not y's bits: cuBLAS picks its algorithm by the output's row stride too
+        assert big[:, :4].isnan().all() and big[:, 4 + n:].isnan().all()
         assert (nvfp4_linear(torch.zeros_like(x), w, host_scale=hs) == 0).all()
         out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
         graph, _ = sync_free_graph(lambda: nvfp4_linear(x, w, out=out, host_scale=hs))
@@ -130,13 +134,30 @@ def test_cuda_dense_bf16_route(monkeypatch, extra):
 
 
 @pytest.mark.cuda
+def test_cuda_dense_bf16_wide_weights_need_more_rows(monkeypatch):
+    """N > DENSE_BF16_NARROW_N: the kernels' route up to DENSE_BF16_WIDE_MIN_ROWS - 1 rows, the route from there."""
+    device = torch.device("cuda")
+    calls = []
+    route = ops_gemm._dense_bf16
+    monkeypatch.setattr(ops_gemm, "_dense_bf16", lambda *a: calls.append(a[0].shape[0]) or route(*a))
+    k, wide = 512, ops_gemm.DENSE_BF16_NARROW_N + 256
+    w = _fused((wide - 1024, 1024), k, (0.001, 0.0025)).to(device)
+    hs = host_global_scale(w)
+    for m in (ops_gemm.DENSE_BF16_MIN_ROWS, ops_gemm.DENSE_BF16_WIDE_MIN_ROWS - 1, ops_gemm.DENSE_BF16_WIDE_MIN_ROWS):
+        x = torch.randn(m, k, device=device).bfloat16()
+        _bound_check(nvfp4_linear(x, w, host_scale=hs), x, w)
+    assert calls == [ops_gemm.DENSE_BF16_WIDE_MIN_ROWS]
+
+
+@pytest.mark.cuda
 def test_cuda_dense_bf16_decode_is_exact():
     """Identity activations (K rows) through the route: every E2M1 code under odd E4M3 block scales comes back as the
     weight, times the global scale, rounded once (global scale 1: bit for bit the decoded weight)."""
     from gemm_helpers import every_code_weight  # tests/gemm_helpers.py (tests/ is on sys.path)
 
     device = torch.device("cuda")
-    n, k = 320, 512
+    n, k = 320, 1024  # K rows of identity: at least DENSE_BF16_MIN_ROWS
+    assert k >= ops_gemm.DENSE_BF16_MIN_ROWS
     w3 = every_code_weight(n, k, "cpu")
     for gs in (1.0, 0.7):
         w = NVFP4Tensor(w3.data[0], w3.block_scale[0], torch.tensor(gs), (n, k)).to(device)

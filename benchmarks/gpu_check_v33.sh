@@ -17,6 +17,11 @@
 #        1.3x): it is ALU-bound. New: an UNSCALED path (no global scale: exact bf16, half the integer work) for the
 #        route, configs by K; the rule now 512 rows for N <= 4096, 1024 above. Tests (quantize kernels, route, gemm,
 #        fused projections), the dequantize sweep (both paths), the benchmark, the prefill profile off / on.
+#   d -> c: the rule takes every winning point and no losing one; prefill GPU busy -2.2% / -3.8% at 1024 / 4096
+#        tokens. The route's CUDA tests again (M = 0 and a NaN in x added). Then issue 10's worst skew point: all
+#        tokens on the same 6 experts at 64 tokens took 241 us against a 37 us floor (gpu_check_v28): the kernels of
+#        one replay of the V4-Flash layer (row-interleaved, as the layer runs), default plan and PIPE_AFTER_DECODE=1,
+#        uniform routing for comparison.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -56,5 +61,16 @@ c)
     --out "$OUT/c_prefill_off.md" 2>&1 | grep "tokens:"
   timeout 100 python benchmarks/profile_prefill.py --tokens 1024,4096 --top 12 --out "$OUT/c_prefill_on.md" 2>&1 \
     | grep "tokens:"
+  ;;
+d)
+  timeout 100 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_gemm_dense_bf16.py \
+    > "$OUT/d_tests.log" 2>&1
+  tail -3 "$OUT/d_tests.log"
+  for r in all-on-k uniform; do
+    timeout 150 python benchmarks/probe_moe_decode.py --configs v4-flash --tokens 64 --row-interleave 4 --routing $r \
+      --out "$OUT" --tag "d_$r" 2>&1 | grep -E "^## |_kernel" | head -30
+  done
+  MEGAMOE_PIPE_AFTER_DECODE=1 timeout 150 python benchmarks/probe_moe_decode.py --configs v4-flash --tokens 64 \
+    --row-interleave 4 --routing all-on-k --out "$OUT" --tag d_all-on-k_pipe_after 2>&1 | grep -E "^## |_kernel" | head -30
   ;;
 esac

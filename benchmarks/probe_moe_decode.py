@@ -6,7 +6,7 @@ the kernels of one replay with their device time (L2 warm there: the sum is a lo
 seeded by the token count (since 2026-11-26 part 12; the earlier files of gpu_check_v23 used unseeded inputs).
 
 Run (H100): ``python benchmarks/probe_moe_decode.py [--tokens 1,8] [--configs v4-flash,v4-pro] [--out DIR]
-[--row-interleave 4] [--mode w4a8] [--tag T]`` -> DIR/probe_moe_decode[_T].md.
+[--row-interleave 4] [--mode w4a8] [--routing all-on-k] [--tag T]`` -> DIR/probe_moe_decode[_T].md.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main():
@@ -28,6 +29,9 @@ def main():
     ap.add_argument("--row-interleave", type=int, default=1, help="Nvfp4MoE(row_interleave=...): 1 or 4")
     ap.add_argument("--tag", default="")
     ap.add_argument("--mode", default="w4a16", help="Nvfp4MoE(mode=...): w4a16, w4a8 or w4a4")
+    ap.add_argument("--routing", default="router",
+                    help="router (the layer's own, near uniform) or a forced routing of bench_moe_skew.py: uniform, "
+                         "zipf, all-on-k")
     args = ap.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
@@ -43,6 +47,12 @@ def main():
                                 row_interleave=args.row_interleave, mode=args.mode)
         for t in (int(v) for v in args.tokens.split(",")):
             x = torch.randn(t, c.hidden_size, device=dev, generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
+            if args.routing != "router":
+                from bench_moe_skew import _force_routing, routing
+
+                weights, ids = (v.to(dev) for v in routing(args.routing, t, c.num_experts, c.top_k,
+                                                            torch.Generator().manual_seed(t)))
+                _force_routing(layer, weights, ids)
             layer(x)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
@@ -58,7 +68,7 @@ def main():
             kernels.sort(key=lambda e: e.time_range.start)
             busy = sum(e.time_range.elapsed_us() for e in kernels)
             span = kernels[-1].time_range.end - kernels[0].time_range.start if kernels else 0
-            lines += [f"## {name}, {t} tokens: {us:.1f} us (replay median, L2 cleared); {len(kernels)} kernels, "
+            lines += [f"## {name}, {t} tokens, routing {args.routing}: {us:.1f} us (replay median, L2 cleared); {len(kernels)} kernels, "
                       f"{busy:.1f} us busy over a {span:.1f} us span (profiled replay, L2 warm)", "",
                       "| # | kernel | us | gap before us |", "|---|---|---|---|"]
             prev_end = None

@@ -90,8 +90,8 @@ def test_cuda_dense_bf16_route(monkeypatch, extra):
     """From DENSE_BF16_MIN_ROWS rows (N <= DENSE_BF16_NARROW_N), given the host scale, the route runs: its output is
     within the float32 bound for a 0-d and a three-part (N, 1) scale, written into ``out`` (also a row-strided view:
     there cuBLAS with reduced-precision split-K reductions gave bf16 partials, over the bound), a NaN block scale stays
-    in its column, zero x gives zeros; graph replay == eager without host syncs; one row fewer keeps the kernels'
-    route."""
+    in its column, a NaN in x stays in its row, zero x gives zeros, M = 0 gives an empty result; graph replay == eager
+    without host syncs; one row fewer keeps the kernels' route."""
     from gemm_helpers import sync_free_graph  # tests/gemm_helpers.py (tests/ is on sys.path)
 
     device = torch.device("cuda")
@@ -114,6 +114,12 @@ def test_cuda_dense_bf16_route(monkeypatch, extra):
         _bound_check(view, x, w)  # not y's bits: cuBLAS picks its algorithm by the output's row stride too
         assert big[:, :4].isnan().all() and big[:, 4 + n:].isnan().all()
         assert (nvfp4_linear(torch.zeros_like(x), w, host_scale=hs) == 0).all()
+        xn = x.clone()
+        xn[3, 100] = float("nan")
+        yn = nvfp4_linear(xn, w, host_scale=hs)
+        assert yn[3].isnan().all() and not yn[torch.arange(m, device=device) != 3].isnan().any()
+        _bound_check(yn[4:], x[4:], w)
+        assert nvfp4_linear(x[:0], w, host_scale=hs).shape == (0, n)  # M = 0: no launch
         out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
         graph, _ = sync_free_graph(lambda: nvfp4_linear(x, w, out=out, host_scale=hs))
         out.zero_()

@@ -22,6 +22,11 @@
 #        tokens on the same 6 experts at 64 tokens took 241 us against a 37 us floor (gpu_check_v28): the kernels of
 #        one replay of the V4-Flash layer (row-interleaved, as the layer runs), default plan and PIPE_AFTER_DECODE=1,
 #        uniform routing for comparison.
+#   e -> d: at 64 tokens the layer runs the shared expert (64 rows, one expert) on the pipelined 64-row band: 16 tiles
+#        of 256 columns, 43 + 24 us for ~14 MB of weights, a third of the all-on-k replay (230 us); the routed experts
+#        with PIPE_AFTER_DECODE 68 vs 139 us on the mma chunks. New (opt-in, ONE_EXPERT_SPLITK_MAX_ROWS): one expert
+#        with 9..max rows as 32-row mma.sync chunks with planned split-K. Its CUDA tests (the bands file's new cases,
+#        the MoE layer tests with it on); the layer A/B at 9-256 tokens; the all-on-k 64 kernels with it on.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -72,5 +77,19 @@ d)
   done
   MEGAMOE_PIPE_AFTER_DECODE=1 timeout 150 python benchmarks/probe_moe_decode.py --configs v4-flash --tokens 64 \
     --row-interleave 4 --routing all-on-k --out "$OUT" --tag d_all-on-k_pipe_after 2>&1 | grep -E "^## |_kernel" | head -30
+  ;;
+e)
+  timeout 120 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_gemm_bands.py \
+    -k "one_expert" > "$OUT/e_tests.log" 2>&1
+  MEGAMOE_ONE_EXPERT_SPLITK_MAX_ROWS=256 timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda \
+    tests/layers/test_moe_layer.py >> "$OUT/e_tests.log" 2>&1
+  grep -E "passed|failed" "$OUT/e_tests.log"
+  timeout 170 python benchmarks/ab_layer_settings.py --settings "base|gemm.ONE_EXPERT_SPLITK_MAX_ROWS=256" \
+    --configs v4-flash --tokens 9,16,32,64,128,256 --rounds 2 --flush read --out "$OUT" --tag e_one_expert_flash \
+    2>&1 | tail -8
+  timeout 170 python benchmarks/ab_layer_settings.py --settings "base|gemm.ONE_EXPERT_SPLITK_MAX_ROWS=256" \
+    --configs v4-pro --tokens 16,64,256 --rounds 2 --flush read --out "$OUT" --tag e_one_expert_pro 2>&1 | tail -5
+  MEGAMOE_ONE_EXPERT_SPLITK_MAX_ROWS=256 timeout 100 python benchmarks/probe_moe_decode.py --configs v4-flash \
+    --tokens 64 --row-interleave 4 --routing all-on-k --out "$OUT" --tag e_all-on-k_one_expert 2>&1 | grep -E "^## "
   ;;
 esac

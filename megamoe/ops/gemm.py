@@ -321,6 +321,11 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     avg = -(-num_rows // max(1, min(num_experts, num_rows)))
     small = mma.select_mma_decode_config(avg, k)
     wide = mma.select_mma_decode_config(mma.MMA_SMALL_BAND_ROWS + 1, k)
+    if num_experts == 1 and mma.MMA_SMALL_BAND_ROWS < most <= ONE_EXPERT_SPLITK_MAX_ROWS:
+        # one expert (the shared expert, a dense GEMM as one group): 32-row chunks with planned split-K, not the
+        # pipelined bands' few wide tiles (V4-Flash gate_up at 64 rows: 16 tiles of 256 columns on 132 SMs)
+        return [("mma", dict(config=wide, row_band=(0, mma.ROW_HI_UNBOUNDED), splits=None, own_pad=True,
+                             max_rows_per_expert=most))]
     bands, lo = [], 0
     decode_band = small[0] < wide[0]
     if decode_band:
@@ -448,6 +453,12 @@ def _band_streams(device: torch.device, count: int) -> list:
         streams.append(torch.cuda.Stream(device, priority=min(0, BAND_STREAM_PRIORITY + len(streams))))
     return streams[:count]
 
+
+#: A grouped GEMM of ONE expert (the MoE layer's shared expert) with MMA_SMALL_BAND_ROWS < rows <= this runs the
+#: mma.sync decode kernel in 32-row chunks with planned split-K (:func:`plan_row_bands`) instead of the pipelined
+#: bands, whose 64-row band has N / 256 tiles: the V4-Flash shared expert at 64 tokens took 43 + 24 us for ~14 MB of
+#: weights (results/gpu_check_v33/probe_moe_decode_d_*.md). 0: off. Env ``MEGAMOE_ONE_EXPERT_SPLITK_MAX_ROWS``.
+ONE_EXPERT_SPLITK_MAX_ROWS = int(os.environ.get("MEGAMOE_ONE_EXPERT_SPLITK_MAX_ROWS", "0") or "0")
 
 #: Dense w4a16 GEMMs (no bias) with at least this many rows run as a grouped GEMM of one expert holding every row
 #: (route "dense-pipe"), i.e. on the pipelined wgmma kernel of the MoE layer instead of the Triton tensor-core kernel.

@@ -428,3 +428,54 @@ def test_decode_band_takes_the_one_wave_config_only_where_its_items_fit_one_wave
     assert mma.interleave_constants(mma.MMA_DECODE_CONFIGS[4], 0, 4) == {"W_IL": 4, "maxnreg": 168}
     assert mma.interleave_constants(one_wave, 0, 1) == {"maxnreg": 128}
     assert mma.interleave_constants(one_wave, 0, 4) == {"W_IL": 4, "maxnreg": 128}
+
+
+def test_one_expert_takes_split_k_chunks(monkeypatch):
+    """ONE_EXPERT_SPLITK_MAX_ROWS: a grouped GEMM of one expert (the shared expert) with 9..max rows is one mma.sync
+    launch of 32-row chunks with planned split-K, on both layouts; 1-8 rows, more rows, or more experts keep the plan."""
+    monkeypatch.setattr(ops_gemm, "ONE_EXPERT_SPLITK_MAX_ROWS", 256)
+    for t in (9, 64, 256):
+        for interleave in (1, 4):
+            plan = ops_gemm.plan_row_bands(t, 1, 4096, None, weight_interleave=interleave)
+            assert [r for r, _ in plan] == ["mma"]
+            band = plan[0][1]
+            assert band["splits"] is None and band["row_band"] == (0, UNB) and band["own_pad"]
+            assert band["config"][0] == 32 and band["max_rows_per_expert"] == t
+    for args in ((8, 1, 4096, None), (257, 1, 4096, None), (64, 2, 4096, None)):
+        on = ops_gemm.plan_row_bands(*args)
+        monkeypatch.setattr(ops_gemm, "ONE_EXPERT_SPLITK_MAX_ROWS", 0)
+        assert ops_gemm.plan_row_bands(*args) == on, args
+        monkeypatch.setattr(ops_gemm, "ONE_EXPERT_SPLITK_MAX_ROWS", 256)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [9, 64, 200])
+@pytest.mark.parametrize("interleave", [1, 4])
+def test_cuda_one_expert_split_k_matches_float32(monkeypatch, t, interleave):
+    """The one-expert split-K plan: gate_up with SwiGLU (gate / up interleaved) and a plain GEMM against float32 math,
+    on row-major and row-interleaved weights; graph replay == eager, sync-free."""
+    from gemm_helpers import grouped_f32, random_weight, rel_err
+    from megamoe.reference.gemm import swiglu_reference
+
+    monkeypatch.setattr(ops_gemm, "ONE_EXPERT_SPLITK_MAX_ROWS", 256)
+    device = torch.device("cuda")
+    n, k = 512, 1024
+    w = random_weight((1, n, k), device)
+    offsets = torch.tensor([t], dtype=torch.int32, device=device)
+    x = torch.randn(t, k, device=device).bfloat16()
+    wk = w.interleave_rows(interleave) if interleave > 1 else w
+    out = ops_gemm.nvfp4_grouped_mm(x, wk, offsets)
+    assert rel_err(out, grouped_f32(x, w, offsets)) < 4e-3
+    wi = ops_gemm.interleave_gate_up(w)
+    wik = wi.interleave_rows(interleave) if interleave > 1 else wi
+    sw = ops_gemm.nvfp4_grouped_mm(x, wik, offsets, activation="swiglu", swiglu_limit=7.0)
+    y = grouped_f32(x, w, offsets)
+    inter = torch.stack((y[:, : n // 2], y[:, n // 2:]), dim=-1).reshape(t, n)
+    assert rel_err(sw, swiglu_reference(inter, 7.0)) < 4e-3
+    buf = torch.empty(t, n // 2, dtype=torch.bfloat16, device=device)
+    graph, _ = sync_free_graph(lambda: ops_gemm.nvfp4_grouped_mm(x, wik, offsets, activation="swiglu",
+                                                                 swiglu_limit=7.0, out=buf))
+    buf.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(buf, sw)

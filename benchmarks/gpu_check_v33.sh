@@ -27,6 +27,9 @@
 #        with PIPE_AFTER_DECODE 68 vs 139 us on the mma chunks. New (opt-in, ONE_EXPERT_SPLITK_MAX_ROWS): one expert
 #        with 9..max rows as 32-row mma.sync chunks with planned split-K. Its CUDA tests (the bands file's new cases,
 #        the MoE layer tests with it on); the layer A/B at 9-256 tokens; the all-on-k 64 kernels with it on.
+#   f -> e: the one-expert split-K plan is 1.005-1.028x on V4-Flash at 9-256 tokens, 0.987-1.006x on V4-Pro (stays
+#        opt-in). The main job with a 600-token prompt (the prefill's projections take route dense-bf16), with the
+#        route off and on: the sampled tokens and the timings side by side.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -91,5 +94,12 @@ e)
     --configs v4-pro --tokens 16,64,256 --rounds 2 --flush read --out "$OUT" --tag e_one_expert_pro 2>&1 | tail -5
   MEGAMOE_ONE_EXPERT_SPLITK_MAX_ROWS=256 timeout 100 python benchmarks/probe_moe_decode.py --configs v4-flash \
     --tokens 64 --row-interleave 4 --routing all-on-k --out "$OUT" --tag e_all-on-k_one_expert 2>&1 | grep -E "^## "
+  ;;
+f)
+  MEGAMOE_DENSE_BF16=0 timeout 200 python -m megamoe generate --layers 4 --batch 1,8 --prompt-len 600 --steps 16 \
+    > "$OUT/f_generate_off.log" 2>&1
+  tail -4 "$OUT/f_generate_off.log"
+  timeout 200 python -m megamoe generate --layers 4 --batch 1,8 --prompt-len 600 --steps 16 > "$OUT/f_generate_on.log" 2>&1
+  tail -4 "$OUT/f_generate_on.log"
   ;;
 esac

@@ -457,7 +457,10 @@ def _band_streams(device: torch.device, count: int) -> list:
 #: A grouped GEMM of ONE expert (the MoE layer's shared expert) with MMA_SMALL_BAND_ROWS < rows <= this runs the
 #: mma.sync decode kernel in 32-row chunks with planned split-K (:func:`plan_row_bands`) instead of the pipelined
 #: bands, whose 64-row band has N / 256 tiles: the V4-Flash shared expert at 64 tokens took 43 + 24 us for ~14 MB of
-#: weights (results/gpu_check_v33/probe_moe_decode_d_*.md). 0: off. Env ``MEGAMOE_ONE_EXPERT_SPLITK_MAX_ROWS``.
+#: weights (results/gpu_check_v33/probe_moe_decode_d_*.md), 30 + 24 us this way. 0 (default): off, since the layer
+#: gained only 1.005-1.028x (V4-Flash, 9-256 tokens) and 0.987-1.006x (V4-Pro): NOTES_moe_decode.md, "The shared
+#: expert at 9-256 tokens". Env ``MEGAMOE_ONE_EXPERT_SPLITK_MAX_ROWS``. Its split-K shares the device's tile
+#: counters (``nvfp4_splitk.splitk_counters``): not for a shared expert on a side stream beside other split-K launches.
 ONE_EXPERT_SPLITK_MAX_ROWS = int(os.environ.get("MEGAMOE_ONE_EXPERT_SPLITK_MAX_ROWS", "0") or "0")
 
 #: Dense w4a16 GEMMs (no bias) with at least this many rows run as a grouped GEMM of one expert holding every row

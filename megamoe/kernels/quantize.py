@@ -850,7 +850,7 @@ def launch_dequantize(data, block_scale, global_scale, out, *, config=None, inte
 
     global_scale: float32 with 1 element (per tensor) or M contiguous elements (per row).
     unscaled: bf16 out only; e2m1 * block_scale without the global scale (not read), exact (the kernel's UNSCALED
-    path, configs ``"dequant_unscaled"`` by K).
+    path; its tile by K: :func:`unscaled_dequant_config`).
     """
     M, K = out.shape
     out_kind = _IN_KINDS[out.dtype]

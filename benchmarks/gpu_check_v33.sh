@@ -30,6 +30,7 @@
 #   f -> e: the one-expert split-K plan is 1.005-1.028x on V4-Flash at 9-256 tokens, 0.987-1.006x on V4-Pro (stays
 #        opt-in). The main job with a 600-token prompt (the prefill's projections take route dense-bf16), with the
 #        route off and on: the sampled tokens and the timings side by side.
+#   g -> f: the benchmark again with the floor column (bytes / 3.0 TB/s or FLOPs / 749 TFLOP/s).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -101,5 +102,9 @@ f)
   tail -4 "$OUT/f_generate_off.log"
   timeout 200 python -m megamoe generate --layers 4 --batch 1,8 --prompt-len 600 --steps 16 > "$OUT/f_generate_on.log" 2>&1
   tail -4 "$OUT/f_generate_on.log"
+  ;;
+g)
+  timeout 200 python benchmarks/bench_dense_prefill.py --rows 256,512,1024,2048,4096 --flush read \
+    --out "$OUT/g_dense_prefill.md" 2>&1 | tail -30
   ;;
 esac

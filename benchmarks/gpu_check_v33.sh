@@ -31,6 +31,8 @@
 #        opt-in). The main job with a 600-token prompt (the prefill's projections take route dense-bf16), with the
 #        route off and on: the sampled tokens and the timings side by side.
 #   g -> f: the benchmark again with the floor column (bytes / 3.0 TB/s or FLOPs / 749 TFLOP/s).
+#   h -> c, f: the prefill's wall time is host-bound (1024 tokens: 24-30 ms for 12.7 ms of kernels) whatever the
+#        GEMMs gain. Where the host's Python time goes: one 1024-token prefill under cProfile.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -106,5 +108,9 @@ f)
 g)
   timeout 200 python benchmarks/bench_dense_prefill.py --rows 256,512,1024,2048,4096 --flush read \
     --out "$OUT/g_dense_prefill.md" 2>&1 | tail -30
+  ;;
+h)
+  timeout 200 python benchmarks/profile_prefill.py --tokens 1024 --top 40 --cprofile \
+    --out "$OUT/h_prefill_cprofile.md" 2>&1 | tail -50
   ;;
 esac

@@ -9,7 +9,10 @@ Prefill is host-driven (no graph), so the wall time includes launch gaps; "GPU b
 ``--host``: also where the host time goes: the host syncs of one prefill (``torch.cuda.set_sync_debug_mode("warn")``,
 counted by the line that caused them) and the torch ops by CPU self time.
 
-Usage: python benchmarks/profile_prefill.py [--layers 4] [--tokens 1024,4096] [--top 30] [--host] [--out PATH.md]
+``--cprofile``: also one prefill under cProfile: the Python functions by own and by cumulative time.
+
+Usage: python benchmarks/profile_prefill.py [--layers 4] [--tokens 1024,4096] [--top 30] [--host] [--cprofile]
+[--out PATH.md]
 """
 from __future__ import annotations
 
@@ -69,6 +72,40 @@ def host_profile(model, prompt, top: int) -> list:
     return out
 
 
+def python_profile(model, prompt, top: int) -> list:
+    """One prefill under cProfile: where the host's Python time goes (the prefill is host-bound at <= 4096 tokens:
+    its wall time is 1.1-2.3x its GPU busy time). Returns markdown lines: the functions by own time and by cumulative
+    time (file:line shortened to the package-relative path)."""
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    model.prefill(0, prompt)
+    torch.cuda.synchronize()
+    prof.disable()
+    model.leave(0)
+    stats = pstats.Stats(prof)
+    total = stats.total_tt * 1e6
+
+    def where(func):
+        path, line, name = func
+        for marker in ("site-packages/", "megamoe/", "benchmarks/"):
+            if marker in path:
+                path = path[path.index(marker) + (len(marker) if marker == "site-packages/" else 0):]
+                break
+        return f"{path}:{line} {name}"[:100]
+
+    out = [f"\n### Python time of one prefill (cProfile, {total:.0f} us in all, profiler overhead included)\n"]
+    for key, label in (("tottime", "own"), ("cumtime", "cumulative")):
+        rows = sorted(stats.stats.items(), key=lambda kv: -(kv[1][2] if key == "tottime" else kv[1][3]))[:top]
+        out += [f"\n#### by {label} time\n", "| function | calls | own us | cumulative us |", "|---|---|---|---|"]
+        for func, (cc, nc, tt, ct, _) in rows:
+            out.append(f"| `{where(func)}` | {nc} | {tt * 1e6:.0f} | {ct * 1e6:.0f} |")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=4)
@@ -77,6 +114,7 @@ def main():
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default=None)
     ap.add_argument("--host", action="store_true")
+    ap.add_argument("--cprofile", action="store_true", help="also one prefill under cProfile (python_profile)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     lengths = [int(t) for t in args.tokens.split(",")]
@@ -129,6 +167,9 @@ def main():
         if args.host:
             lines += host_profile(model, prompt, args.top)
             print("\n".join(lines[-args.top - 12:]), flush=True)
+        if args.cprofile:
+            lines += python_profile(model, prompt, args.top)
+            print("\n".join(lines[-2 * args.top - 8:]), flush=True)
     text = "\n".join(lines) + "\n"
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)

@@ -33,6 +33,10 @@
 #   g -> f: the benchmark again with the floor column (bytes / 3.0 TB/s or FLOPs / 749 TFLOP/s).
 #   h -> c, f: the prefill's wall time is host-bound (1024 tokens: 24-30 ms for 12.7 ms of kernels) whatever the
 #        GEMMs gain. Where the host's Python time goes: one 1024-token prefill under cProfile.
+#   i -> h: under cProfile the 1024-token prefill's Python time is 41 ms, 12.9 ms of it in Triton's launch path (167
+#        launches), 10.8 ms in the pipelined kernel's launcher (68 launches: up to 7 row bands per GEMM, most of them
+#        empty at prefill). The prefill with the bands above 32 rows as two tile-list launches (MEGAMOE_PIPE_LIST=1,
+#        opt-in since part 15 for its GPU time) against the default, at 1024 / 4096 tokens: wall and GPU busy.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -112,5 +116,11 @@ g)
 h)
   timeout 200 python benchmarks/profile_prefill.py --tokens 1024 --top 40 --cprofile \
     --out "$OUT/h_prefill_cprofile.md" 2>&1 | tail -50
+  ;;
+i)
+  for list in 0 1 0 1; do
+    MEGAMOE_PIPE_LIST=$list timeout 100 python benchmarks/profile_prefill.py --tokens 1024,4096 --repeats 5 --top 8 \
+      --out "$OUT/i_prefill_list$list.md" 2>&1 | grep "tokens:" | sed "s/^/list $list: /"
+  done
   ;;
 esac

@@ -37,6 +37,9 @@
 #        launches), 10.8 ms in the pipelined kernel's launcher (68 launches: up to 7 row bands per GEMM, most of them
 #        empty at prefill). The prefill with the bands above 32 rows as two tile-list launches (MEGAMOE_PIPE_LIST=1,
 #        opt-in since part 15 for its GPU time) against the default, at 1024 / 4096 tokens: wall and GPU busy.
+#   j -> i: PIPE_LIST saves ~4% of the 1024-token wall, within the spread at 4096 (left opt-in). The prefill's host
+#        syncs: prepare_forward copied the block table from pageable memory; now a pinned snapshot, non-blocking.
+#        The kvcache and model CUDA tests, and the host-sync count of one prefill (profile_prefill --host).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -122,5 +125,12 @@ i)
     MEGAMOE_PIPE_LIST=$list timeout 100 python benchmarks/profile_prefill.py --tokens 1024,4096 --repeats 5 --top 8 \
       --out "$OUT/i_prefill_list$list.md" 2>&1 | grep "tokens:" | sed "s/^/list $list: /"
   done
+  ;;
+j)
+  timeout 330 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kvcache tests/models \
+    > "$OUT/j_tests.log" 2>&1
+  tail -3 "$OUT/j_tests.log"
+  timeout 120 python benchmarks/profile_prefill.py --tokens 1024 --top 12 --host --out "$OUT/j_prefill_host.md" 2>&1 \
+    | grep -E "tokens:|syncs" -A4 | head -20
   ;;
 esac

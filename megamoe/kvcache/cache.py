@@ -260,7 +260,8 @@ class CompressedKVCache:
 
         slots, positions_before, positions_after: host ints (lists); a request at ``positions_before``
         tokens that ends the step with ``positions_after`` tokens holds ``positions_after // m`` entries,
-        so it needs ``ceil(entries / entries_per_block)`` pages. Deterministic; one host->device copy.
+        so it needs ``ceil(entries / entries_per_block)`` pages. Deterministic; one host->device copy (CUDA: from a
+        pinned snapshot, without a host sync).
         """
         c = self.config
         if not (len(slots) == len(positions_before) == len(positions_after)):
@@ -280,7 +281,13 @@ class CompressedKVCache:
                 pages.append(page)
                 changed = True
         if changed:
-            self.block_table.copy_(self._host_table)
+            if self.block_table.is_cuda:
+                # a pinned snapshot copied without blocking the host (a pageable source made this copy wait for the
+                # device's queue: two host syncs per prefill, one per page-allocating decode step); the snapshot's
+                # pinned block is not reused before the copy has run (torch's caching host allocator)
+                self.block_table.copy_(self._host_table.pin_memory(), non_blocking=True)
+            else:
+                self.block_table.copy_(self._host_table)
 
     def prefill(self, slot: int, kv: torch.Tensor, score: torch.Tensor, swa_kv: torch.Tensor,
                 index_kv: torch.Tensor | None = None, index_score: torch.Tensor | None = None) -> None:

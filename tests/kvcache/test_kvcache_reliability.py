@@ -617,3 +617,25 @@ def test_decode_step_rejects_non_tensors():
     with pytest.raises(TypeError, match="^kv: expected a torch.Tensor"):
         cache.decode_step(DecodeBatch.allocate(2, "cpu"), **inp)
     assert _same(before, _snapshot(cache))
+
+
+@pytest.mark.cuda
+def test_cuda_prepare_forward_copies_the_block_table_without_a_host_sync():
+    """``prepare_forward`` on a CUDA cache: the block table reaches the device from a pinned snapshot without a host
+    sync (sync debug mode "error"), and later host changes (the next step's pages) do not reach an earlier copy."""
+    from sync_helpers import no_host_syncs  # tests/sync_helpers.py (tests/ is on sys.path)
+
+    cache = _cache(device="cuda")
+    cache.join(0)
+    cache.join(1)
+    torch.cuda.synchronize()
+    with no_host_syncs():
+        cache.prepare_forward([0, 1], [0, 0], [16, 16])
+    first = cache.block_table.clone()  # stream-ordered after the copy
+    expect_first = cache._host_table.clone()
+    with no_host_syncs():
+        cache.prepare_forward([0, 1], [16, 16], [40, 32])
+    torch.cuda.synchronize()
+    assert torch.equal(first.cpu(), expect_first)
+    assert torch.equal(cache.block_table.cpu(), cache._host_table)
+    assert not torch.equal(expect_first, cache._host_table)  # the second step allocated pages

@@ -528,10 +528,8 @@ def host_global_scale(weight: NVFP4Tensor) -> HostGlobalScale | None:
         raise ValueError(f"weight: expected a 2-D NVFP4 weight, got shape {tuple(weight.shape)}")
     gs = weight.global_scale
     n = int(weight.shape[0])
-    source = (gs.data_ptr(), gs._version, tuple(gs.shape))
     if gs.numel() == 1:
-        values = [float(gs.reshape(()).item())]
-        runs = [(0, n, values[0])]
+        runs = [(0, n, float(gs.reshape(()).item()))]
     else:
         if gs.numel() != n:
             return None
@@ -545,7 +543,12 @@ def host_global_scale(weight: NVFP4Tensor) -> HostGlobalScale | None:
                     return None
     if any(not (math.isfinite(v) and v > 0) for _, _, v in runs):
         return None
-    return HostGlobalScale(tuple(runs), source)
+    return HostGlobalScale(tuple(runs), _scale_source(gs))
+
+
+def _scale_source(gs: torch.Tensor) -> tuple:
+    """The host identity of a global-scale tensor that :class:`HostGlobalScale` records and checks."""
+    return gs.data_ptr(), gs._version, tuple(gs.shape)
 
 
 def _check_host_scale(host_scale, weight: NVFP4Tensor) -> None:
@@ -554,8 +557,7 @@ def _check_host_scale(host_scale, weight: NVFP4Tensor) -> None:
     if not isinstance(host_scale, HostGlobalScale):
         raise TypeError(f"host_scale: expected a HostGlobalScale (megamoe.ops.gemm.host_global_scale) or None, got "
                         f"{type(host_scale).__name__}")
-    gs = weight.global_scale
-    if host_scale.source != (gs.data_ptr(), gs._version, tuple(gs.shape)):
+    if host_scale.source != _scale_source(weight.global_scale):
         raise ValueError("host_scale: it was not read from this weight's global_scale, or that tensor changed in "
                          "place since; rebuild it with host_global_scale(weight)")
 
@@ -573,8 +575,8 @@ def _dense_bf16(x: torch.Tensor, weight: NVFP4Tensor, host_scale: HostGlobalScal
 
     n, k = weight.shape
     w16 = torch.empty((n, k), dtype=torch.bfloat16, device=x.device)  # the caching allocator's block, per call
-    one = torch.empty((1,), dtype=torch.float32, device=x.device)  # the unscaled kernel does not read it
-    launch_dequantize(weight.data.contiguous(), weight.block_scale.contiguous().view(torch.uint8), one, w16,
+    unread = weight.global_scale.reshape(-1)[:1]  # one element (the per-tensor variant); the unscaled kernel ignores it
+    launch_dequantize(weight.data.contiguous(), weight.block_scale.contiguous().view(torch.uint8), unread, w16,
                       unscaled=True)
     # float32 sums only: with reduced-precision reductions allowed (torch's default) cuBLAS may pick split-K algorithms
     # whose partials are bf16 (H100: a row-strided out gave errors of ~2**-9 of the partials' size; CUDA test)

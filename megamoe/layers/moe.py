@@ -155,7 +155,8 @@ class Nvfp4SharedExpert:
         self.max_num_tokens, self.device, self.mode = max_num_tokens, _resolve_device(device), mode
         self.swiglu_limit = swiglu_limit
         self.w13 = self.w2 = None  # checkpoint-order weights (reference)
-        self._w13_kernel = self._w2_kernel = None  # (1, 2I, H) interleaved, (1, H, I)
+        self._w13_dense = None  # (2I, H) interleaved (the split-K route of nvfp4_linear)
+        self._w13_kernel = self._w2_kernel = None  # (1, 2I, H) interleaved, (1, H, I): views of the same bytes
         self.input_scales: dict | None = None  # static w4a4 scales {"l1": 0-d, "l2": 0-d} or None (dynamic)
         dev = self.device
         self._offsets = torch.empty(1, dtype=torch.int32, device=dev)
@@ -168,8 +169,19 @@ class Nvfp4SharedExpert:
         _check_nvfp4(w13, "w13", (2 * self.intermediate_size, self.hidden_size), self.device)
         _check_nvfp4(w2, "w2", (self.hidden_size, self.intermediate_size), self.device)
         self.w13, self.w2 = w13, w2
-        self._w13_kernel = gemm_ops.interleave_gate_up(_stack1(w13))
+        self._w13_dense = gemm_ops.interleave_gate_up(w13)
+        self._w13_kernel = _stack1(self._w13_dense)
         self._w2_kernel = _stack1(w2)
+
+    def dense_splitk(self, hidden_states: torch.Tensor, gemm_mode: str) -> tuple[bool, bool]:
+        """(gate_up, down): whether each GEMM of this batch runs as a dense split-K GEMM (``nvfp4_linear``, the
+        SwiGLU in its reduction) instead of a grouped GEMM of one expert (:data:`SHARED_SPLITK`; CUDA, w4a16
+        numerics, the split-K route's row range for the weight's shape). Host shapes only."""
+        if not (SHARED_SPLITK and hidden_states.is_cuda and gemm_mode == "w4a16"):
+            return False, False
+        t, h, i = hidden_states.shape[0], self.hidden_size, self.intermediate_size
+        return (gemm_ops.dense_splitk_preferred(t, 2 * i, h),
+                self.w2.row_interleave == 1 and gemm_ops.dense_splitk_preferred(t, h, i))
 
     def forward(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """(T, H) bf16 -> (T, H) bf16 = W2 @ swiglu(W13 @ x)."""
@@ -178,17 +190,25 @@ class Nvfp4SharedExpert:
         _check_hidden(hidden_states, self.hidden_size, self.max_num_tokens, self.device)
         t = hidden_states.shape[0]
         out = self._out[:t] if out is None else out
-        self._offsets.fill_(t)  # scalar fill: a kernel launch, no host read
         x, gemm_mode = hidden_states, self.mode
         static = self.mode == "w4a4" and self.input_scales is not None
         if static:
             x, gemm_mode = _quant_roundtrip(hidden_states, self.input_scales["l1"], self._x_q[:t]), "w4a16"
-        inter = gemm_ops.nvfp4_grouped_mm(
-            x, self._w13_kernel, self._offsets, mode=gemm_mode, out=self._inter[:t],
-            activation="swiglu", swiglu_limit=self.swiglu_limit,
-        )
+        dense_gate_up, dense_down = self.dense_splitk(hidden_states, gemm_mode)
+        if not (dense_gate_up and dense_down):
+            self._offsets.fill_(t)  # scalar fill: a kernel launch, no host read
+        if dense_gate_up:
+            inter = gemm_ops.nvfp4_linear(x, self._w13_dense, out=self._inter[:t], activation="swiglu",
+                                          swiglu_limit=self.swiglu_limit)
+        else:
+            inter = gemm_ops.nvfp4_grouped_mm(
+                x, self._w13_kernel, self._offsets, mode=gemm_mode, out=self._inter[:t],
+                activation="swiglu", swiglu_limit=self.swiglu_limit,
+            )
         if static:
             inter = _quant_roundtrip(inter, self.input_scales["l2"], self._inter_q[:t])
+        if dense_down:
+            return gemm_ops.nvfp4_linear(inter, self.w2, out=out)
         return gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, self._offsets, mode=gemm_mode, out=out)
 
     __call__ = forward
@@ -214,6 +234,12 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
     return NVFP4Tensor(t.data.unsqueeze(0), t.block_scale.unsqueeze(0), gs, (1,) + tuple(t.shape), t.row_interleave)
 
 
+# The shared expert apart (not fused into the routed GEMMs) runs each of its GEMMs as a dense split-K GEMM where the
+# split-K route takes its shape (nvfp4_linear; gate_up with the SwiGLU in the split-K reduction), instead of a grouped
+# GEMM of one expert, whose band plan gives a 64-row expert 16 tiles of 256 columns on 132 SMs (V4-Flash gate_up at
+# 64 tokens 42.8 us for 8.4 MB: NOTES_moe_decode.md "The shared expert at 9-256 tokens"). Env MEGAMOE_SHARED_SPLITK=0
+# (read at import): off.
+SHARED_SPLITK = os.environ.get("MEGAMOE_SHARED_SPLITK", "1").strip() not in ("", "0")
 # Fused shared expert only up to this many tokens. H100, graph replay, with the Gluon decode kernel
 # (benchmarks/results/moe_v5_fuse0*.md = separate, moe_v5_fuse64*.md = always fused), guide / V4-Flash dims:
 # 1 token 181.8 -> 141.9 / 123.5 -> 90.0 us and 8 tokens 651.3 -> 608.2 / 354.6 -> 309.6 us (fused better);

@@ -181,6 +181,21 @@ def _check_out(out, shape: tuple, x: torch.Tensor) -> None:
         raise ValueError("out: expected a row-major tensor with unit stride along the last dimension")
 
 
+def _check_activation(activation, swiglu_limit, n: int) -> None:
+    """``activation`` None or "swiglu" (N even: interleaved gate/up rows); ``swiglu_limit`` None or a finite positive
+    number, with "swiglu" only."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if activation == "swiglu" and n % 2:
+        raise ValueError(f"weight: activation='swiglu' needs an even N (interleaved gate/up rows), got N={n}")
+    if swiglu_limit is not None:
+        if activation != "swiglu":
+            raise ValueError("swiglu_limit: only valid with activation='swiglu'")
+        if isinstance(swiglu_limit, bool) or not isinstance(swiglu_limit, (int, float)) \
+                or not math.isfinite(swiglu_limit) or not swiglu_limit > 0:
+            raise ValueError(f"swiglu_limit: expected a finite positive number or None, got {swiglu_limit!r}")
+
+
 def _check_index(t, name: str, length: int | None, x: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected an int32 tensor, got {type(t).__name__}")
@@ -470,16 +485,17 @@ ONE_EXPERT_SPLITK_MAX_ROWS = int(os.environ.get("MEGAMOE_ONE_EXPERT_SPLITK_MAX_R
 DENSE_PIPE_MIN_ROWS = 512
 
 
-def _dense_as_one_expert(x: torch.Tensor, weight: NVFP4Tensor, out: torch.Tensor | None) -> torch.Tensor:
+def _dense_as_one_expert(x: torch.Tensor, weight: NVFP4Tensor, out: torch.Tensor | None, **grouped) -> torch.Tensor:
     """``x @ dequant(weight).T`` (dense, no bias) through :func:`nvfp4_grouped_mm` with one expert holding all M rows
-    (the global scale 0-d or per row (N, 1) -> (1, N, 1)); the offsets are one device fill (captured in graphs)."""
+    (the global scale 0-d or per row (N, 1) -> (1, N, 1)); the offsets are one device fill (captured in graphs).
+    ``grouped``: further keywords of :func:`nvfp4_grouped_mm` (mode, activation, swiglu_limit)."""
     m = x.shape[0]
     n, k = weight.shape
     gs = weight.global_scale
     w3 = NVFP4Tensor(weight.data[None], weight.block_scale[None], gs if gs.dim() == 0 else gs.reshape(1, -1, 1),
                      (1, n, k))
     offsets = torch.full((1,), m, dtype=torch.int32, device=x.device)
-    return nvfp4_grouped_mm(x, w3, offsets, out=out, max_rows_per_expert=m)
+    return nvfp4_grouped_mm(x, w3, offsets, out=out, max_rows_per_expert=m, **grouped)
 
 
 #: Route "dense-bf16" of a dense w4a16 GEMM without bias, when the caller passes the weight's
@@ -603,7 +619,7 @@ def _launcher(route: str):
 
 
 def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
-                 host_scale=None) -> torch.Tensor:
+                 host_scale=None, activation=None, swiglu_limit=None) -> torch.Tensor:
     """``x @ dequant(weight).T (+ bias)`` with NVFP4 weights.
 
     x: (M, K) bf16.  weight: NVFP4Tensor of logical shape (N, K): data (N, K//2)
@@ -615,6 +631,10 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
     it, a w4a16 GEMM without bias on CUDA with enough rows (:func:`dense_bf16_preferred`: 512, or 1024 for N > 4096)
     runs route "dense-bf16" (the weight dequantized exactly to bf16, cuBLAS with the global scale as alpha);
     otherwise it changes nothing.
+    activation: None, or "swiglu" for a weight in the :func:`interleave_gate_up` layout (N even): out is then
+    (M, N // 2) bf16 = silu(min(gate, limit)) * clamp(up, -limit, limit) of the float32 products (no clamp when
+    ``swiglu_limit`` is None), as :func:`nvfp4_grouped_mm`'s; no bias with it. At the split-K route's sizes the
+    SwiGLU runs in its reduction; elsewhere the GEMM runs as a grouped GEMM of one expert.
     Returns (M, N) bf16 (float32 accumulation, one final rounding).
     """
     _check_x(x, None)
@@ -623,8 +643,12 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
     _check_x(x, k)
     _check_mode(mode)
     _check_w4a8_k(mode, k)
+    _check_activation(activation, swiglu_limit, n)
     m = x.shape[0]
-    _check_out(out, (m, n), x)
+    n_out = n // 2 if activation == "swiglu" else n
+    _check_out(out, (m, n_out), x)
+    if activation is not None and bias is not None:
+        raise ValueError("bias: not supported with activation='swiglu' (expected None)")
     if bias is not None:
         if not isinstance(bias, torch.Tensor):
             raise TypeError(f"bias: expected a tensor or None, got {type(bias).__name__}")
@@ -636,12 +660,16 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
             raise ValueError(f"bias: expected device {x.device}, got {bias.device}")
     _check_host_scale(host_scale, weight)
     if not use_triton(x):
-        return _reference.nvfp4_linear(x, weight, bias, mode=mode, out=out)
+        return _reference.nvfp4_linear(x, weight, bias, mode=mode, out=out, activation=activation,
+                                       swiglu_limit=swiglu_limit)
     if out is None:
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    if (host_scale is not None and x.is_cuda and mode == "w4a16" and bias is None and dense_bf16_preferred(m, n)
-            and weight.row_interleave == 1 and m * n * k > 0):
+        out = torch.empty((m, n_out), dtype=torch.bfloat16, device=x.device)
+    swiglu = activation == "swiglu"
+    if (host_scale is not None and x.is_cuda and mode == "w4a16" and bias is None and not swiglu
+            and dense_bf16_preferred(m, n) and weight.row_interleave == 1 and m * n * k > 0):
         return _dense_bf16(x, weight, host_scale, out)
+    if swiglu and mode == "w4a8":
+        return _dense_as_one_expert(x, weight, out, mode=mode, activation=activation, swiglu_limit=swiglu_limit)
     if mode == "w4a8" and w4a8_kernel_mode(x, m, None) == "w4a8":
         from ..kernels.gemm import nvfp4_w4a8_pipe
         from ..kernels.gemm.nvfp4_w4a8 import launch_nvfp4_w4a8
@@ -661,6 +689,8 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
     xa = _contiguous_rows(_quantized_activations(x) if mode == "w4a4" else x)
     data = weight.data.contiguous()
     route = decode_route(xa, data, m, None, n, k)
+    if swiglu and route != "splitk":  # the SwiGLU epilogue of the grouped kernels
+        return _dense_as_one_expert(x, weight, out, mode=mode, activation=activation, swiglu_limit=swiglu_limit)
     if route == "dense-pipe":
         if bias is None and mode == "w4a16":
             return _dense_as_one_expert(xa, weight, out)
@@ -674,7 +704,16 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
         out,
         bias=bias.contiguous() if bias is not None else None,
         interpreter=not x.is_cuda,
+        **(dict(swiglu=True, swiglu_limit=swiglu_limit) if swiglu else {}),
     )
+
+
+def dense_splitk_preferred(num_rows: int, n: int, k: int) -> bool:
+    """Whether a dense CUDA GEMM of ``num_rows`` rows and an (N, K) weight takes the split-K route (host shapes; the
+    route also needs 4-byte aligned rows, which :func:`nvfp4_linear` checks)."""
+    from ..kernels.gemm import nvfp4_splitk
+
+    return nvfp4_splitk.splitk_preferred(num_rows, n, k)
 
 
 def bf16_linear_fp32_error_units(k: int) -> int:
@@ -786,16 +825,7 @@ def nvfp4_grouped_mm(
     if weight.row_interleave != 1 and mode == "w4a4":
         raise ValueError(f"mode: weights with row_interleave={weight.row_interleave} run 'w4a16' or 'w4a8' only, got "
                          f"{mode!r}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
-    if activation == "swiglu" and n % 2:
-        raise ValueError(f"weight: activation='swiglu' needs an even N (interleaved gate/up rows), got N={n}")
-    if swiglu_limit is not None:
-        if activation != "swiglu":
-            raise ValueError("swiglu_limit: only valid with activation='swiglu'")
-        if isinstance(swiglu_limit, bool) or not isinstance(swiglu_limit, (int, float)) \
-                or not math.isfinite(swiglu_limit) or not swiglu_limit > 0:
-            raise ValueError(f"swiglu_limit: expected a finite positive number or None, got {swiglu_limit!r}")
+    _check_activation(activation, swiglu_limit, n)
     if num_experts == 0:
         raise ValueError("weight: expected at least one expert (E >= 1)")
     _check_index(expert_offsets, "expert_offsets", num_experts, x)

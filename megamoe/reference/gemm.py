@@ -114,14 +114,23 @@ def _finish(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None, host_scale=None) -> torch.Tensor:
+def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None, host_scale=None, activation=None,
+                 swiglu_limit=None) -> torch.Tensor:
     """Reference ``x @ dequant(weight).T (+ bias)``.
 
     x: (M, K) bf16.  weight: NVFP4Tensor (N, K) (data (N, K//2) uint8, block_scale
     (N, K//16) e4m3, global_scale 0-d or (N, 1) fp32).  bias: None or (N,).
     host_scale: the op's route hint (a host copy of the global scale); the reference reads the device scale.
+    activation: None, or "swiglu" (weight rows in the interleaved gate/up layout): the float32 product's
+    :func:`swiglu_reference`, (M, N // 2).
     Returns (M, N) bf16 (written into ``out`` when given).
     """
+    if activation == "swiglu":  # the grouped reference with one expert holding every row
+        gs = weight.global_scale
+        w3 = NVFP4Tensor(weight.data[None], weight.block_scale[None], gs if gs.dim() == 0 else gs.reshape(1, -1, 1),
+                         (1,) + tuple(weight.shape))
+        offsets = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
+        return nvfp4_grouped_mm(x, w3, offsets, mode=mode, out=out, activation=activation, swiglu_limit=swiglu_limit)
     if mode == "w4a8":
         from .w4a8 import w4a8_linear
 

@@ -186,6 +186,45 @@ def test_cuda_shared_overlap_graph_sync_free_same_bits(tokens):
     assert torch.equal(replay(x2), separate.forward(x2))
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [9, 16, 64])
+def test_cuda_shared_expert_split_k_graph_sync_free(monkeypatch, tokens):
+    """The shared expert apart at 9-64 tokens runs both GEMMs as dense split-K GEMMs (SHARED_SPLITK, the SwiGLU in
+    the reduction): within the bound of the float32 reference and of the grouped one-expert path (SHARED_SPLITK
+    off), eager and in graph replays with new inputs, without host syncs."""
+    from megamoe.layers import Nvfp4SharedExpert
+    from megamoe.layers import moe as moe_mod
+    from megamoe.reference.quantize import quantize
+
+    shared = Nvfp4SharedExpert(512, 256, max_num_tokens=64, device="cuda")
+    g = torch.Generator().manual_seed(11)
+    shared.load_weights(quantize(torch.randn(512, 512, generator=g) * 0.05).to("cuda"),
+                        quantize(torch.randn(512, 256, generator=g) * 0.05).to("cuda"))
+    x = torch.randn(tokens, 512, device="cuda").bfloat16()
+    assert shared.dense_splitk(x, "w4a16") == (True, True)
+    eager = shared.forward(x).clone()
+    assert _rel(eager, shared.reference_forward(x)) < 1e-2
+    monkeypatch.setattr(moe_mod, "SHARED_SPLITK", False)
+    assert shared.dense_splitk(x, "w4a16") == (False, False)
+    assert _rel(eager, shared.forward(x).float()) < 1e-2
+    monkeypatch.setattr(moe_mod, "SHARED_SPLITK", True)
+    torch.cuda.synchronize()
+    with no_host_syncs():
+        shared.forward(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = shared.forward(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = out.clone()
+    assert torch.equal(replayed, shared.forward(x))
+    assert _rel(replayed, shared.reference_forward(x)) < 1e-2
+
+
 # ---------------------------------------------------------------- x in the paired order (issue 11)
 PAIRED = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=16, top_k=4, shared_intermediate_size=256,
                    scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="paired")

@@ -62,6 +62,12 @@ def test_reference_w4a4_quantizes_activations_per_row():
         (dict(out=torch.empty(2, 16)), TypeError, "out: expected bfloat16"),
         (dict(bias=torch.randn(15)), ValueError, "bias: expected shape"),
         (dict(weight="w"), TypeError, "weight: expected an NVFP4Tensor"),
+        (dict(activation="gelu"), ValueError, "activation"),
+        (dict(swiglu_limit=1.0), ValueError, "swiglu_limit"),
+        (dict(activation="swiglu", swiglu_limit=float("inf")), ValueError, "swiglu_limit"),
+        (dict(activation="swiglu", out=torch.empty(2, 16, dtype=torch.bfloat16)), ValueError, r"out: expected shape \(2, 8\)"),
+        (dict(activation="swiglu", bias=torch.randn(16)), ValueError, "bias: not supported"),
+        (dict(activation="swiglu", weight=_weight(15, 32)), ValueError, "even N"),
     ],
 )
 def test_linear_validation(kwargs, exc, needle):
@@ -242,6 +248,22 @@ def test_dense_as_one_expert_equals_linear_reference(monkeypatch, per_row):
     assert torch.equal(ops_gemm._dense_as_one_expert(x, w, None), nvfp4_linear(x, w))
     out = torch.empty(5, 48, dtype=torch.bfloat16)
     assert ops_gemm._dense_as_one_expert(x, w, out) is out and torch.equal(out, nvfp4_linear(x, w))
+
+
+@pytest.mark.parametrize("interpret", ["0", "1"])
+def test_linear_swiglu_is_the_grouped_swiglu_of_one_expert(monkeypatch, interpret):
+    """nvfp4_linear(activation="swiglu"): the reference and (interpreter) the one-expert grouped route give the
+    SwiGLU of the float32 product, bit for bit the grouped GEMM's with one expert holding every row."""
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    w = interleave_gate_up(quantize(torch.randn(48, 64) * 0.05, per_row=True))
+    x = torch.randn(5, 64).bfloat16()
+    got = nvfp4_linear(x, w, activation="swiglu", swiglu_limit=0.05)
+    assert got.shape == (5, 24)
+    w3 = NVFP4Tensor(w.data[None], w.block_scale[None], w.global_scale[None], (1, 48, 64))
+    expect = nvfp4_grouped_mm(x, w3, torch.tensor([5], dtype=torch.int32), activation="swiglu", swiglu_limit=0.05)
+    assert torch.equal(got, expect)
+    f32 = ref_gemm.swiglu_reference(x.float() @ dequantize(w, torch.float32).t(), 0.05)
+    assert ((got.float() - f32).norm() / f32.norm()).item() < 4e-3
 
 
 @pytest.mark.cuda

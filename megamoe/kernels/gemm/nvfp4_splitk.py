@@ -30,8 +30,9 @@ Four kernels:
   every row; a third grid axis takes further BLOCK_M row tiles (its programs
   are launched next to each other and share the weight slice through L2).
 * ``_splitk_reduce_kernel`` (Triton): ``out = bf16(sum_s partial[s] *
-  global_scale * 2**8 + bias)``, summing the splits in index order; only the
-  fallback of the single-launch reduction below.
+  global_scale * 2**8 + bias)``, summing the splits in index order; the
+  fallback of the single-launch reduction below, and the only reduction of a
+  SwiGLU launch (``swiglu``: gate/up column pairs -> one bf16 output column).
 
 **Single launch, deterministic reduction** (``FUSED``). Partial sums go to a
 float32 workspace ``(splits, M, N)`` taken from the caching allocator on every
@@ -352,12 +353,39 @@ def _splitk_partial_kernel(
                               stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, HAS_BIAS, INTERPRET)
 
 
+@triton.jit
+def _swiglu_epilogue_store(acc, rows, row_mask, col_start, N, global_scale_ptr, stride_gn, bias_ptr, out_ptr,
+                           stride_om, swiglu_limit, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           HAS_LIMIT: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc (R, BLOCK) fp32 over columns ``col_start..`` of the interleaved gate/up layout (column 2j gate j, 2j + 1
+    up j; BLOCK and col_start even) -> out[rows, col_start // 2 + j] = bf16(silu(min(gate, limit)) *
+    clamp(up, -limit, limit)) after the global scale (times 2**8) and bias, as the grouped kernels' SwiGLU
+    epilogue (``nvfp4_gemm.py``: NaN kept by the clamp, ``gate / (1 + exp(-gate))``)."""
+    cols = col_start + tl.arange(0, BLOCK)
+    col_mask = cols < N
+    gscale = tl.load(global_scale_ptr + tl.minimum(cols, N - 1).to(tl.int64) * stride_gn) * 256.0
+    acc = acc * gscale[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    gate, up = tl.split(tl.reshape(acc, (acc.shape[0], BLOCK // 2, 2)))
+    if HAS_LIMIT:
+        gate = tl.where(gate > swiglu_limit, swiglu_limit, gate)
+        up = tl.where(up > swiglu_limit, swiglu_limit, up)
+        up = tl.where(up < -swiglu_limit, -swiglu_limit, up)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    half_cols = col_start // 2 + tl.arange(0, BLOCK // 2)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + half_cols[None, :], round_to_bf16(y, INTERPRET),
+             mask=row_mask[:, None] & (half_cols < N // 2)[None, :])
+
+
 @triton.jit(do_not_specialize=["num_rows"])
 def _splitk_reduce_kernel(ws_ptr, global_scale_ptr, bias_ptr, out_ptr, num_rows, N, stride_gn, stride_om,
-                          SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          INTERPRET: tl.constexpr):
+                          swiglu_limit, SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERPRET: tl.constexpr):
     """Two-launch fallback: out[m, cols] = bf16(sum over s = 0, 1, .., SPLITS-1 (in this order) of
-    ws[s, m, cols] * global_scale * 2**8 + bias) -- the operations of the single-launch reduction."""
+    ws[s, m, cols] * global_scale * 2**8 + bias) -- the operations of the single-launch reduction. ``SWIGLU``:
+    the same sum, then the SwiGLU of each (gate, up) column pair into out[m, cols // 2]
+    (:func:`_swiglu_epilogue_store`)."""
     rows = tl.program_id(1) + tl.arange(0, 1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     col_mask = cols < N
@@ -365,8 +393,12 @@ def _splitk_reduce_kernel(ws_ptr, global_scale_ptr, bias_ptr, out_ptr, num_rows,
     acc = tl.load(ptrs, mask=col_mask[None, :], other=0.0)
     for s in tl.static_range(1, SPLITS):
         acc += tl.load(ptrs + (s * num_rows).to(tl.int64) * N, mask=col_mask[None, :], other=0.0)
-    _epilogue_store(acc, rows, rows < num_rows, cols, col_mask, N, global_scale_ptr, stride_gn, bias_ptr, out_ptr,
-                    stride_om, HAS_BIAS, INTERPRET)
+    if SWIGLU:
+        _swiglu_epilogue_store(acc, rows, rows < num_rows, tl.program_id(0) * BLOCK, N, global_scale_ptr, stride_gn,
+                               bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK, HAS_BIAS, HAS_LIMIT, INTERPRET)
+    else:
+        _epilogue_store(acc, rows, rows < num_rows, cols, col_mask, N, global_scale_ptr, stride_gn, bias_ptr,
+                        out_ptr, stride_om, HAS_BIAS, INTERPRET)
 
 
 if GLUON_AVAILABLE:
@@ -664,12 +696,17 @@ def launch_nvfp4_splitk(
     ``config``: a :data:`SPLITK_CONFIGS` value (else :func:`select_splitk_config`); ``splits``:
     override the planned split count (benchmarks); ``fused``: None chooses the single-launch reduction for
     M <= :data:`FUSED_MAX_ROWS`, True forces it, False the two-launch reduction (the same bits either way). Dense only: grouped arguments are refused.
+    ``swiglu``: the weight rows are in the interleaved gate/up layout (N even) and out is (M, N // 2) bf16 = the
+    SwiGLU of the float32 sums (clamped at ``swiglu_limit`` unless None), computed by the two-launch reduction
+    (always taken then, also with one split), so the float32 gate/up values are never rounded before the SwiGLU.
     Returns ``out``; bit-identical across runs for the same inputs and config.
     """
-    if expert_offsets is not None or row_index is not None or swiglu:
+    if expert_offsets is not None or row_index is not None:
         raise ValueError("expert_offsets: the split-K kernel is dense only")
     m = out.shape[0]
     n, k = data.shape[0], 2 * data.shape[1]
+    if swiglu and n % 2:
+        raise ValueError(f"data: SwiGLU needs an even N (interleaved gate/up rows), got {n}")
     if m == 0 or n == 0:
         return out
     gluon_ok = not interpreter and gluon_supports(x, data)
@@ -691,11 +728,11 @@ def launch_nvfp4_splitk(
         k_steps = triton.cdiv(k, block_k)
         per = triton.cdiv(k_steps, max(1, min(splits, k_steps)))
         splits, k_chunk = triton.cdiv(k_steps, per), per * block_k
-    direct = splits == 1
+    direct = splits == 1 and not swiglu
     ws = out if direct else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     counters = None
-    if fused is None:
-        fused = m <= FUSED_MAX_ROWS
+    if fused is None or swiglu:
+        fused = m <= FUSED_MAX_ROWS and not swiglu
     if not direct and fused and m_tiles * n_tiles <= COUNTER_SLOTS:
         counters = splitk_counters(x.device)
     fused_launch = counters is not None
@@ -727,10 +764,11 @@ def launch_nvfp4_splitk(
             num_warps=num_warps, num_stages=3 if dot else 1, **extra,
         )
     if not direct and not fused_launch:
-        block = min(1024, triton.next_power_of_2(n))
+        block = max(2, min(1024, triton.next_power_of_2(n)))  # even: a SwiGLU pair never straddles two programs
         _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
             ws, global_scale, bias_arg, out, m, n, stride_gn, out.stride(0),
-            SPLITS=splits, BLOCK=block, HAS_BIAS=bias is not None, INTERPRET=interpreter,
-            num_warps=4,
+            float(swiglu_limit) if swiglu_limit is not None else 0.0,
+            SPLITS=splits, BLOCK=block, HAS_BIAS=bias is not None, SWIGLU=swiglu,
+            HAS_LIMIT=swiglu and swiglu_limit is not None, INTERPRET=interpreter, num_warps=4,
         )
     return out

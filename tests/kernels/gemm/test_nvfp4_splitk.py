@@ -176,6 +176,43 @@ def test_plan_covers_k_and_fills_the_gpu(m, n, k):
             assert splits > 1, "small N must be split"
 
 
+@pytest.mark.parametrize("m,n,k,config,splits", [
+    (3, 40, 256, FMA, None),  # planned splits, 2 row passes of ROWS=2
+    (2, 34, 208, FMA, 1),     # one split: SwiGLU still goes through the workspace and the reduction
+    (17, 48, 320, DOT, 3),    # tensor-core step, M not a multiple of BLOCK_M
+])
+def test_swiglu_matches_float32(device, m, n, k, config, splits):
+    """``swiglu``: out (M, N/2) = SwiGLU of the float32 sums (interleaved gate/up columns), the clamp at a limit that
+    bites on about half the values, a NaN row kept NaN, columns past N/2 of a wider buffer untouched."""
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = torch.randn(m, k).bfloat16().to(device)
+    x[1, 5] = float("nan")
+    y = _f32(x, w)
+    limit = float(y[torch.arange(m) != 1].abs().median())
+    ref = reference_gemm.swiglu_reference(y, limit)
+    big = torch.full((m, n // 2 + 4), 7.0, dtype=torch.bfloat16, device=device)
+    out = big[:, : n // 2]
+    kw = dict(config=config if not x.is_cuda else None, splits=splits, swiglu=True, swiglu_limit=limit)
+    _launch(x, w, out, fused=True, **kw)  # a fused request still takes the two-launch reduction
+    rows = torch.arange(m) != 1
+    bound = 4e-3 if not x.is_cuda else 1e-2
+    assert out[1].isnan().all(), "a NaN row must stay NaN through the clamp"
+    assert rel_err(out.cpu()[rows], ref[rows]) < bound
+    assert (big[:, n // 2:] == 7).all(), "columns past N/2 must not be written"
+    torch.testing.assert_close(out, _launch(x, w, torch.empty_like(out), fused=False, **kw), rtol=0, atol=0,
+                               equal_nan=True)
+    # the bound separates a wrong kernel: gate and up swapped, or no clamp
+    swapped = reference_gemm.swiglu_reference(y[:, torch.arange(n) ^ 1], limit)
+    assert rel_err(swapped[rows], ref[rows]) > 20 * bound
+    assert rel_err(reference_gemm.swiglu_reference(y, None)[rows], ref[rows]) > 20 * bound
+
+
+def test_swiglu_needs_an_even_n():
+    w = random_weight((15, 32), "cpu")
+    with pytest.raises(ValueError, match="even N"):
+        _launch(torch.randn(2, 32).bfloat16(), w, torch.empty(2, 7, dtype=torch.bfloat16), swiglu=True)
+
+
 def test_grouped_arguments_are_refused():
     w = random_weight((16, 32), "cpu")
     x = torch.randn(2, 32).bfloat16()
@@ -317,6 +354,37 @@ def test_cuda_v4_shapes_through_the_op(n, k, m):
     out = ops_gemm.nvfp4_linear(x, w)
     assert rel_err(out, _f32(x, w)) < 1e-2
     assert torch.equal(out, ops_gemm.nvfp4_linear(x, w))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,k", [(4096, 4096), (6144, 7168), (256, 512)])  # V4-Flash / V4-Pro shared gate_up, small
+@pytest.mark.parametrize("m", [9, 16, 33, 64, 256])
+def test_cuda_swiglu_through_the_op(n, k, m):
+    """nvfp4_linear(activation="swiglu") on the split-K route (the SwiGLU in its reduction) against the float32
+    reference and against the grouped one-expert route; deterministic, graph replay == eager, sync-free."""
+    from megamoe.ops import gemm as ops_gemm
+
+    device = torch.device("cuda")
+    w = random_weight((n, k), device, scale_shape=(n, 1))
+    x = torch.randn(m, k, device=device).bfloat16()
+    y = _f32(x, w)
+    limit = float(y.abs().median())
+    ref = reference_gemm.swiglu_reference(y, limit)
+    splitk = ops_gemm.decode_route(x, w.data, m, None, n, k) == "splitk"
+    assert splitk == (m <= sk.splitk_max_rows(n, k))
+    out = torch.empty(m, n // 2, dtype=torch.bfloat16, device=device)
+    launch = lambda: ops_gemm.nvfp4_linear(x, w, out=out, activation="swiglu", swiglu_limit=limit)  # noqa: E731
+    graph, _ = sync_free_graph(launch)
+    eager = out.clone()
+    assert rel_err(eager, ref) < 1e-2
+    grouped = ops_gemm._dense_as_one_expert(x, w, None, activation="swiglu", swiglu_limit=limit)
+    assert rel_err(eager, grouped.float()) < 1e-2
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = out.clone()
+    assert torch.equal(replayed, launch().clone()), "CUDA-graph replay differs from eager"
+    assert rel_err(replayed, reference_gemm.swiglu_reference(_f32(x, w), limit)) < 1e-2
 
 
 @pytest.mark.cuda

@@ -1,0 +1,108 @@
+"""The shared expert alone at decode-to-small-prefill sizes: its two GEMMs as dense split-K GEMMs (the SwiGLU in the
+split-K reduction; ``megamoe.layers.moe.SHARED_SPLITK``, default) against grouped GEMMs of one expert (the path
+before), the bf16 PyTorch FFN on already dequantized weights, and the floor.
+
+Per config (V4-Flash: H 4096, shared width 2048; V4-Pro: 7168 / 3072) and token count: us per forward in CUDA-graph
+replay (do_bench median, the L2 cleared before each replay by ``--flush``), the floor = max(weight + scale bytes /
+3.0 TB/s, FLOPs / 749 TFLOP/s), and each path's error against the float32 reference (relative Frobenius norm).
+
+Usage: python benchmarks/bench_shared_expert.py [--configs v4-flash,v4-pro] [--tokens 9,16,32,64,128,256]
+[--flush read] [--out PATH.md]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+HBM_BYTES_PER_S = 3.0e12
+BF16_FLOPS = 749e12
+
+
+def main() -> int:
+    from graph_timing import add_flush_argument, graph_replay_us, use_flush_mode
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="v4-flash,v4-pro")
+    ap.add_argument("--tokens", default="9,16,32,64,128,256")
+    ap.add_argument("--rep-ms", type=int, default=40)
+    ap.add_argument("--out", default=None)
+    add_flush_argument(ap, default="read")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_shared_expert.py needs a CUDA GPU")
+        return 0
+    use_flush_mode(args.flush)
+    from megamoe.layers import moe as moe_mod
+    from megamoe.models.config import PRESETS
+    from megamoe.ops.quantize import dequantize, quantize
+    from megamoe.reference.moe import swiglu
+
+    dev = torch.device("cuda")
+    tokens = [int(v) for v in args.tokens.split(",")]
+    lines = ["# Shared expert alone: dense split-K vs grouped one-expert GEMMs\n",
+             f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; device: {torch.cuda.get_device_name()}; "
+             f"torch {torch.__version__}; triton {triton.__version__}; flush {args.flush}",
+             f"- command: `python {' '.join(sys.argv)}`",
+             "- us: CUDA-graph replay, do_bench median; floor = max(weight + scale bytes / 3.0 TB/s, FLOPs / 749 "
+             "TFLOP/s); err: relative Frobenius error against the float32 reference on the decoded weights", "",
+             "| config | tokens | split-K us | grouped us | speed-up | bf16 us | floor us | split-K % of floor | "
+             "err split-K | err grouped |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in args.configs.split(","):
+        c = PRESETS[name]
+        h, i = c.hidden_size, c.shared_intermediate_size
+        g = torch.Generator().manual_seed(0)
+        w13 = quantize((torch.randn(2 * i, h, generator=g) * 0.02).to(dev))
+        w2 = quantize((torch.randn(h, i, generator=g) * 0.02).to(dev))
+        shared = moe_mod.Nvfp4SharedExpert(h, i, max_num_tokens=max(tokens), device=dev, swiglu_limit=c.swiglu_limit)
+        shared.load_weights(w13, w2)
+        w13_bf16, w2_bf16 = dequantize(w13, torch.bfloat16), dequantize(w2, torch.bfloat16)
+        weight_bytes = sum(w.data.numel() + w.block_scale.numel() for w in (w13, w2))
+
+        def bf16_ffn(x):
+            gate_up = F.linear(x, w13_bf16)
+            return F.linear(swiglu(gate_up[:, :i], gate_up[:, i:], c.swiglu_limit), w2_bf16)
+
+        for t in tokens:
+            x = torch.randn(t, h, device=dev, generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
+            ref = shared.reference_forward(x)
+            result = {}
+            for label, on in (("splitk", True), ("grouped", False)):
+                moe_mod.SHARED_SPLITK = on
+                try:
+                    out = shared.forward(x).clone()
+                    us = graph_replay_us(lambda: shared.forward(x), warmup=25, rep=args.rep_ms)
+                finally:
+                    moe_mod.SHARED_SPLITK = True
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                result[label] = (us, err, shared.dense_splitk(x, "w4a16") if on else None)
+            bf16_us = graph_replay_us(lambda: bf16_ffn(x), warmup=25, rep=args.rep_ms)
+            floor = max(weight_bytes / HBM_BYTES_PER_S, 2 * t * (2 * i * h + h * i) / BF16_FLOPS) * 1e6
+            (s_us, s_err, routes), (g_us, g_err, _) = result["splitk"], result["grouped"]
+            print(f"{name} T={t}: split-K {s_us:.1f} us (dense {routes}) grouped {g_us:.1f} us bf16 {bf16_us:.1f} "
+                  f"floor {floor:.1f}", flush=True)
+            lines.append(f"| {name} | {t} | {s_us:.1f} | {g_us:.1f} | {g_us / s_us:.2f}x | {bf16_us:.1f} | {floor:.1f} "
+                         f"| {100 * floor / s_us:.0f}% | {s_err:.1e} | {g_err:.1e} |")
+        lines.append("")
+        del shared, w13, w2, w13_bf16, w2_bf16
+        torch.cuda.empty_cache()
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,24 @@
+#!/bin/bash
+# GPU checks of 2026-11-27 (session part 23). Calls:
+#   a -> the shared expert apart (9-256 tokens) ran as a grouped GEMM of one expert: at 64 tokens 16 tiles of 256
+#        columns on 132 SMs, 43 + 24 us for ~14 MB (gpu_check_v33 d). New: its GEMMs as dense split-K GEMMs where the
+#        split-K route takes the shape (nvfp4_linear; gate_up with activation="swiglu", the SwiGLU in the split-K
+#        reduction; moe.SHARED_SPLITK, default on). The shared expert alone on / off against bf16 and the floor; the
+#        CUDA tests of the split-K kernel, the gemm ops and the MoE layer.
+# At most 8 output files (the device tool's limit).
+export PYTHONUNBUFFERED=1
+export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
+OUT=${OUT:-benchmarks/results/gpu_check_v34}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+git log --oneline -1 2>/dev/null
+case "$1" in
+a)
+  timeout 200 python benchmarks/bench_shared_expert.py --tokens 9,16,32,64,128,256 --flush read \
+    --out "$OUT/a_shared_expert.md" 2>&1 | tail -20
+  timeout 330 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda \
+    tests/kernels/gemm/test_nvfp4_splitk.py tests/ops/test_gemm.py tests/layers/test_moe_layer.py > "$OUT/a_tests.log" 2>&1
+  tail -3 "$OUT/a_tests.log"
+  ;;
+esac

@@ -93,7 +93,6 @@ def main() -> int:
             lines.append(f"| {name} | {t} | {s_us:.1f} | {g_us:.1f} | {g_us / s_us:.2f}x | {bf16_us:.1f} | {floor:.1f} "
                          f"| {100 * floor / s_us:.0f}% | {s_err:.1e} | {g_err:.1e} |")
         lines.append("")
-        del shared, w13, w2, w13_bf16, w2_bf16
         torch.cuda.empty_cache()
     text = "\n".join(lines) + "\n"
     print(text)

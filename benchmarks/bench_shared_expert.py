@@ -35,12 +35,17 @@ def main() -> int:
     ap.add_argument("--tokens", default="9,16,32,64,128,256")
     ap.add_argument("--rep-ms", type=int, default=40)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--class-rows", type=int, default=0,
+                    help="also time the split-K path with every dense shape class's split-K bound raised to this many "
+                         "rows (nvfp4_splitk.DENSE_SPLITK_MAX_ROWS), e.g. 256: is split-K also the faster down GEMM "
+                         "above 64 rows?")
     add_flush_argument(ap, default="read")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_shared_expert.py needs a CUDA GPU")
         return 0
     use_flush_mode(args.flush)
+    from megamoe.kernels.gemm import nvfp4_splitk
     from megamoe.layers import moe as moe_mod
     from megamoe.models.config import PRESETS
     from megamoe.ops.quantize import dequantize, quantize
@@ -54,9 +59,13 @@ def main() -> int:
              f"- command: `python {' '.join(sys.argv)}`",
              "- us: CUDA-graph replay, do_bench median; floor = max(weight + scale bytes / 3.0 TB/s, FLOPs / 749 "
              "TFLOP/s); err: relative Frobenius error against the float32 reference on the decoded weights", "",
-             "| config | tokens | split-K us | grouped us | speed-up | bf16 us | floor us | split-K % of floor | "
-             "err split-K | err grouped |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"- raised: the split-K path with every shape class's split-K bound at {args.class_rows} rows "
+             "(`--class-rows`; 0: not run)",
+             "", "| config | tokens | split-K us | grouped us | speed-up | raised us | bf16 us | floor us | "
+             "split-K % of floor | err split-K | err grouped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    class_bounds = nvfp4_splitk.DENSE_SPLITK_MAX_ROWS
+    raised = tuple((cls, size, max(rows, args.class_rows)) for cls, size, rows in class_bounds)
     for name in args.configs.split(","):
         c = PRESETS[name]
         h, i = c.hidden_size, c.shared_intermediate_size
@@ -76,22 +85,27 @@ def main() -> int:
             x = torch.randn(t, h, device=dev, generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
             ref = shared.reference_forward(x)
             result = {}
-            for label, on in (("splitk", True), ("grouped", False)):
-                moe_mod.SHARED_SPLITK = on
+            variants = [("splitk", True, class_bounds), ("grouped", False, class_bounds)]
+            if args.class_rows:
+                variants.append(("raised", True, raised))
+            for label, on, bounds in variants:
+                moe_mod.SHARED_SPLITK, nvfp4_splitk.DENSE_SPLITK_MAX_ROWS = on, bounds
                 try:
                     out = shared.forward(x).clone()
                     us = graph_replay_us(lambda: shared.forward(x), warmup=25, rep=args.rep_ms)
+                    routes = shared.dense_splitk(x, "w4a16")
                 finally:
-                    moe_mod.SHARED_SPLITK = True
+                    moe_mod.SHARED_SPLITK, nvfp4_splitk.DENSE_SPLITK_MAX_ROWS = True, class_bounds
                 err = ((out.float() - ref).norm() / ref.norm()).item()
-                result[label] = (us, err, shared.dense_splitk(x, "w4a16") if on else None)
+                result[label] = (us, err, routes)
             bf16_us = graph_replay_us(lambda: bf16_ffn(x), warmup=25, rep=args.rep_ms)
             floor = max(weight_bytes / HBM_BYTES_PER_S, 2 * t * (2 * i * h + h * i) / BF16_FLOPS) * 1e6
             (s_us, s_err, routes), (g_us, g_err, _) = result["splitk"], result["grouped"]
-            print(f"{name} T={t}: split-K {s_us:.1f} us (dense {routes}) grouped {g_us:.1f} us bf16 {bf16_us:.1f} "
-                  f"floor {floor:.1f}", flush=True)
-            lines.append(f"| {name} | {t} | {s_us:.1f} | {g_us:.1f} | {g_us / s_us:.2f}x | {bf16_us:.1f} | {floor:.1f} "
-                         f"| {100 * floor / s_us:.0f}% | {s_err:.1e} | {g_err:.1e} |")
+            r_us, _, r_routes = result.get("raised", (float("nan"), None, None))
+            print(f"{name} T={t}: split-K {s_us:.1f} us (dense {routes}) grouped {g_us:.1f} us raised {r_us:.1f} "
+                  f"(dense {r_routes}) bf16 {bf16_us:.1f} floor {floor:.1f}", flush=True)
+            lines.append(f"| {name} | {t} | {s_us:.1f} | {g_us:.1f} | {g_us / s_us:.2f}x | {r_us:.1f} | {bf16_us:.1f} | "
+                         f"{floor:.1f} | {100 * floor / s_us:.0f}% | {s_err:.1e} | {g_err:.1e} |")
         lines.append("")
         torch.cuda.empty_cache()
     text = "\n".join(lines) + "\n"

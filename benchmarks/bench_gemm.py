@@ -456,10 +456,12 @@ def run_dense_splitk(args):
 
     device = torch.device("cuda")
     rows = []
-    for n, k in SPLITK_SHAPES:
+    shapes = ([tuple(int(v) for v in shape.split("x")) for shape in args.splitk_shapes.split(",")]
+              if args.splitk_shapes else SPLITK_SHAPES)
+    for n, k in shapes:
         ws, w_bf16 = dense_weight_copies(n, k, device)
         copies, bf16_copies = len(ws), len(w_bf16)
-        for m in SPLITK_ROWS:
+        for m in ([int(v) for v in args.splitk_rows.split(",")] if args.splitk_rows else SPLITK_ROWS):
             x = torch.randn(m, k, device=device).bfloat16()
             out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
             saved, sk.SPLITK_MAX_ROWS = sk.SPLITK_MAX_ROWS, 0  # the route the op took before split-K
@@ -797,6 +799,8 @@ def main():
                         help="only the dense split-K comparison (issue shapes, M = 1..256, graph replay)")
     parser.add_argument("--splitk-sweep", action="store_true",
                         help="with --dense-splitk: also sweep the split count, configs, two-launch reduction")
+    parser.add_argument("--splitk-shapes", default=None, help='with --dense-splitk: "NxK,..." instead of the issue shapes')
+    parser.add_argument("--splitk-rows", default=None, help='with --dense-splitk: "M,..." instead of 1..256')
     parser.add_argument("--w4a8", action="store_true",
                         help="only the w4a16 vs w4a8 comparison (V4-Flash 4096/16384, V4-Pro 4096/8192 tokens)")
     parser.add_argument("--rep-ms", type=int, default=60)

@@ -10,6 +10,11 @@
 #        (K = 2048 / 3072, split-K only to 64 rows) still runs grouped; 142 CUDA tests passed. The benchmark again with
 #        split-K's class bound raised to 256 rows (is split-K the faster down GEMM there?); the MoE layer A/B (split-K
 #        shared expert on / off, and apart at 4 / 8 tokens instead of fused).
+#   c -> b: the layer 1.033-1.055x faster on V4-Flash at 9-128 tokens with the split-K shared expert, 1.011-1.027x on
+#        V4-Pro; fused still wins at 4 / 8 tokens (apart 0.89-0.96x). With split-K's class bound at 256 rows the shared
+#        expert at 128 / 256 tokens gains again (V4-Flash 69.5 -> 44.4, 83.6 -> 69.8 us). Before moving the dense
+#        rule: the split-K kernel against the route the op takes today on the two down shapes (4096 x 2048, 7168 x
+#        3072) at 64-256 rows, and the all-on-k 64-token layer's kernels (was 230.5 us).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -31,5 +36,11 @@ b)
     --out "$OUT/b_shared_expert.md" 2>&1 | tail -18
   timeout 380 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 4,8,9,16,64,128 \
     --settings "base|moe.SHARED_SPLITK=False|layer.fuse_shared_max_tokens=0" --out "$OUT" --tag b_shared 2>&1 | tail -40
+  ;;
+c)
+  timeout 300 python benchmarks/bench_gemm.py --dense-splitk --splitk-shapes 4096x2048,7168x3072 \
+    --splitk-rows 64,96,128,192,256 --out-dir "$OUT" --tag c_dense_splitk 2>&1 | grep "^N=" | tail -12
+  timeout 200 python benchmarks/probe_moe_decode.py --configs v4-flash --tokens 64 --row-interleave 4 \
+    --routing all-on-k --out "$OUT" --tag c_all-on-k 2>&1 | tail -4
   ;;
 esac

@@ -640,6 +640,13 @@ DENSE_SPLITK_MAX_ROWS = (
 # 54.9: one split, a short K loop per tile).
 DENSE_SPLITK_LONG_K = 4096
 DENSE_SPLITK_LONG_K_ROWS = 256
+# Above the class bound, up to DENSE_SPLITK_MID_K_ROWS rows where DENSE_SPLITK_MID_K <= K < DENSE_SPLITK_LONG_K: measured
+# (results/gpu_check_v34/c_dense_splitk.md, H100, graph replay, the shared experts' down shapes) split-K against the
+# route taken before ("tensor-core") at M = 96 / 128 / 192 / 256: 4096x2048 15.4 / 19.0 / 31.2 / 34.0 vs 32.1 / 31.3 /
+# 30.4 / 30.1 us; 7168x3072 23.6 / 25.7 / 42.7 / 47.2 vs 45.1 / 44.5 / 44.8 / 44.6 us: ahead up to 128 rows, even or
+# behind above.
+DENSE_SPLITK_MID_K = 2048
+DENSE_SPLITK_MID_K_ROWS = 128
 SPLITK_MAX_ROWS = 256  # overall cap (benchmarks set it to 0 to time the route the op took before split-K)
 
 
@@ -653,10 +660,13 @@ def dense_shape_class(n: int, k: int) -> tuple[str, int]:
 
 def splitk_max_rows(n: int, k: int) -> int:
     """The largest M the dense route sends to split-K for an (N, K) weight: the shape class's bound, raised to
-    :data:`DENSE_SPLITK_LONG_K_ROWS` for K >= :data:`DENSE_SPLITK_LONG_K`, capped by :data:`SPLITK_MAX_ROWS`."""
+    :data:`DENSE_SPLITK_LONG_K_ROWS` for K >= :data:`DENSE_SPLITK_LONG_K` (to :data:`DENSE_SPLITK_MID_K_ROWS` for K >=
+    :data:`DENSE_SPLITK_MID_K`), capped by :data:`SPLITK_MAX_ROWS`."""
     rows = dense_shape_class(n, k)[1]
     if k >= DENSE_SPLITK_LONG_K:
         rows = max(rows, DENSE_SPLITK_LONG_K_ROWS)
+    elif k >= DENSE_SPLITK_MID_K:
+        rows = max(rows, DENSE_SPLITK_MID_K_ROWS)
     return min(SPLITK_MAX_ROWS, rows)
 
 

@@ -149,6 +149,8 @@ def test_dense_route_table():
     assert not sk.splitk_preferred(sk.dense_shape_class(32768, 1024)[1] + 1, 32768, 1024)
     assert not sk.splitk_preferred(sk.SPLITK_MAX_ROWS + 1, 4096, 4096)
     assert sk.splitk_max_rows(32768, 1024) == 64 and sk.splitk_max_rows(4096, 8192) == 256
+    assert sk.splitk_max_rows(4096, 2048) == 128 and sk.splitk_max_rows(7168, 3072) == 128  # mid K (gpu_check_v34 c)
+    assert sk.splitk_max_rows(4096, 2032) == 64
     # per-class tile configs: 8 FMA programs per SM at M = 1 only for the largest weights (measured there only)
     assert sk.select_splitk_config(1, False, True, 18432, 7168)[5] == 8
     assert sk.select_splitk_config(1, False, True, 32768, 1024) == sk.SPLITK_CONFIGS[1]

@@ -15,6 +15,12 @@
 #        expert at 128 / 256 tokens gains again (V4-Flash 69.5 -> 44.4, 83.6 -> 69.8 us). Before moving the dense
 #        rule: the split-K kernel against the route the op takes today on the two down shapes (4096 x 2048, 7168 x
 #        3072) at 64-256 rows, and the all-on-k 64-token layer's kernels (was 230.5 us).
+#   d -> c: split-K beats the tensor-core route at 96 / 128 rows on both down shapes (1.6-1.9x), even or behind at
+#        192 / 256: new tier DENSE_SPLITK_MID_K (2048 <= K < 4096: split-K to 128 rows). All-on-k 64 tokens 230.5 ->
+#        180.1 us (the shared expert 24.5 us; the routed mma chunks 93.6 + 45.5). The shared expert on the opt-in
+#        side stream keeps its grouped GEMMs (split-K's single-launch reduction shares the device's tile counters).
+#        CUDA tests (split-K, MoE layer, models); the shared expert alone; the main job at batch 16 / 64 (shared
+#        expert apart) with SHARED_SPLITK off / on.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -42,5 +48,17 @@ c)
     --splitk-rows 64,96,128,192,256 --out-dir "$OUT" --tag c_dense_splitk 2>&1 | grep "^N=" | tail -12
   timeout 200 python benchmarks/probe_moe_decode.py --configs v4-flash --tokens 64 --row-interleave 4 \
     --routing all-on-k --out "$OUT" --tag c_all-on-k 2>&1 | tail -4
+  ;;
+d)
+  timeout 300 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda \
+    tests/kernels/gemm/test_nvfp4_splitk.py tests/layers/test_moe_layer.py tests/models > "$OUT/d_tests.log" 2>&1
+  tail -3 "$OUT/d_tests.log"
+  timeout 100 python benchmarks/bench_shared_expert.py --tokens 9,64,128,256 --flush read \
+    --out "$OUT/d_shared_expert.md" 2>&1 | grep "^| v4"
+  MEGAMOE_SHARED_SPLITK=0 timeout 80 python -m megamoe generate --layers 4 --batch 16,64 --steps 16 \
+    > "$OUT/d_generate_off.log" 2>&1
+  grep "decode" "$OUT/d_generate_off.log"
+  timeout 80 python -m megamoe generate --layers 4 --batch 16,64 --steps 16 > "$OUT/d_generate_on.log" 2>&1
+  grep "decode" "$OUT/d_generate_on.log"
   ;;
 esac

@@ -173,18 +173,22 @@ class Nvfp4SharedExpert:
         self._w13_kernel = _stack1(self._w13_dense)
         self._w2_kernel = _stack1(w2)
 
-    def dense_splitk(self, hidden_states: torch.Tensor, gemm_mode: str) -> tuple[bool, bool]:
+    def dense_splitk(self, hidden_states: torch.Tensor, gemm_mode: str, splitk: bool = True) -> tuple[bool, bool]:
         """(gate_up, down): whether each GEMM of this batch runs as a dense split-K GEMM (``nvfp4_linear``, the
-        SwiGLU in its reduction) instead of a grouped GEMM of one expert (:data:`SHARED_SPLITK`; CUDA, w4a16
-        numerics, the split-K route's row range for the weight's shape). Host shapes only."""
-        if not (SHARED_SPLITK and hidden_states.is_cuda and gemm_mode == "w4a16"):
+        SwiGLU in its reduction) instead of a grouped GEMM of one expert (:data:`SHARED_SPLITK` and ``splitk``;
+        CUDA, w4a16 numerics, the split-K route's row range for the weight's shape). Host shapes only."""
+        if not (splitk and SHARED_SPLITK and hidden_states.is_cuda and gemm_mode == "w4a16"):
             return False, False
         t, h, i = hidden_states.shape[0], self.hidden_size, self.intermediate_size
         return (gemm_ops.dense_splitk_preferred(t, 2 * i, h),
                 self.w2.row_interleave == 1 and gemm_ops.dense_splitk_preferred(t, h, i))
 
-    def forward(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(T, H) bf16 -> (T, H) bf16 = W2 @ swiglu(W13 @ x)."""
+    def forward(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None, *,
+                splitk: bool = True) -> torch.Tensor:
+        """(T, H) bf16 -> (T, H) bf16 = W2 @ swiglu(W13 @ x).
+
+        splitk: False keeps both GEMMs grouped (:meth:`dense_splitk`), e.g. on a side stream beside other split-K
+        launches, whose single-launch reduction shares the device's tile counters (``nvfp4_splitk``)."""
         if self._w13_kernel is None:
             raise RuntimeError("Nvfp4SharedExpert: call load_weights() first")
         _check_hidden(hidden_states, self.hidden_size, self.max_num_tokens, self.device)
@@ -194,7 +198,7 @@ class Nvfp4SharedExpert:
         static = self.mode == "w4a4" and self.input_scales is not None
         if static:
             x, gemm_mode = _quant_roundtrip(hidden_states, self.input_scales["l1"], self._x_q[:t]), "w4a16"
-        dense_gate_up, dense_down = self.dense_splitk(hidden_states, gemm_mode)
+        dense_gate_up, dense_down = self.dense_splitk(hidden_states, gemm_mode, splitk)
         if not (dense_gate_up and dense_down):
             self._offsets.fill_(t)  # scalar fill: a kernel launch, no host read
         if dense_gate_up:
@@ -656,8 +660,8 @@ class Nvfp4MoE:
             self._side_stream = torch.cuda.Stream(self.device)
         side = self._side_stream
         side.wait_stream(main)  # hidden_states is ready
-        with torch.cuda.stream(side):
-            shared = self.shared.forward(hidden_states)
+        with torch.cuda.stream(side):  # grouped GEMMs: no split-K tile counters shared with the main stream's
+            shared = self.shared.forward(hidden_states, splitk=False)
         return shared
 
     def _join_shared(self, shared: torch.Tensor) -> torch.Tensor:

@@ -170,7 +170,12 @@ def test_shared_overlap_is_the_separate_path_bit_for_bit():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("tokens", [1, 8])
-def test_cuda_shared_overlap_graph_sync_free_same_bits(tokens):
+def test_cuda_shared_overlap_graph_sync_free_same_bits(monkeypatch, tokens):
+    """On the side stream the shared expert keeps its grouped GEMMs (no split-K tile counters beside the main
+    stream's launches): the bits of the separate path with SHARED_SPLITK off."""
+    from megamoe.layers import moe as moe_mod
+
+    monkeypatch.setattr(moe_mod, "SHARED_SPLITK", False)  # for `separate`; the side stream never takes it
     overlap = Nvfp4MoE.random(TINY, seed=5, max_num_tokens=16, device="cuda", shared_overlap=True)
     separate = Nvfp4MoE.random(TINY, seed=5, max_num_tokens=16, device="cuda", fuse_shared_expert=False)
     x = torch.randn(tokens, TINY.hidden_size, device="cuda").bfloat16()

@@ -1,13 +1,14 @@
-"""The shared expert alone at decode-to-small-prefill sizes: its two GEMMs as dense split-K GEMMs (the SwiGLU in the
-split-K reduction; ``megamoe.layers.moe.SHARED_SPLITK``, default) against grouped GEMMs of one expert (the path
-before), the bf16 PyTorch FFN on already dequantized weights, and the floor.
+"""The shared expert alone: its two GEMMs as dense GEMMs (``Nvfp4SharedExpert.dense_routes``: split-K with the SwiGLU
+in its reduction, ``moe.SHARED_SPLITK``; from 512 rows route "dense-bf16", cuBLAS on the exactly dequantized weight,
+``moe.SHARED_DENSE_BF16``) against grouped GEMMs of one expert (the path before), the bf16 PyTorch FFN on already
+dequantized weights, and the floor.
 
 Per config (V4-Flash: H 4096, shared width 2048; V4-Pro: 7168 / 3072) and token count: us per forward in CUDA-graph
 replay (do_bench median, the L2 cleared before each replay by ``--flush``), the floor = max(weight + scale bytes /
 3.0 TB/s, FLOPs / 749 TFLOP/s), and each path's error against the float32 reference (relative Frobenius norm).
 
 Usage: python benchmarks/bench_shared_expert.py [--configs v4-flash,v4-pro] [--tokens 9,16,32,64,128,256]
-[--flush read] [--out PATH.md]
+[--class-rows 256] [--force-bf16] [--flush read] [--out PATH.md]
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def main() -> int:
                     help="also time the split-K path with every dense shape class's split-K bound raised to this many "
                          "rows (nvfp4_splitk.DENSE_SPLITK_MAX_ROWS), e.g. 256: is split-K also the faster down GEMM "
                          "above 64 rows?")
+    ap.add_argument("--force-bf16", action="store_true",
+                    help="also time route dense-bf16 at every size (no split-K): where does it start to win?")
     add_flush_argument(ap, default="read")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -48,24 +51,36 @@ def main() -> int:
     from megamoe.kernels.gemm import nvfp4_splitk
     from megamoe.layers import moe as moe_mod
     from megamoe.models.config import PRESETS
+    from megamoe.ops import gemm as gemm_ops
     from megamoe.ops.quantize import dequantize, quantize
     from megamoe.reference.moe import swiglu
 
     dev = torch.device("cuda")
     tokens = [int(v) for v in args.tokens.split(",")]
-    lines = ["# Shared expert alone: dense split-K vs grouped one-expert GEMMs\n",
+    # module settings per variant (restored after each): "dense" the defaults (split-K / dense-bf16 where they apply),
+    # "grouped" both off (the path before), "raised" split-K's class bound raised, "forced" dense-bf16 at every size
+    knobs = [(moe_mod, "SHARED_SPLITK"), (moe_mod, "SHARED_DENSE_BF16"), (nvfp4_splitk, "DENSE_SPLITK_MAX_ROWS"),
+             (gemm_ops, "DENSE_BF16_MIN_ROWS"), (gemm_ops, "DENSE_BF16_WIDE_MIN_ROWS")]
+    defaults = {name: getattr(mod, name) for mod, name in knobs}
+    variants = {"dense": {}, "grouped": dict(SHARED_SPLITK=False, SHARED_DENSE_BF16=False)}
+    if args.class_rows:
+        variants["raised"] = dict(DENSE_SPLITK_MAX_ROWS=tuple(
+            (cls, size, max(rows, args.class_rows)) for cls, size, rows in defaults["DENSE_SPLITK_MAX_ROWS"]))
+    if args.force_bf16:
+        variants["forced"] = dict(SHARED_SPLITK=False, DENSE_BF16_MIN_ROWS=1, DENSE_BF16_WIDE_MIN_ROWS=1)
+    lines = ["# Shared expert alone: its GEMMs as dense GEMMs (split-K, dense-bf16) vs grouped one-expert GEMMs\n",
              f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; device: {torch.cuda.get_device_name()}; "
              f"torch {torch.__version__}; triton {triton.__version__}; flush {args.flush}",
              f"- command: `python {' '.join(sys.argv)}`",
              "- us: CUDA-graph replay, do_bench median; floor = max(weight + scale bytes / 3.0 TB/s, FLOPs / 749 "
-             "TFLOP/s); err: relative Frobenius error against the float32 reference on the decoded weights", "",
-             f"- raised: the split-K path with every shape class's split-K bound at {args.class_rows} rows "
-             "(`--class-rows`; 0: not run)",
-             "", "| config | tokens | split-K us | grouped us | speed-up | raised us | bf16 us | floor us | "
-             "split-K % of floor | err split-K | err grouped |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    class_bounds = nvfp4_splitk.DENSE_SPLITK_MAX_ROWS
-    raised = tuple((cls, size, max(rows, args.class_rows)) for cls, size, rows in class_bounds)
+             "TFLOP/s); err: relative Frobenius error against the float32 reference on the decoded weights",
+             "- dense: the defaults (`dense_routes`: (gate_up, down) on nvfp4_linear, else grouped); grouped: "
+             "SHARED_SPLITK and SHARED_DENSE_BF16 off (the path before); raised: split-K's class bound at "
+             f"{args.class_rows} rows (`--class-rows`, 0: not run); forced: route dense-bf16 at every size, no split-K "
+             f"(`--force-bf16`: {args.force_bf16})", "",
+             "| config | tokens | dense us (routes) | grouped us | speed-up | raised us | forced us | bf16 us | floor us "
+             "| dense % of floor | err dense | err grouped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in args.configs.split(","):
         c = PRESETS[name]
         h, i = c.hidden_size, c.shared_intermediate_size
@@ -85,27 +100,29 @@ def main() -> int:
             x = torch.randn(t, h, device=dev, generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
             ref = shared.reference_forward(x)
             result = {}
-            variants = [("splitk", True, class_bounds), ("grouped", False, class_bounds)]
-            if args.class_rows:
-                variants.append(("raised", True, raised))
-            for label, on, bounds in variants:
-                moe_mod.SHARED_SPLITK, nvfp4_splitk.DENSE_SPLITK_MAX_ROWS = on, bounds
+            for label, settings in variants.items():
+                for mod, knob in knobs:
+                    setattr(mod, knob, settings.get(knob, defaults[knob]))
                 try:
                     out = shared.forward(x).clone()
                     us = graph_replay_us(lambda: shared.forward(x), warmup=25, rep=args.rep_ms)
-                    routes = shared.dense_splitk(x, "w4a16")
+                    routes = shared.dense_routes(x, "w4a16")
                 finally:
-                    moe_mod.SHARED_SPLITK, nvfp4_splitk.DENSE_SPLITK_MAX_ROWS = True, class_bounds
+                    for mod, knob in knobs:
+                        setattr(mod, knob, defaults[knob])
                 err = ((out.float() - ref).norm() / ref.norm()).item()
                 result[label] = (us, err, routes)
             bf16_us = graph_replay_us(lambda: bf16_ffn(x), warmup=25, rep=args.rep_ms)
             floor = max(weight_bytes / HBM_BYTES_PER_S, 2 * t * (2 * i * h + h * i) / BF16_FLOPS) * 1e6
-            (s_us, s_err, routes), (g_us, g_err, _) = result["splitk"], result["grouped"]
-            r_us, _, r_routes = result.get("raised", (float("nan"), None, None))
-            print(f"{name} T={t}: split-K {s_us:.1f} us (dense {routes}) grouped {g_us:.1f} us raised {r_us:.1f} "
-                  f"(dense {r_routes}) bf16 {bf16_us:.1f} floor {floor:.1f}", flush=True)
-            lines.append(f"| {name} | {t} | {s_us:.1f} | {g_us:.1f} | {g_us / s_us:.2f}x | {r_us:.1f} | {bf16_us:.1f} | "
-                         f"{floor:.1f} | {100 * floor / s_us:.0f}% | {s_err:.1e} | {g_err:.1e} |")
+            (d_us, d_err, routes), (g_us, g_err, _) = result["dense"], result["grouped"]
+            r_us = result.get("raised", (float("nan"),))[0]
+            f_us = result.get("forced", (float("nan"),))[0]
+            flags = "".join("d" if r else "g" for r in routes)
+            print(f"{name} T={t}: dense {d_us:.1f} us ({flags}) grouped {g_us:.1f} raised {r_us:.1f} forced {f_us:.1f} "
+                  f"bf16 {bf16_us:.1f} floor {floor:.1f}", flush=True)
+            lines.append(f"| {name} | {t} | {d_us:.1f} ({flags}) | {g_us:.1f} | {g_us / d_us:.2f}x | {r_us:.1f} | "
+                         f"{f_us:.1f} | {bf16_us:.1f} | {floor:.1f} | {100 * floor / d_us:.0f}% | {d_err:.1e} | "
+                         f"{g_err:.1e} |")
         lines.append("")
         torch.cuda.empty_cache()
     text = "\n".join(lines) + "\n"

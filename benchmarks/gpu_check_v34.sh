@@ -21,6 +21,12 @@
 #        side stream keeps its grouped GEMMs (split-K's single-launch reduction shares the device's tile counters).
 #        CUDA tests (split-K, MoE layer, models); the shared expert alone; the main job at batch 16 / 64 (shared
 #        expert apart) with SHARED_SPLITK off / on.
+#   e -> d: 141 CUDA tests passed; the main job's decode 3.24 -> 3.02 ms per token at batch 16, 6.32 -> 5.89 at 64.
+#        From 128 tokens the bf16 FFN beats the split-K shared expert, and at prefill sizes the shared expert runs the
+#        pipelined kernel as one expert. New: the shared expert's GEMMs on route "dense-bf16" from its row threshold
+#        (moe.SHARED_DENSE_BF16; gate_up: cuBLAS's float32 product, then a scaled-SwiGLU kernel, swiglu_rows.py).
+#        CUDA tests (the SwiGLU kernel, the route, the MoE layer, models); the shared expert alone at 128-4096
+#        tokens with the route forced at every size; the prefill profile with MEGAMOE_SHARED_DENSE_BF16=0 / default.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -60,5 +66,16 @@ d)
   grep "decode" "$OUT/d_generate_off.log"
   timeout 80 python -m megamoe generate --layers 4 --batch 16,64 --steps 16 > "$OUT/d_generate_on.log" 2>&1
   grep "decode" "$OUT/d_generate_on.log"
+  ;;
+e)
+  timeout 330 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/gemm/test_swiglu_rows.py \
+    tests/ops/test_gemm_dense_bf16.py tests/layers/test_moe_layer.py tests/models > "$OUT/e_tests.log" 2>&1
+  tail -3 "$OUT/e_tests.log"
+  timeout 150 python benchmarks/bench_shared_expert.py --tokens 128,256,512,1024,2048,4096 --force-bf16 --flush read \
+    --out "$OUT/e_shared_expert.md" 2>&1 | grep "^| v4"
+  MEGAMOE_SHARED_DENSE_BF16=0 timeout 100 python benchmarks/profile_prefill.py --tokens 1024,4096 --top 12 \
+    --out "$OUT/e_prefill_off.md" 2>&1 | grep "tokens:"
+  timeout 100 python benchmarks/profile_prefill.py --tokens 1024,4096 --top 12 --out "$OUT/e_prefill_on.md" 2>&1 \
+    | grep "tokens:"
   ;;
 esac

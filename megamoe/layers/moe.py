@@ -172,23 +172,33 @@ class Nvfp4SharedExpert:
         self._w13_dense = gemm_ops.interleave_gate_up(w13)
         self._w13_kernel = _stack1(self._w13_dense)
         self._w2_kernel = _stack1(w2)
+        # host copies of the global scales (a device read, here at load time): route "dense-bf16" of nvfp4_linear
+        self._w13_host = self._w2_host = None
+        if self._w13_dense.data.is_cuda:
+            self._w13_host = gemm_ops.host_global_scale(self._w13_dense)
+            self._w2_host = gemm_ops.host_global_scale(w2) if w2.row_interleave == 1 else None
 
-    def dense_splitk(self, hidden_states: torch.Tensor, gemm_mode: str, splitk: bool = True) -> tuple[bool, bool]:
-        """(gate_up, down): whether each GEMM of this batch runs as a dense split-K GEMM (``nvfp4_linear``, the
-        SwiGLU in its reduction) instead of a grouped GEMM of one expert (:data:`SHARED_SPLITK` and ``splitk``;
-        CUDA, w4a16 numerics, the split-K route's row range for the weight's shape). Host shapes only."""
-        if not (splitk and SHARED_SPLITK and hidden_states.is_cuda and gemm_mode == "w4a16"):
+    def dense_routes(self, hidden_states: torch.Tensor, gemm_mode: str, splitk: bool = True) -> tuple[bool, bool]:
+        """(gate_up, down): whether each GEMM of this batch runs as a dense GEMM (``nvfp4_linear``) instead of a
+        grouped GEMM of one expert: CUDA, w4a16 numerics, and the shape's split-K route (:data:`SHARED_SPLITK` and
+        ``splitk``; the SwiGLU in its reduction) or its route "dense-bf16" (:data:`SHARED_DENSE_BF16`, the weight's
+        host scale read at load; cuBLAS, the SwiGLU after its float32 product). Host shapes only."""
+        if not (hidden_states.is_cuda and gemm_mode == "w4a16"):
             return False, False
         t, h, i = hidden_states.shape[0], self.hidden_size, self.intermediate_size
-        return (gemm_ops.dense_splitk_preferred(t, 2 * i, h),
-                self.w2.row_interleave == 1 and gemm_ops.dense_splitk_preferred(t, h, i))
+
+        def dense(n, k, host_scale):
+            return ((splitk and SHARED_SPLITK and gemm_ops.dense_splitk_preferred(t, n, k))
+                    or (SHARED_DENSE_BF16 and host_scale is not None and gemm_ops.dense_bf16_preferred(t, n)))
+
+        return dense(2 * i, h, self._w13_host), self.w2.row_interleave == 1 and dense(h, i, self._w2_host)
 
     def forward(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None, *,
                 splitk: bool = True) -> torch.Tensor:
         """(T, H) bf16 -> (T, H) bf16 = W2 @ swiglu(W13 @ x).
 
-        splitk: False keeps both GEMMs grouped (:meth:`dense_splitk`), e.g. on a side stream beside other split-K
-        launches, whose single-launch reduction shares the device's tile counters (``nvfp4_splitk``)."""
+        splitk: False keeps both GEMMs off the split-K route (:meth:`dense_routes`), e.g. on a side stream beside
+        other split-K launches, whose single-launch reduction shares the device's tile counters (``nvfp4_splitk``)."""
         if self._w13_kernel is None:
             raise RuntimeError("Nvfp4SharedExpert: call load_weights() first")
         _check_hidden(hidden_states, self.hidden_size, self.max_num_tokens, self.device)
@@ -198,12 +208,12 @@ class Nvfp4SharedExpert:
         static = self.mode == "w4a4" and self.input_scales is not None
         if static:
             x, gemm_mode = _quant_roundtrip(hidden_states, self.input_scales["l1"], self._x_q[:t]), "w4a16"
-        dense_gate_up, dense_down = self.dense_splitk(hidden_states, gemm_mode, splitk)
+        dense_gate_up, dense_down = self.dense_routes(hidden_states, gemm_mode, splitk)
         if not (dense_gate_up and dense_down):
             self._offsets.fill_(t)  # scalar fill: a kernel launch, no host read
         if dense_gate_up:
             inter = gemm_ops.nvfp4_linear(x, self._w13_dense, out=self._inter[:t], activation="swiglu",
-                                          swiglu_limit=self.swiglu_limit)
+                                          swiglu_limit=self.swiglu_limit, host_scale=self._w13_host)
         else:
             inter = gemm_ops.nvfp4_grouped_mm(
                 x, self._w13_kernel, self._offsets, mode=gemm_mode, out=self._inter[:t],
@@ -212,7 +222,7 @@ class Nvfp4SharedExpert:
         if static:
             inter = _quant_roundtrip(inter, self.input_scales["l2"], self._inter_q[:t])
         if dense_down:
-            return gemm_ops.nvfp4_linear(inter, self.w2, out=out)
+            return gemm_ops.nvfp4_linear(inter, self.w2, out=out, host_scale=self._w2_host)
         return gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, self._offsets, mode=gemm_mode, out=out)
 
     __call__ = forward
@@ -244,6 +254,11 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
 # 64 tokens 42.8 us for 8.4 MB: NOTES_moe_decode.md "The shared expert at 9-256 tokens"). Env MEGAMOE_SHARED_SPLITK=0
 # (read at import): off.
 SHARED_SPLITK = os.environ.get("MEGAMOE_SHARED_SPLITK", "1").strip() not in ("", "0")
+# ... and from route "dense-bf16"'s row threshold (ops.gemm.dense_bf16_preferred: 512 rows, 1024 for N > 4096) as
+# that route: the weight dequantized exactly to bf16 without its global scale, cuBLAS (gate_up with float32 output and
+# the scaled SwiGLU after it), instead of the pipelined kernel's grouped GEMM of one expert. Needs the weight's global
+# scale as at most ops.gemm.HOST_SCALE_MAX_SEGMENTS runs (read at load_weights). Env MEGAMOE_SHARED_DENSE_BF16=0: off.
+SHARED_DENSE_BF16 = os.environ.get("MEGAMOE_SHARED_DENSE_BF16", "1").strip() not in ("", "0")
 # Fused shared expert only up to this many tokens. H100, graph replay, with the Gluon decode kernel
 # (benchmarks/results/moe_v5_fuse0*.md = separate, moe_v5_fuse64*.md = always fused), guide / V4-Flash dims:
 # 1 token 181.8 -> 141.9 / 123.5 -> 90.0 us and 8 tokens 651.3 -> 608.2 / 354.6 -> 309.6 us (fused better);

@@ -585,8 +585,11 @@ def dense_bf16_preferred(num_rows: int, n: int) -> bool:
                                              else DENSE_BF16_WIDE_MIN_ROWS)
 
 
-def _dense_bf16(x: torch.Tensor, weight: NVFP4Tensor, host_scale: HostGlobalScale, out: torch.Tensor) -> torch.Tensor:
-    """Route "dense-bf16" (see :data:`DENSE_BF16_MIN_ROWS`): x (M, K) bf16, weight (N, K) row-major -> out (M, N)."""
+def _dense_bf16(x: torch.Tensor, weight: NVFP4Tensor, host_scale: HostGlobalScale, out: torch.Tensor,
+                swiglu: bool = False, swiglu_limit=None) -> torch.Tensor:
+    """Route "dense-bf16" (see :data:`DENSE_BF16_MIN_ROWS`): x (M, K) bf16, weight (N, K) row-major -> out (M, N).
+    ``swiglu``: cuBLAS writes the float32 product (M, N) instead, and a SwiGLU kernel applies the global scale (read
+    on the device) and the SwiGLU of each gate/up column pair -> out (M, N // 2) (the kernels' epilogue)."""
     from ..kernels.quantize import launch_dequantize
 
     n, k = weight.shape
@@ -600,11 +603,18 @@ def _dense_bf16(x: torch.Tensor, weight: NVFP4Tensor, host_scale: HostGlobalScal
     allowed = matmul.allow_bf16_reduced_precision_reduction
     matmul.allow_bf16_reduced_precision_reduction = False
     try:
-        for start, stop, alpha in host_scale.segments:
-            dst = out if (start, stop) == (0, n) else out[:, start:stop]
-            torch.addmm(dst, x, w16[start:stop].t(), beta=0, alpha=alpha, out=dst)
+        if swiglu:
+            y = bf16_linear_fp32(x, w16)
+        else:
+            for start, stop, alpha in host_scale.segments:
+                dst = out if (start, stop) == (0, n) else out[:, start:stop]
+                torch.addmm(dst, x, w16[start:stop].t(), beta=0, alpha=alpha, out=dst)
     finally:
         matmul.allow_bf16_reduced_precision_reduction = allowed
+    if swiglu:
+        from ..kernels.gemm.swiglu_rows import launch_scaled_swiglu
+
+        launch_scaled_swiglu(y, weight.global_scale, out, swiglu_limit)
     return out
 
 
@@ -634,7 +644,8 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
     activation: None, or "swiglu" for a weight in the :func:`interleave_gate_up` layout (N even): out is then
     (M, N // 2) bf16 = silu(min(gate, limit)) * clamp(up, -limit, limit) of the float32 products (no clamp when
     ``swiglu_limit`` is None), as :func:`nvfp4_grouped_mm`'s; no bias with it. At the split-K route's sizes the
-    SwiGLU runs in its reduction; elsewhere the GEMM runs as a grouped GEMM of one expert.
+    SwiGLU runs in its reduction, on route "dense-bf16" (with ``host_scale``) after cuBLAS's float32 product;
+    elsewhere the GEMM runs as a grouped GEMM of one expert.
     Returns (M, N) bf16 (float32 accumulation, one final rounding).
     """
     _check_x(x, None)
@@ -665,9 +676,9 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
     if out is None:
         out = torch.empty((m, n_out), dtype=torch.bfloat16, device=x.device)
     swiglu = activation == "swiglu"
-    if (host_scale is not None and x.is_cuda and mode == "w4a16" and bias is None and not swiglu
+    if (host_scale is not None and x.is_cuda and mode == "w4a16" and bias is None
             and dense_bf16_preferred(m, n) and weight.row_interleave == 1 and m * n * k > 0):
-        return _dense_bf16(x, weight, host_scale, out)
+        return _dense_bf16(x, weight, host_scale, out, swiglu, swiglu_limit)
     if swiglu and mode == "w4a8":
         return _dense_as_one_expert(x, weight, out, mode=mode, activation=activation, swiglu_limit=swiglu_limit)
     if mode == "w4a8" and w4a8_kernel_mode(x, m, None) == "w4a8":

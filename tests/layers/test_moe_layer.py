@@ -206,11 +206,11 @@ def test_cuda_shared_expert_split_k_graph_sync_free(monkeypatch, tokens):
     shared.load_weights(quantize(torch.randn(512, 512, generator=g) * 0.05).to("cuda"),
                         quantize(torch.randn(512, 256, generator=g) * 0.05).to("cuda"))
     x = torch.randn(tokens, 512, device="cuda").bfloat16()
-    assert shared.dense_splitk(x, "w4a16") == (True, True)
+    assert shared.dense_routes(x, "w4a16") == (True, True)
     eager = shared.forward(x).clone()
     assert _rel(eager, shared.reference_forward(x)) < 1e-2
     monkeypatch.setattr(moe_mod, "SHARED_SPLITK", False)
-    assert shared.dense_splitk(x, "w4a16") == (False, False)
+    assert shared.dense_routes(x, "w4a16") == (False, False)
     assert _rel(eager, shared.forward(x).float()) < 1e-2
     monkeypatch.setattr(moe_mod, "SHARED_SPLITK", True)
     torch.cuda.synchronize()
@@ -222,6 +222,42 @@ def test_cuda_shared_expert_split_k_graph_sync_free(monkeypatch, tokens):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = out.clone()
+    assert torch.equal(replayed, shared.forward(x))
+    assert _rel(replayed, shared.reference_forward(x)) < 1e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [512, 600])
+def test_cuda_shared_expert_dense_bf16_graph_sync_free(monkeypatch, tokens):
+    """From route "dense-bf16"'s row threshold the shared expert runs both GEMMs on it (SHARED_DENSE_BF16: cuBLAS on
+    the exactly dequantized weights, the gate_up's SwiGLU after its float32 product): within the bound of the float32
+    reference and of the grouped one-expert path (SHARED_DENSE_BF16 off), graph replay == eager, no host syncs."""
+    from megamoe.layers import Nvfp4SharedExpert
+    from megamoe.layers import moe as moe_mod
+    from megamoe.reference.quantize import quantize
+
+    shared = Nvfp4SharedExpert(512, 256, max_num_tokens=600, device="cuda")
+    g = torch.Generator().manual_seed(12)
+    shared.load_weights(quantize(torch.randn(512, 512, generator=g) * 0.05).to("cuda"),
+                        quantize(torch.randn(512, 256, generator=g) * 0.05).to("cuda"))
+    x = torch.randn(tokens, 512, device="cuda").bfloat16()
+    assert shared.dense_routes(x, "w4a16") == (True, True)
+    eager = shared.forward(x).clone()
+    assert _rel(eager, shared.reference_forward(x)) < 1e-2
+    monkeypatch.setattr(moe_mod, "SHARED_DENSE_BF16", False)
+    assert shared.dense_routes(x, "w4a16") == (False, False)
+    assert _rel(eager, shared.forward(x).float()) < 1e-2
+    monkeypatch.setattr(moe_mod, "SHARED_DENSE_BF16", True)
+    torch.cuda.synchronize()
+    with no_host_syncs():
+        shared.forward(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = shared.forward(x)
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()

@@ -140,6 +140,55 @@ def test_cuda_dense_bf16_route(monkeypatch, extra):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("extra", [0, 88])
+def test_cuda_dense_bf16_swiglu(monkeypatch, extra):
+    """activation="swiglu" on the route: cuBLAS's float32 product, then the scaled SwiGLU (the global scale read on
+    the device): within the float32 reference's bound and the grouped one-expert path's, a NaN in x stays in its row,
+    graph replay == eager without host syncs; a per-row interleaved scale (no host runs: host_global_scale None) keeps
+    the grouped path; one row fewer keeps split-K / grouped."""
+    from gemm_helpers import rel_err, sync_free_graph
+
+    from megamoe.ops.gemm import interleave_gate_up
+    from megamoe.reference.gemm import swiglu_reference
+
+    device = torch.device("cuda")
+    m, k = ops_gemm.DENSE_BF16_MIN_ROWS + extra, 1024
+    calls = []
+    route = ops_gemm._dense_bf16
+    monkeypatch.setattr(ops_gemm, "_dense_bf16", lambda *a: calls.append(a[0].shape[0]) or route(*a))
+    w = interleave_gate_up(_weight(1536, k, 0.002)).to(device)
+    hs = host_global_scale(w)
+    x = torch.randn(m, k, device=device).bfloat16()
+    f32 = x.double().cpu() @ dequantize(w.to("cpu"), torch.float32).double().t()
+    limit = float(f32.abs().median())
+    ref = swiglu_reference(f32.float(), limit)
+    y = nvfp4_linear(x, w, activation="swiglu", swiglu_limit=limit, host_scale=hs)
+    assert calls == [m] and y.shape == (m, 768)
+    assert rel_err(y, ref) < 4e-3
+    grouped = nvfp4_linear(x, w, activation="swiglu", swiglu_limit=limit)
+    assert rel_err(y, grouped.float()) < 4e-3
+    assert rel_err(swiglu_reference(f32.float(), None), ref) > 0.1  # the clamp bites at this limit
+    xn = x.clone()
+    xn[5, 7] = float("nan")
+    yn = nvfp4_linear(xn, w, activation="swiglu", swiglu_limit=limit, host_scale=hs)
+    assert yn[5].isnan().all() and not yn[torch.arange(m, device=device) != 5].isnan().any()
+    out = torch.empty(m, 768, dtype=torch.bfloat16, device=device)
+    graph, _ = sync_free_graph(lambda: nvfp4_linear(x, w, out=out, activation="swiglu", swiglu_limit=limit,
+                                                    host_scale=hs))
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, y)
+    calls.clear()
+    fewer = x[: ops_gemm.DENSE_BF16_MIN_ROWS - 1]
+    assert rel_err(nvfp4_linear(fewer, w, activation="swiglu", swiglu_limit=limit, host_scale=hs), ref[: len(fewer)]) < 4e-3
+    per_row = interleave_gate_up(_fused((768, 768), k, (0.002, 0.0035))).to(device)
+    assert host_global_scale(per_row) is None  # alternating rows: more runs than HOST_SCALE_MAX_SEGMENTS
+    nvfp4_linear(x, per_row, activation="swiglu", swiglu_limit=limit, host_scale=None)
+    assert calls == []
+
+
+@pytest.mark.cuda
 def test_cuda_dense_bf16_wide_weights_need_more_rows(monkeypatch):
     """N > DENSE_BF16_NARROW_N: the kernels' route up to DENSE_BF16_WIDE_MIN_ROWS - 1 rows, the route from there."""
     device = torch.device("cuda")

@@ -356,14 +356,15 @@ def _splitk_partial_kernel(
 @triton.jit
 def _swiglu_epilogue_store(acc, rows, row_mask, col_start, N, global_scale_ptr, stride_gn, bias_ptr, out_ptr,
                            stride_om, swiglu_limit, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           HAS_LIMIT: tl.constexpr, INTERPRET: tl.constexpr):
+                           HAS_LIMIT: tl.constexpr, INTERPRET: tl.constexpr, WEIGHT_SCALE: tl.constexpr = 256.0):
     """acc (R, BLOCK) fp32 over columns ``col_start..`` of the interleaved gate/up layout (column 2j gate j, 2j + 1
     up j; BLOCK and col_start even) -> out[rows, col_start // 2 + j] = bf16(silu(min(gate, limit)) *
-    clamp(up, -limit, limit)) after the global scale (times 2**8) and bias, as the grouped kernels' SwiGLU
-    epilogue (``nvfp4_gemm.py``: NaN kept by the clamp, ``gate / (1 + exp(-gate))``)."""
+    clamp(up, -limit, limit)) after the global scale (times ``WEIGHT_SCALE``: 2**8 undoes the 2**-8 the decoded
+    weights carry) and bias, as the grouped kernels' SwiGLU epilogue (``nvfp4_gemm.py``: NaN kept by the clamp,
+    ``gate / (1 + exp(-gate))``)."""
     cols = col_start + tl.arange(0, BLOCK)
     col_mask = cols < N
-    gscale = tl.load(global_scale_ptr + tl.minimum(cols, N - 1).to(tl.int64) * stride_gn) * 256.0
+    gscale = tl.load(global_scale_ptr + tl.minimum(cols, N - 1).to(tl.int64) * stride_gn) * WEIGHT_SCALE
     acc = acc * gscale[None, :]
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]

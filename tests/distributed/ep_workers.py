@@ -5,9 +5,11 @@
 that raises or a run past the deadline fails the test (the processes are killed; nothing hangs).
 
 The ranks run the CPU reference path (``TRITON_INTERPRET=0``) with one thread each: MKL's float32 matmul
-gives every row the same result whatever the number of rows only from 4 rows up (fewer rows take other
-kernels), so the single-process oracle and the EP ranks see row-identical matmuls when each rank has 0 or >= 4
-tokens (the routed experts' segments are identical by construction). Elementwise ops must not depend on a row's
+gives every row the same result whatever the number of rows only from enough rows (fewer rows take other kernels):
+4 on AVX2; on AVX-512 (MKL 2024.2, measured 2026-11-27) 2 / 3 / 6 / 11 / 16 rows for K = 32 / 64 / 128 / 256 / >= 512.
+The matmuls whose rows the ranks split are the MoE block's (router, shared expert: K = hidden 128 or the shared
+width 64 in the tiny model), so the single-process oracle and the EP ranks see row-identical matmuls when each rank
+has 0 or >= :data:`MIN_ROWS_PER_RANK` tokens (the routed experts' segments are identical by construction). Elementwise ops must not depend on a row's
 position either: ATen's CPU float32 softplus / sigmoid round a tensor's vectorised body and its scalar tail
 differently, which made ~3% of the random seeds route a prefill's last token differently on one rank until the
 router scored in float64 (``megamoe.reference.moe.score_function``); the expert MLPs' rows (I = 64 floats) are
@@ -30,6 +32,8 @@ from megamoe.models import MoEConfig
 TINY = MoEConfig(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, shared_intermediate_size=32,
                  scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="tiny-ep")
 GROUP_TIMEOUT_S = 20.0
+#: Tokens per rank in the bit-for-bit tests (module docstring: >= 6 rows at K = 128 on AVX-512, with a margin).
+MIN_ROWS_PER_RANK = 8
 
 
 def free_port() -> int:

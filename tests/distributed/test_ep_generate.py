@@ -19,11 +19,11 @@ from megamoe.models.config import MODEL_PRESETS
 @pytest.mark.parametrize("world", [2, 4])
 def test_generate_matches_single_process_bit_for_bit(world, tmp_path):
     seed = int(torch.randint(0, 1000, ()).item())
-    # >= 4 rows per rank in every matmul (the oracle rule of ep_workers.py); the prompts split unevenly
-    # (world 2: 5 + 4 rows, world 4: 5 + 5 + 5 + 4), the decode batch evenly (4 rows per rank)
-    prompt_len = {2: 9, 4: 19}[world]
-    results = workers.launch(world, workers.generate_tokens, tmp_path, timeout_s=240, seed=seed, batch=4 * world,
-                             prompt_len=prompt_len, steps=3, single=True)
+    # >= MIN_ROWS_PER_RANK rows per rank in every split matmul (the oracle rule of ep_workers.py); the prompts split
+    # unevenly (world 2: 9 + 8 rows, world 4: 9 + 8 + 8 + 8), the decode batch evenly (8 rows per rank)
+    rows = workers.MIN_ROWS_PER_RANK
+    results = workers.launch(world, workers.generate_tokens, tmp_path, timeout_s=300, seed=seed, batch=rows * world,
+                             prompt_len=rows * world + 1, steps=3, single=True)
     single = results[0]["single"]
     e = MODEL_PRESETS["tiny"].moe.num_experts
     for rank, r in enumerate(results):
@@ -101,7 +101,7 @@ def test_checkpoint_each_rank_reads_only_its_experts(tmp_path, monkeypatch):
     cfg = MODEL_PRESETS["tiny"]
     write_sharded_checkpoint(tmp_path / "ckpt", random_state_dict(cfg, seed=5), max_shard_bytes=256 * 1024)
     results = workers.launch(2, workers.load_model_from_checkpoint, tmp_path / "out", timeout_s=240,
-                             path=str(tmp_path / "ckpt"), prompt_len=9)
+                             path=str(tmp_path / "ckpt"), prompt_len=2 * workers.MIN_ROWS_PER_RANK + 1)
     for rank, r in enumerate(results):
         assert r["equal"], f"rank {rank}: the EP model from the checkpoint differs from the single-process one"
         start, stop = r["ranges"][0]

@@ -175,7 +175,7 @@ class Nvfp4SharedExpert:
         # host copies of the global scales (a device read, here at load time): route "dense-bf16" of nvfp4_linear
         self._w13_host = self._w2_host = None
         if self._w13_dense.data.is_cuda:
-            self._w13_host = gemm_ops.host_global_scale(self._w13_dense)
+            self._w13_host = gemm_ops.host_global_scale(self._w13_dense, device_scale_ok=True)
             self._w2_host = gemm_ops.host_global_scale(w2) if w2.row_interleave == 1 else None
 
     def dense_routes(self, hidden_states: torch.Tensor, gemm_mode: str, splitk: bool = True) -> tuple[bool, bool]:

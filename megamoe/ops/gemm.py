@@ -520,7 +520,9 @@ HOST_SCALE_MAX_SEGMENTS = 16
 class HostGlobalScale:
     """A host copy of an NVFP4 weight's global scale, for route "dense-bf16" (cuBLAS's alpha is a host float).
 
-    segments: ((row_start, row_stop, value), ...) covering rows [0, N) in order, the scale constant on each.
+    segments: ((row_start, row_stop, value), ...) covering rows [0, N) in order, the scale constant on each; None
+    for a scale of more than :data:`HOST_SCALE_MAX_SEGMENTS` runs (``host_global_scale(..., device_scale_ok=True)``),
+    which only the route's SwiGLU variant takes (it applies the scale on the device).
     source: (data_ptr, version counter, shape) of the ``global_scale`` tensor it was read from; :func:`nvfp4_linear`
     compares it with the weight's (host metadata) and raises ValueError on a mismatch, so a copy read from another
     weight, or from one changed in place since, is refused instead of used. Build it with :func:`host_global_scale`.
@@ -530,13 +532,16 @@ class HostGlobalScale:
     source: tuple
 
 
-def host_global_scale(weight: NVFP4Tensor) -> HostGlobalScale | None:
+def host_global_scale(weight: NVFP4Tensor, *, device_scale_ok: bool = False) -> HostGlobalScale | None:
     """Read ``weight.global_scale`` to the host once (a device sync: call it at load / construction time, never in a
     hot path) as runs of equal values. Returns None where route "dense-bf16" cannot use it: more than
     :data:`HOST_SCALE_MAX_SEGMENTS` runs, or a value that is not finite and positive (the kernels' routes keep
     those).
 
     weight: a 2-D :class:`NVFP4Tensor` whose global scale is 0-d or (N, 1) (broadcastable over its N rows).
+    device_scale_ok: with more runs than :data:`HOST_SCALE_MAX_SEGMENTS`, return a copy without segments instead of
+    None: enough for ``nvfp4_linear(activation="swiglu")``, whose route applies the scale on the device (a gate/up
+    weight interleaved from separately scaled gate and up parts alternates its scale row by row).
     """
     if not isinstance(weight, NVFP4Tensor):
         raise TypeError(f"weight: expected an NVFP4Tensor, got {type(weight).__name__}")
@@ -555,10 +560,10 @@ def host_global_scale(weight: NVFP4Tensor) -> HostGlobalScale | None:
             if i == n or values[i] != values[start]:
                 runs.append((start, i, float(values[start])))
                 start = i
-                if len(runs) > HOST_SCALE_MAX_SEGMENTS:
-                    return None
     if any(not (math.isfinite(v) and v > 0) for _, _, v in runs):
         return None
+    if len(runs) > HOST_SCALE_MAX_SEGMENTS:
+        return HostGlobalScale(None, _scale_source(gs)) if device_scale_ok else None
     return HostGlobalScale(tuple(runs), _scale_source(gs))
 
 
@@ -676,8 +681,8 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
     if out is None:
         out = torch.empty((m, n_out), dtype=torch.bfloat16, device=x.device)
     swiglu = activation == "swiglu"
-    if (host_scale is not None and x.is_cuda and mode == "w4a16" and bias is None
-            and dense_bf16_preferred(m, n) and weight.row_interleave == 1 and m * n * k > 0):
+    if (host_scale is not None and (swiglu or host_scale.segments is not None) and x.is_cuda and mode == "w4a16"
+            and bias is None and dense_bf16_preferred(m, n) and weight.row_interleave == 1 and m * n * k > 0):
         return _dense_bf16(x, weight, host_scale, out, swiglu, swiglu_limit)
     if swiglu and mode == "w4a8":
         return _dense_as_one_expert(x, weight, out, mode=mode, activation=activation, swiglu_limit=swiglu_limit)

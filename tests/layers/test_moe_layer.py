@@ -231,19 +231,24 @@ def test_cuda_shared_expert_split_k_graph_sync_free(monkeypatch, tokens):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [512, 600])
-def test_cuda_shared_expert_dense_bf16_graph_sync_free(monkeypatch, tokens):
+@pytest.mark.parametrize("tokens,parts", [(512, False), (600, True)])
+def test_cuda_shared_expert_dense_bf16_graph_sync_free(monkeypatch, tokens, parts):
     """From route "dense-bf16"'s row threshold the shared expert runs both GEMMs on it (SHARED_DENSE_BF16: cuBLAS on
-    the exactly dequantized weights, the gate_up's SwiGLU after its float32 product): within the bound of the float32
-    reference and of the grouped one-expert path (SHARED_DENSE_BF16 off), graph replay == eager, no host syncs."""
+    the exactly dequantized weights, the gate_up's SwiGLU after its float32 product), also with gate and up quantized
+    apart (``parts``: a checkpoint's separate global scales, alternating rows once interleaved): within the bound of
+    the float32 reference and of the grouped one-expert path (SHARED_DENSE_BF16 off), graph replay == eager, no host
+    syncs."""
     from megamoe.layers import Nvfp4SharedExpert
     from megamoe.layers import moe as moe_mod
+    from megamoe.layers.linear import concat_rows
     from megamoe.reference.quantize import quantize
 
     shared = Nvfp4SharedExpert(512, 256, max_num_tokens=600, device="cuda")
     g = torch.Generator().manual_seed(12)
-    shared.load_weights(quantize(torch.randn(512, 512, generator=g) * 0.05).to("cuda"),
-                        quantize(torch.randn(512, 256, generator=g) * 0.05).to("cuda"))
+    w13 = torch.randn(512, 512, generator=g) * 0.05
+    w13 = concat_rows([quantize(w13[:256] * 3), quantize(w13[256:])]) if parts else quantize(w13)
+    shared.load_weights(w13.to("cuda"), quantize(torch.randn(512, 256, generator=g) * 0.05).to("cuda"))
+    assert (shared._w13_host.segments is None) == parts
     x = torch.randn(tokens, 512, device="cuda").bfloat16()
     assert shared.dense_routes(x, "w4a16") == (True, True)
     eager = shared.forward(x).clone()

@@ -44,6 +44,9 @@ def test_host_global_scale_runs():
     assert host_global_scale(f).segments == ((0, 16, 0.5), (16, 64, 0.75), (64, 96, 0.5))
     per_row = quantize(torch.randn(40, 64), per_row=True)  # a distinct scale per row: more runs than the limit
     assert host_global_scale(per_row) is None
+    many = host_global_scale(per_row, device_scale_ok=True)  # the SwiGLU variant applies the scale on the device
+    assert many.segments is None and many.source == ops_gemm._scale_source(per_row.global_scale)
+    assert host_global_scale(_weight(16, 32, math.nan), device_scale_ok=True) is None
     for bad in (0.0, -1.0, math.inf, math.nan):
         assert host_global_scale(_weight(16, 32, bad)) is None, bad
 
@@ -144,8 +147,9 @@ def test_cuda_dense_bf16_route(monkeypatch, extra):
 def test_cuda_dense_bf16_swiglu(monkeypatch, extra):
     """activation="swiglu" on the route: cuBLAS's float32 product, then the scaled SwiGLU (the global scale read on
     the device): within the float32 reference's bound and the grouped one-expert path's, a NaN in x stays in its row,
-    graph replay == eager without host syncs; a per-row interleaved scale (no host runs: host_global_scale None) keeps
-    the grouped path; one row fewer keeps split-K / grouped."""
+    graph replay == eager without host syncs; one row fewer keeps split-K / grouped; a gate/up weight of separately
+    scaled parts (its interleaved scale alternates: too many runs for the plain route) takes the SwiGLU variant with
+    ``device_scale_ok``, and the plain route refuses that copy (the kernels run)."""
     from gemm_helpers import rel_err, sync_free_graph
 
     from megamoe.ops.gemm import interleave_gate_up
@@ -182,9 +186,16 @@ def test_cuda_dense_bf16_swiglu(monkeypatch, extra):
     calls.clear()
     fewer = x[: ops_gemm.DENSE_BF16_MIN_ROWS - 1]
     assert rel_err(nvfp4_linear(fewer, w, activation="swiglu", swiglu_limit=limit, host_scale=hs), ref[: len(fewer)]) < 4e-3
+    assert calls == []
     per_row = interleave_gate_up(_fused((768, 768), k, (0.002, 0.0035))).to(device)
     assert host_global_scale(per_row) is None  # alternating rows: more runs than HOST_SCALE_MAX_SEGMENTS
-    nvfp4_linear(x, per_row, activation="swiglu", swiglu_limit=limit, host_scale=None)
+    hs_rows = host_global_scale(per_row, device_scale_ok=True)
+    got = nvfp4_linear(x, per_row, activation="swiglu", swiglu_limit=limit, host_scale=hs_rows)
+    assert calls == [m]
+    f32 = x.double().cpu() @ dequantize(per_row.to("cpu"), torch.float32).double().t()
+    assert rel_err(got, swiglu_reference(f32.float(), limit)) < 4e-3
+    calls.clear()
+    _bound_check(nvfp4_linear(x, per_row, host_scale=hs_rows), x, per_row)  # no segments: the kernels' route
     assert calls == []
 
 

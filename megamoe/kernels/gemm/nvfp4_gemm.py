@@ -317,11 +317,7 @@ def _nvfp4_gemm_kernel(
         out_rows = rows.to(tl.int64)[:, None] * stride_om
         if SWIGLU:
             gate, up = tl.split(result.reshape(BLOCK_M, BLOCK_N // 2, 2))
-            if HAS_LIMIT:
-                gate = tl.where(gate > swiglu_limit, swiglu_limit, gate)
-                up = tl.where(up > swiglu_limit, swiglu_limit, up)
-                up = tl.where(up < -swiglu_limit, -swiglu_limit, up)
-            y = gate / (1.0 + tl.exp(-gate)) * up
+            y = swiglu_clamped(gate, up, swiglu_limit, HAS_LIMIT)
             half_cols = n_start // 2 + tl.arange(0, BLOCK_N // 2)
             tl.store(
                 out_ptr + out_rows + half_cols[None, :],
@@ -347,6 +343,18 @@ def gemm_error_word(device, error_word=None) -> tuple[torch.Tensor, int]:
 
     return (error_word if error_word is not None else errors.error_word(device)), \
         errors.kernel_flag("nvfp4_grouped_mm", "row_index")
+
+
+@triton.jit
+def swiglu_clamped(gate, up, swiglu_limit, HAS_LIMIT: tl.constexpr):
+    """float32 ``silu(min(gate, limit)) * clamp(up, -limit, limit)`` as ``gate / (1 + exp(-gate)) * up``, the SwiGLU
+    epilogue of the Triton GEMM kernels (``HAS_LIMIT`` False: no clamp). A NaN gate / up stays NaN (``tl.where`` keeps
+    the value when the comparison is false), as the reference's clamp."""
+    if HAS_LIMIT:
+        gate = tl.where(gate > swiglu_limit, swiglu_limit, gate)
+        up = tl.where(up > swiglu_limit, swiglu_limit, up)
+        up = tl.where(up < -swiglu_limit, -swiglu_limit, up)
+    return gate / (1.0 + tl.exp(-gate)) * up
 
 
 def global_scale_strides(global_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:

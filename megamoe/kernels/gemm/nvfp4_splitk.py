@@ -69,7 +69,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .nvfp4_gemm import _load_weight_step, _mma_step, global_scale_strides
+from .nvfp4_gemm import _load_weight_step, _mma_step, global_scale_strides, swiglu_clamped
 from .nvfp4_gemv import _fma_step, _load_step
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, gluon_supports
 from ..nvfp4_jit import round_to_bf16
@@ -360,8 +360,7 @@ def _swiglu_epilogue_store(acc, rows, row_mask, col_start, N, global_scale_ptr, 
     """acc (R, BLOCK) fp32 over columns ``col_start..`` of the interleaved gate/up layout (column 2j gate j, 2j + 1
     up j; BLOCK and col_start even) -> out[rows, col_start // 2 + j] = bf16(silu(min(gate, limit)) *
     clamp(up, -limit, limit)) after the global scale (times ``WEIGHT_SCALE``: 2**8 undoes the 2**-8 the decoded
-    weights carry) and bias, as the grouped kernels' SwiGLU epilogue (``nvfp4_gemm.py``: NaN kept by the clamp,
-    ``gate / (1 + exp(-gate))``)."""
+    weights carry) and bias, with the Triton GEMM kernels' SwiGLU (``nvfp4_gemm.swiglu_clamped``)."""
     cols = col_start + tl.arange(0, BLOCK)
     col_mask = cols < N
     gscale = tl.load(global_scale_ptr + tl.minimum(cols, N - 1).to(tl.int64) * stride_gn) * WEIGHT_SCALE
@@ -369,11 +368,7 @@ def _swiglu_epilogue_store(acc, rows, row_mask, col_start, N, global_scale_ptr, 
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     gate, up = tl.split(tl.reshape(acc, (acc.shape[0], BLOCK // 2, 2)))
-    if HAS_LIMIT:
-        gate = tl.where(gate > swiglu_limit, swiglu_limit, gate)
-        up = tl.where(up > swiglu_limit, swiglu_limit, up)
-        up = tl.where(up < -swiglu_limit, -swiglu_limit, up)
-    y = gate / (1.0 + tl.exp(-gate)) * up
+    y = swiglu_clamped(gate, up, swiglu_limit, HAS_LIMIT)
     half_cols = col_start // 2 + tl.arange(0, BLOCK // 2)
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + half_cols[None, :], round_to_bf16(y, INTERPRET),
              mask=row_mask[:, None] & (half_cols < N // 2)[None, :])

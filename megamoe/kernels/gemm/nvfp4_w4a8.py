@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..nvfp4_jit import e2m1_decode, e4m3_decode, e4m3_encode, round_to_bf16, sign_bit
-from .nvfp4_gemm import _num_sms, _tile_table, _work_rows, gemm_error_word, global_scale_strides
+from .nvfp4_gemm import _num_sms, _tile_table, _work_rows, gemm_error_word, global_scale_strides, swiglu_clamped
 
 #: K per step: one activation/weight FP8 tile, eight NVFP4 block scales per weight row, one promotion.
 W4A8_BLOCK_K = 128
@@ -208,11 +208,7 @@ def _epilogue(acc, xs_ptr, row_index_ptr, row_start, row_end, num_src_rows, gsca
     out_rows = rows.to(tl.int64)[:, None] * stride_om
     if SWIGLU:
         gate, up = tl.split(result.reshape(SUB_M, BLOCK_N // 2, 2))
-        if HAS_LIMIT:
-            gate = tl.where(gate > swiglu_limit, swiglu_limit, gate)
-            up = tl.where(up > swiglu_limit, swiglu_limit, up)
-            up = tl.where(up < -swiglu_limit, -swiglu_limit, up)
-        y = gate / (1.0 + tl.exp(-gate)) * up
+        y = swiglu_clamped(gate, up, swiglu_limit, HAS_LIMIT)
         half_cols = n_start // 2 + tl.arange(0, BLOCK_N // 2)
         tl.store(out_ptr + out_rows + half_cols[None, :], round_to_bf16(y, INTERPRET),
                  mask=row_mask[:, None] & (half_cols < N // 2)[None, :])

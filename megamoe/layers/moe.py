@@ -155,7 +155,7 @@ class Nvfp4SharedExpert:
         self.max_num_tokens, self.device, self.mode = max_num_tokens, _resolve_device(device), mode
         self.swiglu_limit = swiglu_limit
         self.w13 = self.w2 = None  # checkpoint-order weights (reference)
-        self._w13_dense = None  # (2I, H) interleaved (the split-K route of nvfp4_linear)
+        self._w13_dense = None  # (2I, H) interleaved (nvfp4_linear's dense routes)
         self._w13_kernel = self._w2_kernel = None  # (1, 2I, H) interleaved, (1, H, I): views of the same bytes
         self.input_scales: dict | None = None  # static w4a4 scales {"l1": 0-d, "l2": 0-d} or None (dynamic)
         dev = self.device
@@ -256,8 +256,9 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
 SHARED_SPLITK = os.environ.get("MEGAMOE_SHARED_SPLITK", "1").strip() not in ("", "0")
 # ... and from route "dense-bf16"'s row threshold (ops.gemm.dense_bf16_preferred: 512 rows, 1024 for N > 4096) as
 # that route: the weight dequantized exactly to bf16 without its global scale, cuBLAS (gate_up with float32 output and
-# the scaled SwiGLU after it), instead of the pipelined kernel's grouped GEMM of one expert. Needs the weight's global
-# scale as at most ops.gemm.HOST_SCALE_MAX_SEGMENTS runs (read at load_weights). Env MEGAMOE_SHARED_DENSE_BF16=0: off.
+# the scaled SwiGLU after it), instead of the pipelined kernel's grouped GEMM of one expert. Host copies of the global
+# scales are read at load_weights (the down's as at most ops.gemm.HOST_SCALE_MAX_SEGMENTS runs; the gate_up's scale is
+# applied on the device, so any per-row scale). Env MEGAMOE_SHARED_DENSE_BF16=0: off.
 SHARED_DENSE_BF16 = os.environ.get("MEGAMOE_SHARED_DENSE_BF16", "1").strip() not in ("", "0")
 # Fused shared expert only up to this many tokens. H100, graph replay, with the Gluon decode kernel
 # (benchmarks/results/moe_v5_fuse0*.md = separate, moe_v5_fuse64*.md = always fused), guide / V4-Flash dims:
@@ -675,7 +676,7 @@ class Nvfp4MoE:
             self._side_stream = torch.cuda.Stream(self.device)
         side = self._side_stream
         side.wait_stream(main)  # hidden_states is ready
-        with torch.cuda.stream(side):  # grouped GEMMs: no split-K tile counters shared with the main stream's
+        with torch.cuda.stream(side):  # no split-K: its single-launch reduction uses the device's tile counters
             shared = self.shared.forward(hidden_states, splitk=False)
         return shared
 

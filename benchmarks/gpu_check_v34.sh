@@ -36,6 +36,10 @@
 #   g -> f: prefill GPU busy 32621 -> 32103 us at 4096 tokens, even at 1024; 23 CUDA tests passed. The SwiGLU clamp
 #        and silu now one Triton helper (nvfp4_gemm.swiglu_clamped) for the split-K reduction, the tensor-core and
 #        W4A8 kernels; the two shared-expert layer tests one parametrized test. Their CUDA tests.
+#   h -> g: 99 CUDA tests passed. From b / c: the shared expert's down at 129-511 rows ran grouped (~49 / 64 us at 256
+#        rows on V4-Flash / V4-Pro) where nvfp4_linear's tensor-core route takes ~30 / 45 us. New: the down on
+#        nvfp4_linear below DENSE_PIPE_MIN_ROWS (SHARED_SPLITK). The shared expert alone at 128-384 tokens; the MoE
+#        layer's shared-expert CUDA tests.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -101,5 +105,12 @@ g)
     tests/kernels/gemm/test_nvfp4_w4a8.py tests/kernels/gemm/test_swiglu_rows.py tests/ops/test_gemm_dense_bf16.py \
     tests/layers/test_moe_layer.py tests/kernels/gemm/test_nvfp4_splitk.py -k "not issue_shapes" > "$OUT/g_tests.log" 2>&1
   tail -3 "$OUT/g_tests.log"
+  ;;
+h)
+  timeout 100 python benchmarks/bench_shared_expert.py --tokens 128,192,256,384 --flush read \
+    --out "$OUT/h_shared_expert.md" 2>&1 | grep "^| v4"
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/layers/test_moe_layer.py \
+    > "$OUT/h_tests.log" 2>&1
+  tail -3 "$OUT/h_tests.log"
   ;;
 esac

@@ -192,16 +192,18 @@ def test_cuda_shared_overlap_graph_sync_free_same_bits(monkeypatch, tokens):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens,parts,switch", [(9, False, "SHARED_SPLITK"), (16, False, "SHARED_SPLITK"),
-                                                 (64, False, "SHARED_SPLITK"), (512, False, "SHARED_DENSE_BF16"),
-                                                 (600, True, "SHARED_DENSE_BF16")])
-def test_cuda_shared_expert_dense_routes_graph_sync_free(monkeypatch, tokens, parts, switch):
-    """The shared expert apart runs both GEMMs as dense GEMMs: split-K at 9-64 tokens (SHARED_SPLITK, the SwiGLU in
-    the split-K reduction), route "dense-bf16" from its row threshold (SHARED_DENSE_BF16: cuBLAS on the exactly
-    dequantized weights, the gate_up's SwiGLU after its float32 product), the latter also with gate and up quantized
-    apart (``parts``: a checkpoint's separate global scales, alternating rows once interleaved). Within the bound of
-    the float32 reference and of the grouped one-expert path (``switch`` off), graph replays with new inputs ==
-    eager, no host syncs."""
+@pytest.mark.parametrize("tokens,parts,switch,routes", [
+    (9, False, "SHARED_SPLITK", (True, True)), (16, False, "SHARED_SPLITK", (True, True)),
+    (64, False, "SHARED_SPLITK", (True, True)), (200, False, "SHARED_SPLITK", (False, True)),
+    (512, False, "SHARED_DENSE_BF16", (True, True)), (600, True, "SHARED_DENSE_BF16", (True, True))])
+def test_cuda_shared_expert_dense_routes_graph_sync_free(monkeypatch, tokens, parts, switch, routes):
+    """The shared expert apart runs its GEMMs as dense GEMMs: split-K at 9-64 tokens (SHARED_SPLITK, the SwiGLU in
+    the split-K reduction), the down on the tensor-core route above split-K's rows (200 tokens; the gate_up stays
+    grouped there), route "dense-bf16" from its row threshold (SHARED_DENSE_BF16: cuBLAS on the exactly dequantized
+    weights, the gate_up's SwiGLU after its float32 product), the latter also with gate and up quantized apart
+    (``parts``: a checkpoint's separate global scales, alternating rows once interleaved). Within the bound of the
+    float32 reference and of the grouped one-expert path (``switch`` off), graph replays with new inputs == eager, no
+    host syncs."""
     from megamoe.layers import Nvfp4SharedExpert
     from megamoe.layers import moe as moe_mod
     from megamoe.layers.linear import concat_rows
@@ -214,7 +216,7 @@ def test_cuda_shared_expert_dense_routes_graph_sync_free(monkeypatch, tokens, pa
     shared.load_weights(w13.to("cuda"), quantize(torch.randn(512, 256, generator=g) * 0.05).to("cuda"))
     assert (shared._w13_host.segments is None) == parts
     x = torch.randn(tokens, 512, device="cuda").bfloat16()
-    assert shared.dense_routes(x, "w4a16") == (True, True)
+    assert shared.dense_routes(x, "w4a16") == routes
     eager = shared.forward(x).clone()
     assert _rel(eager, shared.reference_forward(x)) < 1e-2
     monkeypatch.setattr(moe_mod, switch, False)

@@ -191,9 +191,9 @@ class Nvfp4SharedExpert:
             return ((splitk and SHARED_SPLITK and gemm_ops.dense_splitk_preferred(t, n, k))
                     or (SHARED_DENSE_BF16 and host_scale is not None and gemm_ops.dense_bf16_preferred(t, n)))
 
-        # below the dense "pipe" threshold the down GEMM also takes nvfp4_linear's other routes (the Triton tensor-core
-        # kernel above split-K's rows): ahead of the one-expert grouped plan (SHARED_SPLITK's measurements)
-        down = dense(h, i, self._w2_host) or (splitk and SHARED_SPLITK and t < gemm_ops.DENSE_PIPE_MIN_ROWS)
+        # up to SHARED_DOWN_LINEAR_MAX_ROWS the down GEMM also takes nvfp4_linear's other routes (the Triton
+        # tensor-core kernel above split-K's rows): ahead of the one-expert grouped plan there
+        down = dense(h, i, self._w2_host) or (splitk and SHARED_SPLITK and t <= SHARED_DOWN_LINEAR_MAX_ROWS)
         return dense(2 * i, h, self._w13_host), self.w2.row_interleave == 1 and down
 
     def forward(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None, *,
@@ -254,11 +254,13 @@ def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
 # The shared expert apart (not fused into the routed GEMMs) runs each of its GEMMs as a dense split-K GEMM where the
 # split-K route takes its shape (nvfp4_linear; gate_up with the SwiGLU in the split-K reduction), instead of a grouped
 # GEMM of one expert, whose band plan gives a 64-row expert 16 tiles of 256 columns on 132 SMs (V4-Flash gate_up at
-# 64 tokens 42.8 us for 8.4 MB: NOTES_moe_decode.md "The shared expert at 9-256 tokens"); its down GEMM also takes
-# nvfp4_linear's tensor-core route above split-K's rows, below ops.gemm.DENSE_PIPE_MIN_ROWS (at 256 rows ~30 / 45 us
-# on the V4-Flash / V4-Pro down shapes against ~49 / 64 grouped: results/gpu_check_v34/ b, c). Env
-# MEGAMOE_SHARED_SPLITK=0 (read at import): off.
+# 64 tokens 42.8 us for 8.4 MB: NOTES_moe_decode.md "The shared expert at 9-256 tokens"). Env MEGAMOE_SHARED_SPLITK=0
+# (read at import): off, and with it the next rule.
 SHARED_SPLITK = os.environ.get("MEGAMOE_SHARED_SPLITK", "1").strip() not in ("", "0")
+# Up to this many tokens the shared expert's down GEMM runs on nvfp4_linear also above split-K's rows (the Triton
+# tensor-core route). H100, the shared expert alone (results/gpu_check_v34/h_shared_expert.md, against b / d with the
+# down grouped): V4-Flash 256 tokens 84.4 -> 66.6 us, V4-Pro 155.4 -> 137.7; at 384 tokens 0.93-0.94x of the grouped plan.
+SHARED_DOWN_LINEAR_MAX_ROWS = 256
 # ... and from route "dense-bf16"'s row threshold (ops.gemm.dense_bf16_preferred: 512 rows, 1024 for N > 4096) as
 # that route: the weight dequantized exactly to bf16 without its global scale, cuBLAS (gate_up with float32 output and
 # the scaled SwiGLU after it), instead of the pipelined kernel's grouped GEMM of one expert. Host copies of the global

@@ -490,12 +490,9 @@ def _dense_as_one_expert(x: torch.Tensor, weight: NVFP4Tensor, out: torch.Tensor
     (the global scale 0-d or per row (N, 1) -> (1, N, 1)); the offsets are one device fill (captured in graphs).
     ``grouped``: further keywords of :func:`nvfp4_grouped_mm` (mode, activation, swiglu_limit)."""
     m = x.shape[0]
-    n, k = weight.shape
-    gs = weight.global_scale
-    w3 = NVFP4Tensor(weight.data[None], weight.block_scale[None], gs if gs.dim() == 0 else gs.reshape(1, -1, 1),
-                     (1, n, k))
     offsets = torch.full((1,), m, dtype=torch.int32, device=x.device)
-    return nvfp4_grouped_mm(x, w3, offsets, out=out, max_rows_per_expert=m, **grouped)
+    return nvfp4_grouped_mm(x, _reference.one_expert_weight(weight), offsets, out=out, max_rows_per_expert=m,
+                            **grouped)
 
 
 #: Route "dense-bf16" of a dense w4a16 GEMM without bias, when the caller passes the weight's

@@ -82,6 +82,14 @@ def deinterleave_gate_up(weight: NVFP4Tensor) -> NVFP4Tensor:
     return NVFP4Tensor(deinterleave(weight.data), deinterleave(weight.block_scale), gs, weight.shape)
 
 
+def one_expert_weight(weight: NVFP4Tensor) -> NVFP4Tensor:
+    """A dense (N, K) weight as the grouped weight (1, N, K) of one expert: views of its data and block scale, the
+    global scale 0-d or per row (N, 1) -> (1, N, 1)."""
+    gs = weight.global_scale
+    return NVFP4Tensor(weight.data[None], weight.block_scale[None], gs if gs.dim() == 0 else gs.reshape(1, -1, 1),
+                       (1,) + tuple(weight.shape), weight.row_interleave)
+
+
 def swiglu_reference(y: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
     """y: (T, 2*I) float32 in the interleaved layout -> (T, I) float32."""
     gate, up = y[:, 0::2], y[:, 1::2]
@@ -126,11 +134,9 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None, h
     Returns (M, N) bf16 (written into ``out`` when given).
     """
     if activation == "swiglu":  # the grouped reference with one expert holding every row
-        gs = weight.global_scale
-        w3 = NVFP4Tensor(weight.data[None], weight.block_scale[None], gs if gs.dim() == 0 else gs.reshape(1, -1, 1),
-                         (1,) + tuple(weight.shape))
         offsets = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
-        return nvfp4_grouped_mm(x, w3, offsets, mode=mode, out=out, activation=activation, swiglu_limit=swiglu_limit)
+        return nvfp4_grouped_mm(x, one_expert_weight(weight), offsets, mode=mode, out=out, activation=activation,
+                                swiglu_limit=swiglu_limit)
     if mode == "w4a8":
         from .w4a8 import w4a8_linear
 

@@ -737,8 +737,10 @@ def launch_nvfp4_splitk(
     direct = splits == 1 and not swiglu
     ws = out if direct else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     counters = None
-    if fused is None or swiglu:
-        fused = m <= FUSED_MAX_ROWS and not swiglu
+    if swiglu:
+        fused = False  # the SwiGLU runs in the two-launch reduction
+    elif fused is None:
+        fused = m <= FUSED_MAX_ROWS
     if not direct and fused and m_tiles * n_tiles <= COUNTER_SLOTS:
         counters = splitk_counters(x.device)
     fused_launch = counters is not None

@@ -24,6 +24,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 module, name, signature, constexprs, num_warps, out = json.loads(sys.argv[1])
 kernel = getattr(importlib.import_module(module), name)
+for param in kernel.params:  # defaulted constexprs left out get their defaults (not None)
+    if param.is_constexpr and param.has_default and param.name not in constexprs:
+        constexprs[param.name] = param.default
 sig = dict(signature, **{k: "constexpr" for k in constexprs})
 c = triton.compile(ASTSource(kernel, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": num_warps})

@@ -2,7 +2,7 @@
 
 Each setting is Python run in a namespace holding ``gemm`` (``megamoe.ops.gemm``), ``mma``
 (``megamoe.kernels.gemm.nvfp4_mma_decode``), ``pdl`` (``megamoe.kernels.pdl``), ``moe`` (``megamoe.layers.moe``) and
-``l2p`` (``megamoe.kernels.l2_prefetch``) and ``layer`` (the layer), e.g.
+``layer`` (the layer), e.g.
 ``gemm.DECODE_SPLITK=None`` (planned decode split-K), ``mma.MMA_DECODE_CONFIGS[4]=(8,64,256,4)``,
 ``pdl.PDL_ENABLED=True``, ``moe.PAIRED_X_MAX_TOKENS=0`` or ``layer.shared_overlap=True``; "base" runs nothing. Per config and token count the layer
 (``Nvfp4MoE.random``, w4a16, defaults) is captured once per setting (the setting applied before the capture, the
@@ -36,19 +36,16 @@ _SAVED = ("gemm.DECODE_SPLITK", "mma.MMA_DECODE_CONFIGS", "mma.INTERLEAVED_MAXNR
           "pdl.PDL_ENABLED", "layer.shared_overlap",
           "layer.fuse_shared_max_tokens", "mma.DECODE_ONE_WAVE", "mma.DECODE_MAXNREG",
           "mma.MMA_DECODE_ONE_WAVE_CONFIG", "mma.MMA_X_PAIRED", "moe.PAIRED_X_MIN_TOKENS",
-          "moe.PAIRED_X_MAX_TOKENS", "gemm.ONE_EXPERT_SPLITK_MAX_ROWS", "moe.SHARED_SPLITK",
-          "moe.ROUTE_L2_PREFETCH", "moe.ROUTE_L2_EVICT_LAST", "moe.DOWN_L2_PREFETCH", "mma.NEXT_L2_PREFETCH_AT",
-          "mma.NEXT_L2_PREFETCH_EVICT_LAST", "l2p.PREFETCH_LINES")
+          "moe.PAIRED_X_MAX_TOKENS", "gemm.ONE_EXPERT_SPLITK_MAX_ROWS", "moe.SHARED_SPLITK")
 
 
 def _namespace():
-    from megamoe.kernels import l2_prefetch as l2p
     from megamoe.kernels import pdl
     from megamoe.kernels.gemm import nvfp4_mma_decode as mma
     from megamoe.layers import moe
     from megamoe.ops import gemm
 
-    return dict(gemm=gemm, mma=mma, pdl=pdl, moe=moe, l2p=l2p)
+    return dict(gemm=gemm, mma=mma, pdl=pdl, moe=moe)
 
 
 def _snapshot(ns):

@@ -51,8 +51,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import l2_prefetch as l2_prefetch_module
-from .l2_prefetch import prefetch_l2_share, prefetchable
 from .pdl import grid_dependency_prologue, pdl_enabled
 
 COUNTER_SLOTS = 1024
@@ -257,10 +255,6 @@ def _route_dispatch_kernel(
     FLAG_TOKENS: tl.constexpr, FLAG_TABLE: tl.constexpr, FLAG_IDS: tl.constexpr, PDL: tl.constexpr = False,
     xp_ptr=None, stride_xp=0, PAIRED_X: tl.constexpr = False,  # (T, H) bf16 out: x in the paired order
     PAIRED_GROUPS: tl.constexpr = 1,  # 8-element groups of x each program copies (PAIRED_X)
-    pf0_ptr=None, pf0_bytes=0, pf1_ptr=None, pf1_bytes=0,  # L2 prefetch regions (PF_REGIONS of them)
-    pf2_ptr=None, pf2_bytes=0, pf3_ptr=None, pf3_bytes=0,
-    PF_REGIONS: tl.constexpr = 0, PF_LANES: tl.constexpr = 32, PF_EVICT_LAST: tl.constexpr = False,
-    PF_LINES: tl.constexpr = False,
 ):
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     pid_e = tl.program_id(0)
@@ -310,18 +304,6 @@ def _route_dispatch_kernel(
         tl.store(dest + tok.to(tl.int64)[:, None] * num_experts + ex[None, :], acc,
                  mask=tok_ok[:, None] & ex_ok[None, :])
         t0 += TB
-    if PF_REGIONS > 0:
-        # L2 prefetch of the caller's regions (e.g. the next GEMM's shared-expert weights), each program its share,
-        # issued after its gate loads have returned: the HBM is otherwise idle while the last program routes
-        prog = pid_e * splits + pid_s
-        programs = e_blocks * splits
-        prefetch_l2_share(pf0_ptr, pf0_bytes, prog, programs, PF_LANES, PF_EVICT_LAST, PF_LINES)
-        if PF_REGIONS > 1:
-            prefetch_l2_share(pf1_ptr, pf1_bytes, prog, programs, PF_LANES, PF_EVICT_LAST, PF_LINES)
-        if PF_REGIONS > 2:
-            prefetch_l2_share(pf2_ptr, pf2_bytes, prog, programs, PF_LANES, PF_EVICT_LAST, PF_LINES)
-        if PF_REGIONS > 3:
-            prefetch_l2_share(pf3_ptr, pf3_bytes, prog, programs, PF_LANES, PF_EVICT_LAST, PF_LINES)
     # ---- with H splits: the last split of this expert block sums the partials (tree over the split axis, a
     # fixed order) -> logits (T, E)
     tl.debug_barrier()
@@ -367,8 +349,7 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
                           offsets: torch.Tensor, sorted_expert: torch.Tensor, row_index: torch.Tensor,
                           inv_perm: torch.Tensor, counters: torch.Tensor, *, token_ids: torch.Tensor | None = None,
                           tid2eid: torch.Tensor | None = None, error_word: torch.Tensor | None = None,
-                          interpreter: bool = False, x_paired_out: torch.Tensor | None = None,
-                          l2_prefetch=(), l2_evict_last: bool = False) -> None:
+                          interpreter: bool = False, x_paired_out: torch.Tensor | None = None) -> None:
     """One launch: route T tokens and group their ``T * slots`` pairs (module docstring).
 
     hidden_states (T >= 1, H) bf16/fp32 and gate_weight (E, H) fp32/bf16, unit column stride; bias (E,) fp32
@@ -379,10 +360,6 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
     x_paired_out: None or (>= T, H) bf16, unit column stride, H % 8 == 0: also receives hidden_states in the paired
     order (:func:`megamoe.format.mma_order.to_paired_order`; the expert GEMMs' ``x_order="paired"`` input), a few
     8-element groups per program (each permuted in registers), independent of the program's own work.
-    l2_prefetch: up to 4 tensors whose bytes the programs pull into L2 after their gate loads (a hint for the next
-    kernels, e.g. the fused shared expert's weights; ``megamoe/kernels/l2_prefetch.py``); tensors that are not
-    :func:`~megamoe.kernels.l2_prefetch.prefetchable` are skipped, and all of them in the interpreter.
-    l2_evict_last: the prefetched lines carry L2's evict_last policy.
     """
     from ..ops import errors
 
@@ -399,15 +376,6 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
     word = error_word if error_word is not None else errors.error_word(device)
     hashed = tid2eid is not None
     pdl = pdl_enabled(hidden_states)
-    regions = [] if interpreter or not hidden_states.is_cuda else [t for t in l2_prefetch if prefetchable(t)]
-    if len(regions) > 4:
-        raise ValueError(f"l2_prefetch: at most 4 regions, got {len(regions)}")
-    pf = {}
-    for i, t in enumerate(regions):
-        pf[f"pf{i}_ptr"], pf[f"pf{i}_bytes"] = t, t.numel() * t.element_size()
-    if regions:
-        pf.update(PF_REGIONS=len(regions), PF_LANES=32 * p["num_warps"], PF_EVICT_LAST=bool(l2_evict_last),
-                  PF_LINES=l2_prefetch_module.PREFETCH_LINES)
     _route_dispatch_kernel[(p["e_blocks"], p["splits"])](
         hidden_states, hidden_states.stride(0), gate_weight, gate_weight.stride(0),
         bias if bias is not None else gate_weight, ws, counters,
@@ -430,5 +398,4 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
                 PAIRED_GROUPS=triton.next_power_of_2(triton.cdiv(num_tokens * (hidden // 8),
                                                                  p["e_blocks"] * p["splits"])))
            if x_paired_out is not None else {}),
-        **pf,
     )

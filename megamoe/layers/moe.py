@@ -285,14 +285,6 @@ FUSE_SHARED_MAX_TOKENS = 8
 # tokens; 0.986-1.006x at 1-4 tokens, where the route launch's copy costs about what the GEMMs save).
 PAIRED_X_MIN_TOKENS = 8
 PAIRED_X_MAX_TOKENS = 8
-# L2 prefetch in a decode step with the fused shared expert (issue 11; NOTES_moe_decode.md "L2 prefetch", kernels/
-# l2_prefetch.py). ROUTE_L2_PREFETCH: the route + dispatch launch pulls the shared expert's weights into L2 while its
-# last program routes ("off", "gate_up": its gate_up weights, "all": gate_up and down), ROUTE_L2_EVICT_LAST with L2's
-# evict_last policy. DOWN_L2_PREFETCH: the gate_up GEMM's programs pull the down weights of the experts they computed
-# (megamoe.ops.gemm.nvfp4_grouped_mm's l2_prefetch). Hints only: the same bits either way.
-ROUTE_L2_PREFETCH = os.environ.get("MEGAMOE_ROUTE_L2_PREFETCH", "off").strip() or "off"
-ROUTE_L2_EVICT_LAST = os.environ.get("MEGAMOE_ROUTE_L2_EVICT_LAST", "0").strip() == "1"
-DOWN_L2_PREFETCH = os.environ.get("MEGAMOE_DOWN_L2_PREFETCH", "0").strip() == "1"
 # "auto" dispatch uses the single-program Triton sort kernel (megamoe/kernels/moe_dispatch.py) up to this many
 # (token, slot) pairs and the torch sort path above (the op's constant, measured there).
 DISPATCH_KERNEL_MAX_PAIRS = moe_ops.DISPATCH_KERNEL_MAX_PAIRS
@@ -613,8 +605,7 @@ class Nvfp4MoE:
             token_ids=token_ids, tid2eid=self.tid2eid, backend=self.router_backend,
             dispatch_backend=self.dispatch_backend if self.dispatch_backend != "auto" else
             ("triton" if pairs <= DISPATCH_KERNEL_MAX_PAIRS else "torch"),
-            x_paired_out=self._x_paired[:t] if paired else None,
-            l2_prefetch=self._route_l2_regions(fuse), l2_evict_last=ROUTE_L2_EVICT_LAST)
+            x_paired_out=self._x_paired[:t] if paired else None)
         self.last_routing = (topk_weights, topk_ids)
         if fuse:  # column k is the shared expert (id E, weight 1.0, preset once)
             topk_weights = self._weights_ext[:t]
@@ -636,7 +627,6 @@ class Nvfp4MoE:
             x, self._w13_kernel, offsets, mode=gemm_mode, out=self._inter[:pairs], row_index=d["row_index"],
             activation="swiglu", swiglu_limit=c.swiglu_limit, max_rows_per_expert=t,  # distinct top-k experts
             x_order=order, out_order=order,
-            l2_prefetch=self._w2_kernel if DOWN_L2_PREFETCH and self.device.type == "cuda" else None,
         )
         if static:
             l2 = self.input_scales.get("l2_groups", self.input_scales["l2"])
@@ -654,16 +644,6 @@ class Nvfp4MoE:
         return result
 
     __call__ = forward
-
-    def _route_l2_regions(self, fuse: bool) -> tuple:
-        """The tensors the route launch pulls into L2 (:data:`ROUTE_L2_PREFETCH`): the fused shared expert's, on CUDA."""
-        if not fuse or self.device.type != "cuda" or ROUTE_L2_PREFETCH == "off":
-            return ()
-        if ROUTE_L2_PREFETCH not in ("gate_up", "all"):
-            raise ValueError(f"ROUTE_L2_PREFETCH: expected 'off', 'gate_up' or 'all', got {ROUTE_L2_PREFETCH!r}")
-        e = self.config.num_experts  # the fused shared expert: group E of the kernel copies (views, made per call)
-        weights = (self._w13_kernel, self._w2_kernel) if ROUTE_L2_PREFETCH == "all" else (self._w13_kernel,)
-        return tuple(t for w in weights for t in (w.data[e], w.block_scale[e]))
 
     def _paired_x(self, hidden_states: torch.Tensor, fuse: bool) -> bool:
         """Host rule (shapes only, cached per token count): this batch's expert GEMMs run on x in the paired order

@@ -401,10 +401,10 @@ def _check_interleaved_routes(kinds: list, row_interleave: int) -> None:
                          f"K % 256 == 0, PIPE_ROUTE on); this GEMM would run {kinds}")
 
 
-def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, l2_prefetch=None, **kwargs):
+def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, **kwargs):
     """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream (with
     :data:`BANDS_CONCURRENT` and no decode band: each on its own side stream of :func:`_band_streams`, forked from
-    and joined back into the current one). ``l2_prefetch`` goes to the "mma" launches only."""
+    and joined back into the current one)."""
     out = args[4]
     data = args[1]
     num_sms = None
@@ -424,8 +424,6 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
         band_args = args
         if route == "pipe" and x_mma is not None:
             band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
-        if route == "mma" and l2_prefetch is not None:
-            band = dict(band, l2_prefetch=l2_prefetch)
         launches.append(lambda route=route, band_args=band_args, band=band: _launcher(route)(
             *band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band))
     # not with a decode band (the only launch planned with "splits"): at 16-256 tokens the concurrent launches lost
@@ -792,7 +790,6 @@ def nvfp4_grouped_mm(
     max_rows_per_expert=None,
     x_order="plain",
     out_order="plain",
-    l2_prefetch=None,
 ) -> torch.Tensor:
     """Grouped GEMM over experts with NVFP4 weights (rows sorted by expert).
 
@@ -823,21 +820,10 @@ def nvfp4_grouped_mm(
         operand; a layer chains them (``out_order="paired"`` feeding the next GEMM's ``x_order="paired"``). On CUDA
         only where :func:`paired_order_supported` says so (decode sizes, mode "w4a16"), else ValueError; on CPU the
         reference permutes.
-    l2_prefetch: None or the next GEMM's NVFP4Tensor weight with the same E on x's device (e.g. the down projection
-        when this is gate_up): the mma.sync decode kernel's programs pull the bytes of every expert they compute of it
-        into L2 as they finish (``megamoe/kernels/l2_prefetch.py``), so the next GEMM finds them there; a hint that
-        never changes a result, ignored by the other kernels and on CPU.
     """
     _check_x(x, None)
     _check_weight(weight, 3, x, interleave_ok=True)
     num_experts, n, k = weight.shape
-    if l2_prefetch is not None:
-        if not isinstance(l2_prefetch, NVFP4Tensor):
-            raise TypeError(f"l2_prefetch: expected an NVFP4Tensor or None, got {type(l2_prefetch).__name__}")
-        if l2_prefetch.data.dim() != 3 or l2_prefetch.data.shape[0] != num_experts \
-                or l2_prefetch.data.device != x.device:
-            raise ValueError(f"l2_prefetch: expected stacked (E={num_experts}, N, K) weights on {x.device}, got shape "
-                             f"{tuple(l2_prefetch.shape)} on {l2_prefetch.data.device}")
     for name, order in (("x_order", x_order), ("out_order", out_order)):
         if order not in ("plain", "paired"):
             raise ValueError(f"{name}: expected 'plain' or 'paired', got {order!r}")
@@ -937,8 +923,6 @@ def nvfp4_grouped_mm(
         interpreter=not x.is_cuda,
         **({"max_rows_per_expert": max_rows_per_expert} if route == "banded" else {}), **interleave,
         **({"x_paired": x_order == "paired", "out_paired": out_order == "paired"} if paired else {}),
-        **({"l2_prefetch": (l2_prefetch.data, l2_prefetch.block_scale)}
-           if l2_prefetch is not None and route in ("banded", "mma") else {}),
     )
 
 

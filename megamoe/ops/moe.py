@@ -270,8 +270,6 @@ def _router_scores(hidden_states: torch.Tensor, gate_weight: torch.Tensor, scori
 #: unfused V4-Flash 8 / 16 / 32 tokens 17.6 / 25.3 / 40.4 vs 44.1 / 49.9 / 53.6 us, V4-Pro 33.0 / 54.2 / 96.7 vs 54.8 /
 #: 59.8 / 67.9 (Pro loses at 32).
 FUSED_ROUTE_MAX_TOKENS = 16
-#: route_dispatch's ``l2_prefetch``: the fused launch takes at most this many regions.
-L2_PREFETCH_MAX_REGIONS = 4
 
 
 def route_dispatch(
@@ -294,8 +292,6 @@ def route_dispatch(
     backend: str = "triton",
     dispatch_backend: str = "auto",
     x_paired_out: torch.Tensor | None = None,
-    l2_prefetch=(),
-    l2_evict_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Router + dispatch: ``(topk_weights (T, k) fp32, topk_ids (T, k) int32, dispatch dict)``.
 
@@ -333,21 +329,9 @@ def route_dispatch(
     x_paired_out: None or a contiguous (>= T, H) bf16 buffer on the device, H % 8 == 0: rows [0, T) also receive
     ``hidden_states`` in the paired order (:func:`megamoe.format.mma_order.to_paired_order`), the expert GEMMs'
     ``x_order="paired"`` input; the fused launch spreads the copy over its programs, other paths make a torch copy.
-    l2_prefetch: a tuple of at most :data:`L2_PREFETCH_MAX_REGIONS` tensors on the hidden states' device whose bytes
-    the fused launch's programs pull into L2 once their gate loads are done (``megamoe/kernels/l2_prefetch.py``),
-    e.g. the weights of the fused shared expert that the next GEMM reads; a hint that never changes a result (other
-    paths, CPU, and tensors that are not contiguous with a 16-byte aligned base skip it). l2_evict_last: those lines
-    carry L2's evict_last policy.
     """
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
-    if not isinstance(l2_prefetch, (tuple, list)) or len(l2_prefetch) > L2_PREFETCH_MAX_REGIONS \
-            or any(not isinstance(t, torch.Tensor) for t in l2_prefetch):
-        raise ValueError(f"l2_prefetch: expected a tuple of at most {L2_PREFETCH_MAX_REGIONS} tensors, got "
-                         f"{l2_prefetch!r:.200}")
-    if isinstance(hidden_states, torch.Tensor) and any(t.device != hidden_states.device for t in l2_prefetch):
-        raise ValueError(f"l2_prefetch: expected tensors on {hidden_states.device}, got "
-                         f"{[str(t.device) for t in l2_prefetch]}")
     if x_paired_out is not None:
         if not isinstance(x_paired_out, torch.Tensor):
             raise TypeError(f"x_paired_out: expected a tensor or None, got {type(x_paired_out).__name__}")
@@ -427,7 +411,7 @@ def route_dispatch(
         token_ids=token_ids.contiguous() if hashed else None,
         tid2eid=(tid2eid if tid2eid.stride(1) == 1 else tid2eid.contiguous()) if hashed else None,
         interpreter=interpreter_enabled() and not x.is_cuda,
-        x_paired_out=x_paired_out, l2_prefetch=tuple(l2_prefetch), l2_evict_last=l2_evict_last,
+        x_paired_out=x_paired_out,
     )
     return weights[:, :top_k], ids[:, :top_k], d
 

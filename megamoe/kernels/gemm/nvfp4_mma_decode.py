@@ -45,8 +45,6 @@ import os
 import torch
 import triton
 
-from .. import l2_prefetch as l2_prefetch_module
-from ..l2_prefetch import gl_prefetch_l2_share, prefetchable
 from ..pdl import gl_grid_dependency_prologue, pdl_enabled
 from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
@@ -103,11 +101,6 @@ MMA_RING_STAGES = int(os.environ.get("MEGAMOE_MMA_STAGES", "0") or 0)
 # order (megamoe/format/mma_order.py: one extra torch launch per GEMM) and the kernel skips its 32 byte permutes per K
 # step (the x half of the MMA B operand). Off by default; callers that already hold a paired x pass x_paired=True.
 MMA_X_PAIRED = os.environ.get("MEGAMOE_MMA_X_PAIRED", "0") == "1"
-# A launch given ``l2_prefetch`` (the next GEMM's weights, e.g. down after gate_up in a decode MoE step) pulls each
-# real chunk's expert's bytes of them into L2: 1 before the chunk's K loop, 2 after it (before the epilogue), 0 never.
-# EVICT_LAST: those lines carry L2's evict_last policy. Measured in NOTES_moe_decode.md "L2 prefetch".
-NEXT_L2_PREFETCH_AT = int(os.environ.get("MEGAMOE_NEXT_L2_PREFETCH_AT", "2") or 0)
-NEXT_L2_PREFETCH_EVICT_LAST = os.environ.get("MEGAMOE_NEXT_L2_PREFETCH_EVICT_LAST", "0") == "1"
 if MMA_RING_STAGES >= 2:
     MMA_DECODE_CONFIGS[1 << 62] = MMA_DECODE_CONFIGS[1 << 62] + (MMA_RING_STAGES,)
 
@@ -344,17 +337,6 @@ if GLUON_AVAILABLE:
             acc += gl.load(base + s * (BLOCK_N * BLOCK_M), cache_modifier=".cg")
         return acc
 
-    @gluon.jit
-    def _prefetch_next(is_real, expert, pid_n, pf_w_ptr, pf_s_ptr, pf_w_bytes, pf_s_bytes, stride_pwe, stride_pse,
-                       num_warps: gl.constexpr, EVICT_LAST: gl.constexpr, LINES: gl.constexpr):
-        """This n-tile's share of ``expert``'s bytes of the next weight (words, then scales) into L2 (NEXT_PF)."""
-        if is_real:
-            n_tiles = gl.num_programs(0)
-            gl_prefetch_l2_share(pf_w_ptr + expert * stride_pwe, pf_w_bytes, pid_n, n_tiles, num_warps, EVICT_LAST,
-                                 LINES)
-            gl_prefetch_l2_share(pf_s_ptr + expert * stride_pse, pf_s_bytes, pid_n, n_tiles, num_warps, EVICT_LAST,
-                                 LINES)
-
     @gluon.jit(do_not_specialize=["num_rows", "num_src_rows", "num_programs", "row_lo", "row_hi", "own_pad",
                                   "splits", "chunk_steps", "slot_chunks"])
     def _nvfp4_mma_decode_kernel(
@@ -363,13 +345,11 @@ if GLUON_AVAILABLE:
         num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, row_lo, row_hi, own_pad,
         splits, chunk_steps, slot_chunks,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om,
-        pf_w_ptr, pf_s_ptr, pf_w_bytes, pf_s_bytes, stride_pwe, stride_pse,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
         num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False, X_SMEM: gl.constexpr = False,
         W_IL: gl.constexpr = 1, X_PAIRED: gl.constexpr = False, OUT_PAIRED: gl.constexpr = False,
-        NEXT_PF: gl.constexpr = 0, PF_EVICT_LAST: gl.constexpr = False, PF_LINES: gl.constexpr = False,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
@@ -377,11 +357,7 @@ if GLUON_AVAILABLE:
         Split-K: program (pid_n, g, pid_s) takes K steps [pid_s * chunk_steps, +chunk_steps) of each of its
         chunks c < ``slot_chunks``; work item (c, pid_n) owns workspace tiles and counter ``c * n_tiles +
         pid_n``. Chunks at or past ``slot_chunks`` (only a routing beyond the host's hint) and the padding
-        chunks are computed whole by the pid_s == 0 program, as with SPLIT 0.
-        NEXT_PF (SPLIT 0 only): 0 = off; 1 / 2 = before / after each real chunk's K loop, program (pid_n, g) pulls
-        its n-tile's share (pid_n of the n-tiles) of the chunk's expert's bytes of another weight into L2: ``pf_w_bytes``
-        from ``pf_w_ptr + expert * stride_pwe`` and ``pf_s_bytes`` from ``pf_s_ptr + expert * stride_pse`` (the next
-        GEMM's packed weights and scales, ``kernels/l2_prefetch.py``)."""
+        chunks are computed whole by the pid_s == 0 program, as with SPLIT 0."""
         gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 8])
@@ -490,9 +466,6 @@ if GLUON_AVAILABLE:
                 s_ptrs += k_begin * W_IL // 16
                 x_ptrs += k_begin // 2
             x_mask = row_mask[:, None]
-            if NEXT_PF == 1:
-                _prefetch_next(is_real, expert, pid_n, pf_w_ptr, pf_s_ptr, pf_w_bytes, pf_s_bytes, stride_pwe,
-                               stride_pse, num_warps, PF_EVICT_LAST, PF_LINES)
             acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
             if X_SMEM:
                 xs_rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xs_layout))
@@ -565,9 +538,6 @@ if GLUON_AVAILABLE:
                         acc = _mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
                                         BLOCK_K, X_PAIRED)
                         words, scale_bytes, x_pairs = words_n, scale_n, x_next
-            if NEXT_PF == 2:
-                _prefetch_next(is_real, expert, pid_n, pf_w_ptr, pf_s_ptr, pf_w_bytes, pf_s_bytes, stride_pwe,
-                               stride_pse, num_warps, PF_EVICT_LAST, PF_LINES)
             if SPLIT == 0:
                 # padding rows (the bias included) are zeros
                 store_epilogue(acc, r0, row_end, is_real, n_start, N, global_scale_ptr, expert, stride_ge,
@@ -611,13 +581,13 @@ if GLUON_AVAILABLE:
 #: The kernel's i32 arguments and its pointers beyond the family's (offline compiles: :func:`compile_for_sm90`, tests).
 COMPILE_SCALARS = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "row_hi", "own_pad", "stride_xm",
                    "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om", "splits",
-                   "chunk_steps", "slot_chunks", "pf_w_bytes", "pf_s_bytes", "stride_pwe", "stride_pse"]
-COMPILE_EXTRA_POINTERS = dict(ws_ptr="*fp32", cnt_ptr="*i32", pf_w_ptr="*u8", pf_s_ptr="*u8")
+                   "chunk_steps", "slot_chunks"]
+COMPILE_EXTRA_POINTERS = dict(ws_ptr="*fp32", cnt_ptr="*i32")
 
 
 def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=True, bias=False, swiglu=False,
                      swiglu_limit=True, split=0, x_smem=False, weight_interleave=1, x_paired=False,
-                     out_paired=False, next_prefetch=0, evict_last=False, lines=False):
+                     out_paired=False):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
     ``split``: the SPLIT mode (0 no split-K, 1 single launch, 2 partials, 3 reduction); ``weight_interleave``: as
     the launcher's (its ``W_IL`` and register cap)."""
@@ -628,9 +598,7 @@ def compile_for_sm90(config=MMA_DECODE_CONFIGS[4], *, grouped=True, row_index=Tr
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                         extra_signature=COMPILE_EXTRA_POINTERS,
                         extra_constants=dict(SPLIT=split, STAGES=stages, X_SMEM=x_smem, X_PAIRED=x_paired,
-                                             OUT_PAIRED=out_paired, NEXT_PF=next_prefetch, PF_EVICT_LAST=evict_last,
-                                             PF_LINES=lines,
-                                             **interleave),
+                                             OUT_PAIRED=out_paired, **interleave),
                         maxnreg=maxnreg)
 
 
@@ -692,7 +660,6 @@ def launch_nvfp4_mma_decode(
     weight_interleave: int = 1,
     x_paired: bool = False,
     out_paired: bool = False,
-    l2_prefetch=None,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -717,9 +684,6 @@ def launch_nvfp4_mma_decode(
     same MMAs in the same K order, so the same bits as the plain ``x``.
     ``out_paired`` (``swiglu`` only, N // 2 a multiple of 8): the SwiGLU output is written in the paired order (the
     next GEMM's ``x_paired`` input).
-    ``l2_prefetch``: None or the next GEMM's (data, block_scale) with the same number of experts (grouped): each real
-    chunk's programs pull its expert's bytes of them into L2 (:data:`NEXT_L2_PREFETCH_AT`; without split-K only,
-    and only for 16-byte aligned contiguous tensors; a hint: results are unchanged).
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -791,17 +755,10 @@ def launch_nvfp4_mma_decode(
         head = (x32, *head[1:])
         strides = (x32.stride(0), *strides[1:])
     pointers, scalars = head[:9], head[9:]
-    pf_args = (x, x, 0, 0, 0, 0)  # unused (NEXT_PF 0)
-    if (l2_prefetch is not None and grouped and splits == 1 and NEXT_L2_PREFETCH_AT
-            and all(prefetchable(t) for t in l2_prefetch)):
-        pf_data, pf_scale = l2_prefetch[0], l2_prefetch[1].view(torch.uint8)
-        pf_args = (pf_data, pf_scale, pf_data[0].numel(), pf_scale[0].numel(), pf_data.stride(0), pf_scale.stride(0))
-        consts.update(NEXT_PF=NEXT_L2_PREFETCH_AT, PF_EVICT_LAST=NEXT_L2_PREFETCH_EVICT_LAST,
-                      PF_LINES=l2_prefetch_module.PREFETCH_LINES)
 
     def arguments(num_programs):
         return (*pointers, ws, cnt, *scalars, num_programs, row_lo, row_hi, int(own_pad), splits, chunk_steps,
-                slot_chunks, *strides, *pf_args)
+                slot_chunks, *strides)
 
     args = arguments(1)
     consts["SPLIT"] = mode

@@ -193,28 +193,3 @@ def test_sm90_x_paired_drops_the_x_byte_permutes(tmp_path):
     assert plain["HMMA"] == paired["HMMA"] == 16 and plain["LDG"] == paired["LDG"]
     assert plain["PRMT"] - paired["PRMT"] == 32, (plain, paired)
     assert max(regs.values()) <= 128, regs
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
-@pytest.mark.parametrize("at", [1, 2])
-def test_sm90_next_weight_prefetch_stays_out_of_the_k_loop(tmp_path, at):
-    """Offline sm_90: the one-wave gathered SwiGLU build with the next weight's L2 prefetch (NEXT_PF 1 / 2) issues two
-    bulk prefetches per thread and chunk (words, scales) outside the K loop, whose instructions are unchanged, within
-    the 128-register cap, without spills; the build without it has none."""
-    tk = pytest.importorskip("test_nvfp4_gluon")
-    if tk._cuobjdump() is None:
-        pytest.skip("needs cuobjdump")
-    loops, sass = {}, {}
-    for pf in (0, at):
-        flags = dict(swiglu=True, weight_interleave=4, x_paired=True, next_prefetch=pf)
-        cubin = tk._compile_in_subprocess(mma.MMA_DECODE_ONE_WAVE_CONFIG, flags, tmp_path)
-        path = tmp_path / "res.cubin"
-        path.write_bytes(cubin)
-        usage = subprocess.run([tk._cuobjdump(), "-res-usage", str(path)], capture_output=True, text=True).stdout
-        assert "LOCAL:0" in usage and int(usage.split("REG:")[1].split()[0]) <= 128, usage
-        sass[pf] = subprocess.run([tk._cuobjdump(), "-sass", str(path)], capture_output=True, text=True).stdout
-        (loops[pf],) = [ops for _, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"]]
-    assert loops[0] == loops[at], (loops[0], loops[at])
-    assert sass[0].count("UBLKPF") == 0 and sass[at].count("UBLKPF") + sass[at].count("BLKPF") >= 2, \
-        [line for line in sass[at].splitlines() if "PF" in line][:8]

@@ -12,8 +12,11 @@ defaults restored after it: a graph keeps the launches it captured), then the re
 setting's output is compared with "base"'s: settings that only move work between programs give the same bits,
 others (split-K's summation order) are reported as differing, not failed.
 
+``--routings``: "router" (default: the layer's own random router, near-uniform) and / or the forced routings of
+``bench_moe_skew.py`` ("uniform", "zipf", "all-on-k": fixed (weights, ids) per token count, seeded).
+
 Run (H100): ``python benchmarks/ab_layer_settings.py --settings "base|gemm.DECODE_SPLITK=None" [--configs
-v4-flash,v4-pro] [--tokens 1,2,4,8] [--flush read] [--rounds 2] [--out DIR] [--tag T]``
+v4-flash,v4-pro] [--tokens 1,2,4,8] [--routings router,zipf] [--flush read] [--rounds 2] [--out DIR] [--tag T]``
 -> DIR/ab_layer_settings[_T].{md,json}.
 """
 from __future__ import annotations
@@ -36,7 +39,8 @@ _SAVED = ("gemm.DECODE_SPLITK", "mma.MMA_DECODE_CONFIGS", "mma.INTERLEAVED_MAXNR
           "pdl.PDL_ENABLED", "layer.shared_overlap",
           "layer.fuse_shared_max_tokens", "mma.DECODE_ONE_WAVE", "mma.DECODE_MAXNREG",
           "mma.MMA_DECODE_ONE_WAVE_CONFIG", "mma.MMA_X_PAIRED", "moe.PAIRED_X_MIN_TOKENS",
-          "moe.PAIRED_X_MAX_TOKENS", "gemm.ONE_EXPERT_SPLITK_MAX_ROWS", "moe.SHARED_SPLITK")
+          "moe.PAIRED_X_MAX_TOKENS", "gemm.ONE_EXPERT_SPLITK_MAX_ROWS", "moe.SHARED_SPLITK",
+          "gemm.PIPE_ABOVE_MMA_ROWS")
 
 
 def _namespace():
@@ -80,6 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--routings", default="router", help="router and / or uniform, zipf, all-on-k (bench_moe_skew)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("ab_layer_settings.py needs a CUDA GPU")
@@ -91,15 +96,21 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     tokens = [int(v) for v in args.tokens.split(",")]
     settings = args.settings.split("|")
+    routings = args.routings.split(",")
     rows = []
     for name in args.configs.split(","):
         c = PRESETS[name]
         layer = Nvfp4MoE.random(c, seed=0, device=dev, max_num_tokens=max(tokens))
         ns["layer"] = layer
         defaults = _snapshot(ns)
-        for t in tokens:
+        for t, kind in [(t, kind) for t in tokens for kind in routings]:
             x = torch.randn(t, c.hidden_size, device=dev,
                             generator=torch.Generator(device=dev).manual_seed(t)).bfloat16()
+            if kind != "router":
+                from bench_moe_skew import _force_routing, routing
+
+                w, ids = routing(kind, t, c.num_experts, c.top_k, torch.Generator().manual_seed(t))
+                _force_routing(layer, w.to(dev), ids.to(dev))
             graphs, outs = {}, {}
             for s in settings:
                 if s != "base":
@@ -127,11 +138,16 @@ def main(argv=None) -> int:
                 rel = ((outs[s].float() - outs[settings[0]].float()).norm()
                        / outs[settings[0]].float().norm().clamp(min=1e-30)).item()
                 us = statistics.median(times[s])
-                rows.append(dict(config=name, tokens=t, setting=s, us=us, rounds=times[s], speedup=base / us,
-                                 same_bits=same, rel_vs_base=rel))
-                print(f"{name} T={t} [{s}]: {us:.1f} us ({base / us:.3f}x) rounds {[round(v, 1) for v in times[s]]} "
+                rows.append(dict(config=name, tokens=t, routing=kind, setting=s, us=us, rounds=times[s],
+                                 speedup=base / us, same_bits=same, rel_vs_base=rel))
+                print(f"{name} T={t} {kind} [{s}]: {us:.1f} us ({base / us:.3f}x) rounds {[round(v, 1) for v in times[s]]} "
                       f"same bits {same} rel {rel:.1e}", flush=True)
             del graphs, outs
+            if kind != "router":
+                from bench_moe_skew import _unforce_routing
+
+                _unforce_routing()
+                del layer.route  # back to the class's method
         del layer
         ns.pop("layer")
         torch.cuda.empty_cache()
@@ -147,9 +163,9 @@ def main(argv=None) -> int:
              f"- command: `{meta['command']}`",
              f"- do_bench median of graph replays, L2 cleared before each by a {args.flush} flush; median over the "
              f"interleaved rounds; speed-up = first setting / setting", "",
-             "| config | tokens | setting | us | speed-up | rounds | same bits as the first | rel. diff |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['config']} | {r['tokens']} | `{r['setting']}` | {r['us']:.1f} | {r['speedup']:.3f}x | "
+             "| config | tokens | routing | setting | us | speed-up | rounds | same bits as the first | rel. diff |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['config']} | {r['tokens']} | {r['routing']} | `{r['setting']}` | {r['us']:.1f} | {r['speedup']:.3f}x | "
               f"{', '.join(f'{v:.1f}' for v in r['rounds'])} | {'yes' if r['same_bits'] else 'no'} | "
               f"{r['rel_vs_base']:.1e} |" for r in rows]
     with open(os.path.join(args.out, f"ab_layer_settings{tag}.md"), "w") as f:

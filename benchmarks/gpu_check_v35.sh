@@ -10,6 +10,20 @@
 #        prefetch 0.85-0.93x (at 2-8 tokens the touched experts' down weights exceed the L2). Is it the bulk
 #        prefetch? The same with one prefetch.global.L2 per 128-byte line (l2p.PREFETCH_LINES), V4-Flash and V4-Pro
 #        at 1 / 4 tokens; the CUDA tests with the line prefetch.
+#   c -> b: the line prefetch as slow (9 CUDA tests passed); L2 prefetch reverted. Issue 10's all-on-k 64-token
+#        point: the routed experts' 64 rows run as two mma.sync 32-row chunks (two passes over the weights);
+#        PIPE_AFTER_DECODE (pipelined bands for every row above the decode band) fixes that but adds empty launches
+#        and lost 3-9% at uniform / Zipf 64 tokens. New: gemm.PIPE_ABOVE_MMA_ROWS (chunks up to 32 rows, the
+#        pipelined 64-row band above). CUDA band tests; the layer A/B against both at 16 / 64 / 128 tokens, router /
+#        Zipf / all-on-k routings, V4-Flash and V4-Pro.
+#   d -> c: PIPE_ABOVE_MMA_ROWS=32 takes all-on-k 64 tokens from 184.0 to 120.0 us (V4-Flash) and 438.1 to 283.9 us
+#        (V4-Pro), V4-Pro Zipf 128 1.033x, but V4-Flash Zipf 64 / 128 0.968 / 0.960x and the router's routing 0.991-
+#        0.996x (an empty pipelined launch plus its x copy). Are the Zipf losses the hot experts of 33-47 rows in
+#        half-empty 64-row tiles? The same A/B with the threshold at 40 and 48 rows.
+#   e -> d: 40 / 48 rows do not help V4-Flash Zipf (0.967 / 0.907x at 64 tokens): the split of the hot experts over
+#        two launches in series is the cost, not half-empty tiles. New default: PIPE_ABOVE_MMA_ROWS=32 where N >= 6144
+#        (V4-Pro's GEMMs; V4-Flash's N 4096 keeps the chunks). CUDA tests (bands, MoE layer, paired order); the layer
+#        with the new default against the knob off.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -41,5 +55,28 @@ b)
   tail -1 "$OUT/b_tests_lines.log"
   timeout 400 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,4 --flush read --rounds 2 \
     --settings "$LINES_SETTINGS" --out "$OUT" --tag b_l2pf_lines 2>&1 | tail -40
+  ;;
+c)
+  timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_gemm_bands.py \
+    -k "concurrent_bands or skewed or graph_replay" > "$OUT/c_tests.log" 2>&1
+  tail -1 "$OUT/c_tests.log"
+  timeout 430 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 16,64,128 \
+    --routings router,zipf,all-on-k --flush read --rounds 2 \
+    --settings "base|gemm.PIPE_ABOVE_MMA_ROWS=32|gemm.PIPE_AFTER_DECODE=True" --out "$OUT" --tag c_pipe_above \
+    2>&1 | tail -60
+  ;;
+d)
+  timeout 400 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 64,128 \
+    --routings router,zipf,all-on-k --flush read --rounds 2 \
+    --settings "base|gemm.PIPE_ABOVE_MMA_ROWS=32|gemm.PIPE_ABOVE_MMA_ROWS=40|gemm.PIPE_ABOVE_MMA_ROWS=48" --out "$OUT" \
+    --tag d_pipe_above 2>&1 | tail -60
+  ;;
+e)
+  timeout 250 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_gemm_bands.py \
+    tests/layers/test_moe_layer.py tests/ops/test_gemm_paired_order.py > "$OUT/e_tests.log" 2>&1
+  tail -1 "$OUT/e_tests.log"
+  timeout 300 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 8,64,128 \
+    --routings router,zipf,all-on-k --flush read --rounds 2 \
+    --settings "base|gemm.PIPE_ABOVE_MMA_ROWS=0" --out "$OUT" --tag e_pipe_above_default 2>&1 | tail -40
   ;;
 esac

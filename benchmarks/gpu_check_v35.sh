@@ -24,6 +24,9 @@
 #        two launches in series is the cost, not half-empty tiles. New default: PIPE_ABOVE_MMA_ROWS=32 where N >= 6144
 #        (V4-Pro's GEMMs; V4-Flash's N 4096 keeps the chunks). CUDA tests (bands, MoE layer, paired order); the layer
 #        with the new default against the knob off.
+#   f -> e: the default as measured (V4-Flash unchanged, V4-Pro all-on-k 64 1.54x); 87 CUDA tests passed. Issue 10's
+#        skew benchmark (bf16 layer and floor in the same run) at 64 tokens with the new default; the 1-token layer's
+#        kernels (probe, L2 warm) for the closing note.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -78,5 +81,11 @@ e)
   timeout 300 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 8,64,128 \
     --routings router,zipf,all-on-k --flush read --rounds 2 \
     --settings "base|gemm.PIPE_ABOVE_MMA_ROWS=0" --out "$OUT" --tag e_pipe_above_default 2>&1 | tail -40
+  ;;
+f)
+  timeout 420 python benchmarks/bench_moe_skew.py --configs v4-flash,v4-pro --tokens 64 \
+    --routings uniform,zipf,all-on-k --out-dir "$OUT" --tag f_moe_skew 2>&1 | tail -12
+  timeout 150 python benchmarks/probe_moe_decode.py --configs v4-flash,v4-pro --tokens 1 --row-interleave 4 \
+    --out "$OUT" --tag f_one_token 2>&1 | tail -4
   ;;
 esac

@@ -27,6 +27,14 @@
 #   f -> e: the default as measured (V4-Flash unchanged, V4-Pro all-on-k 64 1.54x); 87 CUDA tests passed. Issue 10's
 #        skew benchmark (bf16 layer and floor in the same run) at 64 tokens with the new default; the 1-token layer's
 #        kernels (probe, L2 warm) for the closing note.
+#   g -> f: skew benchmark at 64 tokens: all-on-k 4.93x (V4-Flash) / 3.03x (V4-Pro) of the floor, uniform and Zipf
+#        1.10-1.33x. V4-Flash's Zipf loss with the pipelined band was too few programs per hot expert (16 tiles of
+#        256 columns). The band with 128-column tiles, one warpgroup, two programs per SM ((64, 128, 128, 4, 4, 2):
+#        offline 255 registers, no spills; 32 tiles per V4-Flash expert), forced on for both models.
+#   h -> g: the 128-column 64-row band fixes V4-Flash's Zipf 64 (1.000x) and takes all-on-k 64 to 117.6 us (1.568x);
+#        at 128 tokens V4-Flash still loses 2.6-4% (Zipf / all-on-k). New default: 256-column tiles where N >= 6144,
+#        else 128-column tiles while the row hint is <= 64. CUDA tests (bands incl. both band configs, the MoE
+#        layer); the default against off at 48 / 64 / 128 tokens.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -87,5 +95,19 @@ f)
     --routings uniform,zipf,all-on-k --out-dir "$OUT" --tag f_moe_skew 2>&1 | tail -12
   timeout 150 python benchmarks/probe_moe_decode.py --configs v4-flash,v4-pro --tokens 1 --row-interleave 4 \
     --out "$OUT" --tag f_one_token 2>&1 | tail -4
+  ;;
+g)
+  timeout 450 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 64,128 \
+    --routings router,zipf,all-on-k --flush read --rounds 2 \
+    --settings "base|gemm.PIPE_ABOVE_MIN_N=0|gemm.PIPE_ABOVE_MIN_N=0;gemm.PIPE_ABOVE_CONFIG=(64,128,128,4,4,2)" \
+    --out "$OUT" --tag g_pipe_above_bn128 2>&1 | tail -40
+  ;;
+h)
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_gemm_bands.py \
+    tests/layers/test_moe_layer.py > "$OUT/h_tests.log" 2>&1
+  tail -1 "$OUT/h_tests.log"
+  timeout 300 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 48,64,128 \
+    --routings router,zipf,all-on-k --flush read --rounds 2 \
+    --settings "base|gemm.PIPE_ABOVE_MMA_ROWS=0" --out "$OUT" --tag h_pipe_above_default 2>&1 | tail -40
   ;;
 esac

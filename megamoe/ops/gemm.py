@@ -129,17 +129,19 @@ MMA16_BAND = os.environ.get("MEGAMOE_MMA16_BAND", "1").strip() not in ("", "0")
 # 3-8% slower, so it depends on the routing. MEGAMOE_PIPE_AFTER_DECODE (read at import): "1" on, "0" (default) off.
 PIPE_AFTER_DECODE = os.environ.get("MEGAMOE_PIPE_AFTER_DECODE", "0").strip() not in ("", "0")
 
-# A middle way (issue 10, the all-on-k decode point): with a decode band on row-interleaved weights and N >=
-# PIPE_ABOVE_MIN_N, the mma.sync BLOCK_M 32 chunks keep the experts of up to PIPE_ABOVE_MMA_ROWS rows (one chunk: one
-# pass over the weights) and the pipelined 64-row band (then the usual pipelined band) takes the experts above, which
-# the chunks would read twice; PIPE_AFTER_DECODE's extra small-row pipelined launches are not planned. H100, the MoE
-# layer, read flush (results/gpu_check_v35/ c, d): all 64 tokens on the same experts 1.53-1.54x on V4-Flash and
-# V4-Pro; V4-Pro (N 6144 / 7168) Zipf 64 / 128 tokens 1.008-1.034x, its router's routing 0.996-1.009x, all-on-k 128
-# 0.99x; V4-Flash (N 4096: 16 pipelined tiles per expert, the lone hot experts of a Zipf router get too few
-# programs) Zipf 64 / 128 0.96-0.97x, hence the N bound. The band runs after the chunks' launch (plus its x copy in
-# the MMA K order): ~7 us per layer when no expert reaches it. 0: off. MEGAMOE_PIPE_ABOVE_MMA_ROWS (read at import).
-PIPE_ABOVE_MMA_ROWS = int(os.environ.get("MEGAMOE_PIPE_ABOVE_MMA_ROWS", "32").strip() or 0)
-PIPE_ABOVE_MIN_N = 6144
+# A middle way (issue 10, the all-on-k decode point): with a decode band on row-interleaved weights, the mma.sync
+# BLOCK_M 32 chunks keep the experts of up to PIPE_ABOVE_MMA_ROWS rows (one chunk: one pass over the weights) and a
+# pipelined 64-row band (then the usual pipelined band) takes the experts above, which the chunks would read twice;
+# PIPE_AFTER_DECODE's extra small-row pipelined launches are not planned. The band's tiles: 256 columns where N >=
+# PIPE_ABOVE_WIDE_N (nvfp4_wgmma_pipe.PIPE_BAND_CONFIGS[64]); below, 128 columns (PIPE_BAND64_NARROW_CONFIG: twice the
+# programs per hot expert) and only while no expert can pass 64 rows (the row hint; V4-Flash at 128 tokens lost
+# 2.6-4% with the band). H100, the MoE layer, read flush, on against off (results/gpu_check_v35/ c-h, NOTES_moe_decode.md
+# "Hot experts of 33-64 rows"): all 48 / 64 tokens on the same experts 1.44 / 1.56x (V4-Flash 183.4 -> 117.5 us at 64,
+# V4-Pro 435.1 -> 281.6), but Zipf 48 tokens 0.924x (V4-Flash) / 0.968x (V4-Pro), the layers' own routers 0.990-
+# 0.997x at 48-64 tokens; Zipf 64 / 128 even to 1.032x. Routing-dependent, so opt-in: 0 (default) off;
+# MEGAMOE_PIPE_ABOVE_MMA_ROWS=32 (read at import) for deployments whose routers concentrate tokens.
+PIPE_ABOVE_MMA_ROWS = int(os.environ.get("MEGAMOE_PIPE_ABOVE_MMA_ROWS", "0").strip() or 0)
+PIPE_ABOVE_WIDE_N = 6144
 
 # The banded route's launches on side streams (:func:`_launch_banded`), for plans without a decode band (prefill
 # sizes): each band is a persistent launch that ends in a partial wave; run concurrently, the next band's tiles fill
@@ -337,8 +339,8 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
 
     ``weight_interleave`` > 1 (``NVFP4Tensor.row_interleave``): every launch must be "mma" or "pipe" (else
     ValueError); the plan is the row-major one, except that with :data:`PIPE_AFTER_DECODE` the rows above a
-    decode band take the pipelined bands, and with :data:`PIPE_ABOVE_MMA_ROWS` (N >= :data:`PIPE_ABOVE_MIN_N`) the
-    rows above that many.
+    decode band take the pipelined bands, and with :data:`PIPE_ABOVE_MMA_ROWS` the rows above that many (N >=
+    :data:`PIPE_ABOVE_WIDE_N`, or at most 64 rows per expert).
 
     ``n`` (N) and ``num_sms`` (given on CUDA): the decode band takes the 8-warp one-wave config where its work items
     fit in one wave of it (``nvfp4_mma_decode.one_wave_decode_config``: V4-Flash at 1 token).
@@ -367,9 +369,14 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     # though 14% faster when all 64 tokens pick the same experts)
     pipe_ok = PIPE_ROUTE and pipe.pipe_supported(k)
     pipe_bands = pipe_ok and PIPE_BANDS and (not decode_band or (PIPE_AFTER_DECODE and weight_interleave > 1))
-    pipe_above = (PIPE_ABOVE_MMA_ROWS if decode_band and not pipe_bands and pipe_ok and PIPE_BANDS
-                  and weight_interleave > 1 and 0 < PIPE_ABOVE_MMA_ROWS < mma.MMA_MAX_BAND_ROWS
-                  and n is not None and n >= PIPE_ABOVE_MIN_N else 0)
+    above_config = None  # PIPE_ABOVE_MMA_ROWS' band
+    if (decode_band and not pipe_bands and pipe_ok and PIPE_BANDS and weight_interleave > 1 and n is not None
+            and 0 < PIPE_ABOVE_MMA_ROWS < mma.MMA_MAX_BAND_ROWS):
+        if n >= PIPE_ABOVE_WIDE_N:
+            above_config = pipe.PIPE_BAND_CONFIGS[64]
+        elif most <= 64:
+            above_config = pipe.PIPE_BAND64_NARROW_CONFIG
+    pipe_above = PIPE_ABOVE_MMA_ROWS if above_config else 0
 
     def add_pipe_bands(lo, configs):
         """Pipelined launches for the row bands (lo, hi] of ``configs`` that some expert can reach; the new lo."""
@@ -400,7 +407,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))
         lo = hi
     if pipe_above:  # (PIPE_ABOVE_MMA_ROWS, 64] in 64-row tiles; above, the final band as without it
-        lo = add_pipe_bands(lo, [(64, pipe.PIPE_BAND_CONFIGS[64])])
+        lo = add_pipe_bands(lo, [(64, above_config)])
     if most > lo:
         bands.append(("pipe" if pipe_ok else "ws" if WS_BANDED else "wgmma", dict(row_lo=lo)))
     for i, (route, kwargs) in enumerate(bands):

@@ -308,7 +308,8 @@ def test_plan_row_bands_for_row_interleaved_weights():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("interleave,after_decode", [(1, False), (4, False), (4, True), (4, "above")])
+@pytest.mark.parametrize("interleave,after_decode", [(1, False), (4, False), (4, True), (4, "above"),
+                                                     (4, "above-wide")])
 @pytest.mark.parametrize("t,hint", [(56, 56), (384, 64), (3000, None)])
 def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, t, hint):
     """BANDS_CONCURRENT (the bands on side streams) writes the same bits as the launches in order, eager and in a
@@ -328,8 +329,9 @@ def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, 
     x = torch.randn(t, k, device=device).bfloat16()
     row_index = torch.randperm(t, device=device).to(torch.int32)
     monkeypatch.setattr(ops_gemm, "PIPE_AFTER_DECODE", after_decode is True)
-    monkeypatch.setattr(ops_gemm, "PIPE_ABOVE_MMA_ROWS", 32 if after_decode == "above" else 0)
-    monkeypatch.setattr(ops_gemm, "PIPE_ABOVE_MIN_N", 0)  # these small weights (N 256) take it too
+    monkeypatch.setattr(ops_gemm, "PIPE_ABOVE_MMA_ROWS", 32 if str(after_decode).startswith("above") else 0)
+    if after_decode == "above-wide":  # N 256: the narrow band by default; this takes the wide one
+        monkeypatch.setattr(ops_gemm, "PIPE_ABOVE_WIDE_N", 0)
     outs = {}
     for concurrent in (False, True):
         monkeypatch.setattr(ops_gemm, "BANDS_CONCURRENT", concurrent)
@@ -375,29 +377,32 @@ def test_plan_pipe_after_decode(monkeypatch):
     assert bands == [(8, 16, 16), (16, 32, 32), (32, mma.ROW_HI_UNBOUNDED, 64)], bands
 
 
-def test_plan_pipe_above_mma_rows(monkeypatch):
-    """PIPE_ABOVE_MMA_ROWS: on row-interleaved weights with a decode band and N >= PIPE_ABOVE_MIN_N, the mma.sync
-    32-row chunks keep the experts of up to 32 rows and the pipelined 64-row band (then the usual pipelined band) takes
-    those above; every routing is still covered once; row-major weights, smaller N, 0 and PIPE_AFTER_DECODE's plan
-    are unchanged by it."""
+@pytest.mark.parametrize("n", [6144, 4096])
+def test_plan_pipe_above_mma_rows(monkeypatch, n):
+    """PIPE_ABOVE_MMA_ROWS: on row-interleaved weights with a decode band, the mma.sync 32-row chunks keep the experts
+    of up to 32 rows and a pipelined 64-row band (then the usual pipelined band) takes those above: 256-column tiles
+    where N >= PIPE_ABOVE_WIDE_N, else 128-column ones and only while the row hint is <= 64. Every routing is still
+    covered once; row-major weights, 0 and PIPE_AFTER_DECODE's plan are unchanged by it."""
+    from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
+
     monkeypatch.setattr(ops_gemm, "PIPE_ROUTE", True)
     monkeypatch.setattr(ops_gemm, "PIPE_AFTER_DECODE", False)
     monkeypatch.setattr(ops_gemm, "PIPE_ABOVE_MMA_ROWS", 0)
-    n = ops_gemm.PIPE_ABOVE_MIN_N
+    wide = n >= ops_gemm.PIPE_ABOVE_WIDE_N
     before = {t: ops_gemm.plan_row_bands(6 * t, 385, 7168, t, weight_interleave=4, n=n) for t in (16, 64, 128)}
     row_major = {t: ops_gemm.plan_row_bands(6 * t, 385, 7168, t, n=n) for t in (64, 128)}
-    narrow = {t: ops_gemm.plan_row_bands(6 * t, 385, 7168, t, weight_interleave=4, n=n - 256) for t in (64, 128)}
     monkeypatch.setattr(ops_gemm, "PIPE_ABOVE_MMA_ROWS", 32)
     assert ops_gemm.plan_row_bands(16 * 6, 385, 7168, 16, weight_interleave=4, n=n) == before[16]  # none above 32
-    for t in (64, 128):
+    assert ops_gemm.plan_row_bands(128 * 6, 385, 7168, 128, weight_interleave=4, n=n) != before[128] or not wide
+    assert ops_gemm.plan_row_bands(128 * 6, 385, 7168, 128, weight_interleave=4, n=n) == before[128] or wide
+    for t in (64, 128) if wide else (64,):
         assert ops_gemm.plan_row_bands(6 * t, 385, 7168, t, n=n) == row_major[t]
-        assert ops_gemm.plan_row_bands(6 * t, 385, 7168, t, weight_interleave=4, n=n - 256) == narrow[t]
         plan = ops_gemm.plan_row_bands(6 * t, 385, 7168, t, weight_interleave=4, n=n)
         assert plan != before[t] and plan[0] == before[t][0]
         bands = [(r, kw["row_band"] if r == "mma" else (kw["row_lo"], kw.get("row_hi", UNB))) for r, kw in plan]
         expected = [("mma", (0, 8)), ("mma", (8, 32)), ("pipe", (32, 64 if t > 64 else UNB))]
         assert bands == expected + ([("pipe", (64, UNB))] if t > 64 else []), bands
-        assert plan[2][1]["config"][0] == 64
+        assert plan[2][1]["config"] == (pipe.PIPE_BAND_CONFIGS[64] if wide else pipe.PIPE_BAND64_NARROW_CONFIG)
         rng = random.Random(t)
         for counts in _routings(385, 6 * t, rng):
             items = []

@@ -60,6 +60,11 @@ PIPE_CONFIG = tuple(int(v) for v in os.environ.get("MEGAMOE_PIPE_CONFIG", "128,2
 # experts in one tile; deeper rings where the x tile is small (offline sm_90: 180-244 registers, no spills,
 # 3.5 SASS per weight in the K loop).
 PIPE_BAND_CONFIGS = {32: (32, 256, 128, 8, 6), 64: (64, 256, 128, 8, 4)}
+# The 64-row band with 128-column tiles, one warpgroup, two programs per SM (offline sm_90: 254-255 registers, no
+# spills; 4 x 25 KB of ring): twice the programs per expert, for decode-sized plans where a few hot experts run this
+# band alone (megamoe.ops.gemm.PIPE_ABOVE_MMA_ROWS below PIPE_ABOVE_WIDE_N; H100, V4-Flash Zipf 64 tokens 0.967 ->
+# 1.000x of the 32-row chunks, all-on-k 1.549 -> 1.568x: results/gpu_check_v35/ab_layer_settings_g_pipe_above_bn128.md).
+PIPE_BAND64_NARROW_CONFIG = (64, 128, 128, 4, 4, 2)
 # Tail-tile band configs (megamoe.ops.gemm.PIPE_TAIL): BLOCK_M the sum of two powers of two (split_tile_rows), so
 # that experts of 65-96 rows fill 96-row (64 + 32) tiles instead of 128 (uniform V4-Flash routing at 4096 tokens puts
 # ~half the experts there). Shared memory 4 x 42 KB. Kernel alone (H100, gpu_check_v23/ab_pipe_tail.md, 96 rows per

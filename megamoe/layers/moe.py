@@ -87,6 +87,7 @@ import importlib
 
 quantize_ops = importlib.import_module("megamoe.ops.quantize")  # the module (ops/__init__ re-exports a function of that name)
 from ..reference import moe as moe_reference
+from ..reference.gemm import one_expert_weight
 
 MODES = ("w4a16", "w4a4", "w4a8")
 
@@ -170,8 +171,8 @@ class Nvfp4SharedExpert:
         _check_nvfp4(w2, "w2", (self.hidden_size, self.intermediate_size), self.device)
         self.w13, self.w2 = w13, w2
         self._w13_dense = gemm_ops.interleave_gate_up(w13)
-        self._w13_kernel = _stack1(self._w13_dense)
-        self._w2_kernel = _stack1(w2)
+        self._w13_kernel = one_expert_weight(self._w13_dense)
+        self._w2_kernel = one_expert_weight(w2)
         # host copies of the global scales (a device read, here at load time): route "dense-bf16" of nvfp4_linear
         self._w13_host = self._w2_host = None
         if self._w13_dense.data.is_cuda:
@@ -243,12 +244,6 @@ class Nvfp4SharedExpert:
             hidden_states, self.w13, self.w2, self.swiglu_limit, mode=self.effective_mode(hidden_states),
             input_scale=scales.get("l1"), inter_scale=scales.get("l2"),
         )
-
-
-def _stack1(t: NVFP4Tensor) -> NVFP4Tensor:
-    gs = t.global_scale
-    gs = gs.reshape(1, 1, 1) if gs.dim() == 0 else gs.unsqueeze(0)
-    return NVFP4Tensor(t.data.unsqueeze(0), t.block_scale.unsqueeze(0), gs, (1,) + tuple(t.shape), t.row_interleave)
 
 
 # The shared expert apart (not fused into the routed GEMMs) runs each of its GEMMs as a dense split-K GEMM where the
@@ -756,8 +751,7 @@ class Nvfp4MoE:
         self.mode = "w4a4"
         if self.shared is not None:
             s = self.shared
-            s_w13 = gemm_ops.interleave_gate_up(_stack1(s.w13))
-            s_inter = gemm_ops.nvfp4_grouped_mm(x, s_w13, torch.full((1,), x.shape[0], dtype=torch.int32,
+            s_inter = gemm_ops.nvfp4_grouped_mm(x, s._w13_kernel, torch.full((1,), x.shape[0], dtype=torch.int32,
                                                 device=self.device), activation="swiglu",
                                                 swiglu_limit=s.swiglu_limit)
             s.input_scales = {"l1": l1, "l2": quantize_ops.compute_global_scale(s_inter)}

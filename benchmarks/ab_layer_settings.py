@@ -140,8 +140,8 @@ def main(argv=None) -> int:
                 us = statistics.median(times[s])
                 rows.append(dict(config=name, tokens=t, routing=kind, setting=s, us=us, rounds=times[s],
                                  speedup=base / us, same_bits=same, rel_vs_base=rel))
-                print(f"{name} T={t} {kind} [{s}]: {us:.1f} us ({base / us:.3f}x) rounds {[round(v, 1) for v in times[s]]} "
-                      f"same bits {same} rel {rel:.1e}", flush=True)
+                print(f"{name} T={t} {kind} [{s}]: {us:.1f} us ({base / us:.3f}x) rounds "
+                      f"{[round(v, 1) for v in times[s]]} same bits {same} rel {rel:.1e}", flush=True)
             del graphs, outs
             if kind != "router":
                 from bench_moe_skew import _unforce_routing
@@ -165,9 +165,9 @@ def main(argv=None) -> int:
              f"interleaved rounds; speed-up = first setting / setting", "",
              "| config | tokens | routing | setting | us | speed-up | rounds | same bits as the first | rel. diff |",
              "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['config']} | {r['tokens']} | {r['routing']} | `{r['setting']}` | {r['us']:.1f} | {r['speedup']:.3f}x | "
-              f"{', '.join(f'{v:.1f}' for v in r['rounds'])} | {'yes' if r['same_bits'] else 'no'} | "
-              f"{r['rel_vs_base']:.1e} |" for r in rows]
+    lines += [f"| {r['config']} | {r['tokens']} | {r['routing']} | `{r['setting']}` | {r['us']:.1f} | "
+              f"{r['speedup']:.3f}x | {', '.join(f'{v:.1f}' for v in r['rounds'])} | "
+              f"{'yes' if r['same_bits'] else 'no'} | {r['rel_vs_base']:.1e} |" for r in rows]
     with open(os.path.join(args.out, f"ab_layer_settings{tag}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return 0

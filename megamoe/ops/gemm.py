@@ -136,10 +136,10 @@ PIPE_AFTER_DECODE = os.environ.get("MEGAMOE_PIPE_AFTER_DECODE", "0").strip() not
 # PIPE_ABOVE_WIDE_N (nvfp4_wgmma_pipe.PIPE_BAND_CONFIGS[64]); below, 128 columns (PIPE_BAND64_NARROW_CONFIG: twice the
 # programs per hot expert) and only while no expert can pass 64 rows (the row hint; V4-Flash at 128 tokens lost
 # 2.6-4% with the band). H100, the MoE layer, read flush, on against off (results/gpu_check_v35/ c-h,
-# NOTES_moe_decode.md "Hot experts of 33-64 rows"): all 48 / 64 tokens on the same experts 1.44 / 1.56x (V4-Flash 183.4 -> 117.5 us at 64,
-# V4-Pro 435.1 -> 281.6), but Zipf 48 tokens 0.924x (V4-Flash) / 0.968x (V4-Pro), the layers' own routers 0.990-
-# 0.997x at 48-64 tokens; Zipf 64 / 128 even to 1.032x. Routing-dependent, so opt-in: 0 (default) off;
-# MEGAMOE_PIPE_ABOVE_MMA_ROWS=32 (read at import) for deployments whose routers concentrate tokens.
+# NOTES_moe_decode.md "Hot experts of 33-64 rows"): all 48 / 64 tokens on the same experts 1.44 / 1.56x (V4-Flash
+# 183.4 -> 117.5 us at 64, V4-Pro 435.1 -> 281.6), but Zipf 48 tokens 0.924x (V4-Flash) / 0.968x (V4-Pro), the
+# layers' own routers 0.990-0.997x at 48-64 tokens; Zipf 64 / 128 even to 1.032x. Routing-dependent, so opt-in: 0
+# (default) off; MEGAMOE_PIPE_ABOVE_MMA_ROWS=32 (read at import) for deployments whose routers concentrate tokens.
 PIPE_ABOVE_MMA_ROWS = int(os.environ.get("MEGAMOE_PIPE_ABOVE_MMA_ROWS", "0").strip() or 0)
 PIPE_ABOVE_WIDE_N = 6144
 

@@ -369,14 +369,13 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
     # though 14% faster when all 64 tokens pick the same experts)
     pipe_ok = PIPE_ROUTE and pipe.pipe_supported(k)
     pipe_bands = pipe_ok and PIPE_BANDS and (not decode_band or (PIPE_AFTER_DECODE and weight_interleave > 1))
-    above_config = None  # PIPE_ABOVE_MMA_ROWS' band
+    above_config = None  # the pipelined band above PIPE_ABOVE_MMA_ROWS, when it is planned
     if (decode_band and not pipe_bands and pipe_ok and PIPE_BANDS and weight_interleave > 1 and n is not None
             and 0 < PIPE_ABOVE_MMA_ROWS < mma.MMA_MAX_BAND_ROWS):
         if n >= PIPE_ABOVE_WIDE_N:
             above_config = pipe.PIPE_BAND_CONFIGS[64]
         elif most <= 64:
             above_config = pipe.PIPE_BAND64_NARROW_CONFIG
-    pipe_above = PIPE_ABOVE_MMA_ROWS if above_config else 0
 
     def add_pipe_bands(lo, configs):
         """Pipelined launches for the row bands (lo, hi] of ``configs`` that some expert can reach; the new lo."""
@@ -402,11 +401,11 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         configs = {**pipe.PIPE_BAND_CONFIGS, **(pipe.PIPE_TAIL_BANDS if PIPE_TAIL else {})}
         lo = add_pipe_bands(lo, sorted(configs.items()) + [(mma.ROW_HI_UNBOUNDED, pipe.PIPE_CONFIG)])
     if most > lo:
-        cap = pipe_above or mma.MMA_MAX_BAND_ROWS
+        cap = PIPE_ABOVE_MMA_ROWS if above_config else mma.MMA_MAX_BAND_ROWS
         hi = cap if most > cap else mma.ROW_HI_UNBOUNDED
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))
         lo = hi
-    if pipe_above:  # (PIPE_ABOVE_MMA_ROWS, 64] in 64-row tiles; above, the final band as without it
+    if above_config:  # (PIPE_ABOVE_MMA_ROWS, 64] in 64-row tiles; above, the final band as without it
         lo = add_pipe_bands(lo, [(64, above_config)])
     if most > lo:
         bands.append(("pipe" if pipe_ok else "ws" if WS_BANDED else "wgmma", dict(row_lo=lo)))

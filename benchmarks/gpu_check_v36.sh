@@ -4,6 +4,10 @@
 #        92 SMs hold two, 40 hold one. Is an SM's throughput or each program's latency chain the pace? The one-wave
 #        config over 1..8 touched groups, and 7 groups under programs of 1 / 2 / 4 / 8 warps of 16 rows
 #        (probe_decode_balance.py), V4-Flash and V4-Pro gate_up / down.
+#   b -> a: with enough programs the 1-token GEMMs stream at 2.6-2.7 TB/s (the chunks sweep); smaller programs are
+#        slower; what is left is fixed cost per launch. PDL per kernel boundary (pdl.PDL_PROLOGUE / PDL_LAUNCH): the
+#        combine launched early under the down GEMM; the GEMMs early under the route; both; all (PDL_ENABLED). The
+#        PDL tests on the GPU; the layer A/B at 1-8 tokens, V4-Flash and V4-Pro, read flush.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -14,5 +18,16 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 case "$1" in
 a)
   timeout 400 python benchmarks/probe_decode_balance.py --out "$OUT/a_balance.md" 2>&1 | tail -60
+  ;;
+b)
+  timeout 120 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/test_pdl.py \
+    > "$OUT/b_tests.log" 2>&1
+  tail -1 "$OUT/b_tests.log"
+  S="base|pdl.PDL_PROLOGUE=frozenset({'mma_decode'});pdl.PDL_LAUNCH=frozenset({'combine'})"
+  S="$S|pdl.PDL_PROLOGUE=frozenset({'route_dispatch'});pdl.PDL_LAUNCH=frozenset({'mma_decode'})"
+  S="$S|pdl.PDL_PROLOGUE=frozenset({'route_dispatch'});pdl.PDL_LAUNCH=frozenset({'mma_decode','combine'})"
+  S="$S|pdl.PDL_ENABLED=True"
+  timeout 450 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2,4,8 --flush read \
+    --rounds 2 --settings "$S" --out "$OUT" --tag b_pdl_boundary 2>&1 | tail -30
   ;;
 esac

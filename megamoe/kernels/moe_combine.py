@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import grid_dependency_prologue, pdl_enabled
+from .pdl import grid_dependency_prologue, pdl_flags
 
 # BLOCK_H / num_warps: one program reads k rows of BLOCK_H bf16 (k*BLOCK_H*2 bytes);
 # 1024 columns keep the grid >= 4 programs per row at H = 4096 and the loads 16-byte wide.
@@ -113,7 +113,7 @@ def launch_moe_combine(
     block_h = min(cfg["BLOCK_H"], triton.next_power_of_2(hidden))
     grid = (num_tokens, triton.cdiv(hidden, block_h))
     has_shared = shared is not None
-    pdl = pdl_enabled(out)
+    pdl, launch_pdl = pdl_flags(out, "combine")
     _moe_combine_kernel[grid](
         expert_out,
         inv_perm,
@@ -133,6 +133,6 @@ def launch_moe_combine(
         ERR_FLAG=errors.kernel_flag("combine", "inv_perm"),
         num_warps=cfg["num_warps"],
         PDL=pdl,
-        launch_pdl=pdl,
+        launch_pdl=launch_pdl,
     )
     return out

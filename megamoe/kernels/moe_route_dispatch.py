@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import grid_dependency_prologue, pdl_enabled
+from .pdl import grid_dependency_prologue, pdl_flags
 
 COUNTER_SLOTS = 1024
 _COUNTERS: dict = {}
@@ -375,7 +375,7 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
                      device=device)
     word = error_word if error_word is not None else errors.error_word(device)
     hashed = tid2eid is not None
-    pdl = pdl_enabled(hidden_states)
+    pdl, launch_pdl = pdl_flags(hidden_states, "route_dispatch")
     _route_dispatch_kernel[(p["e_blocks"], p["splits"])](
         hidden_states, hidden_states.stride(0), gate_weight, gate_weight.stride(0),
         bias if bias is not None else gate_weight, ws, counters,
@@ -393,7 +393,7 @@ def launch_route_dispatch(hidden_states: torch.Tensor, gate_weight: torch.Tensor
         FLAG_TOKENS=errors.kernel_flag("route", "token_ids") if hashed else 0,
         FLAG_TABLE=errors.kernel_flag("route", "tid2eid") if hashed else 0,
         FLAG_IDS=errors.kernel_flag("dispatch", "topk_ids"), num_warps=p["num_warps"],
-        PDL=pdl, launch_pdl=pdl,
+        PDL=pdl, launch_pdl=launch_pdl,
         **(dict(xp_ptr=x_paired_out, stride_xp=x_paired_out.stride(0), PAIRED_X=True,
                 PAIRED_GROUPS=triton.next_power_of_2(triton.cdiv(num_tokens * (hidden // 8),
                                                                  p["e_blocks"] * p["splits"])))

@@ -47,6 +47,26 @@ def pdl_enabled(t: torch.Tensor) -> bool:
     return PDL_ENABLED and pdl_supported(t)
 
 
+#: Per-kernel PDL with the switch off (measurement knobs, NOTES_moe_decode.md "PDL per kernel boundary"): names of the
+#: kernels (:func:`pdl_flags`' ``kernel``) built with the prologue but launched plainly, so that they let the next
+#: launch start early (their wait is a no-op) ...
+PDL_PROLOGUE: frozenset = frozenset()
+#: ... and of the kernels launched with PDL (built with the prologue: they wait for the previous grid).
+PDL_LAUNCH: frozenset = frozenset()
+
+
+def pdl_flags(t: torch.Tensor, kernel: str) -> tuple[bool, bool]:
+    """(the ``PDL`` constexpr, ``launch_pdl``) of one launch of ``kernel`` ("route_dispatch", "mma_decode",
+    "combine") on ``t``'s device: both :func:`pdl_enabled` with the switch on; with it off, from
+    :data:`PDL_PROLOGUE` / :data:`PDL_LAUNCH` (empty by default: both False)."""
+    if not (PDL_ENABLED or PDL_PROLOGUE or PDL_LAUNCH) or not pdl_supported(t):
+        return False, False
+    if PDL_ENABLED:
+        return True, True
+    launch = kernel in PDL_LAUNCH
+    return launch or kernel in PDL_PROLOGUE, launch
+
+
 def _compiled_only(fn):
     """A Triton builtin that the interpreter (which calls non-``tl`` builtins without a semantic) runs as a
     no-op instead of raising."""

@@ -39,6 +39,25 @@ def test_pdl_is_off_on_cpu_and_in_the_interpreter(monkeypatch):
     assert not pdl.pdl_enabled(torch.zeros(1))
 
 
+def test_pdl_flags_per_kernel(monkeypatch):
+    """The per-kernel knobs: a kernel in PDL_PROLOGUE is built with the prologue and launched plainly, one in
+    PDL_LAUNCH both; the global switch turns both on everywhere; unsupported devices get neither."""
+    t = torch.zeros(1)
+    monkeypatch.setattr(pdl, "PDL_PROLOGUE", frozenset({"mma_decode"}))
+    monkeypatch.setattr(pdl, "PDL_LAUNCH", frozenset({"combine"}))
+    assert pdl.pdl_flags(t, "mma_decode") == (False, False)  # CPU tensor: no PDL at all
+    monkeypatch.setattr(pdl, "pdl_supported", lambda t: True)
+    assert pdl.pdl_flags(t, "mma_decode") == (True, False)
+    assert pdl.pdl_flags(t, "combine") == (True, True)
+    assert pdl.pdl_flags(t, "route_dispatch") == (False, False)
+    monkeypatch.setattr(pdl, "PDL_ENABLED", True)
+    assert pdl.pdl_flags(t, "route_dispatch") == (True, True)
+    monkeypatch.setattr(pdl, "PDL_ENABLED", False)
+    monkeypatch.setattr(pdl, "PDL_PROLOGUE", frozenset())
+    monkeypatch.setattr(pdl, "PDL_LAUNCH", frozenset())
+    assert pdl.pdl_flags(t, "combine") == (False, False)
+
+
 def _is_jit(decorator) -> bool:
     node = decorator.func if isinstance(decorator, ast.Call) else decorator
     return isinstance(node, ast.Attribute) and node.attr == "jit"
@@ -48,7 +67,8 @@ def _is_jit(decorator) -> bool:
 def test_every_kernel_waits_first_and_every_launch_passes_the_flag(module):
     """Source check: each ``*_kernel`` jit function has a ``PDL`` constexpr and the prologue as its first statement
     (after the docstring); each launch ``name_kernel[grid](...)`` (or the WS launcher) passes ``PDL=pdl,
-    launch_pdl=pdl``; each launching function takes ``pdl`` from ``pdl_enabled`` (or as its caller's argument)."""
+    launch_pdl=pdl`` (or ``launch_pdl=launch_pdl``); each launching function takes them from ``pdl_enabled`` /
+    ``pdl_flags`` (or ``pdl`` as its caller's argument)."""
     tree = ast.parse(inspect.getsource(importlib.import_module(module)))
     kernels, launches = [], 0
     for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
@@ -75,8 +95,10 @@ def test_every_kernel_waits_first_and_every_launch_passes_the_flag(module):
             kw = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg}
             where = f"{module}.{fn.name}: {ast.unparse(target)}"
             passes_pdl = kw.get("PDL") == "pdl" or "['PDL'] = pdl" in source  # or through a constants dict (unparsed)
-            assert kw.get("launch_pdl") == "pdl" and passes_pdl, f"{where}: PDL / launch_pdl not passed"
-            assert "pdl_enabled(" in source or "pdl" in [a.arg for a in fn.args.args + fn.args.kwonlyargs], where
+            passes_pdl = passes_pdl or "['PDL'], launch_pdl = pdl_flags(" in source
+            assert kw.get("launch_pdl") in ("pdl", "launch_pdl") and passes_pdl, f"{where}: PDL / launch_pdl not passed"
+            assert ("pdl_enabled(" in source or "pdl_flags(" in source
+                    or "pdl" in [a.arg for a in fn.args.args + fn.args.kwonlyargs]), where
     assert kernels and launches, module
 
 
@@ -220,7 +242,11 @@ def test_interpreter_forced_on_launches_with_pdl_and_same_bits(monkeypatch, case
     results = {}
     for setting in (False, True):
         for module in DECODE_MODULES:
-            monkeypatch.setattr(importlib.import_module(module), "pdl_enabled", lambda t, s=setting: s)
+            mod = importlib.import_module(module)
+            if hasattr(mod, "pdl_enabled"):
+                monkeypatch.setattr(mod, "pdl_enabled", lambda t, s=setting: s)
+            if hasattr(mod, "pdl_flags"):
+                monkeypatch.setattr(mod, "pdl_flags", lambda t, kernel, s=setting: (s, s))
         launches.clear()
         torch.manual_seed(1234)
         results[setting] = _CASES[case]()

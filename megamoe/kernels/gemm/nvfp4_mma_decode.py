@@ -45,7 +45,7 @@ import os
 import torch
 import triton
 
-from ..pdl import gl_grid_dependency_prologue, pdl_enabled
+from ..pdl import gl_grid_dependency_prologue, pdl_flags
 from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, check_weight_interleave, compile_sm90, kernel_arguments
@@ -767,10 +767,9 @@ def launch_nvfp4_mma_decode(
     else:
         resident = compiled_residency(_nvfp4_mma_decode_kernel, (n_tiles, 1, 1), args, consts)
         grid = (*mma_decode_grid(num_sms, resident, n, chunks, block_n), 1)
-    pdl = pdl_enabled(x)
-    consts["PDL"] = pdl
-    _nvfp4_mma_decode_kernel[grid](*arguments(grid[1]), **consts, launch_pdl=pdl)
+    consts["PDL"], launch_pdl = pdl_flags(x, "mma_decode")
+    _nvfp4_mma_decode_kernel[grid](*arguments(grid[1]), **consts, launch_pdl=launch_pdl)
     if mode == 2:
         consts["SPLIT"] = 3
-        _nvfp4_mma_decode_kernel[(grid[0], grid[1], 1)](*arguments(grid[1]), **consts, launch_pdl=pdl)
+        _nvfp4_mma_decode_kernel[(grid[0], grid[1], 1)](*arguments(grid[1]), **consts, launch_pdl=launch_pdl)
     return out

@@ -8,6 +8,11 @@
 #        slower; what is left is fixed cost per launch. PDL per kernel boundary (pdl.PDL_PROLOGUE / PDL_LAUNCH): the
 #        combine launched early under the down GEMM; the GEMMs early under the route; both; all (PDL_ENABLED). The
 #        PDL tests on the GPU; the layer A/B at 1-8 tokens, V4-Flash and V4-Pro, read flush.
+#   c -> b: at 1 token every early boundary helps (route prologue + early GEMMs + early combine: 1.030x V4-Flash,
+#        1.016x V4-Pro); early GEMMs whose programs loop (2-4 tokens) lose 4.6-5.5%; the early combine alone is
+#        1.000-1.009x. (b's PDL tests were cut by the 120 s timeout while compiling.) New default (pdl.PDL_PROLOGUE =
+#        route_dispatch, mma_decode; PDL_LAUNCH = mma_decode where its grid is a single pass, combine): PDL tests and
+#        the MoE layer's; the layer A/B default vs all off at 1 / 2 / 8 / 64 tokens.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -29,5 +34,13 @@ b)
   S="$S|pdl.PDL_ENABLED=True"
   timeout 450 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2,4,8 --flush read \
     --rounds 2 --settings "$S" --out "$OUT" --tag b_pdl_boundary 2>&1 | tail -30
+  ;;
+c)
+  timeout 330 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/test_pdl.py \
+    tests/layers/test_moe_layer.py > "$OUT/c_tests.log" 2>&1
+  tail -1 "$OUT/c_tests.log"
+  timeout 250 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2,8,64 --flush read \
+    --rounds 2 --settings "base|pdl.PDL_PROLOGUE=frozenset();pdl.PDL_LAUNCH=frozenset()" --out "$OUT" \
+    --tag c_pdl_default 2>&1 | tail -20
   ;;
 esac

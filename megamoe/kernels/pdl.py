@@ -19,7 +19,9 @@ the flag off the constexpr branch emits nothing and the launch is an ordinary on
 In the Triton interpreter the prologue is a no-op (the PTX has no CPU meaning; the interpreter runs kernels one
 after another anyway), so interpreter tests can force the flag on.
 
-Switch: env ``MEGAMOE_PDL`` read at import, "1" on, anything else off (default off until measured).
+Switch: env ``MEGAMOE_PDL`` read at import, "1" on for every kernel that has the prologue, anything else off (the
+default: measured slower at 2-4 tokens). With it off, :data:`PDL_PROLOGUE` / :data:`PDL_LAUNCH` turn it on per
+kernel (:func:`pdl_flags`).
 """
 from __future__ import annotations
 
@@ -47,23 +49,30 @@ def pdl_enabled(t: torch.Tensor) -> bool:
     return PDL_ENABLED and pdl_supported(t)
 
 
-#: Per-kernel PDL with the switch off (measurement knobs, NOTES_moe_decode.md "PDL per kernel boundary"): names of the
-#: kernels (:func:`pdl_flags`' ``kernel``) built with the prologue but launched plainly, so that they let the next
-#: launch start early (their wait is a no-op) ...
-PDL_PROLOGUE: frozenset = frozenset()
-#: ... and of the kernels launched with PDL (built with the prologue: they wait for the previous grid).
-PDL_LAUNCH: frozenset = frozenset()
+#: Per-kernel PDL with the switch off (NOTES_moe_decode.md "PDL per kernel boundary"): names of the kernels
+#: (:func:`pdl_flags`' ``kernel``) built with the prologue, so that they let the next launch start early (launched
+#: plainly, their wait is a no-op) ... (env MEGAMOE_PDL_PROLOGUE, a comma list, read at import)
+PDL_PROLOGUE = frozenset(v.strip() for v in os.environ.get("MEGAMOE_PDL_PROLOGUE", "route_dispatch,mma_decode")
+                         .split(",") if v.strip())
+#: ... and of the kernels launched with PDL (and built with the prologue: they wait for the previous grid) where the
+#: launcher says its grid is a single pass (every program has at most one work item, so no program of it is still to
+#: come when its waiting dependents take free SM slots). Measured in the MoE layer (H100, read flush): with the route,
+#: both decode GEMMs and the combine early, 1 token 1.030x (V4-Flash) / 1.016x (V4-Pro); early GEMMs whose programs
+#: loop over several chunks (2-4 tokens) were 0.945-0.954x, hence the single-pass condition. (env MEGAMOE_PDL_LAUNCH)
+PDL_LAUNCH = frozenset(v.strip() for v in os.environ.get("MEGAMOE_PDL_LAUNCH", "mma_decode,combine").split(",")
+                       if v.strip())
 
 
-def pdl_flags(t: torch.Tensor, kernel: str) -> tuple[bool, bool]:
+def pdl_flags(t: torch.Tensor, kernel: str, single_pass: bool = True) -> tuple[bool, bool]:
     """(the ``PDL`` constexpr, ``launch_pdl``) of one launch of ``kernel`` ("route_dispatch", "mma_decode",
-    "combine") on ``t``'s device: both :func:`pdl_enabled` with the switch on; with it off, from
-    :data:`PDL_PROLOGUE` / :data:`PDL_LAUNCH` (empty by default: both False)."""
+    "combine") on ``t``'s device: both True with the switch :data:`PDL_ENABLED` on; with it off, the prologue for
+    the kernels of :data:`PDL_PROLOGUE` and both for those of :data:`PDL_LAUNCH` whose launch is ``single_pass``
+    (the launcher's host answer). Neither where :func:`pdl_supported` is False (CPU, the interpreter, pre-sm_90)."""
     if not (PDL_ENABLED or PDL_PROLOGUE or PDL_LAUNCH) or not pdl_supported(t):
         return False, False
     if PDL_ENABLED:
         return True, True
-    launch = kernel in PDL_LAUNCH
+    launch = kernel in PDL_LAUNCH and single_pass
     return launch or kernel in PDL_PROLOGUE, launch
 
 

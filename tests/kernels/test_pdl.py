@@ -50,6 +50,9 @@ def test_pdl_flags_per_kernel(monkeypatch):
     assert pdl.pdl_flags(t, "mma_decode") == (True, False)
     assert pdl.pdl_flags(t, "combine") == (True, True)
     assert pdl.pdl_flags(t, "route_dispatch") == (False, False)
+    assert pdl.pdl_flags(t, "combine", single_pass=False) == (False, False)  # a looping grid launches plainly
+    monkeypatch.setattr(pdl, "PDL_LAUNCH", frozenset({"combine", "mma_decode"}))
+    assert pdl.pdl_flags(t, "mma_decode", single_pass=False) == (True, False)  # still triggers its dependents
     monkeypatch.setattr(pdl, "PDL_ENABLED", True)
     assert pdl.pdl_flags(t, "route_dispatch") == (True, True)
     monkeypatch.setattr(pdl, "PDL_ENABLED", False)
@@ -288,13 +291,29 @@ def _cuda_sm90():
         pytest.skip("PDL needs sm_90+")
 
 
+def _pdl_setting(monkeypatch, setting):
+    """True: PDL for every kernel (the switch); False: for none (the per-kernel sets emptied too); "default": the
+    per-kernel defaults of megamoe.kernels.pdl (switch off)."""
+    if setting == "default":
+        monkeypatch.setattr(pdl, "PDL_ENABLED", False)
+        monkeypatch.setattr(pdl, "PDL_PROLOGUE", DEFAULT_PROLOGUE)
+        monkeypatch.setattr(pdl, "PDL_LAUNCH", DEFAULT_LAUNCH)
+        return
+    monkeypatch.setattr(pdl, "PDL_ENABLED", setting)
+    monkeypatch.setattr(pdl, "PDL_PROLOGUE", frozenset())
+    monkeypatch.setattr(pdl, "PDL_LAUNCH", frozenset())
+
+
+DEFAULT_PROLOGUE, DEFAULT_LAUNCH = pdl.PDL_PROLOGUE, pdl.PDL_LAUNCH
+
+
 def _on_off_graph(monkeypatch, fn, *, capture=True):
     """fn() -> list of tensors (launches only; no host syncs). Returns (off, eager_on, graph_on) clones."""
     from megamoe.ops import errors
 
-    monkeypatch.setattr(pdl, "PDL_ENABLED", False)
+    _pdl_setting(monkeypatch, False)
     off = [t.clone() for t in fn()]
-    monkeypatch.setattr(pdl, "PDL_ENABLED", True)
+    _pdl_setting(monkeypatch, True)
     fn()  # compile outside the sync check
     torch.cuda.synchronize()
     with no_host_syncs():
@@ -318,10 +337,12 @@ def _on_off_graph(monkeypatch, fn, *, capture=True):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [1, 8, 64])
-def test_cuda_moe_layer_pdl_equals_plain_graph_and_sync_free(monkeypatch, tokens):
-    """With PDL on, the V4-Flash MoE layer (route + dispatch, decode GEMMs, combine launched with PDL): eager
-    without host syncs, graph replay == eager, and the same bits as with PDL off."""
+@pytest.mark.parametrize("setting,tokens", [(True, 1), (True, 8), (True, 64), ("default", 1), ("default", 2),
+                                            ("default", 8)])
+def test_cuda_moe_layer_pdl_equals_plain_graph_and_sync_free(monkeypatch, setting, tokens):
+    """With PDL on (every kernel, or the per-kernel defaults: single-pass decode GEMMs and the combine launched early),
+    the V4-Flash MoE layer (route + dispatch, decode GEMMs, combine): eager without host syncs, graph replay == eager,
+    and the same bits as with PDL off everywhere."""
     from megamoe.layers.moe import Nvfp4MoE
     from megamoe.models.config import PRESETS
     from megamoe.ops import errors
@@ -330,9 +351,9 @@ def test_cuda_moe_layer_pdl_equals_plain_graph_and_sync_free(monkeypatch, tokens
     config = PRESETS["v4-flash"]
     layer = Nvfp4MoE.random(config, seed=0, max_num_tokens=tokens, device="cuda")
     x = torch.randn(tokens, config.hidden_size, device="cuda").to(torch.bfloat16)
-    monkeypatch.setattr(pdl, "PDL_ENABLED", False)
+    _pdl_setting(monkeypatch, False)
     plain = layer.forward(x).clone()
-    monkeypatch.setattr(pdl, "PDL_ENABLED", True)
+    _pdl_setting(monkeypatch, setting)
     layer.forward(x)  # compile outside the sync check
     torch.cuda.synchronize()
     with no_host_syncs():
@@ -402,7 +423,7 @@ def test_cuda_tiny_model_decode_step_pdl_equals_plain(monkeypatch):
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4]]
 
     def run(setting, graphed):
-        monkeypatch.setattr(pdl, "PDL_ENABLED", setting)
+        _pdl_setting(monkeypatch, setting)
         m = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
         m.load_weights(sd)
         first = [int(torch.argmax(m.prefill(s, torch.tensor(p, device=dev)))) for s, p in enumerate(prompts)]
@@ -433,7 +454,9 @@ def test_cuda_tiny_model_decode_step_pdl_equals_plain(monkeypatch):
     plain_logits, plain_tokens = run(False, False)
     on_logits, on_tokens = run(True, False)
     _, graph_tokens = run(True, True)
-    for a, b in zip(plain_logits, on_logits):
-        assert torch.equal(a, b)
-    for a, b, c in zip(plain_tokens, on_tokens, graph_tokens):
+    default_logits, _ = run("default", False)
+    _, default_graph_tokens = run("default", True)
+    for a, b, c in zip(plain_logits, on_logits, default_logits):
         assert torch.equal(a, b) and torch.equal(a, c)
+    for a, b, c, d in zip(plain_tokens, on_tokens, graph_tokens, default_graph_tokens):
+        assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)

@@ -767,7 +767,8 @@ def launch_nvfp4_mma_decode(
     else:
         resident = compiled_residency(_nvfp4_mma_decode_kernel, (n_tiles, 1, 1), args, consts)
         grid = (*mma_decode_grid(num_sms, resident, n, chunks, block_n), 1)
-    consts["PDL"], launch_pdl = pdl_flags(x, "mma_decode")
+    # PDL launch only where no program loops (pdl.PDL_LAUNCH): the host chunk bound within the programs per n-tile
+    consts["PDL"], launch_pdl = pdl_flags(x, "mma_decode", single_pass=splits == 1 and chunks <= grid[1])
     _nvfp4_mma_decode_kernel[grid](*arguments(grid[1]), **consts, launch_pdl=launch_pdl)
     if mode == 2:
         consts["SPLIT"] = 3

@@ -13,6 +13,9 @@
 #        1.000-1.009x. (b's PDL tests were cut by the 120 s timeout while compiling.) New default (pdl.PDL_PROLOGUE =
 #        route_dispatch, mma_decode; PDL_LAUNCH = mma_decode where its grid is a single pass, combine): PDL tests and
 #        the MoE layer's; the layer A/B default vs all off at 1 / 2 / 8 / 64 tokens.
+#   d -> c: the default holds (1 token 1.010-1.019x, others 0.998-1.005x; 30 CUDA tests passed). Issue 11's dense
+#        M = 1 target: the split-K route runs the FMA step (5.3 instructions per weight) at M = 1; its mma.sync kind
+#        (3.1 per weight) was only measured from M = 8. sweep_dense_m1.py: both kinds, several configs.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -42,5 +45,8 @@ c)
   timeout 250 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2,8,64 --flush read \
     --rounds 2 --settings "base|pdl.PDL_PROLOGUE=frozenset();pdl.PDL_LAUNCH=frozenset()" --out "$OUT" \
     --tag c_pdl_default 2>&1 | tail -20
+  ;;
+d)
+  timeout 400 python benchmarks/sweep_dense_m1.py --out "$OUT" 2>&1 | tail -12
   ;;
 esac

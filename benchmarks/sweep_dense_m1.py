@@ -1,0 +1,109 @@
+"""Dense NVFP4 linear at M = 1 (issue 11): the split-K kernel's mma.sync kind against its FMA kind.
+
+At M = 1 the op's split-K route runs the CUDA-core FMA step (5.3 instructions per weight); its mma.sync kind (3.1 per
+weight, 7 of 8 MMA rows idle at M = 1) was measured only from M = 8. This times both kinds at M = 1 under several tile
+configs and programs per SM (the split count follows: ``plan_splitk``), next to the op and bf16 ``F.linear``, as
+``bench_gemm.py``'s graph timing (GRAPH_CALLS calls per graph cycling >= 96 MB of weight copies, L2 flushed before
+each replay, us per call). Each config's output is checked against the op's (relative error < 1e-2) first.
+
+Run: ``python benchmarks/sweep_dense_m1.py --out DIR`` -> DIR/sweep_dense_m1.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_gemm import GRAPH_CALLS, _graph_time, dense_floor_us, dense_weight_copies  # noqa: E402
+
+SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096)]  # (N, K)
+# (kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg)
+CONFIGS = [
+    ("fma", 1, 64, 256, 4, 4, 128),
+    ("fma", 1, 64, 256, 4, 8, 128),
+    ("mma", 8, 128, 256, 4, 3, None),
+    ("mma", 8, 64, 256, 4, 4, 128),
+    ("mma", 8, 128, 256, 8, 2, 128),
+    ("mma", 8, 64, 256, 4, 6, 80),
+    ("mma", 8, 128, 128, 4, 3, None),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--rep-ms", type=int, default=20)
+    args = parser.parse_args()
+    from megamoe.kernels.gemm import nvfp4_splitk as sk
+    from megamoe.ops import gemm as ops_gemm
+
+    device = torch.device("cuda")
+    t0 = time.time()
+    rows = []
+    for n, k in SHAPES:
+        ws, w_bf16 = dense_weight_copies(n, k, device)
+        copies, bf16_copies = len(ws), len(w_bf16)
+        x = torch.randn(1, k, device=device).bfloat16()
+        out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
+        ref = ops_gemm.nvfp4_linear(x, ws[0]).float()
+        floor = dense_floor_us(n, 1, k)
+        row = dict(n=n, k=k, floor_us=floor, times={})
+
+        def timed(name, make, check=True):
+            try:
+                if check:
+                    got = make(0)().float()
+                    err = ((got - ref).norm() / ref.norm()).item()
+                    if not err < 1e-2:
+                        row["times"][name] = f"wrong: rel err {err:.2e}"
+                        return
+                row["times"][name] = _graph_time(make, copies, args.rep_ms)
+            except Exception as e:  # noqa: BLE001 - a config the shape cannot take: report, go on
+                row["times"][name] = f"{type(e).__name__}: {str(e)[:100]}"
+
+        timed("op", lambda i: (lambda w=ws[i]: ops_gemm.nvfp4_linear(x, w, out=out)))
+        timed("bf16", lambda i: (lambda w=w_bf16[i % bf16_copies]: torch.nn.functional.linear(x, w)), check=False)
+        for cfg in CONFIGS:
+            timed(str(cfg), lambda i, c=cfg: (lambda w=ws[i]: sk.launch_nvfp4_splitk(
+                x, w.data, w.block_scale, w.global_scale, out, config=c)))
+        rows.append(row)
+        print(f"N={n} K={k} floor {floor:.1f} us: " + ", ".join(
+            f"{key} {v:.1f}" if isinstance(v, float) else f"{key} {v}" for key, v in row["times"].items()),
+            flush=True)
+        ws = w_bf16 = None
+        torch.cuda.empty_cache()
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                device=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=__import__("triton").__version__, command="python " + " ".join(sys.argv),
+                wall_s=round(time.time() - t0, 1))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "sweep_dense_m1.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    names = list(rows[0]["times"])
+    lines = [f"# Dense NVFP4 linear, M = 1: split-K kinds and configs ({meta['date']}, {meta['device']}, "
+             f"torch {meta['torch']}, triton {meta['triton']})", "", f"Command: `{meta['command']}` "
+             f"(wall {meta['wall_s']} s). Graph replay, {GRAPH_CALLS} calls per graph, L2 flushed per replay, "
+             "us per call (% of the HBM floor at 3.0 TB/s). Configs: (kind, BLOCK_M, BLOCK_N, BLOCK_K, warps, "
+             "programs per SM, register cap).", "",
+             "| N x K | floor us | " + " | ".join(names) + " |", "|" + "---|" * (2 + len(names))]
+    for r in rows:
+        cells = []
+        for name in names:
+            v = r["times"].get(name)
+            cells.append(f"{v:.1f} ({100 * r['floor_us'] / v:.0f}%)" if isinstance(v, float) else str(v))
+        lines.append(f"| {r['n']}x{r['k']} | {r['floor_us']:.1f} | " + " | ".join(cells) + " |")
+    with open(os.path.join(args.out, "sweep_dense_m1.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,9 @@
 #   d -> c: the default holds (1 token 1.010-1.019x, others 0.998-1.005x; 30 CUDA tests passed). Issue 11's dense
 #        M = 1 target: the split-K route runs the FMA step (5.3 instructions per weight) at M = 1; its mma.sync kind
 #        (3.1 per weight) was only measured from M = 8. sweep_dense_m1.py: both kinds, several configs.
+#   e -> d: at M = 1 the mma kind (8, 128, 256, 4 warps, 3 per SM) takes 18432x7168 from 37.7 to 35.0 us (66 -> 71% of
+#        the floor); (8, 64, 256, 4, 4 per SM, 128 registers) is 1-4% ahead on the other shapes. The same at M = 1 / 2 /
+#        4, 1024x4096 added, against each M's split-K default.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -48,5 +51,8 @@ c)
   ;;
 d)
   timeout 400 python benchmarks/sweep_dense_m1.py --out "$OUT" 2>&1 | tail -12
+  ;;
+e)
+  timeout 400 python benchmarks/sweep_dense_m1.py --rows 1,2,4 --configs 0,2,3,4 --tag e --out "$OUT" 2>&1 | tail -20
   ;;
 esac

@@ -1,4 +1,4 @@
-"""Dense NVFP4 linear at M = 1 (issue 11): the split-K kernel's mma.sync kind against its FMA kind.
+"""Dense NVFP4 linear at M = 1-4 (issue 11): the split-K kernel's mma.sync kind against its FMA kind.
 
 At M = 1 the op's split-K route runs the CUDA-core FMA step (5.3 instructions per weight); its mma.sync kind (3.1 per
 weight, 7 of 8 MMA rows idle at M = 1) was measured only from M = 8. This times both kinds at M = 1 under several tile
@@ -6,7 +6,8 @@ configs and programs per SM (the split count follows: ``plan_splitk``), next to 
 ``bench_gemm.py``'s graph timing (GRAPH_CALLS calls per graph cycling >= 96 MB of weight copies, L2 flushed before
 each replay, us per call). Each config's output is checked against the op's (relative error < 1e-2) first.
 
-Run: ``python benchmarks/sweep_dense_m1.py --out DIR`` -> DIR/sweep_dense_m1.{md,json}.
+Run: ``python benchmarks/sweep_dense_m1.py [--rows 1,2,4] [--configs 0,2] [--tag T] --out DIR`` ->
+DIR/sweep_dense_m1[_T].{md,json}.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_gemm import GRAPH_CALLS, _graph_time, dense_floor_us, dense_weight_copies  # noqa: E402
 
-SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096)]  # (N, K)
+SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096), (1024, 4096)]  # (N, K)
 # (kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg)
 CONFIGS = [
     ("fma", 1, 64, 256, 4, 4, 128),
@@ -41,21 +42,25 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--rep-ms", type=int, default=20)
+    parser.add_argument("--rows", default="1", help="comma list of M")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--configs", default=None, help="indices into CONFIGS (comma list; default all)")
     args = parser.parse_args()
     from megamoe.kernels.gemm import nvfp4_splitk as sk
     from megamoe.ops import gemm as ops_gemm
 
     device = torch.device("cuda")
     t0 = time.time()
+    configs = CONFIGS if args.configs is None else [CONFIGS[int(i)] for i in args.configs.split(",")]
     rows = []
-    for n, k in SHAPES:
+    for (n, k), m in [(shape, int(m)) for shape in SHAPES for m in args.rows.split(",")]:
         ws, w_bf16 = dense_weight_copies(n, k, device)
         copies, bf16_copies = len(ws), len(w_bf16)
-        x = torch.randn(1, k, device=device).bfloat16()
-        out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
+        x = torch.randn(m, k, device=device).bfloat16()
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
         ref = ops_gemm.nvfp4_linear(x, ws[0]).float()
-        floor = dense_floor_us(n, 1, k)
-        row = dict(n=n, k=k, floor_us=floor, times={})
+        floor = dense_floor_us(n, m, k)
+        row = dict(n=n, k=k, m=m, floor_us=floor, times={})
 
         def timed(name, make, check=True):
             try:
@@ -71,11 +76,13 @@ def main():
 
         timed("op", lambda i: (lambda w=ws[i]: ops_gemm.nvfp4_linear(x, w, out=out)))
         timed("bf16", lambda i: (lambda w=w_bf16[i % bf16_copies]: torch.nn.functional.linear(x, w)), check=False)
-        for cfg in CONFIGS:
+        timed("split-K default", lambda i: (lambda w=ws[i]: sk.launch_nvfp4_splitk(
+            x, w.data, w.block_scale, w.global_scale, out)))
+        for cfg in configs:
             timed(str(cfg), lambda i, c=cfg: (lambda w=ws[i]: sk.launch_nvfp4_splitk(
                 x, w.data, w.block_scale, w.global_scale, out, config=c)))
         rows.append(row)
-        print(f"N={n} K={k} floor {floor:.1f} us: " + ", ".join(
+        print(f"N={n} K={k} M={m} floor {floor:.1f} us: " + ", ".join(
             f"{key} {v:.1f}" if isinstance(v, float) else f"{key} {v}" for key, v in row["times"].items()),
             flush=True)
         ws = w_bf16 = None
@@ -85,22 +92,22 @@ def main():
                 triton=__import__("triton").__version__, command="python " + " ".join(sys.argv),
                 wall_s=round(time.time() - t0, 1))
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "sweep_dense_m1.json"), "w") as f:
+    with open(os.path.join(args.out, f"sweep_dense_m1{'_' + args.tag if args.tag else ''}.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     names = list(rows[0]["times"])
-    lines = [f"# Dense NVFP4 linear, M = 1: split-K kinds and configs ({meta['date']}, {meta['device']}, "
+    lines = [f"# Dense NVFP4 linear, M = {args.rows}: split-K kinds and configs ({meta['date']}, {meta['device']}, "
              f"torch {meta['torch']}, triton {meta['triton']})", "", f"Command: `{meta['command']}` "
              f"(wall {meta['wall_s']} s). Graph replay, {GRAPH_CALLS} calls per graph, L2 flushed per replay, "
              "us per call (% of the HBM floor at 3.0 TB/s). Configs: (kind, BLOCK_M, BLOCK_N, BLOCK_K, warps, "
              "programs per SM, register cap).", "",
-             "| N x K | floor us | " + " | ".join(names) + " |", "|" + "---|" * (2 + len(names))]
+             "| N x K | M | floor us | " + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
     for r in rows:
         cells = []
         for name in names:
             v = r["times"].get(name)
             cells.append(f"{v:.1f} ({100 * r['floor_us'] / v:.0f}%)" if isinstance(v, float) else str(v))
-        lines.append(f"| {r['n']}x{r['k']} | {r['floor_us']:.1f} | " + " | ".join(cells) + " |")
-    with open(os.path.join(args.out, "sweep_dense_m1.md"), "w") as f:
+        lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['floor_us']:.1f} | " + " | ".join(cells) + " |")
+    with open(os.path.join(args.out, f"sweep_dense_m1{'_' + args.tag if args.tag else ''}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

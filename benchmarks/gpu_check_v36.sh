@@ -19,6 +19,10 @@
 #   e -> d: at M = 1 the mma kind (8, 128, 256, 4 warps, 3 per SM) takes 18432x7168 from 37.7 to 35.0 us (66 -> 71% of
 #        the floor); (8, 64, 256, 4, 4 per SM, 128 registers) is 1-4% ahead on the other shapes. The same at M = 1 / 2 /
 #        4, 1024x4096 added, against each M's split-K default.
+#   f -> e: the mma kind wins at M = 2 / 4 on every shape (up to 2.1x: 18432x7168 M = 4 76.7 -> 36.0 us) and at M = 1
+#        except 1024x4096. New split-K class configs (MMA_SMALL_M_CONFIG / _HUGE_CONFIG at M <= 4; the small class
+#        keeps FMA at M = 1). CUDA split-K and dense-op tests; the op at M = 1 / 2 / 4 / 8 against the FMA kind
+#        and bf16.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -54,5 +58,11 @@ d)
   ;;
 e)
   timeout 400 python benchmarks/sweep_dense_m1.py --rows 1,2,4 --configs 0,2,3,4 --tag e --out "$OUT" 2>&1 | tail -20
+  ;;
+f)
+  timeout 330 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/gemm/test_nvfp4_splitk.py \
+    tests/ops/test_gemm.py > "$OUT/f_tests.log" 2>&1
+  tail -1 "$OUT/f_tests.log"
+  timeout 200 python benchmarks/sweep_dense_m1.py --rows 1,2,4,8 --configs 0 --tag f --out "$OUT" 2>&1 | tail -24
   ;;
 esac

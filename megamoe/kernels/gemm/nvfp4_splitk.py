@@ -116,12 +116,22 @@ SPLITK_CONFIGS = {
 # Per shape class (:func:`dense_shape_class`), the entries that replace SPLITK_CONFIGS' (same keys). Measured on
 # the H100 (gemm_dense_v13 sweep): at M = 64 on the bandwidth-bound class, 8 warps x 128 columns per program
 # (one program per SM) beat the 4-warp 64-column tile: 18432x7168 96.0 -> 86.0 us, 32768x1024 26.5 -> 19.5 us.
-# At M = 1 on the "huge" class, 8 FMA programs per SM instead of 4 (two H100 runs: 18432x7168 40.8 -> 37.8 us in the
-# gemm_dense_v13 sweep, 41.0 -> 37.7 us in gpu_check_v21/sweep_dense_ring.md; it is slower on 32768x1024 and
-# 4096x8192, 11.3 -> 13.8 and 12.6 -> 15.1 us, hence its own class).
+# (At M = 1 on the "huge" class, 8 FMA programs per SM had beaten 4 (18432x7168 41.0 -> 37.7 us, gpu_check_v21); the
+# mma.sync kind below replaced both.)
+# At M = 1 / 2 / 4 the mma.sync kind (one weight pass for up to 8 rows, 3.1 instructions per weight) against the FMA
+# kind (one pass per row group, 5.3 per weight): H100, graph replay, results/gpu_check_v36/sweep_dense_m1_e.md, us per
+# call, FMA -> mma: 18432x7168 37.6 / 52.0 / 76.7 -> 34.9 / 35.2 / 36.0 (BLOCK_N 128, 3 per SM); 32768x1024 11.0 / 14.7
+# / 17.6 -> 10.9 / 11.1 / 12.0 and 4096x8192 12.7 / 15.2 / 20.2 -> 12.1 / 12.3 / 13.8 (BLOCK_N 64, 4 per SM at 128
+# registers); the small class from M = 2 (4096x4096 10.0 / 12.6 -> 9.0 / 10.0, 1024x4096 6.8 / 8.6 -> 6.8 / 6.8) but not
+# at M = 1 (1024x4096 6.4 FMA vs 6.8).
+MMA_SMALL_M_CONFIG = ("mma", 8, 64, 256, 4, 4, 128)
+MMA_SMALL_M_HUGE_CONFIG = ("mma", 8, 128, 256, 4, 3, None)
 SPLITK_CLASS_CONFIGS = {
-    "large": {64: ("wgmma", 64, 128, 128, 8, 1, None)},
-    "huge": {1: ("fma", 1, 64, 256, 4, 8, 128), 64: ("wgmma", 64, 128, 128, 8, 1, None)},
+    "small": {2: MMA_SMALL_M_CONFIG, 4: MMA_SMALL_M_CONFIG},
+    "large": {1: MMA_SMALL_M_CONFIG, 2: MMA_SMALL_M_CONFIG, 4: MMA_SMALL_M_CONFIG,
+              64: ("wgmma", 64, 128, 128, 8, 1, None)},
+    "huge": {1: MMA_SMALL_M_HUGE_CONFIG, 2: MMA_SMALL_M_HUGE_CONFIG, 4: MMA_SMALL_M_HUGE_CONFIG,
+             64: ("wgmma", 64, 128, 128, 8, 1, None)},
 }
 # The single-launch reduction (the last-arriving program sums the splits) only up to this many rows: above it,
 # one program reducing splits x BLOCK_M x BLOCK_N values serially cost more than the second launch (gemm_dense_v13
@@ -156,20 +166,29 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _first_bound(table: dict, m: int):
+    for bound, config in sorted(table.items()):
+        if m <= bound:
+            return config
+    raise AssertionError("unreachable: the last bound is unbounded")
+
+
 def select_splitk_config(m: int, interpreter: bool, gluon_ok: bool, n: int | None = None, k: int | None = None):
     """(kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg) for M rows of an (N, K) weight
     (:data:`SPLITK_CLASS_CONFIGS` overrides per shape class when N, K are given); the interpreter runs the
-    Triton kinds only ("fma" up to 4 rows, "dot" above)."""
+    Triton kinds only ("fma" up to 4 rows, "dot" above). Where Gluon cannot run the shape (``gluon_ok`` False), a
+    Gluon kind falls back to :data:`SPLITK_CONFIGS`' entry for M if that is a Triton kind, else to
+    :data:`DOT_FALLBACK`."""
     if interpreter:
         return INTERPRETER_CONFIGS["fma" if m <= 4 else "dot"]
     table = SPLITK_CONFIGS
     if n is not None and k is not None:
         table = {**SPLITK_CONFIGS, **SPLITK_CLASS_CONFIGS.get(dense_shape_class(n, k)[0], {})}
-    for bound, config in sorted(table.items()):
-        if m <= bound:
-            break
+    config = _first_bound(table, m)
     if config[0] in ("mma", "wgmma") and not gluon_ok:
-        config = DOT_FALLBACK
+        config = _first_bound(SPLITK_CONFIGS, m)
+        if config[0] in ("mma", "wgmma"):
+            config = DOT_FALLBACK
     return config
 
 

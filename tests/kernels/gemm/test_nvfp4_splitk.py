@@ -151,9 +151,19 @@ def test_dense_route_table():
     assert sk.splitk_max_rows(32768, 1024) == 64 and sk.splitk_max_rows(4096, 8192) == 256
     assert sk.splitk_max_rows(4096, 2048) == 128 and sk.splitk_max_rows(7168, 3072) == 128  # mid K (gpu_check_v34 c)
     assert sk.splitk_max_rows(4096, 2032) == 64
-    # per-class tile configs: 8 FMA programs per SM at M = 1 only for the largest weights (measured there only)
-    assert sk.select_splitk_config(1, False, True, 18432, 7168)[5] == 8
-    assert sk.select_splitk_config(1, False, True, 32768, 1024) == sk.SPLITK_CONFIGS[1]
+    # per-class tile configs at M <= 4: the mma.sync kind (128 columns on the largest weights), except M = 1 on the
+    # small class (FMA there); without Gluon the FMA kind of SPLITK_CONFIGS (gpu_check_v36 sweep_dense_m1_e)
+    for m in (1, 2, 3, 4):
+        assert sk.select_splitk_config(m, False, True, 18432, 7168) == sk.MMA_SMALL_M_HUGE_CONFIG
+        assert sk.select_splitk_config(m, False, True, 32768, 1024) == sk.MMA_SMALL_M_CONFIG
+        assert sk.select_splitk_config(m, False, True, 4096, 8192) == sk.MMA_SMALL_M_CONFIG
+        for n, k in ((18432, 7168), (4096, 4096)):
+            config = sk.select_splitk_config(m, False, False, n, k)
+            assert config[0] == "fma" and config == sk.select_splitk_config(m, False, True), config
+    assert sk.select_splitk_config(1, False, True, 4096, 4096) == sk.SPLITK_CONFIGS[1]
+    assert sk.select_splitk_config(2, False, True, 1024, 4096) == sk.MMA_SMALL_M_CONFIG
+    assert sk.select_splitk_config(8, False, True, 18432, 7168) == sk.SPLITK_CONFIGS[8]
+    assert sk.select_splitk_config(8, False, False, 18432, 7168) == sk.DOT_FALLBACK
     assert sk.select_splitk_config(64, False, True, 18432, 7168) == sk.select_splitk_config(64, False, True, 32768, 1024)
     for m in (17, 32, 64, 128, 256):
         config = sk.select_splitk_config(m, False, True)
@@ -164,7 +174,7 @@ def test_dense_route_table():
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (8, 1024, 4096), (64, 18432, 7168), (1, 32768, 1024),
                                    (256, 4096, 8192), (1, 7, 16), (3, 100, 1008)])
 def test_plan_covers_k_and_fills_the_gpu(m, n, k):
-    for kind_config in sk.SPLITK_CONFIGS.values():
+    for kind_config in [*sk.SPLITK_CONFIGS.values(), sk.MMA_SMALL_M_CONFIG, sk.MMA_SMALL_M_HUGE_CONFIG]:
         block_n, block_k, per_sm = kind_config[2], kind_config[3], kind_config[5]
         target = 132 * per_sm
         splits, chunk = sk.plan_splitk(m, n, k, block_n, block_k, target)
@@ -285,7 +295,7 @@ def test_cuda_issue_shapes(n, k, m):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", list(sk.SPLITK_CONFIGS.values()) + [sk.DOT_FALLBACK])
+@pytest.mark.parametrize("config", list(sk.SPLITK_CONFIGS.values()) + [sk.DOT_FALLBACK, sk.MMA_SMALL_M_CONFIG])
 def test_cuda_every_config_and_split(config):
     device = torch.device("cuda")
     n, k, m = 1000, 2048, 37

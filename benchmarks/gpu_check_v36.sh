@@ -26,6 +26,9 @@
 #   g -> f: the op at M <= 4 as measured (18432x7168 M = 1 72% of the floor); 130 CUDA tests passed. The model and
 #        attention-layer CUDA tests (their dense linears at decode sizes now take the mma kind); M = 8 under the
 #        three mma configs (M = 8 keeps SPLITK_CONFIGS[8] today).
+#   h -> g: M = 8 keeps its config; 20 model / attention CUDA tests passed. plan_splitk rounds the split count to the
+#        nearest, so the huge class (144 n-tiles x 3 splits = 432 programs of 396 resident) and 32768x1024 at M = 8 run
+#        a partial second wave. Forced split counts against the planned one at M = 1 / 4 / 8.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -74,5 +77,10 @@ g)
     tests/layers/test_attention_layer.py tests/layers/test_fused_projections.py \
     tests/layers/test_attention_simulation.py > "$OUT/g_tests.log" 2>&1
   tail -1 "$OUT/g_tests.log"
+  ;;
+h)
+  timeout 120 python benchmarks/sweep_dense_m1.py --rows 1,4 --configs 2 --splits 1,2,4 --tag h --out "$OUT" \
+    2>&1 | tail -14
+  timeout 60 python benchmarks/sweep_dense_m1.py --rows 8 --configs 2 --splits 1,2 --tag h8 --out "$OUT" 2>&1 | tail -8
   ;;
 esac

@@ -44,6 +44,8 @@ def main():
     parser.add_argument("--rep-ms", type=int, default=20)
     parser.add_argument("--rows", default="1", help="comma list of M")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--splits", default="", help="comma list of forced split counts timed per config besides "
+                        "the planned one")
     parser.add_argument("--configs", default=None, help="indices into CONFIGS (comma list; default all)")
     args = parser.parse_args()
     from megamoe.kernels.gemm import nvfp4_splitk as sk
@@ -81,6 +83,9 @@ def main():
         for cfg in configs:
             timed(str(cfg), lambda i, c=cfg: (lambda w=ws[i]: sk.launch_nvfp4_splitk(
                 x, w.data, w.block_scale, w.global_scale, out, config=c)))
+            for forced in [int(v) for v in args.splits.split(",") if v.strip()]:
+                timed(f"{cfg} S={forced}", lambda i, c=cfg, f=forced: (lambda w=ws[i]: sk.launch_nvfp4_splitk(
+                    x, w.data, w.block_scale, w.global_scale, out, config=c, splits=f)))
         rows.append(row)
         print(f"N={n} K={k} M={m} floor {floor:.1f} us: " + ", ".join(
             f"{key} {v:.1f}" if isinstance(v, float) else f"{key} {v}" for key, v in row["times"].items()),

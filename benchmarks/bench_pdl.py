@@ -186,7 +186,9 @@ def main(argv=None) -> int:
     runs = {"off": [], "on": []}
     for r in range(args.rounds):
         for setting in ("off", "on"):
-            env = dict(os.environ, MEGAMOE_PDL="1" if setting == "on" else "0")
+            # off: no kernel with PDL (the per-kernel defaults of megamoe.kernels.pdl emptied too)
+            env = dict(os.environ, MEGAMOE_PDL="1" if setting == "on" else "0", MEGAMOE_PDL_PROLOGUE="",
+                       MEGAMOE_PDL_LAUNCH="")
             env.pop("TRITON_INTERPRET", None)
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--parts", args.parts,
                                    "--tokens", args.tokens, "--configs", args.configs], env=env, cwd=ROOT, capture_output=True, text=True,

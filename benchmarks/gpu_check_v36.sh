@@ -29,6 +29,9 @@
 #   h -> g: M = 8 keeps its config; 20 model / attention CUDA tests passed. plan_splitk rounds the split count to the
 #        nearest, so the huge class (144 n-tiles x 3 splits = 432 programs of 396 resident) and 32768x1024 at M = 8 run
 #        a partial second wave. Forced split counts against the planned one at M = 1 / 4 / 8.
+#   i -> h: the planned split counts hold (one exception, 32768x1024 at M = 8, left). The kernels now built with the
+#        PDL prologue by default (route + dispatch, mma.sync decode) and launched with it (single-pass decode GEMMs,
+#        combine): their op-level CUDA tests.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -82,5 +85,11 @@ h)
   timeout 120 python benchmarks/sweep_dense_m1.py --rows 1,4 --configs 2 --splits 1,2,4 --tag h --out "$OUT" \
     2>&1 | tail -14
   timeout 60 python benchmarks/sweep_dense_m1.py --rows 8 --configs 2 --splits 1,2 --tag h8 --out "$OUT" 2>&1 | tail -8
+  ;;
+i)
+  timeout 320 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_moe_route_dispatch.py \
+    tests/ops/test_moe_ops.py tests/ops/test_gemm_bands.py tests/kernels/gemm/test_nvfp4_mma_interleave.py \
+    > "$OUT/i_tests.log" 2>&1
+  tail -3 "$OUT/i_tests.log"
   ;;
 esac

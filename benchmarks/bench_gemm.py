@@ -449,6 +449,36 @@ def dense_weight_copies(n: int, k: int, device):
     return ws, [dequantize(ws[i % copies], torch.bfloat16) for i in range(bf16_copies)]
 
 
+def timed_checked(times: dict, name: str, make_call, copies: int, rep_ms: int, ref=None, max_rel_err: float = 1e-2):
+    """times[name] = :func:`_graph_time` of ``make_call`` (us per call), after checking ``make_call(0)()`` against
+    ``ref`` (relative Frobenius error < ``max_rel_err``; None: unchecked); a wrong result or a config the shape cannot
+    take is recorded as a string, not raised (sweeps go on)."""
+    try:
+        if ref is not None:
+            got = make_call(0)().float()
+            err = ((got - ref).norm() / ref.norm()).item()
+            if not err < max_rel_err:
+                times[name] = f"wrong: rel err {err:.2e}"
+                return
+        times[name] = _graph_time(make_call, copies, rep_ms)
+    except Exception as e:  # noqa: BLE001 - a config the shape cannot take: report, go on
+        times[name] = f"{type(e).__name__}: {str(e)[:100]}"
+
+
+def dense_sweep_table(rows: list) -> list:
+    """Markdown table lines of dense sweep rows (dicts with n, k, m, floor_us and times {name: us or a string}):
+    us per call and its % of the HBM floor."""
+    names = list(rows[0]["times"])
+    lines = ["| N x K | M | floor us | " + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
+    for r in rows:
+        cells = []
+        for name in names:
+            v = r["times"].get(name)
+            cells.append(f"{v:.1f} ({100 * r['floor_us'] / v:.0f}%)" if isinstance(v, float) else str(v))
+        lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['floor_us']:.1f} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def run_dense_splitk(args):
     """Dense NVFP4 linear at M = 1..256: split-K kernel vs the previous route vs bf16 F.linear (graph replay)."""
     from megamoe.kernels.gemm import nvfp4_splitk as sk

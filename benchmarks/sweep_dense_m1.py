@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_gemm import GRAPH_CALLS, _graph_time, dense_floor_us, dense_weight_copies  # noqa: E402
+from bench_gemm import (GRAPH_CALLS, dense_floor_us, dense_sweep_table, dense_weight_copies,  # noqa: E402
+                        timed_checked)
 
 SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096), (1024, 4096)]  # (N, K)
 # (kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg)
@@ -65,16 +66,7 @@ def main():
         row = dict(n=n, k=k, m=m, floor_us=floor, times={})
 
         def timed(name, make, check=True):
-            try:
-                if check:
-                    got = make(0)().float()
-                    err = ((got - ref).norm() / ref.norm()).item()
-                    if not err < 1e-2:
-                        row["times"][name] = f"wrong: rel err {err:.2e}"
-                        return
-                row["times"][name] = _graph_time(make, copies, args.rep_ms)
-            except Exception as e:  # noqa: BLE001 - a config the shape cannot take: report, go on
-                row["times"][name] = f"{type(e).__name__}: {str(e)[:100]}"
+            timed_checked(row["times"], name, make, copies, args.rep_ms, ref if check else None)
 
         timed("op", lambda i: (lambda w=ws[i]: ops_gemm.nvfp4_linear(x, w, out=out)))
         timed("bf16", lambda i: (lambda w=w_bf16[i % bf16_copies]: torch.nn.functional.linear(x, w)), check=False)
@@ -99,19 +91,11 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"sweep_dense_m1{'_' + args.tag if args.tag else ''}.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    names = list(rows[0]["times"])
     lines = [f"# Dense NVFP4 linear, M = {args.rows}: split-K kinds and configs ({meta['date']}, {meta['device']}, "
              f"torch {meta['torch']}, triton {meta['triton']})", "", f"Command: `{meta['command']}` "
              f"(wall {meta['wall_s']} s). Graph replay, {GRAPH_CALLS} calls per graph, L2 flushed per replay, "
              "us per call (% of the HBM floor at 3.0 TB/s). Configs: (kind, BLOCK_M, BLOCK_N, BLOCK_K, warps, "
-             "programs per SM, register cap).", "",
-             "| N x K | M | floor us | " + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
-    for r in rows:
-        cells = []
-        for name in names:
-            v = r["times"].get(name)
-            cells.append(f"{v:.1f} ({100 * r['floor_us'] / v:.0f}%)" if isinstance(v, float) else str(v))
-        lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['floor_us']:.1f} | " + " | ".join(cells) + " |")
+             "programs per SM, register cap).", "", *dense_sweep_table(rows)]
     with open(os.path.join(args.out, f"sweep_dense_m1{'_' + args.tag if args.tag else ''}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

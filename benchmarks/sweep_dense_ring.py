@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_gemm import GRAPH_CALLS, _graph_time, dense_floor_us, dense_weight_copies  # noqa: E402
+from bench_gemm import (GRAPH_CALLS, dense_floor_us, dense_sweep_table, dense_weight_copies,  # noqa: E402
+                        timed_checked)
 
 SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096)]  # (N, K)
 ROWS = (1, 8)
@@ -59,16 +60,7 @@ def main():
             row = dict(n=n, k=k, m=m, floor_us=floor, times={})
 
             def timed(name, make, check=True):
-                try:
-                    if check:
-                        got = make(0)().float()
-                        err = ((got - ref).norm() / ref.norm()).item()
-                        if not err < 1e-2:
-                            row["times"][name] = f"wrong: rel err {err:.2e}"
-                            return
-                    row["times"][name] = _graph_time(make, copies, args.rep_ms)
-                except Exception as e:  # noqa: BLE001 - a config the shape cannot take: report, go on
-                    row["times"][name] = f"{type(e).__name__}: {str(e)[:120]}"
+                timed_checked(row["times"], name, make, copies, args.rep_ms, ref if check else None)
 
             timed("op", lambda i: (lambda w=ws[i]: ops_gemm.nvfp4_linear(x, w, out=out)))
             timed("splitk fma 8/SM" if m == 1 else "splitk default",
@@ -91,18 +83,10 @@ def main():
                 wall_s=round(time.time() - t0, 1))
     os.makedirs(args.out, exist_ok=True)
     json.dump(dict(meta=meta, rows=rows), open(os.path.join(args.out, "sweep_dense_ring.json"), "w"), indent=1)
-    names = list(rows[0]["times"])
     lines = [f"# Dense NVFP4 linear, M = 1 / 8: weight ring vs today ({meta['date']}, {meta['device']}, "
              f"torch {meta['torch']}, triton {meta['triton']})", "", f"Command: `{meta['command']}` "
              f"(wall {meta['wall_s']} s). Graph replay, {GRAPH_CALLS} calls per graph, L2 flushed per replay, "
-             "us per call (% of the HBM floor at 3.0 TB/s).", "",
-             "| N x K | M | floor us | " + " | ".join(names) + " |", "|" + "---|" * (3 + len(names))]
-    for r in rows:
-        cells = []
-        for name in names:
-            v = r["times"].get(name)
-            cells.append(f"{v:.1f} ({100 * r['floor_us'] / v:.0f}%)" if isinstance(v, float) else str(v))
-        lines.append(f"| {r['n']}x{r['k']} | {r['m']} | {r['floor_us']:.1f} | " + " | ".join(cells) + " |")
+             "us per call (% of the HBM floor at 3.0 TB/s).", "", *dense_sweep_table(rows)]
     open(os.path.join(args.out, "sweep_dense_ring.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

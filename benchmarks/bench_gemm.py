@@ -465,6 +465,26 @@ def timed_checked(times: dict, name: str, make_call, copies: int, rep_ms: int, r
         times[name] = f"{type(e).__name__}: {str(e)[:100]}"
 
 
+def dense_sweep_case(ws: list, n: int, k: int, m: int, device):
+    """One (N, K, M) point of a dense sweep over the weight copies ``ws`` (:func:`dense_weight_copies`): (x (M, K) bf16,
+    out (M, N) bf16, the op's float result on ``ws[0]`` as the reference, the row dict {n, k, m, floor_us, times})."""
+    from megamoe.ops import gemm as ops_gemm
+
+    x = torch.randn(m, k, device=device).bfloat16()
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+    ref = ops_gemm.nvfp4_linear(x, ws[0]).float()
+    return x, out, ref, dict(n=n, k=k, m=m, floor_us=dense_floor_us(n, m, k), times={})
+
+
+def sweep_meta(t0: float) -> dict:
+    """Date, device, versions, command and wall time of a sweep started at ``time.time()`` = ``t0``."""
+    import triton
+
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                command="python " + " ".join(sys.argv), wall_s=round(time.time() - t0, 1))
+
+
 def dense_sweep_table(rows: list) -> list:
     """Markdown table lines of dense sweep rows (dicts with n, k, m, floor_us and times {name: us or a string}):
     us per call and its % of the HBM floor."""

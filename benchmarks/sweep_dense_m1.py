@@ -12,7 +12,6 @@ DIR/sweep_dense_m1[_T].{md,json}.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -23,8 +22,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_gemm import (GRAPH_CALLS, dense_floor_us, dense_sweep_table, dense_weight_copies,  # noqa: E402
-                        timed_checked)
+from bench_gemm import (GRAPH_CALLS, dense_sweep_case, dense_sweep_table, dense_weight_copies,  # noqa: E402
+                        sweep_meta, timed_checked)
 
 SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096), (1024, 4096)]  # (N, K)
 # (kind, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, programs_per_sm, maxnreg)
@@ -59,11 +58,7 @@ def main():
     for (n, k), m in [(shape, int(m)) for shape in SHAPES for m in args.rows.split(",")]:
         ws, w_bf16 = dense_weight_copies(n, k, device)
         copies, bf16_copies = len(ws), len(w_bf16)
-        x = torch.randn(m, k, device=device).bfloat16()
-        out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
-        ref = ops_gemm.nvfp4_linear(x, ws[0]).float()
-        floor = dense_floor_us(n, m, k)
-        row = dict(n=n, k=k, m=m, floor_us=floor, times={})
+        x, out, ref, row = dense_sweep_case(ws, n, k, m, device)
 
         def timed(name, make, check=True):
             timed_checked(row["times"], name, make, copies, args.rep_ms, ref if check else None)
@@ -79,15 +74,12 @@ def main():
                 timed(f"{cfg} S={forced}", lambda i, c=cfg, f=forced: (lambda w=ws[i]: sk.launch_nvfp4_splitk(
                     x, w.data, w.block_scale, w.global_scale, out, config=c, splits=f)))
         rows.append(row)
-        print(f"N={n} K={k} M={m} floor {floor:.1f} us: " + ", ".join(
+        print(f"N={n} K={k} M={m} floor {row['floor_us']:.1f} us: " + ", ".join(
             f"{key} {v:.1f}" if isinstance(v, float) else f"{key} {v}" for key, v in row["times"].items()),
             flush=True)
         ws = w_bf16 = None
         torch.cuda.empty_cache()
-    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                device=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=__import__("triton").__version__, command="python " + " ".join(sys.argv),
-                wall_s=round(time.time() - t0, 1))
+    meta = sweep_meta(t0)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"sweep_dense_m1{'_' + args.tag if args.tag else ''}.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -17,7 +17,6 @@ Run: ``PYTHONUNBUFFERED=1 python benchmarks/sweep_dense_ring.py --out DIR`` -> D
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -27,8 +26,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_gemm import (GRAPH_CALLS, dense_floor_us, dense_sweep_table, dense_weight_copies,  # noqa: E402
-                        timed_checked)
+from bench_gemm import (GRAPH_CALLS, dense_sweep_case, dense_sweep_table, dense_weight_copies,  # noqa: E402
+                        sweep_meta, timed_checked)
 
 SHAPES = [(18432, 7168), (32768, 1024), (4096, 8192), (4096, 4096)]  # (N, K)
 ROWS = (1, 8)
@@ -53,11 +52,8 @@ def main():
         ws, w_bf16 = dense_weight_copies(n, k, device)
         copies, bf16_copies = len(ws), len(w_bf16)
         for m in ROWS:
-            x = torch.randn(m, k, device=device).bfloat16()
-            out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
-            ref = ops_gemm.nvfp4_linear(x, ws[0]).float()
-            floor = dense_floor_us(n, m, k)
-            row = dict(n=n, k=k, m=m, floor_us=floor, times={})
+            x, out, ref, row = dense_sweep_case(ws, n, k, m, device)
+            floor = row["floor_us"]
 
             def timed(name, make, check=True):
                 timed_checked(row["times"], name, make, copies, args.rep_ms, ref if check else None)
@@ -77,10 +73,7 @@ def main():
                   f"{best[0]:.1f} us ({100 * floor / best[0]:.0f}% of floor)", flush=True)
         ws = w_bf16 = None  # free before the next shape
         torch.cuda.empty_cache()
-    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                device=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=__import__("triton").__version__, command="python " + " ".join(sys.argv),
-                wall_s=round(time.time() - t0, 1))
+    meta = sweep_meta(t0)
     os.makedirs(args.out, exist_ok=True)
     json.dump(dict(meta=meta, rows=rows), open(os.path.join(args.out, "sweep_dense_ring.json"), "w"), indent=1)
     lines = [f"# Dense NVFP4 linear, M = 1 / 8: weight ring vs today ({meta['date']}, {meta['device']}, "

@@ -237,13 +237,22 @@ def test_grouped_arguments_are_refused():
 # ----------------------------------------------------------------------------------------------
 
 
+#: Configs outside SPLITK_CONFIGS, by the name the offline tests give them.
+NAMED_CONFIGS = {"dot": "DOT_FALLBACK", "small_m": "MMA_SMALL_M_CONFIG", "small_m_huge": "MMA_SMALL_M_HUGE_CONFIG"}
+
+
+def _config(key):
+    return getattr(sk, NAMED_CONFIGS[key]) if key in NAMED_CONFIGS else sk.SPLITK_CONFIGS[key]
+
+
 def _compile_in_subprocess(key, tmp_path, **flags):
-    """sm_90 cubin of the config SPLITK_CONFIGS[key], compiled in a fresh process (the test session may
-    run the interpreter, which replaces jit functions)."""
+    """sm_90 cubin of the config SPLITK_CONFIGS[key] (or a NAMED_CONFIGS one), compiled in a fresh process (the test
+    session may run the interpreter, which replaces jit functions)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / f"splitk_{key}.cubin"
+    lookup = f"s.{NAMED_CONFIGS[key]}" if key in NAMED_CONFIGS else f"s.SPLITK_CONFIGS[{key}]"
     code = ("import sys; from megamoe.kernels.gemm import nvfp4_splitk as s; "
-            f"cfg = s.SPLITK_CONFIGS[{key}] if {key!r} != 'dot' else s.DOT_FALLBACK; "
+            f"cfg = {lookup}; "
             f"f = s.compile_for_sm90 if cfg[0] in ('mma', 'wgmma') else s.compile_partial_for_sm90; "
             f"c = f(cfg, **{flags!r}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
     subprocess.run([sys.executable, "-c", code, str(out)], env=env, check=True, timeout=600)
@@ -252,15 +261,17 @@ def _compile_in_subprocess(key, tmp_path, **flags):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
-@pytest.mark.parametrize("key,max_per_weight", [(1, 5.6), (8, 3.4), (16, 4.0), (32, 4.4), (64, 5.8), (1 << 62, 4.8)])
+@pytest.mark.parametrize("key,max_per_weight", [(1, 5.6), (8, 3.4), (16, 4.0), (32, 4.4), (64, 5.8), (1 << 62, 4.8),
+                                                ("small_m", 3.6), ("small_m_huge", 3.4)])
 def test_sm90_k_loop_is_lean(tmp_path, key, max_per_weight):
     """SASS instructions per weight in the K loop, no local-memory traffic in it, registers within the
-    occupancy the split plan assumes (programs_per_sm x num_warps x 32 threads)."""
+    occupancy the split plan assumes (programs_per_sm x num_warps x 32 threads). "small_m" (16 weight rows per warp)
+    spends the x operand's work on half the weights of the 32-rows-per-warp configs: 3.5 per weight."""
     tk = pytest.importorskip("test_nvfp4_gluon")  # tests/kernels: its SASS helpers
     if tk._cuobjdump() is None:
         pytest.skip("needs cuobjdump")
     cubin = _compile_in_subprocess(key, tmp_path)
-    config = sk.SPLITK_CONFIGS[key]
+    config = _config(key)
     kind, block_m, block_n, block_k, num_warps, per_sm, _ = config
     loops = [(n, ops) for n, ops in tk._inner_loops(cubin, tmp_path) if ops["HMMA"] or ops["HGMMA"] or ops["FFMA"]]
     assert len(loops) == 1, loops

@@ -49,18 +49,21 @@ def pdl_enabled(t: torch.Tensor) -> bool:
     return PDL_ENABLED and pdl_supported(t)
 
 
+def _env_names(variable: str, default: str) -> frozenset:
+    """The comma list of kernel names in env ``variable`` (``default`` when unset; "" is the empty set)."""
+    return frozenset(v.strip() for v in os.environ.get(variable, default).split(",") if v.strip())
+
+
 #: Per-kernel PDL with the switch off (NOTES_moe_decode.md "PDL per kernel boundary"): names of the kernels
 #: (:func:`pdl_flags`' ``kernel``) built with the prologue, so that they let the next launch start early (launched
 #: plainly, their wait is a no-op) ... (env MEGAMOE_PDL_PROLOGUE, a comma list, read at import)
-PDL_PROLOGUE = frozenset(v.strip() for v in os.environ.get("MEGAMOE_PDL_PROLOGUE", "route_dispatch,mma_decode")
-                         .split(",") if v.strip())
+PDL_PROLOGUE = _env_names("MEGAMOE_PDL_PROLOGUE", "route_dispatch,mma_decode")
 #: ... and of the kernels launched with PDL (and built with the prologue: they wait for the previous grid) where the
 #: launcher says its grid is a single pass (every program has at most one work item, so no program of it is still to
 #: come when its waiting dependents take free SM slots). Measured in the MoE layer (H100, read flush): with the route,
 #: both decode GEMMs and the combine early, 1 token 1.030x (V4-Flash) / 1.016x (V4-Pro); early GEMMs whose programs
 #: loop over several chunks (2-4 tokens) were 0.945-0.954x, hence the single-pass condition. (env MEGAMOE_PDL_LAUNCH)
-PDL_LAUNCH = frozenset(v.strip() for v in os.environ.get("MEGAMOE_PDL_LAUNCH", "mma_decode,combine").split(",")
-                       if v.strip())
+PDL_LAUNCH = _env_names("MEGAMOE_PDL_LAUNCH", "mma_decode,combine")
 
 
 def pdl_flags(t: torch.Tensor, kernel: str, single_pass: bool = True) -> tuple[bool, bool]:

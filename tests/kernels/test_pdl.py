@@ -291,6 +291,9 @@ def _cuda_sm90():
         pytest.skip("PDL needs sm_90+")
 
 
+DEFAULT_PROLOGUE, DEFAULT_LAUNCH = pdl.PDL_PROLOGUE, pdl.PDL_LAUNCH
+
+
 def _pdl_setting(monkeypatch, setting):
     """True: PDL for every kernel (the switch); False: for none (the per-kernel sets emptied too); "default": the
     per-kernel defaults of megamoe.kernels.pdl (switch off)."""
@@ -302,9 +305,6 @@ def _pdl_setting(monkeypatch, setting):
     monkeypatch.setattr(pdl, "PDL_ENABLED", setting)
     monkeypatch.setattr(pdl, "PDL_PROLOGUE", frozenset())
     monkeypatch.setattr(pdl, "PDL_LAUNCH", frozenset())
-
-
-DEFAULT_PROLOGUE, DEFAULT_LAUNCH = pdl.PDL_PROLOGUE, pdl.PDL_LAUNCH
 
 
 def _on_off_graph(monkeypatch, fn, *, capture=True):

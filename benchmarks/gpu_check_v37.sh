@@ -2,6 +2,10 @@
 # GPU checks of 2026-11-28 (session part 26). Calls:
 #   a -> issue 11: where the decode layer's time goes today (route + dispatch, gate_up, down, combine) at 1 / 2 / 8
 #        tokens on V4-Flash and V4-Pro, the layer's interleaved weights (probe_moe_decode.py).
+#   b -> a: at 1 token the down GEMM starts ~2 us after gate_up ends (tile table from offsets, then the first weights
+#        from HBM, all after its PDL wait). pdl.PDL_EARLY_READS: the down GEMM reads its routing and first weight step
+#        before the wait (nvfp4_grouped_mm(index_settled=True)). PDL tests (incl. the layer with it) and the op test;
+#        the layer A/B at 1 / 2 tokens (2: the down grid loops, so no PDL launch: a control), both models.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -13,5 +17,12 @@ case "$1" in
 a)
   timeout 500 python benchmarks/probe_moe_decode.py --configs v4-flash,v4-pro --tokens 1,2,8 --row-interleave 4 \
     --out "$OUT" --tag a_decode 2>&1 | tail -5
+  ;;
+b)
+  timeout 240 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/test_pdl.py \
+    tests/ops/test_gemm_paired_order.py -k "moe_layer or paired" > "$OUT/b_tests.log" 2>&1
+  tail -1 "$OUT/b_tests.log"
+  timeout 300 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2 --flush read --rounds 3 \
+    --settings "base|pdl.PDL_EARLY_READS=frozenset({'mma_decode'})" --out "$OUT" --tag b_early_reads 2>&1 | tail -12
   ;;
 esac

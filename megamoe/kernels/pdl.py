@@ -7,7 +7,8 @@ decode (~10-30 small kernels per layer, issue 11).
 
 Contract of a PDL kernel: :func:`grid_dependency_prologue` (Triton) or :func:`gl_grid_dependency_prologue`
 (Gluon) is its FIRST statement, before any global load, store or atomic (error words and counters included),
-so nothing it touches can race with earlier kernels. The prologue then lets the next kernel launch at once
+so nothing it touches can race with earlier kernels (one exception, opt-in per launch: :data:`PDL_EARLY_READS`,
+loads of inputs that were final before the previous kernel started). The prologue then lets the next kernel launch at once
 (``griddepcontrol.launch_dependents``): the decode grids this is used on fit in one wave, so all of their CTAs
 are resident when the trigger fires, and early dependents only take free SM slots while they wait. The trigger
 counts once EVERY CTA of the grid has executed it (or exited), so a grid of more than one wave triggers when its
@@ -64,6 +65,18 @@ PDL_PROLOGUE = _env_names("MEGAMOE_PDL_PROLOGUE", "route_dispatch,mma_decode")
 #: both decode GEMMs and the combine early, 1 token 1.030x (V4-Flash) / 1.016x (V4-Pro); early GEMMs whose programs
 #: loop over several chunks (2-4 tokens) were 0.945-0.954x, hence the single-pass condition. (env MEGAMOE_PDL_LAUNCH)
 PDL_LAUNCH = _env_names("MEGAMOE_PDL_LAUNCH", "mma_decode,combine")
+
+
+#: Kernels that, launched with PDL and told by their caller that their routing inputs were final before the previous
+#: kernel started, read them (and their weights) before waiting for the previous kernel (:func:`pdl_early_reads`;
+#: the mma.sync decode GEMM's ``early_reads``). (env MEGAMOE_PDL_EARLY_READS, a comma list, read at import)
+PDL_EARLY_READS = _env_names("MEGAMOE_PDL_EARLY_READS", "")
+
+
+def pdl_early_reads(kernel: str) -> bool:
+    """Whether ``kernel`` may read inputs that its caller vouches were final before the previous kernel started
+    ahead of its PDL wait (:data:`PDL_EARLY_READS`); it only matters where the launch uses PDL (:func:`pdl_flags`)."""
+    return kernel in PDL_EARLY_READS
 
 
 def pdl_flags(t: torch.Tensor, kernel: str, single_pass: bool = True) -> tuple[bool, bool]:

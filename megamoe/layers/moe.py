@@ -627,8 +627,10 @@ class Nvfp4MoE:
             l2 = self.input_scales.get("l2_groups", self.input_scales["l2"])
             row_scale = l2.index_select(0, d["sorted_expert"]).unsqueeze(1)  # (pairs, 1)
             inter = _quant_roundtrip(inter, row_scale, self._inter_q[:pairs])
+        # the routing (offsets) was written before gate_up started: the down GEMM may read it before its PDL wait
         expert_out = gemm_ops.nvfp4_grouped_mm(inter, self._w2_kernel, offsets, mode=gemm_mode,
-                                               out=self._expert_out[:pairs], max_rows_per_expert=t, x_order=order)
+                                               out=self._expert_out[:pairs], max_rows_per_expert=t, x_order=order,
+                                               index_settled=True)
         if side is not None:
             shared = self._join_shared(side)
         else:

@@ -426,10 +426,10 @@ def _check_interleaved_routes(kinds: list, row_interleave: int) -> None:
                          f"K % 256 == 0, PIPE_ROUTE on); this GEMM would run {kinds}")
 
 
-def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, **kwargs):
+def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, early_reads=False, **kwargs):
     """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream (with
     :data:`BANDS_CONCURRENT` and no decode band: each on its own side stream of :func:`_band_streams`, forked from
-    and joined back into the current one)."""
+    and joined back into the current one). ``early_reads`` goes to the mma.sync decode launches only."""
     out = args[4]
     data = args[1]
     num_sms = None
@@ -449,6 +449,8 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
         band_args = args
         if route == "pipe" and x_mma is not None:
             band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
+        if route == "mma" and early_reads:
+            band = dict(band, early_reads=True)
         launches.append(lambda route=route, band_args=band_args, band=band: _launcher(route)(
             *band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band))
     # not with a decode band (the only launch planned with "splits"): at 16-256 tokens the concurrent launches lost
@@ -815,6 +817,7 @@ def nvfp4_grouped_mm(
     max_rows_per_expert=None,
     x_order="plain",
     out_order="plain",
+    index_settled=False,
 ) -> torch.Tensor:
     """Grouped GEMM over experts with NVFP4 weights (rows sorted by expert).
 
@@ -845,9 +848,16 @@ def nvfp4_grouped_mm(
         operand; a layer chains them (``out_order="paired"`` feeding the next GEMM's ``x_order="paired"``). On CUDA
         only where :func:`paired_order_supported` says so (decode sizes, mode "w4a16"), else ValueError; on CPU the
         reference permutes.
+    index_settled: the caller's promise that ``expert_offsets`` and ``row_index`` were final before the kernel that
+        writes ``x`` started (a MoE layer's down GEMM: the routing ran before gate_up). The mma.sync decode launches
+        may then read them, and their first weights, before their PDL wait for ``x`` (``early_reads``,
+        :data:`megamoe.kernels.pdl.PDL_EARLY_READS`); the same bits either way. A wrong promise is a race: pass it
+        only when the order of launches guarantees it.
     """
     _check_x(x, None)
     _check_weight(weight, 3, x, interleave_ok=True)
+    if not isinstance(index_settled, bool):
+        raise TypeError(f"index_settled: expected a bool, got {type(index_settled).__name__}")
     num_experts, n, k = weight.shape
     for name, order in (("x_order", x_order), ("out_order", out_order)):
         if order not in ("plain", "paired"):
@@ -948,6 +958,7 @@ def nvfp4_grouped_mm(
         interpreter=not x.is_cuda,
         **({"max_rows_per_expert": max_rows_per_expert} if route == "banded" else {}), **interleave,
         **({"x_paired": x_order == "paired", "out_paired": out_order == "paired"} if paired else {}),
+        **({"early_reads": True} if index_settled and route in ("banded", "mma") else {}),
     )
 
 

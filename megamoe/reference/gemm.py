@@ -172,6 +172,7 @@ def nvfp4_grouped_mm(
     max_rows_per_expert=None,
     x_order="plain",
     out_order="plain",
+    index_settled=False,
 ) -> torch.Tensor:
     """Reference grouped GEMM over experts (rows sorted by expert).
 
@@ -183,6 +184,7 @@ def nvfp4_grouped_mm(
     dropped, as in the kernels). ``max_rows_per_expert``: the kernels' launch-size hint (unused here).
     ``x_order`` / ``out_order`` "paired": x holds, and the result is written in, the paired K order
     (:func:`megamoe.format.mma_order.to_paired_order`); the values are the plain order's.
+    ``index_settled``: a launch-order hint of the kernels (the op's); no effect here.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")

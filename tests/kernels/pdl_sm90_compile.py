@@ -4,7 +4,8 @@ Run in a fresh process without ``TRITON_INTERPRET`` (the interpreter replaces ``
 the compiler cannot take): ``python tests/kernels/pdl_sm90_compile.py NAME [NAME ...]`` prints one JSON object
 ``{NAME: {"off": facts, "on": facts}}`` where facts = {"wait": count of ``griddepcontrol.wait``, "launch": count
 of ``griddepcontrol.launch_dependents``, "wait_first": the wait comes before the kernel body's first global
-memory instruction (ld / st / atom / red / cp.async ... .global), "metadata_pdl": the build's ``launch_pdl``}.
+memory instruction (ld / st / atom / red / cp.async ... .global), "wait_before_writes": no path of the control-flow
+graph reaches a global store / atomic before the wait, "metadata_pdl": the build's ``launch_pdl``}.
 Used by ``test_pdl.py``.
 """
 import json
@@ -19,6 +20,59 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 _GLOBAL_ACCESS = re.compile(r"^\s*(@!?%p\d+\s+)?(ld|st|atom|red|cp|prefetch|multimem)\.[\w:.]*global", re.M)
+_GLOBAL_WRITE = re.compile(r"^\s*(@!?%p\d+\s+)?(st|atom|red|multimem)\.[\w:.]*global", re.M)
+
+
+_LABEL = re.compile(r"^(\$L__BB\w+):")
+_BRANCH = re.compile(r"^(@!?%p\d+\s+)?bra(\.uni)?\s+(\$L__BB\w+);")
+
+
+def write_reachable_before_wait(body: str) -> bool:
+    """Whether some path of the PTX control-flow graph from the kernel's entry reaches a global store / atomic
+    before any ``griddepcontrol.wait`` (a path that meets the wait first stops there). Blocks: label to label;
+    edges: ``bra`` targets and the fall-through unless the block ends with ``bra.uni`` / an unguarded ``bra`` or
+    ``ret``."""
+    blocks, order, name = {}, [], "entry"
+    blocks[name] = []
+    order.append(name)
+    for line in body.splitlines():
+        t = line.strip()
+        label = _LABEL.match(t)
+        if label:
+            name = label.group(1)
+            blocks[name] = []
+            order.append(name)
+            continue
+        blocks[name].append(t)
+    seen, todo = set(), ["entry"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        falls = True
+        for t in blocks[name]:
+            if "griddepcontrol.wait" in t:
+                falls = False
+                break
+            if _GLOBAL_WRITE.match(t):
+                return True
+            branch = _BRANCH.match(t)
+            if branch:
+                todo.append(branch.group(3))
+                if branch.group(1) is None:  # unguarded: no fall-through
+                    falls = False
+                    break
+            if t.startswith("ret"):
+                falls = False
+                break
+        else:
+            pass
+        if falls:
+            i = order.index(name)
+            if i + 1 < len(order):
+                todo.append(order[i + 1])
+    return False
 
 
 def facts(compiled) -> dict:
@@ -28,6 +82,7 @@ def facts(compiled) -> dict:
     wait = body.find("griddepcontrol.wait")
     return dict(wait=body.count("griddepcontrol.wait"), launch=body.count("griddepcontrol.launch_dependents"),
                 wait_first=wait >= 0 and (first is None or wait < first.start()),
+                wait_before_writes=wait >= 0 and not write_reachable_before_wait(body),
                 metadata_pdl=bool(getattr(compiled.metadata, "launch_pdl", False)))
 
 
@@ -119,6 +174,13 @@ def build(name: str, pdl: bool):
         return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, m.COMPILE_SCALARS, (8, 128, 256), 4,
                                             swiglu=True, extra_signature=m.COMPILE_EXTRA_POINTERS,
                                             extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl))
+    if name == "mma_decode_early":  # EARLY_READS: the tile table and the first weights before the wait
+        from megamoe.kernels.gemm import nvfp4_gluon_jit
+        from megamoe.kernels.gemm import nvfp4_mma_decode as m
+        return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, m.COMPILE_SCALARS, (8, 128, 256), 4,
+                                            swiglu=False, extra_signature=m.COMPILE_EXTRA_POINTERS,
+                                            extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl, EARLY_READS=True,
+                                                                 W_IL=4, X_PAIRED=True))
     raise KeyError(name)
 
 

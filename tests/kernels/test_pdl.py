@@ -69,7 +69,7 @@ def _is_jit(decorator) -> bool:
 @pytest.mark.parametrize("module", DECODE_MODULES)
 def test_every_kernel_waits_first_and_every_launch_passes_the_flag(module):
     """Source check: each ``*_kernel`` jit function has a ``PDL`` constexpr and the prologue as its first statement
-    (after the docstring); each launch ``name_kernel[grid](...)`` (or the WS launcher) passes ``PDL=pdl,
+    (after the docstring; or, for an ``EARLY_READS`` kernel, under ``if not EARLY_READS:`` with a later wait); each launch ``name_kernel[grid](...)`` (or the WS launcher) passes ``PDL=pdl,
     launch_pdl=pdl`` (or ``launch_pdl=launch_pdl``); each launching function takes them from ``pdl_enabled`` /
     ``pdl_flags`` (or ``pdl`` as its caller's argument)."""
     tree = ast.parse(inspect.getsource(importlib.import_module(module)))
@@ -82,6 +82,10 @@ def test_every_kernel_waits_first_and_every_launch_passes_the_flag(module):
             body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) \
                 else fn.body
             first = body[0]
+            if isinstance(first, ast.If) and ast.unparse(first.test) == "not EARLY_READS" and not first.orelse:
+                first = first.body[0]  # the documented exception (pdl.PDL_EARLY_READS): the wait comes later
+                assert "EARLY_READS" in names and ast.unparse(fn).count("gl_grid_dependency_prologue(PDL)") >= 2, \
+                    f"{module}.{fn.name}: EARLY_READS without a later wait"
             assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Call), f"{module}.{fn.name}"
             call = first.value
             assert getattr(call.func, "id", None) in ("grid_dependency_prologue", "gl_grid_dependency_prologue") \
@@ -283,6 +287,31 @@ def test_sm90_builds_wait_first_only_when_on():
             assert on["metadata_pdl"], (name, on)
 
 
+@pytest.mark.slow
+def test_sm90_early_reads_wait_before_writes():
+    """The mma.sync decode GEMM built with EARLY_READS (the down GEMM of a MoE layer): with PDL it loads before its
+    ``griddepcontrol.wait`` (the tile table's offsets, the first weights) but no path of its control-flow graph
+    stores or does an atomic before one (a program without chunks waits before its error-word atomic); without PDL
+    there is no wait at all."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "kernels", "pdl_sm90_compile.py"),
+                          "mma_decode_early"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])["mma_decode_early"]
+    off, on = report["off"], report["on"]
+    assert off["wait"] == 0 and off["launch"] == 0, off
+    assert on["wait"] >= 1 and on["launch"] == on["wait"], on
+    assert not on["wait_first"] and on["wait_before_writes"], on
+
+
+def test_early_reads_setting(monkeypatch):
+    """pdl_early_reads follows PDL_EARLY_READS (kernel names)."""
+    monkeypatch.setattr(pdl, "PDL_EARLY_READS", frozenset({"mma_decode"}))
+    assert pdl.pdl_early_reads("mma_decode") and not pdl.pdl_early_reads("combine")
+    monkeypatch.setattr(pdl, "PDL_EARLY_READS", frozenset())
+    assert not pdl.pdl_early_reads("mma_decode")
+
+
 # ------------------------------------------------------------------------------------------------ CUDA
 def _cuda_sm90():
     if not torch.cuda.is_available():
@@ -296,8 +325,10 @@ DEFAULT_PROLOGUE, DEFAULT_LAUNCH = pdl.PDL_PROLOGUE, pdl.PDL_LAUNCH
 
 def _pdl_setting(monkeypatch, setting):
     """True: PDL for every kernel (the switch); False: for none (the per-kernel sets emptied too); "default": the
-    per-kernel defaults of megamoe.kernels.pdl (switch off)."""
-    if setting == "default":
+    per-kernel defaults of megamoe.kernels.pdl (switch off); "early": those with the decode GEMM's early reads
+    (PDL_EARLY_READS)."""
+    monkeypatch.setattr(pdl, "PDL_EARLY_READS", frozenset({"mma_decode"}) if setting == "early" else frozenset())
+    if setting in ("default", "early"):
         monkeypatch.setattr(pdl, "PDL_ENABLED", False)
         monkeypatch.setattr(pdl, "PDL_PROLOGUE", DEFAULT_PROLOGUE)
         monkeypatch.setattr(pdl, "PDL_LAUNCH", DEFAULT_LAUNCH)
@@ -338,11 +369,12 @@ def _on_off_graph(monkeypatch, fn, *, capture=True):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("setting,tokens", [(True, 1), (True, 8), (True, 64), ("default", 1), ("default", 2),
-                                            ("default", 8)])
+                                            ("default", 8), ("early", 1), ("early", 2)])
 def test_cuda_moe_layer_pdl_equals_plain_graph_and_sync_free(monkeypatch, setting, tokens):
-    """With PDL on (every kernel, or the per-kernel defaults: single-pass decode GEMMs and the combine launched early),
-    the V4-Flash MoE layer (route + dispatch, decode GEMMs, combine): eager without host syncs, graph replay == eager,
-    and the same bits as with PDL off everywhere."""
+    """With PDL on (every kernel, or the per-kernel defaults: single-pass decode GEMMs and the combine launched early;
+    "early": the down GEMM also reads its routing and first weights before its wait), the V4-Flash MoE layer (route +
+    dispatch, decode GEMMs, combine): eager without host syncs, graph replay == eager, and the same bits as with PDL
+    off everywhere."""
     from megamoe.layers.moe import Nvfp4MoE
     from megamoe.models.config import PRESETS
     from megamoe.ops import errors

@@ -45,6 +45,10 @@ def test_paired_order_arguments_are_checked():
     w12 = random_weight((6, 24, 256), "cpu")  # N // 2 = 12: not a multiple of 8
     with pytest.raises(ValueError, match="out_order"):
         ops_gemm.nvfp4_grouped_mm(x, w12, offsets, activation="swiglu", out_order="paired")
+    with pytest.raises(TypeError, match="index_settled"):
+        ops_gemm.nvfp4_grouped_mm(x, w, offsets, index_settled=1)
+    plain = ops_gemm.nvfp4_grouped_mm(x, w, offsets)  # the launch-order hint changes no value
+    assert torch.equal(ops_gemm.nvfp4_grouped_mm(x, w, offsets, index_settled=True), plain)
 
 
 @pytest.mark.cuda

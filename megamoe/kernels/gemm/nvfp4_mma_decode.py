@@ -45,7 +45,7 @@ import os
 import torch
 import triton
 
-from ..pdl import gl_grid_dependency_prologue, pdl_flags
+from ..pdl import gl_grid_dependency_prologue, pdl_early_reads, pdl_flags
 from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, check_weight_interleave, compile_sm90, kernel_arguments
@@ -350,6 +350,7 @@ if GLUON_AVAILABLE:
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
         num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False, X_SMEM: gl.constexpr = False,
         W_IL: gl.constexpr = 1, X_PAIRED: gl.constexpr = False, OUT_PAIRED: gl.constexpr = False,
+        EARLY_READS: gl.constexpr = False,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
@@ -357,8 +358,15 @@ if GLUON_AVAILABLE:
         Split-K: program (pid_n, g, pid_s) takes K steps [pid_s * chunk_steps, +chunk_steps) of each of its
         chunks c < ``slot_chunks``; work item (c, pid_n) owns workspace tiles and counter ``c * n_tiles +
         pid_n``. Chunks at or past ``slot_chunks`` (only a routing beyond the host's hint) and the padding
-        chunks are computed whole by the pid_s == 0 program, as with SPLIT 0."""
-        gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
+        chunks are computed whole by the pid_s == 0 program, as with SPLIT 0.
+        EARLY_READS (with PDL; register path, SPLIT 0 only): ``expert_offsets``, ``row_index`` and the weights were
+        final before the previous kernel started (launcher: ``early_reads``), so a program builds its tile table and
+        loads its first chunk's first weight step before it waits for the previous kernel; x loads and every store
+        come after the wait."""
+        if not EARLY_READS:
+            gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
+        gl.static_assert(not EARLY_READS or (SPLIT == 0 and STAGES < 2 and not X_SMEM),
+                         "EARLY_READS: the register path without split-K only")
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
@@ -530,6 +538,8 @@ if GLUON_AVAILABLE:
                     # register double-buffering: step i+1's loads are in flight while step i is decoded;
                     # the load past the end re-reads the last step (in bounds) and is discarded
                     words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0, W_IL)
+                    if EARLY_READS:  # x (the previous kernel's output) only after the wait; a no-op after the first
+                        gl_grid_dependency_prologue(PDL)
                     x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
                     for step in range(0, k_steps):
                         nxt = gl.minimum((step + 1) * BLOCK_K, last)
@@ -575,6 +585,8 @@ if GLUON_AVAILABLE:
             chunk += num_programs
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:
+                if EARLY_READS:  # a program without chunks has not waited yet: no global write before the wait
+                    gl_grid_dependency_prologue(PDL)
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
 
 
@@ -660,6 +672,7 @@ def launch_nvfp4_mma_decode(
     weight_interleave: int = 1,
     x_paired: bool = False,
     out_paired: bool = False,
+    early_reads: bool = False,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -684,6 +697,10 @@ def launch_nvfp4_mma_decode(
     same MMAs in the same K order, so the same bits as the plain ``x``.
     ``out_paired`` (``swiglu`` only, N // 2 a multiple of 8): the SwiGLU output is written in the paired order (the
     next GEMM's ``x_paired`` input).
+    ``early_reads``: ``expert_offsets``, ``row_index`` (and the weights) were written before the kernel that writes
+    ``x`` started (a MoE layer's down GEMM: the routing precedes gate_up). Where this launch uses PDL, the register
+    path without split-K, and :func:`megamoe.kernels.pdl.pdl_early_reads` allows it, each program then builds its tile
+    table and loads its first weight step before it waits for the previous kernel (the same bits).
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -769,6 +786,8 @@ def launch_nvfp4_mma_decode(
         grid = (*mma_decode_grid(num_sms, resident, n, chunks, block_n), 1)
     # PDL launch only where no program loops (pdl.PDL_LAUNCH): the host chunk bound within the programs per n-tile
     consts["PDL"], launch_pdl = pdl_flags(x, "mma_decode", single_pass=splits == 1 and chunks <= grid[1])
+    consts["EARLY_READS"] = (early_reads and launch_pdl and pdl_early_reads("mma_decode") and mode == 0
+                             and consts["STAGES"] < 2 and not consts["X_SMEM"])
     _nvfp4_mma_decode_kernel[grid](*arguments(grid[1]), **consts, launch_pdl=launch_pdl)
     if mode == 2:
         consts["SPLIT"] = 3

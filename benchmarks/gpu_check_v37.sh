@@ -6,6 +6,10 @@
 #        from HBM, all after its PDL wait). pdl.PDL_EARLY_READS: the down GEMM reads its routing and first weight step
 #        before the wait (nvfp4_grouped_mm(index_settled=True)). PDL tests (incl. the layer with it) and the op test;
 #        the layer A/B at 1 / 2 tokens (2: the down grid loops, so no PDL launch: a control), both models.
+#   c -> b: the early reads take V4-Flash 1 token 60.6 -> 58.2 us (V4-Pro 124.7 -> 124.2), same bits: now the default.
+#        The route + dispatch launch (9.1 us at 1 token) has one GEMV program per expert, each drawing a ticket on one
+#        counter: rd.SMALL_T_BLOCK_E = 2 / 4 / 8 experts per program (fewer programs and tickets, more loads each).
+#        Route tests (the several-experts plan included); the layer A/B at 1 / 2 / 8 tokens, both models.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -24,5 +28,13 @@ b)
   tail -1 "$OUT/b_tests.log"
   timeout 300 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2 --flush read --rounds 3 \
     --settings "base|pdl.PDL_EARLY_READS=frozenset({'mma_decode'})" --out "$OUT" --tag b_early_reads 2>&1 | tail -12
+  ;;
+c)
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_moe_route_dispatch.py \
+    > "$OUT/c_tests.log" 2>&1
+  tail -1 "$OUT/c_tests.log"
+  timeout 380 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2,8 --flush read --rounds 2 \
+    --settings "base|rd.SMALL_T_BLOCK_E=2|rd.SMALL_T_BLOCK_E=4|rd.SMALL_T_BLOCK_E=8" --out "$OUT" \
+    --tag c_route_block_e 2>&1 | tail -26
   ;;
 esac

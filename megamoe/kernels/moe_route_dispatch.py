@@ -84,6 +84,9 @@ def route_dispatch_counters(device) -> torch.Tensor | None:
 #: (bench_route.py, bf16 gate, gpu_check_v23/route_split): one program per expert is faster at 8 / 16 / 32 tokens,
 #: V4-Flash 25.3 / 40.0 / 59.3 -> 17.6 / 25.3 / 40.4 us, V4-Pro 44.6 / 77.6 / 117.9 -> 33.0 / 54.2 / 96.7 us.
 SPLIT_H_MIN_TOKENS = 64
+#: Experts per GEMV program below SPLIT_H_MIN_TOKENS (each program takes whole rows of H: E / SMALL_T_BLOCK_E programs,
+#: each drawing one ticket on the final counter). 1 since v2.
+SMALL_T_BLOCK_E = 1
 
 
 def plan_route_dispatch(num_tokens: int, num_experts: int, hidden: int, programs: int) -> dict:
@@ -102,8 +105,8 @@ def plan_route_dispatch(num_tokens: int, num_experts: int, hidden: int, programs
         tb = max(1, min(t_pad, 64 * 32 * num_warps // (block_e * chunk)))
     else:
         num_warps = 8 if h_pad >= 4096 else 4
-        block_e, chunk = 1, min(h_pad, 1024 * num_warps)
-        tb = max(1, min(t_pad, 64 * 32 * num_warps // chunk))
+        block_e, chunk = SMALL_T_BLOCK_E, min(h_pad, 1024 * num_warps)
+        tb = max(1, min(t_pad, 64 * 32 * num_warps // (chunk * block_e)))
     threads = 32 * num_warps
     e_blocks = triton.cdiv(num_experts, block_e)
     splits = triton.cdiv(hidden, chunk)

@@ -320,15 +320,15 @@ def _cuda_sm90():
         pytest.skip("PDL needs sm_90+")
 
 
-DEFAULT_PROLOGUE, DEFAULT_LAUNCH = pdl.PDL_PROLOGUE, pdl.PDL_LAUNCH
+DEFAULT_PROLOGUE, DEFAULT_LAUNCH, DEFAULT_EARLY_READS = pdl.PDL_PROLOGUE, pdl.PDL_LAUNCH, pdl.PDL_EARLY_READS
 
 
 def _pdl_setting(monkeypatch, setting):
     """True: PDL for every kernel (the switch); False: for none (the per-kernel sets emptied too); "default": the
-    per-kernel defaults of megamoe.kernels.pdl (switch off); "early": those with the decode GEMM's early reads
-    (PDL_EARLY_READS)."""
-    monkeypatch.setattr(pdl, "PDL_EARLY_READS", frozenset({"mma_decode"}) if setting == "early" else frozenset())
-    if setting in ("default", "early"):
+    per-kernel defaults of megamoe.kernels.pdl (switch off; the down GEMM's early reads included); "no-early": those
+    without the early reads (PDL_EARLY_READS empty)."""
+    monkeypatch.setattr(pdl, "PDL_EARLY_READS", DEFAULT_EARLY_READS if setting == "default" else frozenset())
+    if setting in ("default", "no-early"):
         monkeypatch.setattr(pdl, "PDL_ENABLED", False)
         monkeypatch.setattr(pdl, "PDL_PROLOGUE", DEFAULT_PROLOGUE)
         monkeypatch.setattr(pdl, "PDL_LAUNCH", DEFAULT_LAUNCH)
@@ -369,12 +369,12 @@ def _on_off_graph(monkeypatch, fn, *, capture=True):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("setting,tokens", [(True, 1), (True, 8), (True, 64), ("default", 1), ("default", 2),
-                                            ("default", 8), ("early", 1), ("early", 2)])
+                                            ("default", 8), ("no-early", 1)])
 def test_cuda_moe_layer_pdl_equals_plain_graph_and_sync_free(monkeypatch, setting, tokens):
-    """With PDL on (every kernel, or the per-kernel defaults: single-pass decode GEMMs and the combine launched early;
-    "early": the down GEMM also reads its routing and first weights before its wait), the V4-Flash MoE layer (route +
-    dispatch, decode GEMMs, combine): eager without host syncs, graph replay == eager, and the same bits as with PDL
-    off everywhere."""
+    """With PDL on (every kernel, or the per-kernel defaults: single-pass decode GEMMs and the combine launched early,
+    the down GEMM reading its routing and first weights before its wait; "no-early": without that), the V4-Flash MoE
+    layer (route + dispatch, decode GEMMs, combine): eager without host syncs, graph replay == eager, and the same bits
+    as with PDL off everywhere."""
     from megamoe.layers.moe import Nvfp4MoE
     from megamoe.models.config import PRESETS
     from megamoe.ops import errors

@@ -277,10 +277,28 @@ def test_route_dispatch_rejects_bad_arguments():
 V4_SHAPES = [(256, 4096, 6, "v4-flash"), (384, 7168, 6, "v4-pro")]
 
 
+@pytest.mark.parametrize("block_e", [2, 4])
+@pytest.mark.parametrize("tokens,experts,hidden,k,scoring", [c for c in CASES if c[0] <= 32])  # T_PAD < 64
+def test_fused_route_dispatch_guarantee_several_experts_per_program(monkeypatch, block_e, tokens, experts, hidden, k,
+                                                                     scoring):
+    """Below SPLIT_H_MIN_TOKENS with SMALL_T_BLOCK_E experts per GEMV program (whole rows of H, no partials)."""
+    from megamoe.kernels import moe_route_dispatch
+
+    monkeypatch.setattr(moe_route_dispatch, "SMALL_T_BLOCK_E", block_e)
+    plan = moe_route_dispatch.plan_route_dispatch(tokens, experts, hidden, 132)
+    assert plan["BLOCK_E"] == block_e and plan["splits"] == 1
+    test_fused_route_dispatch_guarantee(tokens, experts, hidden, k, scoring)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("experts,hidden,k,name", V4_SHAPES)
 @pytest.mark.parametrize("tokens", [1, 4, 8, 37, 64])
-def test_cuda_fused_route_dispatch_v4_shapes(experts, hidden, k, name, tokens):
+@pytest.mark.parametrize("block_e", [None, 4])
+def test_cuda_fused_route_dispatch_v4_shapes(monkeypatch, experts, hidden, k, name, tokens, block_e):
+    if block_e is not None:  # several experts per GEMV program (moe_route_dispatch.SMALL_T_BLOCK_E)
+        from megamoe.kernels import moe_route_dispatch
+
+        monkeypatch.setattr(moe_route_dispatch, "SMALL_T_BLOCK_E", block_e)
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(tokens)
     x = torch.randn(tokens, hidden, device=dev, generator=gen).bfloat16()

@@ -10,6 +10,10 @@
 #        The route + dispatch launch (9.1 us at 1 token) has one GEMV program per expert, each drawing a ticket on one
 #        counter: rd.SMALL_T_BLOCK_E = 2 / 4 / 8 experts per program (fewer programs and tickets, more loads each).
 #        Route tests (the several-experts plan included); the layer A/B at 1 / 2 / 8 tokens, both models.
+#   d -> c: 2-8 experts per route program: within +-1% (2 tokens 1.008x, 8 tokens 0.98-1.008x): not a lever, the
+#        default stays 1. The combine may read inv_perm and the weights (the routing's) before its PDL wait too
+#        (moe_ops.combine(index_settled=True)): CUDA tests of the combine and PDL; the layer A/B with "combine" added to
+#        PDL_EARLY_READS at 1 / 2 / 8 tokens.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -36,5 +40,15 @@ c)
   timeout 380 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2,8 --flush read --rounds 2 \
     --settings "base|rd.SMALL_T_BLOCK_E=2|rd.SMALL_T_BLOCK_E=4|rd.SMALL_T_BLOCK_E=8" --out "$OUT" \
     --tag c_route_block_e 2>&1 | tail -26
+  ;;
+d)
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider tests/ops/test_moe_ops.py -k "combine" \
+    > "$OUT/d_tests.log" 2>&1
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/test_pdl.py -k moe_layer \
+    >> "$OUT/d_tests.log" 2>&1
+  grep -E "passed|failed" "$OUT/d_tests.log"
+  timeout 330 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2,8 --flush read --rounds 3 \
+    --settings "base|pdl.PDL_EARLY_READS=frozenset({'mma_decode','combine'})" --out "$OUT" --tag d_combine_early \
+    2>&1 | tail -12
   ;;
 esac

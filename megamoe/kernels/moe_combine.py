@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import grid_dependency_prologue, pdl_early_reads, pdl_flags
+from .pdl import grid_dependency_prologue, pdl_flags
 
 # BLOCK_H / num_warps: one program reads k rows of BLOCK_H bf16 (k*BLOCK_H*2 bytes);
 # 1024 columns keep the grid >= 4 programs per row at H = 4096 and the loads 16-byte wide.
@@ -59,38 +59,25 @@ def _moe_combine_kernel(
     INTERPRET: tl.constexpr,
     ERR_FLAG: tl.constexpr,
     PDL: tl.constexpr = False,
-    EARLY_READS: tl.constexpr = False,  # inv_perm and the weights read before the PDL wait (launcher: early_reads)
-    K_PAD: tl.constexpr = 1,  # next power of two >= TOP_K (EARLY_READS)
 ):
-    if not EARLY_READS:
-        grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_mask = cols < H
-    if EARLY_READS:  # the routing's outputs, final before the previous kernel started; then the wait
-        slots = tl.arange(0, K_PAD)
-        rows_v = tl.load(inv_perm_ptr + token * TOP_K + slots, mask=slots < TOP_K, other=0)
-        w_v = tl.load(weight_ptr + token * TOP_K + slots, mask=slots < TOP_K, other=0.0)
-        grid_dependency_prologue(PDL)
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     if HAS_SHARED:
         acc += tl.load(shared_ptr + token * stride_shared + cols, mask=col_mask, other=0.0).to(tl.float32)
     bad = 0
     for j in tl.static_range(TOP_K):
-        if EARLY_READS:  # slot j of the vectors (one non-zero term: the same value, NaN included)
-            row = tl.sum(tl.where(slots == j, rows_v, 0)).to(tl.int64)
-            w_j = tl.sum(tl.where(slots == j, w_v, 0.0))
-        else:
-            row = tl.load(inv_perm_ptr + token * TOP_K + j).to(tl.int64)
-            w_j = tl.load(weight_ptr + token * TOP_K + j)
+        row = tl.load(inv_perm_ptr + token * TOP_K + j).to(tl.int64)
         if ERR_FLAG != 0:
             ok = (row >= 0) & (row < num_expert_rows)
             bad += (~ok).to(tl.int32)
-            w = tl.where(ok, w_j, 0.0)  # a dropped pair adds w=0 * y=0
+            w = tl.where(ok, tl.load(weight_ptr + token * TOP_K + j), 0.0)  # a dropped pair adds w=0 * y=0
             y = tl.load(expert_out_ptr + tl.where(ok, row, 0) * stride_expert_out + cols, mask=col_mask & ok,
                         other=0.0)
         else:  # guard compiled out (MEGAMOE_DEVICE_GUARD=0, benchmarking only): inv_perm trusted
-            w = w_j
+            w = tl.load(weight_ptr + token * TOP_K + j)
             y = tl.load(expert_out_ptr + row * stride_expert_out + cols, mask=col_mask, other=0.0)
         acc += w * y.to(tl.float32)
     # one flag per token (the column-block-0 program)
@@ -108,17 +95,13 @@ def launch_moe_combine(
     *,
     interpreter: bool = False,
     error_word: torch.Tensor | None = None,
-    early_reads: bool = False,
 ) -> torch.Tensor:
     """Launch the combine kernel (no validation: the op in megamoe/ops/moe.py does it).
 
     expert_out: (R >= T*k, H) bf16, unit column stride. inv_perm: (T*k,) int32
     contiguous. topk_weights: (T, k) fp32 contiguous. shared: None or (T, H)
     bf16. out: (T, H) bf16. error_word: the (1,) int32 word an out-of-range
-    ``inv_perm`` flags (default: the device's). early_reads: ``inv_perm`` and
-    ``topk_weights`` were final before the kernel that writes ``expert_out``
-    started; where the launch uses PDL and :func:`megamoe.kernels.pdl.pdl_early_reads`
-    allows it, they are read before the wait (the same bits). Returns ``out``.
+    ``inv_perm`` flags (default: the device's). Returns ``out``.
     """
     from ..ops import errors
 
@@ -131,7 +114,6 @@ def launch_moe_combine(
     grid = (num_tokens, triton.cdiv(hidden, block_h))
     has_shared = shared is not None
     pdl, launch_pdl = pdl_flags(out, "combine")
-    early = early_reads and launch_pdl and pdl_early_reads("combine")
     _moe_combine_kernel[grid](
         expert_out,
         inv_perm,
@@ -152,7 +134,5 @@ def launch_moe_combine(
         num_warps=cfg["num_warps"],
         PDL=pdl,
         launch_pdl=launch_pdl,
-        EARLY_READS=early,
-        K_PAD=triton.next_power_of_2(top_k),
     )
     return out

@@ -635,8 +635,7 @@ class Nvfp4MoE:
             shared = self._join_shared(side)
         else:
             shared = self.shared.forward(hidden_states) if self.shared is not None and not fuse else None
-        # inv_perm and the weights came from the routing, before gate_up: the combine may read them before its wait
-        result = moe_ops.combine(expert_out, d["inv_perm"], topk_weights, shared, out=out, index_settled=True)
+        result = moe_ops.combine(expert_out, d["inv_perm"], topk_weights, shared, out=out)
         # eager only: raises if a kernel masked an out-of-range index (no-op while capturing / sync-debugging)
         errors.check_errors_eager(self.device)
         return result

@@ -553,7 +553,6 @@ def combine(
     shared: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
-    index_settled: bool = False,
 ) -> torch.Tensor:
     """Weighted gather-sum back to token order (+ the shared expert's output).
 
@@ -565,13 +564,7 @@ def combine(
     ``inv_perm`` lies outside ``[0, R)`` is dropped (adds ``0 * 0``) and sets the
     ``("combine", "inv_perm")`` bit of the device's error word
     (``megamoe/ops/errors.py``); both backends follow this rule.
-    index_settled: the caller's promise that ``inv_perm`` and ``topk_weights`` were final before the kernel that
-    writes ``expert_out`` started (a MoE layer: the routing precedes the expert GEMMs). The kernel may then read them
-    before its PDL wait (:data:`megamoe.kernels.pdl.PDL_EARLY_READS`); the same bits either way. A wrong promise is a
-    race.
     """
-    if not isinstance(index_settled, bool):
-        raise TypeError(f"index_settled: expected a bool, got {type(index_settled).__name__}")
     _check_tensor(expert_out, "expert_out", (torch.bfloat16,), 2)
     _check_tensor(topk_weights, "topk_weights", (torch.float32,), 2)
     _check_tensor(inv_perm, "inv_perm", (torch.int32,), 1)
@@ -603,11 +596,9 @@ def combine(
             expert_out = expert_out.contiguous()
         if shared is not None and shared.stride(1) != 1:  # the kernel reads rows of unit column stride
             shared = shared.contiguous()
-        # a contiguous copy would be written right before the kernel: no early reads of it
-        early = index_settled and inv_perm.is_contiguous() and topk_weights.is_contiguous()
         return launch_moe_combine(
             expert_out, inv_perm.contiguous(), topk_weights.contiguous(), shared, out,
-            interpreter=interpreter_enabled() and not expert_out.is_cuda, early_reads=early,
+            interpreter=interpreter_enabled() and not expert_out.is_cuda,
         )
     from . import errors
 

@@ -108,15 +108,13 @@ def build(name: str, pdl: bool):
         return _triton(m._moe_topk_kernel, types, dict(TOP_K=6, K_PAD=8, E_PAD=256, HAS_BIAS=True, NORMALIZE=True,
                                                         N_GROUP=1, TOPK_GROUP=1, HASH=True, FLAG_TOKENS=1,
                                                         FLAG_TABLE=2), 1, pdl)
-    if name in ("moe_combine", "moe_combine_early"):
+    if name == "moe_combine":
         from megamoe.kernels import moe_combine as m
         types = dict(expert_out_ptr="*bf16", inv_perm_ptr="*i32", weight_ptr="*fp32", shared_ptr="*bf16",
                      out_ptr="*bf16", err_ptr="*i32", H="i32", num_expert_rows="i32", stride_expert_out="i32",
                      stride_shared="i32", stride_out="i32")
-        consts = dict(TOP_K=6, HAS_SHARED=True, BLOCK_H=1024, INTERPRET=False, ERR_FLAG=1)
-        if name == "moe_combine_early":  # the fused shared expert as slot k, inv_perm / weights before the wait
-            consts.update(TOP_K=7, HAS_SHARED=False, EARLY_READS=True, K_PAD=8)
-        return _triton(m._moe_combine_kernel, types, consts, 4, pdl)
+        return _triton(m._moe_combine_kernel, types, dict(TOP_K=6, HAS_SHARED=True, BLOCK_H=1024, INTERPRET=False,
+                                                           ERR_FLAG=1), 4, pdl)
     if name.startswith("topk_"):
         from megamoe.kernels import topk as m
         kernel, types, consts, warps = {

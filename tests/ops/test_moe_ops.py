@@ -143,54 +143,6 @@ def test_combine_kernel_matches_torch(with_shared, tokens):
     torch.testing.assert_close(out.float(), ref, rtol=2 ** -8, atol=1e-6)
 
 
-@pytest.mark.parametrize("tokens,k", [(1, 7), (5, 3), (3, 6)])
-def test_combine_early_reads_same_bits(monkeypatch, tokens, k, device):
-    """The combine kernel's EARLY_READS build (inv_perm and the weights as vectors read before the PDL wait, slot j
-    picked out of them) gives the plain build's bits: a NaN weight, a -0.0 weight and an out-of-range inv_perm
-    (dropped and flagged) included; without index_settled the plain build runs."""
-    from megamoe.kernels import moe_combine
-    from megamoe.ops import errors
-
-    h = 80
-    y = torch.randn(tokens * k + 2, h).bfloat16().to(device)
-    inv = torch.randperm(tokens * k).int().to(device)
-    w = torch.rand(tokens, k).to(device)
-    w[0, 0] = float("nan")
-    w[-1, -1] = -0.0
-    inv[-1] = tokens * k + 5  # outside [0, R)
-    with pytest.raises(TypeError, match="index_settled"):
-        moe_ops.combine(y, inv, w, index_settled=1)
-    errors.clear_errors(y.device)
-    plain = moe_ops.combine(y, inv, w, index_settled=True)  # on CPU / without PDL: no early reads
-    flagged_plain = errors.decode(errors.peek_errors(y.device))
-    errors.clear_errors(y.device)
-    seen = []
-    real_launch = moe_combine._moe_combine_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                seen.append(kwargs["EARLY_READS"])
-                return real_launch[grid](*args, **kwargs)
-            return run
-
-    monkeypatch.setattr(moe_combine, "_moe_combine_kernel", Spy())
-    monkeypatch.setattr(moe_combine, "pdl_flags", lambda t, name: (not t.is_cuda, not t.is_cuda))  # interpreter: no-op
-    if device.type == "cuda":
-        monkeypatch.setattr(moe_combine, "pdl_flags", lambda t, name: (True, True))
-    monkeypatch.setattr(moe_combine, "pdl_early_reads", lambda name: True)
-    early = moe_ops.combine(y, inv, w, index_settled=True)
-    flagged_early = errors.decode(errors.peek_errors(y.device))
-    errors.clear_errors(y.device)
-    again = moe_ops.combine(y, inv, w)  # no promise: the plain build
-    errors.clear_errors(y.device)
-    assert seen == [True, False]
-    assert torch.equal(early.view(torch.int16), plain.view(torch.int16))
-    assert torch.equal(again.view(torch.int16), plain.view(torch.int16))
-    assert torch.isnan(plain[0].float()).all()
-    assert flagged_early == flagged_plain == [("combine", "inv_perm")]
-
-
 @pytest.mark.parametrize("block", [16, 64])
 @pytest.mark.parametrize("tokens,k,e", [(5, 2, 8), (40, 3, 8), (73, 7, 385), (37, 6, 256), (1, 3, 4)])
 def test_dispatch_triton_above_the_sort_limit_runs_the_blocked_kernels(monkeypatch, tokens, k, e, block, device):

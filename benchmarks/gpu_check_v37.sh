@@ -14,6 +14,10 @@
 #        default stays 1. The combine may read inv_perm and the weights (the routing's) before its PDL wait too
 #        (moe_ops.combine(index_settled=True)): CUDA tests of the combine and PDL; the layer A/B with "combine" added to
 #        PDL_EARLY_READS at 1 / 2 / 8 tokens.
+#   e -> d: the combine's early reads 1.000-1.002x: reverted. At 2-8 tokens the down GEMM's grid loops, so it is launched
+#        plainly (PDL only for single-pass grids: looping early GEMMs lost 5% in part 25, before the early reads). With
+#        pdl.PDL_LOOPING_EARLY_READS the down GEMM (early reads) is launched with PDL there too. PDL layer tests with it;
+#        the layer A/B at 2 / 4 / 8 tokens, both models.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -50,5 +54,12 @@ d)
   timeout 330 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1,2,8 --flush read --rounds 3 \
     --settings "base|pdl.PDL_EARLY_READS=frozenset({'mma_decode','combine'})" --out "$OUT" --tag d_combine_early \
     2>&1 | tail -12
+  ;;
+e)
+  MEGAMOE_PDL_LOOPING_EARLY_READS=1 timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda \
+    tests/kernels/test_pdl.py -k moe_layer > "$OUT/e_tests.log" 2>&1
+  tail -1 "$OUT/e_tests.log"
+  timeout 330 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 2,4,8 --flush read --rounds 3 \
+    --settings "base|pdl.PDL_LOOPING_EARLY_READS=True" --out "$OUT" --tag e_looping_early 2>&1 | tail -12
   ;;
 esac

@@ -74,10 +74,6 @@ PDL_LAUNCH = _env_names("MEGAMOE_PDL_LAUNCH", "mma_decode,combine")
 #: 58.2 us, V4-Pro 124.7 -> 124.2; 2 tokens (no PDL launch of down) unchanged. (env MEGAMOE_PDL_EARLY_READS, a comma
 #: list, read at import; "" off)
 PDL_EARLY_READS = _env_names("MEGAMOE_PDL_EARLY_READS", "mma_decode")
-#: A decode GEMM that reads its routing early (above) is launched with PDL even where its programs loop over several
-#: chunks (2-8 tokens), not only for single-pass grids (PDL_LAUNCH). (env MEGAMOE_PDL_LOOPING_EARLY_READS, "1" on;
-#: read at import)
-PDL_LOOPING_EARLY_READS = os.environ.get("MEGAMOE_PDL_LOOPING_EARLY_READS", "0").strip() == "1"
 
 
 def pdl_early_reads(kernel: str) -> bool:

@@ -45,7 +45,6 @@ import os
 import torch
 import triton
 
-from .. import pdl
 from ..pdl import gl_grid_dependency_prologue, pdl_early_reads, pdl_flags
 from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
@@ -786,13 +785,9 @@ def launch_nvfp4_mma_decode(
         resident = compiled_residency(_nvfp4_mma_decode_kernel, (n_tiles, 1, 1), args, consts)
         grid = (*mma_decode_grid(num_sms, resident, n, chunks, block_n), 1)
     # PDL launch only where no program loops (pdl.PDL_LAUNCH): the host chunk bound within the programs per n-tile
-    # ... or, with pdl.PDL_LOOPING_EARLY_READS, where the grid loops but the launch reads its routing early
-    early_ok = (early_reads and pdl_early_reads("mma_decode") and mode == 0 and consts["STAGES"] < 2
-                and not consts["X_SMEM"])
-    single_pass = splits == 1 and chunks <= grid[1]
-    consts["PDL"], launch_pdl = pdl_flags(x, "mma_decode",
-                                          single_pass=single_pass or (early_ok and pdl.PDL_LOOPING_EARLY_READS))
-    consts["EARLY_READS"] = early_ok and launch_pdl
+    consts["PDL"], launch_pdl = pdl_flags(x, "mma_decode", single_pass=splits == 1 and chunks <= grid[1])
+    consts["EARLY_READS"] = (early_reads and launch_pdl and pdl_early_reads("mma_decode") and mode == 0
+                             and consts["STAGES"] < 2 and not consts["X_SMEM"])
     _nvfp4_mma_decode_kernel[grid](*arguments(grid[1]), **consts, launch_pdl=launch_pdl)
     if mode == 2:
         consts["SPLIT"] = 3

@@ -18,6 +18,12 @@
 #        plainly (PDL only for single-pass grids: looping early GEMMs lost 5% in part 25, before the early reads). With
 #        pdl.PDL_LOOPING_EARLY_READS the down GEMM (early reads) is launched with PDL there too. PDL layer tests with it;
 #        the layer A/B at 2 / 4 / 8 tokens, both models.
+#   f -> e: looping down grids with PDL 0.947-1.019x: reverted. Issue 10's skew point: the banded route's launches run
+#        one after another (decode band, 32-row chunks, with PIPE_ABOVE_MMA_ROWS the pipelined 64-row band), so a few
+#        hot experts in a later band run alone. gemm.BANDS_OVERLAP: later bands launched with PDL beside the earlier
+#        ones (trigger first, wait for the previous band at exit; disjoint rows, same bits). CUDA tests of the bands
+#        (same bits as in order, graphs after the routing moved) and PDL; the layer A/B at 16 / 48 / 64 tokens under
+#        the router, Zipf and all-on-k, with and without PIPE_ABOVE_MMA_ROWS = 32.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -61,5 +67,13 @@ e)
   tail -1 "$OUT/e_tests.log"
   timeout 330 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 2,4,8 --flush read --rounds 3 \
     --settings "base|pdl.PDL_LOOPING_EARLY_READS=True" --out "$OUT" --tag e_looping_early 2>&1 | tail -12
+  ;;
+f)
+  timeout 260 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_gemm_bands.py \
+    -k "concurrent" > "$OUT/f_tests.log" 2>&1
+  tail -1 "$OUT/f_tests.log"
+  S="base|gemm.BANDS_OVERLAP=True|gemm.PIPE_ABOVE_MMA_ROWS=32|gemm.PIPE_ABOVE_MMA_ROWS=32;gemm.BANDS_OVERLAP=True"
+  timeout 320 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 16,48,64 --flush read \
+    --rounds 2 --routings router,zipf,all-on-k --settings "$S" --out "$OUT" --tag f_bands_overlap 2>&1 | tail -40
   ;;
 esac

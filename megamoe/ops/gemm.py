@@ -149,6 +149,12 @@ PIPE_ABOVE_WIDE_N = 6144
 # tokens: Zipf 1.02-1.19x faster, uniform 0.95-1.02x, all-on-k 0.91-1.0x, so it depends on the routing.
 # MEGAMOE_BANDS_CONCURRENT (read at import): "1" on, "0" (default) off.
 BANDS_CONCURRENT = os.environ.get("MEGAMOE_BANDS_CONCURRENT", "0").strip() not in ("", "0")
+# The banded route's later launches beside the earlier ones on one stream (:func:`_launch_banded`): band i >= 1 is
+# launched with PDL (``after_band``), starts on the SMs the previous band frees, computes without waiting for it (its
+# inputs were final before the first band started, its rows are disjoint) and waits for it only before exiting, so the
+# stream's next kernel sees every band. Same bits. Not with split-K bands (shared tile counters); a tile-list band
+# runs after its builder as before. MEGAMOE_BANDS_OVERLAP (read at import): "1" on, "0" (default) off.
+BANDS_OVERLAP = os.environ.get("MEGAMOE_BANDS_OVERLAP", "0").strip() not in ("", "0")
 
 
 def _check_x(x, k: int | None, name: str = "x") -> None:
@@ -439,18 +445,27 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
         num_sms = _num_sms(out.device.index or 0)
     plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert,
                           weight_interleave=kwargs.get("weight_interleave", 1), n=data.shape[-2], num_sms=num_sms)
+    # (not with BANDS_CONCURRENT's side streams, which take the plans without split-K bands)
+    overlap = (BANDS_OVERLAP and out.is_cuda and not interpreter and len(plan) > 1
+               and all(band.get("splits", 1) == 1 for _, band in plan)
+               and not (BANDS_CONCURRENT and not any("splits" in band for _, band in plan)))
+    pipes = [i for i, (route, band) in enumerate(plan) if route == "pipe"]
     x_mma = None
-    if sum(route == "pipe" for route, _ in plan) > 1:  # the x copy in the MMA K order is made once for all of them
+    if len(pipes) > 1 or (overlap and pipes and pipes[-1] > 0):
+        # the x copy in the MMA K order, made once for all of them (and before the first band when a later pipelined
+        # band overlaps: no copy kernel between the bands)
         from ..kernels.gemm.mma_k_order import launch_to_mma_k_order
 
         x_mma = launch_to_mma_k_order(args[0])
     launches = []
-    for route, band in plan:
+    for i, (route, band) in enumerate(plan):
         band_args = args
         if route == "pipe" and x_mma is not None:
             band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
         if route == "mma" and early_reads:
             band = dict(band, early_reads=True)
+        if overlap and i > 0 and route in ("mma", "pipe") and not band.get("tile_list"):
+            band = dict(band, after_band=True)
         launches.append(lambda route=route, band_args=band_args, band=band: _launcher(route)(
             *band_args, expert_offsets=expert_offsets, interpreter=interpreter, **kwargs, **band))
     # not with a decode band (the only launch planned with "splits"): at 16-256 tokens the concurrent launches lost

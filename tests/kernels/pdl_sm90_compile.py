@@ -80,7 +80,9 @@ def facts(compiled) -> dict:
     body = ptx[ptx.index(".entry"):]
     first = _GLOBAL_ACCESS.search(body)
     wait = body.find("griddepcontrol.wait")
+    launch = body.find("griddepcontrol.launch_dependents")
     return dict(wait=body.count("griddepcontrol.wait"), launch=body.count("griddepcontrol.launch_dependents"),
+                launch_first=launch >= 0 and (first is None or launch < first.start()),
                 wait_first=wait >= 0 and (first is None or wait < first.start()),
                 wait_before_writes=wait >= 0 and not write_reachable_before_wait(body),
                 metadata_pdl=bool(getattr(compiled.metadata, "launch_pdl", False)))
@@ -181,6 +183,16 @@ def build(name: str, pdl: bool):
                                             swiglu=False, extra_signature=m.COMPILE_EXTRA_POINTERS,
                                             extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl, EARLY_READS=True,
                                                                  W_IL=4, X_PAIRED=True))
+    if name == "mma_decode_after_band":  # a later band: trigger first, compute, wait for the previous band at exit
+        from megamoe.kernels.gemm import nvfp4_gluon_jit
+        from megamoe.kernels.gemm import nvfp4_mma_decode as m
+        return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, m.COMPILE_SCALARS, (32, 128, 128), 4,
+                                            swiglu=True, extra_signature=m.COMPILE_EXTRA_POINTERS,
+                                            extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl, AFTER_BAND=pdl,
+                                                                 W_IL=4))
+    if name == "pipe_after_band":
+        from megamoe.kernels.gemm import nvfp4_wgmma_pipe as m
+        return m.compile_for_sm90(m.PIPE_BAND64_NARROW_CONFIG, swiglu=True, after_band=pdl)
     raise KeyError(name)
 
 

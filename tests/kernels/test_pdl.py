@@ -82,7 +82,9 @@ def test_every_kernel_waits_first_and_every_launch_passes_the_flag(module):
             body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) \
                 else fn.body
             first = body[0]
-            if isinstance(first, ast.If) and ast.unparse(first.test) == "not EARLY_READS" and not first.orelse:
+            if isinstance(first, ast.If) and ast.unparse(first.test) in ("not EARLY_READS",
+                                                                          "not EARLY_READS and (not AFTER_BAND)") \
+                    and not first.orelse:
                 first = first.body[0]  # the documented exception (pdl.PDL_EARLY_READS): the wait comes later
                 assert "EARLY_READS" in names and ast.unparse(fn).count("gl_grid_dependency_prologue(PDL)") >= 2, \
                     f"{module}.{fn.name}: EARLY_READS without a later wait"
@@ -302,6 +304,23 @@ def test_sm90_early_reads_wait_before_writes():
     assert off["wait"] == 0 and off["launch"] == 0, off
     assert on["wait"] >= 1 and on["launch"] == on["wait"], on
     assert not on["wait_first"] and on["wait_before_writes"], on
+
+
+@pytest.mark.slow
+def test_sm90_after_band_triggers_first_and_waits():
+    """A later band of a banded GEMM (the mma.sync decode kernel and the pipelined kernel built with AFTER_BAND):
+    ``launch_dependents`` before any global access, and one ``griddepcontrol.wait`` (at the exit); the plain builds
+    have neither."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    names = ["mma_decode_after_band", "pipe_after_band"]
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "kernels", "pdl_sm90_compile.py"), *names],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    for name in names:
+        off, on = report[name]["off"], report[name]["on"]
+        assert off["wait"] == 0 and off["launch"] == 0, (name, off)
+        assert on["wait"] == 1 and on["launch"] == 1 and on["launch_first"] and not on["wait_first"], (name, on)
 
 
 def test_early_reads_setting(monkeypatch):

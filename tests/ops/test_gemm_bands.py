@@ -311,10 +311,12 @@ def test_plan_row_bands_for_row_interleaved_weights():
 @pytest.mark.parametrize("interleave,after_decode", [(1, False), (4, False), (4, True), (4, "above"),
                                                      (4, "above-wide")])
 @pytest.mark.parametrize("t,hint", [(56, 56), (384, 64), (3000, None)])
-def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, t, hint):
-    """BANDS_CONCURRENT (the bands on side streams) writes the same bits as the launches in order, eager and in a
-    sync-free graph replayed after the routing moved; PIPE_AFTER_DECODE's and PIPE_ABOVE_MMA_ROWS's plans too (within
-    float32 bounds)."""
+@pytest.mark.parametrize("knob", ["BANDS_CONCURRENT", "BANDS_OVERLAP"])
+def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, t, hint, knob):
+    """BANDS_CONCURRENT (the bands on side streams) and BANDS_OVERLAP (later bands launched with PDL beside the earlier
+    ones, waiting for them only at exit) write the same bits as the launches in order, eager and in a sync-free graph
+    replayed after the routing moved; PIPE_AFTER_DECODE's and PIPE_ABOVE_MMA_ROWS's plans too (within float32
+    bounds)."""
     from gemm_helpers import grouped_f32, random_weight, rel_err
 
     device = torch.device("cuda")
@@ -333,8 +335,22 @@ def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, 
     if after_decode == "above-wide":  # N 256: the narrow band by default; this takes the wide one
         monkeypatch.setattr(ops_gemm, "PIPE_ABOVE_WIDE_N", 0)
     outs = {}
+    seen = []
+    real_launcher = ops_gemm._launcher
+
+    def spy(route):
+        launch = real_launcher(route)
+
+        def run(*args, **kwargs):
+            if route != "banded":
+                seen.append(kwargs.get("after_band", False))
+            return launch(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(ops_gemm, "_launcher", spy)
     for concurrent in (False, True):
-        monkeypatch.setattr(ops_gemm, "BANDS_CONCURRENT", concurrent)
+        monkeypatch.setattr(ops_gemm, knob, concurrent)
+        seen.clear()
         out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device=device)
 
         def launch():
@@ -342,6 +358,8 @@ def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, 
 
         launch()
         outs[concurrent] = out.clone()
+        if knob == "BANDS_OVERLAP":  # every later band (of a plan with several) overlaps its predecessor
+            assert seen[1:] == [concurrent] * (len(seen) - 1) and not seen[0], seen
         graph, _ = sync_free_graph(launch)
         for kind in ("one", "uniform"):
             moved = _skewed_counts(kind, e, t - 3, gen)

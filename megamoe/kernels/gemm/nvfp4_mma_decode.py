@@ -45,7 +45,8 @@ import os
 import torch
 import triton
 
-from ..pdl import gl_grid_dependency_prologue, pdl_early_reads, pdl_flags
+from ..pdl import (gl_grid_dependency_prologue, gl_launch_dependents, gl_wait_for_previous_grid, pdl_early_reads,
+                   pdl_flags, pdl_supported)
 from .mma_k_order import launch_to_mma_k_order
 from .nvfp4_gemm import _num_sms
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, check_weight_interleave, compile_sm90, kernel_arguments
@@ -350,7 +351,7 @@ if GLUON_AVAILABLE:
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, SPLIT: gl.constexpr,
         num_warps: gl.constexpr, STAGES: gl.constexpr = 0, PDL: gl.constexpr = False, X_SMEM: gl.constexpr = False,
         W_IL: gl.constexpr = 1, X_PAIRED: gl.constexpr = False, OUT_PAIRED: gl.constexpr = False,
-        EARLY_READS: gl.constexpr = False,
+        EARLY_READS: gl.constexpr = False, AFTER_BAND: gl.constexpr = False,
     ):
         """SPLIT (constexpr; grouped only for 1-3): 0 = no split-K (``ws_ptr``, ``cnt_ptr``, ``splits``,
         ``chunk_steps``, ``slot_chunks`` unused); 1 = split-K with the single-launch ticket reduction;
@@ -362,11 +363,19 @@ if GLUON_AVAILABLE:
         EARLY_READS (with PDL; register path, SPLIT 0 only): ``expert_offsets``, ``row_index`` and the weights were
         final before the previous kernel started (launcher: ``early_reads``), so a program builds its tile table and
         loads its first chunk's first weight step before it waits for the previous kernel; x loads and every store
-        come after the wait."""
-        if not EARLY_READS:
+        come after the wait.
+        AFTER_BAND (with PDL, SPLIT 0; launcher: ``after_band``): a later band of one banded GEMM, whose inputs were
+        final before the previous band started and whose rows are disjoint from it: lets the next kernel launch at
+        once, computes without waiting, and waits for the previous band only before exiting (what follows on the stream
+        then sees every band's rows)."""
+        if not EARLY_READS and not AFTER_BAND:
             gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
+        if AFTER_BAND:
+            gl_launch_dependents()
         gl.static_assert(not EARLY_READS or (SPLIT == 0 and STAGES < 2 and not X_SMEM),
                          "EARLY_READS: the register path without split-K only")
+        gl.static_assert(not AFTER_BAND or (PDL and SPLIT == 0 and not EARLY_READS),
+                         "AFTER_BAND: a PDL launch without split-K or early reads")
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
@@ -588,6 +597,8 @@ if GLUON_AVAILABLE:
                 if EARLY_READS:  # a program without chunks has not waited yet: no global write before the wait
                     gl_grid_dependency_prologue(PDL)
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+        if AFTER_BAND:  # complete only after the previous band (the stream's next kernel waits for this one)
+            gl_wait_for_previous_grid()
 
 
 #: The kernel's i32 arguments and its pointers beyond the family's (offline compiles: :func:`compile_for_sm90`, tests).
@@ -673,6 +684,7 @@ def launch_nvfp4_mma_decode(
     x_paired: bool = False,
     out_paired: bool = False,
     early_reads: bool = False,
+    after_band: bool = False,
 ) -> torch.Tensor:
     """Launch the decode-shaped tensor-core NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -701,6 +713,9 @@ def launch_nvfp4_mma_decode(
     ``x`` started (a MoE layer's down GEMM: the routing precedes gate_up). Where this launch uses PDL, the register
     path without split-K, and :func:`megamoe.kernels.pdl.pdl_early_reads` allows it, each program then builds its tile
     table and loads its first weight step before it waits for the previous kernel (the same bits).
+    ``after_band``: this launch is a later band of one banded GEMM (:func:`megamoe.ops.gemm.plan_row_bands`; its
+    inputs final before the previous band started, its rows disjoint): on a PDL-capable device and without split-K it
+    is launched with PDL, runs beside the previous band and waits for it only before exiting (the same bits).
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -786,8 +801,11 @@ def launch_nvfp4_mma_decode(
         grid = (*mma_decode_grid(num_sms, resident, n, chunks, block_n), 1)
     # PDL launch only where no program loops (pdl.PDL_LAUNCH): the host chunk bound within the programs per n-tile
     consts["PDL"], launch_pdl = pdl_flags(x, "mma_decode", single_pass=splits == 1 and chunks <= grid[1])
+    consts["AFTER_BAND"] = after_band and mode == 0 and pdl_supported(x)
+    if consts["AFTER_BAND"]:
+        consts["PDL"] = launch_pdl = True
     consts["EARLY_READS"] = (early_reads and launch_pdl and pdl_early_reads("mma_decode") and mode == 0
-                             and consts["STAGES"] < 2 and not consts["X_SMEM"])
+                             and consts["STAGES"] < 2 and not consts["X_SMEM"] and not consts["AFTER_BAND"])
     _nvfp4_mma_decode_kernel[grid](*arguments(grid[1]), **consts, launch_pdl=launch_pdl)
     if mode == 2:
         consts["SPLIT"] = 3

@@ -356,12 +356,17 @@ if GLUON_AVAILABLE:
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
         STAGES: gl.constexpr = 4, WAIT_DEPTH: gl.constexpr = 1, BLOCK_M_TAIL: gl.constexpr = 0, W_IL: gl.constexpr = 1,
+        AFTER_BAND: gl.constexpr = False,
     ):
         """Grouped NVFP4 GEMM, x in the MMA K order: one cp.async ring for x, weights and scales, and a
         32-K-grained async wgmma chain (module docstring). A tile holds BLOCK_M + BLOCK_M_TAIL token rows: the
         head (the wgmma N = BLOCK_M) and, when BLOCK_M_TAIL > 0, a tail of BLOCK_M_TAIL rows with its own ring
         part and accumulator, fed by the same decoded weights (tiles of 96 = 64 + 32 rows, say, where shapes
-        must be powers of two)."""
+        must be powers of two). AFTER_BAND (launched with PDL; launcher ``after_band``): a later band of one banded
+        GEMM, inputs final before the previous band started, rows disjoint from it: lets the next kernel launch at
+        once, computes beside the previous band and waits for it only before exiting."""
+        if AFTER_BAND:
+            gl_launch_dependents()
         gl.static_assert(BLOCK_K == 128)
         gl.static_assert(STAGES >= 3)
         gl.static_assert(WAIT_DEPTH >= 1 and WAIT_DEPTH <= 3)
@@ -399,6 +404,8 @@ if GLUON_AVAILABLE:
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
+        if AFTER_BAND:  # complete only after the previous band (the stream's next kernel waits for this one)
+            gl_wait_for_previous_grid()
 
 
     @gluon.jit(do_not_specialize=["num_rows", "num_src_rows"])
@@ -555,12 +562,14 @@ def split_tile_rows(tile_m: int) -> tuple[int, int]:
 
 
 def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True,
-                     wait_depth=None):
-    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's."""
+                     wait_depth=None, after_band=False):
+    """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
+    ``after_band``: its AFTER_BAND build."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we",
                "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om", "row_hi"]
     head, tail = split_tile_rows(config[0])
-    extra = dict(STAGES=config[4], WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH)
+    extra = dict(STAGES=config[4], WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH, **({"AFTER_BAND": True} if after_band
+                                                                                 else {}))
     if tail:  # the default build keeps its constants (and its cache key) as before the tail existed
         extra["BLOCK_M_TAIL"] = tail
     return compile_sm90(_nvfp4_wgmma_pipe_kernel, scalars, (head,) + tuple(config[1:3]), config[3], grouped=True,
@@ -657,6 +666,7 @@ def launch_nvfp4_wgmma_pipe(
     wait_depth: int | None = None,
     weight_interleave: int = 1,
     tile_list: bool = False,
+    after_band: bool = False,
 ) -> torch.Tensor:
     """Launch the pipelined wgmma grouped GEMM (contract of
     :func:`megamoe.kernels.gemm.nvfp4_wgmma.launch_nvfp4_wgmma`, grouped only).
@@ -677,6 +687,8 @@ def launch_nvfp4_wgmma_pipe(
     A frees when :data:`PIPE_LIST_OVERLAP` is on (:data:`PIPE_LIST_EDGES`; the same bits as the band launches of those
     heights); ``config`` (None: :data:`PIPE_CONFIG`'s ring), ``row_hi`` (None) and ``wait_depth`` (None or 1) are
     fixed then.
+    ``after_band`` (band launches only, ``x_in_mma_order``): a later band of one banded GEMM whose inputs were final
+    before the previous band started: launched with PDL where supported, beside the previous band (the same bits).
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -693,6 +705,8 @@ def launch_nvfp4_wgmma_pipe(
     if tile_list and (config is not None or row_hi is not None or wait_depth not in (None, 1)):
         raise ValueError("tile_list: the tile-list launch takes no config, row_hi or wait_depth other than 1 "
                          f"(got config={config!r}, row_hi={row_hi!r}, wait_depth={wait_depth!r})")
+    if after_band and (tile_list or not x_in_mma_order):
+        raise ValueError("after_band: a band launch of x already in the MMA K order only (no copy kernel between bands)")
     config = config or PIPE_CONFIG
     block_m, block_n, block_k, num_warps, stages = config[:5]
     per_sm = config[5] if len(config) > 5 else 1
@@ -724,10 +738,12 @@ def launch_nvfp4_wgmma_pipe(
                 **({"W_IL": weight_interleave} if weight_interleave > 1 else {}),
                 **({"OVERLAP": role, "launch_pdl": role == 2} if overlap else {}))
         return out
+    overlap = after_band and pdl_supported(x)
     _nvfp4_wgmma_pipe_kernel[(programs,)](
         *head, programs, row_lo, int(own_pad), *strides, row_hi, BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
         WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH, **flags, **({"BLOCK_M_TAIL": tail_m} if tail_m else {}),
         **({"maxnreg": maxnreg} if maxnreg else {}), **({"W_IL": weight_interleave} if weight_interleave > 1 else {}),
+        **({"AFTER_BAND": True, "launch_pdl": True} if overlap else {}),
     )
     return out

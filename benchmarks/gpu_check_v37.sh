@@ -24,6 +24,10 @@
 #        ones (trigger first, wait for the previous band at exit; disjoint rows, same bits). CUDA tests of the bands
 #        (same bits as in order, graphs after the routing moved) and PDL; the layer A/B at 16 / 48 / 64 tokens under
 #        the router, Zipf and all-on-k, with and without PIPE_ABOVE_MMA_ROWS = 32.
+#   g -> f: BANDS_OVERLAP with PIPE_ABOVE_MMA_ROWS = 32 is the best pair almost everywhere (V4-Flash all-on-k 64 183.0 ->
+#        114.5 us, Zipf 16 / 64 1.11 / 1.06x; worst Zipf 48 0.985x, routers 0.996-1.005x). Both are the defaults now
+#        (the overlap for plans with a decode band only). CUDA tests of the bands, the MoE layer and PDL; the layer
+#        against the old defaults at 9 / 12 / 32 / 64 / 96 / 128 tokens, three routings, both models.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -75,5 +79,14 @@ f)
   S="base|gemm.BANDS_OVERLAP=True|gemm.PIPE_ABOVE_MMA_ROWS=32|gemm.PIPE_ABOVE_MMA_ROWS=32;gemm.BANDS_OVERLAP=True"
   timeout 320 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 16,48,64 --flush read \
     --rounds 2 --routings router,zipf,all-on-k --settings "$S" --out "$OUT" --tag f_bands_overlap 2>&1 | tail -40
+  ;;
+g)
+  timeout 280 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/ops/test_gemm_bands.py \
+    tests/layers/test_moe_layer.py > "$OUT/g_tests.log" 2>&1
+  tail -1 "$OUT/g_tests.log"
+  timeout 300 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 9,12,32,64,96,128 \
+    --flush read --rounds 2 --routings router,zipf,all-on-k \
+    --settings "base|gemm.BANDS_OVERLAP=False;gemm.PIPE_ABOVE_MMA_ROWS=0" --out "$OUT" --tag g_new_defaults \
+    2>&1 | tail -3
   ;;
 esac

@@ -138,9 +138,11 @@ PIPE_AFTER_DECODE = os.environ.get("MEGAMOE_PIPE_AFTER_DECODE", "0").strip() not
 # 2.6-4% with the band). H100, the MoE layer, read flush, on against off (results/gpu_check_v35/ c-h,
 # NOTES_moe_decode.md "Hot experts of 33-64 rows"): all 48 / 64 tokens on the same experts 1.44 / 1.56x (V4-Flash
 # 183.4 -> 117.5 us at 64, V4-Pro 435.1 -> 281.6), but Zipf 48 tokens 0.924x (V4-Flash) / 0.968x (V4-Pro), the
-# layers' own routers 0.990-0.997x at 48-64 tokens; Zipf 64 / 128 even to 1.032x. Routing-dependent, so opt-in: 0
-# (default) off; MEGAMOE_PIPE_ABOVE_MMA_ROWS=32 (read at import) for deployments whose routers concentrate tokens.
-PIPE_ABOVE_MMA_ROWS = int(os.environ.get("MEGAMOE_PIPE_ABOVE_MMA_ROWS", "0").strip() or 0)
+# layers' own routers 0.990-0.997x at 48-64 tokens; Zipf 64 / 128 even to 1.032x. With BANDS_OVERLAP (below) the
+# band runs beside the chunks instead of after them (results/gpu_check_v37/ f, g; NOTES_moe_decode.md "Later bands
+# beside the earlier ones"), which takes most of the Zipf loss back: the default is 32 since then.
+# MEGAMOE_PIPE_ABOVE_MMA_ROWS (read at import): 0 off.
+PIPE_ABOVE_MMA_ROWS = int(os.environ.get("MEGAMOE_PIPE_ABOVE_MMA_ROWS", "32").strip() or 0)
 PIPE_ABOVE_WIDE_N = 6144
 
 # The banded route's launches on side streams (:func:`_launch_banded`), for plans without a decode band (prefill
@@ -149,12 +151,14 @@ PIPE_ABOVE_WIDE_N = 6144
 # tokens: Zipf 1.02-1.19x faster, uniform 0.95-1.02x, all-on-k 0.91-1.0x, so it depends on the routing.
 # MEGAMOE_BANDS_CONCURRENT (read at import): "1" on, "0" (default) off.
 BANDS_CONCURRENT = os.environ.get("MEGAMOE_BANDS_CONCURRENT", "0").strip() not in ("", "0")
-# The banded route's later launches beside the earlier ones on one stream (:func:`_launch_banded`): band i >= 1 is
-# launched with PDL (``after_band``), starts on the SMs the previous band frees, computes without waiting for it (its
-# inputs were final before the first band started, its rows are disjoint) and waits for it only before exiting, so the
-# stream's next kernel sees every band. Same bits. Not with split-K bands (shared tile counters); a tile-list band
-# runs after its builder as before. MEGAMOE_BANDS_OVERLAP (read at import): "1" on, "0" (default) off.
-BANDS_OVERLAP = os.environ.get("MEGAMOE_BANDS_OVERLAP", "0").strip() not in ("", "0")
+# The banded route's later launches beside the earlier ones on one stream (:func:`_launch_banded`), for plans with a
+# decode band (decode sizes: the measured ones): band i >= 1 is launched with PDL (``after_band``), starts on the SMs
+# the previous band frees, computes without waiting for it (its inputs were final before the first band started, its
+# rows are disjoint) and waits for it only before exiting, so the stream's next kernel sees every band. Same bits. Not
+# with split-K bands (shared tile counters). Measured (H100, the MoE layer, read flush; results/gpu_check_v37/ f, g):
+# Zipf 16 / 64 tokens 1.04-1.11x, the layers' routers 0.99-1.03x, all-on-k 0.98-1.02x alone; with PIPE_ABOVE_MMA_ROWS
+# all-on-k 48 / 64 tokens 1.45-1.60x. MEGAMOE_BANDS_OVERLAP (read at import): "1" (default) on, "0" off.
+BANDS_OVERLAP = os.environ.get("MEGAMOE_BANDS_OVERLAP", "1").strip() not in ("", "0")
 
 
 def _check_x(x, k: int | None, name: str = "x") -> None:
@@ -445,10 +449,9 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
         num_sms = _num_sms(out.device.index or 0)
     plan = plan_row_bands(out.shape[0], data.shape[0], 2 * data.shape[-1], max_rows_per_expert,
                           weight_interleave=kwargs.get("weight_interleave", 1), n=data.shape[-2], num_sms=num_sms)
-    # (not with BANDS_CONCURRENT's side streams, which take the plans without split-K bands)
-    overlap = (BANDS_OVERLAP and out.is_cuda and not interpreter and len(plan) > 1
-               and all(band.get("splits", 1) == 1 for _, band in plan)
-               and not (BANDS_CONCURRENT and not any("splits" in band for _, band in plan)))
+    # plans with a decode band only (its launch has "splits"), which BANDS_CONCURRENT's side streams never take
+    overlap = (BANDS_OVERLAP and out.is_cuda and not interpreter and len(plan) > 1 and "splits" in plan[0][1]
+               and all(band.get("splits", 1) == 1 for _, band in plan))
     pipes = [i for i, (route, band) in enumerate(plan) if route == "pipe"]
     x_mma = None
     if len(pipes) > 1 or (overlap and pipes and pipes[-1] > 0):

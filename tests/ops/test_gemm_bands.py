@@ -336,6 +336,8 @@ def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, 
         monkeypatch.setattr(ops_gemm, "PIPE_ABOVE_WIDE_N", 0)
     outs = {}
     seen = []
+    monkeypatch.setattr(ops_gemm, "BANDS_OVERLAP", False)
+    monkeypatch.setattr(ops_gemm, "BANDS_CONCURRENT", False)
     real_launcher = ops_gemm._launcher
 
     def spy(route):
@@ -343,7 +345,7 @@ def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, 
 
         def run(*args, **kwargs):
             if route != "banded":
-                seen.append(kwargs.get("after_band", False))
+                seen.append((kwargs.get("after_band", False), "splits" in kwargs))
             return launch(*args, **kwargs)
         return run
 
@@ -358,8 +360,9 @@ def test_cuda_concurrent_bands_same_bits(monkeypatch, interleave, after_decode, 
 
         launch()
         outs[concurrent] = out.clone()
-        if knob == "BANDS_OVERLAP":  # every later band (of a plan with several) overlaps its predecessor
-            assert seen[1:] == [concurrent] * (len(seen) - 1) and not seen[0], seen
+        if knob == "BANDS_OVERLAP":  # every later band of a plan with a decode band overlaps its predecessor
+            overlaps = concurrent and seen[0][1]
+            assert not seen[0][0] and all(after == overlaps for after, _ in seen[1:]), seen
         graph, _ = sync_free_graph(launch)
         for kind in ("one", "uniform"):
             moved = _skewed_counts(kind, e, t - 3, gen)

@@ -28,6 +28,8 @@
 #        114.5 us, Zipf 16 / 64 1.11 / 1.06x; worst Zipf 48 0.985x, routers 0.996-1.005x). Both are the defaults now
 #        (the overlap for plans with a decode band only). CUDA tests of the bands, the MoE layer and PDL; the layer
 #        against the old defaults at 9 / 12 / 32 / 64 / 96 / 128 tokens, three routings, both models.
+#   h -> g: the new defaults against the old: 0.98-1.13x at 9-128 tokens (V4-Pro all-on-k 12 0.982x the one loss),
+#        all-on-k 64 1.56-1.60x; 99 CUDA tests passed. Issue 10's skew table (bench_moe_skew.py) at 8 / 64 tokens.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -88,5 +90,9 @@ g)
     --flush read --rounds 2 --routings router,zipf,all-on-k \
     --settings "base|gemm.BANDS_OVERLAP=False;gemm.PIPE_ABOVE_MMA_ROWS=0" --out "$OUT" --tag g_new_defaults \
     2>&1 | tail -3
+  ;;
+h)
+  timeout 330 python benchmarks/bench_moe_skew.py --configs v4-flash,v4-pro --tokens 8,64 \
+    --routings uniform,zipf,all-on-k --out-dir "$OUT" --tag h_moe_skew 2>&1 | tail -14
   ;;
 esac

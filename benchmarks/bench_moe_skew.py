@@ -73,15 +73,22 @@ def _force_routing(layer, weights, ids):
     (one launch at decode sizes), so that op is replaced, while this benchmark runs, by a device copy of the fixed
     tensors into the layer's routing buffers + ``dispatch`` on them (graph-capturable). ``layer.route`` is
     replaced too (the reference path). Before 2026-11-26 only ``layer.route`` was replaced, which forward no longer
-    calls: every routing ran the router's own (near-uniform) choice (rel err 0.69 vs the forced bf16 layer)."""
+    calls: every routing ran the router's own (near-uniform) choice (rel err 0.69 vs the forced bf16 layer). Until
+    2026-11-28 the stand-in also ignored ``x_paired_out`` (the paired copy of x that the route launch writes for the
+    expert GEMMs at 1-8 tokens since 2026-11-27): those layers read a stale buffer (rel err ~1 vs bf16 at 8 tokens in
+    results/gpu_check_v37/h_moe_skew.md; the same work, so the times stand)."""
     from megamoe.ops import moe as moe_ops
 
     original = getattr(moe_ops, "_unforced_route_dispatch", moe_ops.route_dispatch)
     moe_ops._unforced_route_dispatch = original
 
     def route_dispatch(hidden_states, gate_weight, correction_bias, *, top_k, slots=None, out=None, buffers=None,
-                       num_groups=None, dispatch_backend="auto", **unused):
+                       num_groups=None, dispatch_backend="auto", x_paired_out=None, **unused):
         t, k = hidden_states.shape[0], ids.shape[1]
+        if x_paired_out is not None:  # the route launch's other output: x in the paired order (gate_up's input)
+            from megamoe.format.mma_order import to_paired_order
+
+            to_paired_order(hidden_states, out=x_paired_out[:t])
         slots = top_k if slots is None else slots
         num_groups = gate_weight.shape[0] if num_groups is None else num_groups
         if out is None:

@@ -34,3 +34,20 @@ def test_forced_routing_reaches_forward():
     ref = layer.reference_forward(x, routing=(weights, ids))
     assert ((forced - ref).norm() / ref.norm()).item() < 2e-2
     assert ((own - ref).norm() / ref.norm()).item() > 0.1  # the router's own choice is told apart
+
+
+def test_forced_routing_writes_the_paired_x():
+    """The stand-in for route_dispatch also writes ``x_paired_out`` (the route launch's paired copy of x, which the
+    expert GEMMs read at 1-8 tokens on CUDA): without it they read a stale buffer."""
+    from megamoe.format.mma_order import to_paired_order
+
+    weights, ids = bench_moe_skew.routing("zipf", 4, 8, 2, torch.Generator().manual_seed(2))
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    paired = torch.full((6, 64), float("nan"), dtype=torch.bfloat16)
+    gate = torch.randn(8, 64)
+    try:
+        bench_moe_skew._force_routing(type("L", (), {})(), weights, ids)
+        moe_ops.route_dispatch(x, gate, None, top_k=2, x_paired_out=paired)
+    finally:
+        bench_moe_skew._unforce_routing()
+    assert torch.equal(paired[:4], to_paired_order(x)) and paired[4:].isnan().all()

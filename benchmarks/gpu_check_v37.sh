@@ -30,6 +30,9 @@
 #        against the old defaults at 9 / 12 / 32 / 64 / 96 / 128 tokens, three routings, both models.
 #   h -> g: the new defaults against the old: 0.98-1.13x at 9-128 tokens (V4-Pro all-on-k 12 0.982x the one loss),
 #        all-on-k 64 1.56-1.60x; 99 CUDA tests passed. Issue 10's skew table (bench_moe_skew.py) at 8 / 64 tokens.
+#   i -> h: the skew table's 8-token rows read rel err ~1 vs bf16: the benchmark's forced-routing stand-in did not write
+#        the paired x that the GEMMs read at 1-8 tokens (fixed). The table again; the README main job (generate) on the
+#        GPU with the new band defaults; the V4 model's CUDA tests.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -94,5 +97,13 @@ g)
 h)
   timeout 330 python benchmarks/bench_moe_skew.py --configs v4-flash,v4-pro --tokens 8,64 \
     --routings uniform,zipf,all-on-k --out-dir "$OUT" --tag h_moe_skew 2>&1 | tail -14
+  ;;
+i)
+  timeout 150 python benchmarks/bench_moe_skew.py --configs v4-flash,v4-pro --tokens 8,64 \
+    --routings uniform,zipf,all-on-k --out-dir "$OUT" --tag i_moe_skew 2>&1 | tail -13
+  timeout 240 python -m megamoe generate > "$OUT/i_generate.log" 2>&1; tail -14 "$OUT/i_generate.log"
+  timeout 160 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/models/test_v4_model.py \
+    > "$OUT/i_tests.log" 2>&1
+  tail -1 "$OUT/i_tests.log"
   ;;
 esac

@@ -7,8 +7,12 @@ decode (~10-30 small kernels per layer, issue 11).
 
 Contract of a PDL kernel: :func:`grid_dependency_prologue` (Triton) or :func:`gl_grid_dependency_prologue`
 (Gluon) is its FIRST statement, before any global load, store or atomic (error words and counters included),
-so nothing it touches can race with earlier kernels (one exception, opt-in per launch: :data:`PDL_EARLY_READS`,
-loads of inputs that were final before the previous kernel started). The prologue then lets the next kernel launch at once
+so nothing it touches can race with earlier kernels. Two exceptions, opt-in per launch: :data:`PDL_EARLY_READS`
+(loads of inputs that were final before the previous kernel started, then the wait) and a later band of a banded
+GEMM (``after_band`` of the decode / pipelined GEMMs: computes beside the previous band and waits at its exit). An
+early-reading program without work exits without waiting, so such a grid could complete before the one it follows:
+``megamoe.ops.gemm`` gives early reads only to a GEMM planned as one launch (no band is launched on it; its programs
+with rows wait). The prologue then lets the next kernel launch at once
 (``griddepcontrol.launch_dependents``): the decode grids this is used on fit in one wave, so all of their CTAs
 are resident when the trigger fires, and early dependents only take free SM slots while they wait. The trigger
 counts once EVERY CTA of the grid has executed it (or exited), so a grid of more than one wave triggers when its

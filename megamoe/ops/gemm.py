@@ -439,7 +439,8 @@ def _check_interleaved_routes(kinds: list, row_interleave: int) -> None:
 def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert=None, early_reads=False, **kwargs):
     """The "banded" route: the launches of :func:`plan_row_bands`, in order, on the current stream (with
     :data:`BANDS_CONCURRENT` and no decode band: each on its own side stream of :func:`_band_streams`, forked from
-    and joined back into the current one). ``early_reads`` goes to the mma.sync decode launches only."""
+    and joined back into the current one). ``early_reads`` goes to an mma.sync decode launch that is the plan's only
+    one."""
     out = args[4]
     data = args[1]
     num_sms = None
@@ -465,7 +466,9 @@ def _launch_banded(*args, expert_offsets, interpreter=False, max_rows_per_expert
         band_args = args
         if route == "pipe" and x_mma is not None:
             band_args, band = (x_mma,) + tuple(args[1:]), dict(band, x_in_mma_order=True)
-        if route == "mma" and early_reads:
+        if route == "mma" and early_reads and len(plan) == 1:
+            # one launch only: an early-reading program without rows exits without waiting, so a band launched on
+            # this one (after_band) could start before x is complete (megamoe/kernels/pdl.py)
             band = dict(band, early_reads=True)
         if overlap and i > 0 and route in ("mma", "pipe") and not band.get("tile_list"):
             band = dict(band, after_band=True)

@@ -546,3 +546,19 @@ def test_cuda_one_expert_split_k_matches_float32(monkeypatch, t, interleave):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(buf, sw)
+
+
+def test_early_reads_only_for_a_gemm_of_one_launch(monkeypatch):
+    """index_settled's early reads go to an mma.sync launch only when it is the plan's one launch: an early-reading
+    program without rows exits without waiting, so a band launched on it could run before x is complete."""
+    calls = []
+    monkeypatch.setattr(ops_gemm, "_launcher", lambda route: lambda *a, **kw: calls.append((route, kw)))
+    out = torch.zeros(4, 64, dtype=torch.bfloat16)
+    args = (torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(3, 64, 128, dtype=torch.uint8), None, None, out)
+    one = [("mma", dict(row_band=(0, 8), splits=1))]
+    two = one + [("mma", dict(row_band=(8, 64)))]
+    for plan, want in ((one, [True]), (two, [False, False])):
+        monkeypatch.setattr(ops_gemm, "plan_row_bands", lambda *a, plan=plan, **k: [(r, dict(b)) for r, b in plan])
+        calls.clear()
+        ops_gemm._launch_banded(*args, expert_offsets=None, early_reads=True)
+        assert [kw.get("early_reads", False) for _, kw in calls] == want, calls

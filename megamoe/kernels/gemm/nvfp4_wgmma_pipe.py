@@ -706,7 +706,8 @@ def launch_nvfp4_wgmma_pipe(
         raise ValueError("tile_list: the tile-list launch takes no config, row_hi or wait_depth other than 1 "
                          f"(got config={config!r}, row_hi={row_hi!r}, wait_depth={wait_depth!r})")
     if after_band and (tile_list or not x_in_mma_order):
-        raise ValueError("after_band: a band launch of x already in the MMA K order only (no copy kernel between bands)")
+        raise ValueError("after_band: only a band launch of x already in the MMA K order (no copy kernel between "
+                         "the bands)")
     config = config or PIPE_CONFIG
     block_m, block_n, block_k, num_warps, stages = config[:5]
     per_sm = config[5] if len(config) > 5 else 1

@@ -42,7 +42,7 @@ _SAVED = ("gemm.DECODE_SPLITK", "mma.MMA_DECODE_CONFIGS", "mma.INTERLEAVED_MAXNR
           "mma.MMA_DECODE_ONE_WAVE_CONFIG", "mma.MMA_X_PAIRED", "moe.PAIRED_X_MIN_TOKENS",
           "moe.PAIRED_X_MAX_TOKENS", "gemm.ONE_EXPERT_SPLITK_MAX_ROWS", "moe.SHARED_SPLITK",
           "gemm.PIPE_ABOVE_MMA_ROWS", "gemm.PIPE_ABOVE_WIDE_N", "pdl.PDL_PROLOGUE", "pdl.PDL_LAUNCH",
-          "pdl.PDL_EARLY_READS", "rd.SMALL_T_BLOCK_E", "gemm.BANDS_OVERLAP")
+          "pdl.PDL_EARLY_READS", "rd.SMALL_T_BLOCK_E", "gemm.BANDS_OVERLAP", "moe.SHARED_OVERLAP_SPLITK")
 
 
 def _namespace():

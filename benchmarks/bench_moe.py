@@ -72,7 +72,7 @@ def _graph(fn, static_in):
 
 
 def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=None, modes=("w4a16",),
-                 shared_overlap=False):
+                 shared_overlap=None):
     import triton.testing
 
     from megamoe.layers.moe import DISPATCH_KERNEL_MAX_PAIRS, Nvfp4MoE
@@ -148,8 +148,9 @@ def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=
             "config": c.name, "mode": mode, "tokens": t, "experts_touched": touched,
             "nvfp4_eager_us": eager_ms * 1e3, "nvfp4_graph_us": graph_ms * 1e3, "bf16_graph_us": bf16_ms * 1e3,
             "route_dispatch_combine_graph_us": overhead_ms * 1e3,
-            "shared_expert_fused": layer.fused_shared and t <= layer.fuse_shared_max_tokens and not layer.shared_overlap,
-            "shared_overlap": layer.shared_overlap,
+            "shared_expert_fused": (layer.fused_shared and t <= layer.fuse_shared_max_tokens
+                                    and not layer.overlaps_shared(t)),
+            "shared_overlap": layer.overlaps_shared(t),
             "hbm_roofline_us": hbm_us, "tc_roofline_us": tc_us,
             "pct_of_roofline": 100.0 * roof_us / (graph_ms * 1e3),
             "speedup_vs_bf16": bf16_ms / graph_ms,
@@ -237,8 +238,9 @@ def main(argv=None) -> int:
     p.add_argument("--tag", default="moe_v1")
     p.add_argument("--fuse-shared-max-tokens", type=int, default=None,
                    help="run the shared expert inside the routed GEMMs up to this many tokens (default: the layer's)")
-    p.add_argument("--shared-overlap", action="store_true",
-                   help="Nvfp4MoE(shared_overlap=True): the shared expert apart, on a side stream beside the router")
+    p.add_argument("--shared-overlap", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+                   help="Nvfp4MoE(shared_overlap=): the shared expert apart, on a side stream beside the routed "
+                        "experts; auto (default: the layer's rule), on (alone: the flag), off")
     p.add_argument("--modes", default="w4a16",
                    help="comma-separated activation modes timed per token count, e.g. w4a16,w4a8 (issue 13)")
     add_flush_argument(p)
@@ -277,7 +279,7 @@ def run(args, command: str) -> int:
     for config in configs:
         rows += bench_config(config, token_counts, progress,
                              fuse_shared_max_tokens=getattr(args, "fuse_shared_max_tokens", None), modes=_modes(args),
-                             shared_overlap=bool(getattr(args, "shared_overlap", False)))
+                             shared_overlap={"on": True, "off": False}.get(getattr(args, "shared_overlap", "auto")))
         path = write_results(rows, args.out_dir, args.tag, command)  # after each config: partial results survive
     progress.close()
     print(open(path).read())

@@ -262,6 +262,16 @@ SHARED_DOWN_LINEAR_MAX_ROWS = 256
 # scales are read at load_weights (the down's as at most ops.gemm.HOST_SCALE_MAX_SEGMENTS runs; the gate_up's scale is
 # applied on the device, so any per-row scale). Env MEGAMOE_SHARED_DENSE_BF16=0: off.
 SHARED_DENSE_BF16 = os.environ.get("MEGAMOE_SHARED_DENSE_BF16", "1").strip() not in ("", "0")
+# With shared_overlap (the shared expert on a side stream), its GEMMs may take the split-K route (SHARED_SPLITK) for
+# batches whose split-K launches reduce in a second launch (more than nvfp4_splitk.FUSED_MAX_ROWS rows): those use
+# no tile counters, so they cannot collide with split-K launches of the main stream. False: never split-K there.
+SHARED_OVERLAP_SPLITK = True
+# Nvfp4MoE(shared_overlap=None) runs the shared expert on the side stream at these batch sizes (CUDA, w4a16). The
+# lower edge is the first size whose split-K launches use no tile counters (above nvfp4_splitk.FUSED_MAX_ROWS = 8,
+# which is also FUSE_SHARED_MAX_TOKENS); the upper edge is the largest size measured (H200, graph replay, read flush,
+# results/gpu_check_v38/: see NOTES_moe_decode.md, "The shared expert on a side stream").
+SHARED_OVERLAP_MIN_TOKENS = 9
+SHARED_OVERLAP_MAX_TOKENS = 128
 # Fused shared expert only up to this many tokens. H100, graph replay, with the Gluon decode kernel
 # (benchmarks/results/moe_v5_fuse0*.md = separate, moe_v5_fuse64*.md = always fused), guide / V4-Flash dims:
 # 1 token 181.8 -> 141.9 / 123.5 -> 90.0 us and 8 tokens 651.3 -> 608.2 / 354.6 -> 309.6 us (fused better);
@@ -340,7 +350,7 @@ class Nvfp4MoE:
 
     def __init__(self, config: MoEConfig, *, max_num_tokens: int, device="cpu", mode: str = "w4a16",
                  fuse_shared_expert: bool = True, fuse_shared_max_tokens: int | None = None,
-                 dispatch_backend: str = "auto", router_backend: str = "triton", shared_overlap: bool = False,
+                 dispatch_backend: str = "auto", router_backend: str = "triton", shared_overlap: bool | None = None,
                  fused_decode: bool | None = None, row_interleave: int | None = None):
         if not isinstance(config, MoEConfig):
             raise TypeError(f"config: expected a MoEConfig, got {type(config).__name__}")
@@ -372,11 +382,12 @@ class Nvfp4MoE:
         self.fuse_shared_max_tokens = (FUSE_SHARED_MAX_TOKENS if fuse_shared_max_tokens is None
                                        else fuse_shared_max_tokens)
         # shared_overlap (CUDA): the shared expert runs apart (never fused), on a side stream forked before the
-        # routing and joined before the combine, so its two GEMMs fill the SMs the router and the small routed
-        # GEMMs leave idle at decode sizes. The same kernels and order as the unfused path: the same bits.
-        # Off by default until measured (benchmarks/NOTES_moe_decode.md, "shared expert beside the router").
-        if not isinstance(shared_overlap, bool):
-            raise TypeError(f"shared_overlap: expected a bool, got {type(shared_overlap).__name__}")
+        # routing and joined before the combine, so its two GEMMs fill the SMs the router and the routed GEMMs
+        # leave idle. The same kernels and order as the unfused path: the same bits. True: at every batch size;
+        # False: never; None (default): where it measured faster, SHARED_OVERLAP_MIN_TOKENS..MAX_TOKENS tokens in
+        # mode w4a16 (:meth:`overlaps_shared`; benchmarks/NOTES_moe_decode.md, "The shared expert on a side stream").
+        if shared_overlap is not None and not isinstance(shared_overlap, bool):
+            raise TypeError(f"shared_overlap: expected None or a bool, got {type(shared_overlap).__name__}")
         self.shared_overlap = shared_overlap
         # fused_decode (issue 11, opt-in): at 1..FUSED_DECODE_MAX_TOKENS tokens, mode "w4a16", the routed experts +
         # shared expert + combine run as ONE persistent launch after the route + dispatch launch
@@ -398,7 +409,10 @@ class Nvfp4MoE:
         if refusal:
             raise ValueError(f"row_interleave: {row_interleave} {refusal}")
         self.row_interleave = row_interleave
-        self._side_stream = None  # created on the first overlapped CUDA forward
+        # the shared expert's side stream (shared_overlap), made here rather than during a graph capture
+        # (or on the first overlapped forward, if the attribute was set to True later)
+        side = dev.type == "cuda" and shared_overlap is not False and bool(c.shared_intermediate_size)
+        self._side_stream = torch.cuda.Stream(dev) if side else None
         self._captured = False  # capture() was called (set_mode then keeps the weight layout)
         self._slots = c.top_k + (1 if self.fused_shared else 0)  # rows per token in the grouped GEMMs
         self._groups = c.num_experts + (1 if self.fused_shared else 0)
@@ -582,12 +596,13 @@ class Nvfp4MoE:
         _check_hidden(hidden_states, c.hidden_size, self.max_num_tokens, self.device)
         t = hidden_states.shape[0]
         token_ids = self._token_ids(token_ids, t)
-        fuse = self.fused_shared and t <= self.fuse_shared_max_tokens and not self.shared_overlap
+        overlap = self.overlaps_shared(t)
+        fuse = self.fused_shared and t <= self.fuse_shared_max_tokens and not overlap
         pairs = t * (self._slots if fuse else c.top_k)
         out = self._out[:t]
         if t == 0:
             return out
-        side = self._fork_shared(hidden_states) if self.shared_overlap and self.shared is not None else None
+        side = self._fork_shared(hidden_states) if overlap else None
         paired = self._paired_x(hidden_states, fuse)
         # routing + dispatch: one launch for decode-sized batches (megamoe.ops.moe.route_dispatch picks it from
         # the token count), the router kernel + dispatch otherwise
@@ -666,9 +681,20 @@ class Nvfp4MoE:
     def _use_fused_decode(self, hidden_states: torch.Tensor, fuse: bool) -> bool:
         """Host rule (shapes only): the single-launch decode MoE takes this batch (see ``fused_decode``)."""
         return (self.fused_decode and self._fused_ws is not None and self.mode == "w4a16"
-                and not self.shared_overlap and (fuse or self.shared is None)
+                and not self.overlaps_shared(hidden_states.shape[0]) and (fuse or self.shared is None)
                 and hidden_states.shape[0] <= self._fused_ws["max_tokens"]
                 and fused_ops.fused_decode_supported(hidden_states, self._w13_kernel, self._w2_kernel))
+
+    def overlaps_shared(self, num_tokens: int) -> bool:
+        """Whether a batch of ``num_tokens`` runs the shared expert apart on the side stream (host rule on the
+        shape and the settings; on CPU the same path runs in place): ``shared_overlap`` when it is a bool, else
+        SHARED_OVERLAP_MIN_TOKENS <= num_tokens <= SHARED_OVERLAP_MAX_TOKENS on CUDA in mode w4a16."""
+        if self.shared is None:
+            return False
+        if self.shared_overlap is not None:
+            return self.shared_overlap
+        return (self.device.type == "cuda" and self.mode == "w4a16"
+                and SHARED_OVERLAP_MIN_TOKENS <= num_tokens <= SHARED_OVERLAP_MAX_TOKENS)
 
     def _fork_shared(self, hidden_states: torch.Tensor):
         """Start the shared expert on the side stream (CUDA; graph-capturable fork). Returns the handle for
@@ -680,8 +706,11 @@ class Nvfp4MoE:
             self._side_stream = torch.cuda.Stream(self.device)
         side = self._side_stream
         side.wait_stream(main)  # hidden_states is ready
-        with torch.cuda.stream(side):  # no split-K: its single-launch reduction uses the device's tile counters
-            shared = self.shared.forward(hidden_states, splitk=False)
+        # split-K only where neither GEMM's reduction uses the device's tile counters (shared with split-K launches
+        # on the main stream): SHARED_OVERLAP_SPLITK
+        splitk = SHARED_OVERLAP_SPLITK and not gemm_ops.splitk_uses_tile_counters(hidden_states.shape[0])
+        with torch.cuda.stream(side):
+            shared = self.shared.forward(hidden_states, splitk=splitk)
         return shared
 
     def _join_shared(self, shared: torch.Tensor) -> torch.Tensor:
@@ -709,7 +738,7 @@ class Nvfp4MoE:
         mode, shared_mode = self.mode, None
         if mode == "w4a8":  # the same host rule as forward's GEMMs (w4a16 kernels at decode sizes on CUDA)
             t = hidden_states.shape[0]
-            fuse = self.fused_shared and t <= self.fuse_shared_max_tokens and not self.shared_overlap
+            fuse = self.fused_shared and t <= self.fuse_shared_max_tokens and not self.overlaps_shared(t)
             pairs = t * (self._slots if fuse else self.config.top_k)
             mode = gemm_ops.w4a8_kernel_mode(hidden_states, pairs, self._groups)  # the stacked weights' groups
             shared_mode = mode if fuse or self.shared is None else self.shared.effective_mode(hidden_states)

@@ -777,6 +777,14 @@ def dense_splitk_preferred(num_rows: int, n: int, k: int) -> bool:
     return nvfp4_splitk.splitk_preferred(num_rows, n, k)
 
 
+def splitk_uses_tile_counters(num_rows: int) -> bool:
+    """Whether a split-K launch of ``num_rows`` rows may reduce in one launch on the device's tile counters
+    (``nvfp4_splitk.splitk_counters``), which two concurrent split-K launches would share (host shapes only)."""
+    from ..kernels.gemm import nvfp4_splitk
+
+    return num_rows <= nvfp4_splitk.FUSED_MAX_ROWS
+
+
 def bf16_linear_fp32_error_units(k: int) -> int:
     """The error bound's factor of :func:`bf16_linear_fp32` on CUDA: ``|y - exact| <= factor * 2**-24 *
     sum_k |x_k| |w_nk|``. The products are exact; the tensor cores' float32 sums may truncate (at most 2u relative per

@@ -168,18 +168,76 @@ def test_shared_overlap_is_the_separate_path_bit_for_bit():
         Nvfp4MoE(TINY, max_num_tokens=4, shared_overlap=1)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("tokens", [1, 8])
-def test_cuda_shared_overlap_graph_sync_free_same_bits(monkeypatch, tokens):
-    """On the side stream the shared expert keeps its grouped GEMMs (no split-K tile counters beside the main
-    stream's launches): the bits of the separate path with SHARED_SPLITK off."""
+def test_shared_overlap_rule(monkeypatch):
+    """shared_overlap=None (default): the side stream only on CUDA, in mode w4a16, at SHARED_OVERLAP_MIN_TOKENS..
+    MAX_TOKENS tokens; a bool forces it either way; a layer without a shared expert never forks."""
     from megamoe.layers import moe as moe_mod
 
-    monkeypatch.setattr(moe_mod, "SHARED_SPLITK", False)  # for `separate`; the side stream never takes it
-    overlap = Nvfp4MoE.random(TINY, seed=5, max_num_tokens=16, device="cuda", shared_overlap=True)
-    separate = Nvfp4MoE.random(TINY, seed=5, max_num_tokens=16, device="cuda", fuse_shared_expert=False)
-    x = torch.randn(tokens, TINY.hidden_size, device="cuda").bfloat16()
+    assert moe_mod.SHARED_OVERLAP_MIN_TOKENS > moe_mod.FUSE_SHARED_MAX_TOKENS  # the rule never unfuses the fused sizes
+    lay = Nvfp4MoE(TINY, max_num_tokens=4)
+    assert lay.shared_overlap is None and lay._side_stream is None
+    assert not any(lay.overlaps_shared(t) for t in (1, 9, 128))  # CPU
+    monkeypatch.setattr(lay, "device", torch.device("cuda"))  # the rule reads the device type only
+    assert [lay.overlaps_shared(t) for t in (8, 9, 128, 129)] == [False, True, True, False]
+    lay.mode = "w4a8"
+    assert not lay.overlaps_shared(16)
+    assert Nvfp4MoE(TINY, max_num_tokens=4, shared_overlap=True).overlaps_shared(1)
+    assert not Nvfp4MoE(TINY, max_num_tokens=4, shared_overlap=False).overlaps_shared(16)
+    no_shared = MoEConfig(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, shared_intermediate_size=0,
+                          scoring_func="sqrtsoftplus", name="no-shared")
+    assert not Nvfp4MoE(no_shared, max_num_tokens=4, shared_overlap=True).overlaps_shared(16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens,overlapped", [(8, False), (9, True), (128, True), (129, False)])
+def test_cuda_default_shared_overlap_same_bits(monkeypatch, tokens, overlapped):
+    """The default layer (shared_overlap=None) forks the shared expert onto the side stream at 9-128 tokens only:
+    the same bits as the layer with the overlap off, graph replay == eager with new inputs, no host syncs."""
+    cfg = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=8, top_k=2, shared_intermediate_size=256,
+                    scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="small")
+    auto = Nvfp4MoE.random(cfg, seed=7, max_num_tokens=tokens, device="cuda")
+    off = Nvfp4MoE.random(cfg, seed=7, max_num_tokens=tokens, device="cuda", shared_overlap=False)
+    forks = []
+    inner = auto._fork_shared
+    monkeypatch.setattr(auto, "_fork_shared", lambda h: forks.append(h.shape[0]) or inner(h))
+    x = torch.randn(tokens, cfg.hidden_size, device="cuda").bfloat16()
+    eager = auto.forward(x).clone()
+    assert forks == ([tokens] if overlapped else [])
+    assert torch.equal(eager, off.forward(x))
+    torch.cuda.synchronize()
+    with no_host_syncs():
+        auto.forward(x)
+    replay = auto.capture(tokens)
+    assert torch.equal(replay(x), eager)
+    x2 = torch.randn_like(x)
+    assert torch.equal(replay(x2), off.forward(x2))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 8, 9, 16])
+def test_cuda_shared_overlap_graph_sync_free_same_bits(monkeypatch, tokens):
+    """On the side stream the shared expert takes the split-K route only where its split-K launches reduce without
+    the device's tile counters (more than nvfp4_splitk.FUSED_MAX_ROWS rows; the main stream's split-K launches share
+    those counters), else its grouped GEMMs: the bits of the separate path on the same routes, graph == eager."""
+    from megamoe.layers import moe as moe_mod
+    from megamoe.ops import gemm as gemm_ops
+
+    cfg = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=8, top_k=2, shared_intermediate_size=256,
+                    scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="small")
+    counters = gemm_ops.splitk_uses_tile_counters(tokens)
+    assert counters == (tokens <= 8)
+    if counters:  # for `separate`: the routes the side stream takes there
+        monkeypatch.setattr(moe_mod, "SHARED_SPLITK", False)
+    overlap = Nvfp4MoE.random(cfg, seed=5, max_num_tokens=16, device="cuda", shared_overlap=True)
+    separate = Nvfp4MoE.random(cfg, seed=5, max_num_tokens=16, device="cuda", fuse_shared_expert=False)
+    x = torch.randn(tokens, cfg.hidden_size, device="cuda").bfloat16()
+    # the shape takes split-K at 9-16 rows, so the test covers the side stream's split-K launches
+    assert overlap.shared.dense_routes(x, "w4a16", not counters) == ((False, False) if counters else (True, True))
+    seen = []
+    inner = overlap.shared.forward
+    monkeypatch.setattr(overlap.shared, "forward", lambda *a, **k: seen.append(k["splitk"]) or inner(*a, **k))
     eager = overlap.forward(x).clone()
+    assert seen == [not counters]
     assert torch.equal(eager, separate.forward(x))
     assert overlap._side_stream is not None  # the shared expert went to the side stream
     torch.cuda.synchronize()

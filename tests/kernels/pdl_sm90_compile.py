@@ -66,8 +66,6 @@ def write_reachable_before_wait(body: str) -> bool:
             if t.startswith("ret"):
                 falls = False
                 break
-        else:
-            pass
         if falls:
             i = order.index(name)
             if i + 1 < len(order):
@@ -170,26 +168,20 @@ def build(name: str, pdl: bool):
                      stride_i="i32", P="i32")
         return _triton(m._sample_partial_kernel, types, dict(SORTED=False, BLOCK_V=m.SAMPLE_CONFIG["BLOCK_V"],
                                                               CHUNKS_PER_PART=4), m.SAMPLE_CONFIG["num_warps"], pdl)
-    if name == "mma_decode":
+    mma_decode_builds = {  # name: (BLOCK_M, BLOCK_N, BLOCK_K), SwiGLU epilogue, constants beyond SPLIT / STAGES / PDL
+        "mma_decode": ((8, 128, 256), True, {}),
+        # EARLY_READS: the tile table and the first weights before the wait
+        "mma_decode_early": ((8, 128, 256), False, dict(EARLY_READS=True, W_IL=4, X_PAIRED=True)),
+        # a later band: trigger first, compute, wait for the previous band at exit
+        "mma_decode_after_band": ((32, 128, 128), True, dict(AFTER_BAND=pdl, W_IL=4)),
+    }
+    if name in mma_decode_builds:
         from megamoe.kernels.gemm import nvfp4_gluon_jit
         from megamoe.kernels.gemm import nvfp4_mma_decode as m
-        return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, m.COMPILE_SCALARS, (8, 128, 256), 4,
-                                            swiglu=True, extra_signature=m.COMPILE_EXTRA_POINTERS,
-                                            extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl))
-    if name == "mma_decode_early":  # EARLY_READS: the tile table and the first weights before the wait
-        from megamoe.kernels.gemm import nvfp4_gluon_jit
-        from megamoe.kernels.gemm import nvfp4_mma_decode as m
-        return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, m.COMPILE_SCALARS, (8, 128, 256), 4,
-                                            swiglu=False, extra_signature=m.COMPILE_EXTRA_POINTERS,
-                                            extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl, EARLY_READS=True,
-                                                                 W_IL=4, X_PAIRED=True))
-    if name == "mma_decode_after_band":  # a later band: trigger first, compute, wait for the previous band at exit
-        from megamoe.kernels.gemm import nvfp4_gluon_jit
-        from megamoe.kernels.gemm import nvfp4_mma_decode as m
-        return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, m.COMPILE_SCALARS, (32, 128, 128), 4,
-                                            swiglu=True, extra_signature=m.COMPILE_EXTRA_POINTERS,
-                                            extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl, AFTER_BAND=pdl,
-                                                                 W_IL=4))
+        blocks, swiglu, extra = mma_decode_builds[name]
+        return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, m.COMPILE_SCALARS, blocks, 4, swiglu=swiglu,
+                                            extra_signature=m.COMPILE_EXTRA_POINTERS,
+                                            extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl, **extra))
     if name == "pipe_after_band":
         from megamoe.kernels.gemm import nvfp4_wgmma_pipe as m
         return m.compile_for_sm90(m.PIPE_BAND64_NARROW_CONFIG, swiglu=True, after_band=pdl)

@@ -11,6 +11,18 @@
 #        router and Zipf on V4-Flash; V4-Pro router / Zipf 0.89-1.02x with noisy rounds (up to 20% apart). The default
 #        layer now overlaps at 9-128 tokens (shared_overlap=None, w4a16, CUDA). CUDA tests of the MoE layer and the V4
 #        model (graphs with the fork); the default against shared_overlap=False, 3 rounds.
+#   c -> b: the default overlap is 1.00-1.17x at 9-128 tokens against it off (one V4-Pro all-on-k 32 capture 0.92x);
+#        22 MoE-layer and 8 V4-model CUDA tests passed. Issue 15 on this GPU: bench_attention.py --layers 8 (eight
+#        calls per graph on distinct caches, as eight layers of a decode step; time per call) against --layers 1, floors
+#        at this GPU's measured copy rate (--hbm copy), batch 32-128 at 32k / 128k. Issue 10's skew table at 8 / 64
+#        tokens with the new default (its floor column uses the H100's 3.0 TB/s).
+#   d -> c: eight calls per graph take 2.4-3.8 us off each attention call (the graph launch); floors at the copy rate
+#        c measured (2.78 TB/s, a uint8 copy: possibly not this GPU's rate; now float32). Skew table: every routing
+#        faster than bf16 (1.77-3.80x). Here: the copy rate by dtype (uint8 / float32 / int64 elements), and the
+#        shared-expert overlap beyond its measured range (192 / 256 / 512 tokens), three routings, both models.
+#   e -> d: this GPU copies at 2.77 TB/s whatever the element type (so c's floors stand). The overlap at 192-512
+#        tokens: V4-Flash 1.004-1.21x, V4-Pro 1.03-1.25x except its router at 192 / 256 (0.986 / 0.970x): the default
+#        range is now 9-512 tokens. CUDA tests of the MoE layer and the V4 model again; the README main job on the GPU.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -38,5 +50,38 @@ b)
   timeout 220 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 9,16,32,64,128 \
     --flush read --rounds 3 --routings router,zipf,all-on-k --settings "base|layer.shared_overlap=False" --out "$OUT" \
     --tag b_overlap_default 2>&1 | tail -3
+  ;;
+c)
+  for n in 1 8; do
+    timeout 200 python benchmarks/bench_attention.py --layers $n --hbm copy --flush read --batches 32,64,128 \
+      --contexts 32768,131072 --out "$OUT/c_attention_layers$n" 2>&1 | grep -v "^{" | tail -2
+  done
+  timeout 170 python benchmarks/bench_moe_skew.py --configs v4-flash,v4-pro --tokens 8,64 \
+    --routings uniform,zipf,all-on-k --out-dir "$OUT" --tag c_moe_skew 2>&1 | tail -13
+  ;;
+d)
+  timeout 60 python - <<'PY'
+import sys, torch
+sys.path.insert(0, "benchmarks")
+from bench_attention import bench_graph
+for dt in (torch.uint8, torch.float32, torch.int64):
+    src = torch.empty((1 << 31) // torch.tensor([], dtype=dt).element_size(), dtype=dt, device="cuda")
+    dst = torch.empty_like(src)
+    t = bench_graph(lambda: dst.copy_(src))
+    print(f"copy 2 GiB of {dt}: {t * 1e6:.1f} us, {2 * (1 << 31) / t / 1e12:.3f} TB/s (read + write)")
+    del src, dst
+PY
+  timeout 400 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 192,256,512 \
+    --flush read --rounds 2 --routings router,zipf,all-on-k --settings "base|layer.shared_overlap=True" --out "$OUT" \
+    --tag d_overlap_large 2>&1 | tail -36
+  ;;
+e)
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/layers/test_moe_layer.py \
+    > "$OUT/e_tests.log" 2>&1
+  tail -1 "$OUT/e_tests.log"
+  timeout 160 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/models/test_v4_model.py \
+    >> "$OUT/e_tests.log" 2>&1
+  tail -1 "$OUT/e_tests.log"
+  timeout 220 python -m megamoe generate > "$OUT/e_generate.log" 2>&1; tail -14 "$OUT/e_generate.log"
   ;;
 esac

@@ -268,10 +268,12 @@ SHARED_DENSE_BF16 = os.environ.get("MEGAMOE_SHARED_DENSE_BF16", "1").strip() not
 SHARED_OVERLAP_SPLITK = True
 # Nvfp4MoE(shared_overlap=None) runs the shared expert on the side stream at these batch sizes (CUDA, w4a16). The
 # lower edge is the first size whose split-K launches use no tile counters (above nvfp4_splitk.FUSED_MAX_ROWS = 8,
-# which is also FUSE_SHARED_MAX_TOKENS); the upper edge is the largest size measured (H200, graph replay, read flush,
-# results/gpu_check_v38/: see NOTES_moe_decode.md, "The shared expert on a side stream").
+# which is also FUSE_SHARED_MAX_TOKENS); the upper edge is the largest size measured. H200, graph replay, read flush
+# (results/gpu_check_v38/ b, d; NOTES_moe_decode.md, "The shared expert on a side stream"), against the overlap off:
+# 9-128 tokens 1.00-1.04x under the router and Zipf, 1.05-1.17x all-on-k (one V4-Pro all-on-k 32 capture 0.92x);
+# 192-512 tokens V4-Flash 1.004-1.21x, V4-Pro 1.03-1.25x except its router at 192 / 256 tokens (0.986 / 0.970x).
 SHARED_OVERLAP_MIN_TOKENS = 9
-SHARED_OVERLAP_MAX_TOKENS = 128
+SHARED_OVERLAP_MAX_TOKENS = 512
 # Fused shared expert only up to this many tokens. H100, graph replay, with the Gluon decode kernel
 # (benchmarks/results/moe_v5_fuse0*.md = separate, moe_v5_fuse64*.md = always fused), guide / V4-Flash dims:
 # 1 token 181.8 -> 141.9 / 123.5 -> 90.0 us and 8 tokens 651.3 -> 608.2 / 354.6 -> 309.6 us (fused better);

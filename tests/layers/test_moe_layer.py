@@ -178,7 +178,7 @@ def test_shared_overlap_rule(monkeypatch):
     assert lay.shared_overlap is None and lay._side_stream is None
     assert not any(lay.overlaps_shared(t) for t in (1, 9, 128))  # CPU
     monkeypatch.setattr(lay, "device", torch.device("cuda"))  # the rule reads the device type only
-    assert [lay.overlaps_shared(t) for t in (8, 9, 128, 129)] == [False, True, True, False]
+    assert [lay.overlaps_shared(t) for t in (8, 9, 512, 513)] == [False, True, True, False]
     lay.mode = "w4a8"
     assert not lay.overlaps_shared(16)
     assert Nvfp4MoE(TINY, max_num_tokens=4, shared_overlap=True).overlaps_shared(1)
@@ -189,9 +189,9 @@ def test_shared_overlap_rule(monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("tokens,overlapped", [(8, False), (9, True), (128, True), (129, False)])
+@pytest.mark.parametrize("tokens,overlapped", [(8, False), (9, True), (512, True), (513, False)])
 def test_cuda_default_shared_overlap_same_bits(monkeypatch, tokens, overlapped):
-    """The default layer (shared_overlap=None) forks the shared expert onto the side stream at 9-128 tokens only:
+    """The default layer (shared_overlap=None) forks the shared expert onto the side stream at 9-512 tokens only:
     the same bits as the layer with the overlap off, graph replay == eager with new inputs, no host syncs."""
     cfg = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=8, top_k=2, shared_intermediate_size=256,
                     scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="small")

@@ -23,6 +23,8 @@
 #   e -> d: this GPU copies at 2.77 TB/s whatever the element type (so c's floors stand). The overlap at 192-512
 #        tokens: V4-Flash 1.004-1.21x, V4-Pro 1.03-1.25x except its router at 192 / 256 (0.986 / 0.970x): the default
 #        range is now 9-512 tokens. CUDA tests of the MoE layer and the V4 model again; the README main job on the GPU.
+#   f -> e: 22 + 8 CUDA tests passed, generate ran (28 of 43 V4-Flash layers fit this GPU). Where all-on-k's time
+#        goes now (the skew point still > 2x its floor): the layer's kernels at 8 / 64 tokens, both models.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -83,5 +85,9 @@ e)
     >> "$OUT/e_tests.log" 2>&1
   tail -1 "$OUT/e_tests.log"
   timeout 220 python -m megamoe generate > "$OUT/e_generate.log" 2>&1; tail -14 "$OUT/e_generate.log"
+  ;;
+f)
+  timeout 300 python benchmarks/probe_moe_decode.py --configs v4-flash,v4-pro --tokens 8,64 --row-interleave 4 \
+    --routing all-on-k --out "$OUT" --tag f_all_on_k 2>&1 | tail -4
   ;;
 esac

@@ -25,6 +25,9 @@
 #        range is now 9-512 tokens. CUDA tests of the MoE layer and the V4 model again; the README main job on the GPU.
 #   f -> e: 22 + 8 CUDA tests passed, generate ran (28 of 43 V4-Flash layers fit this GPU). Where all-on-k's time
 #        goes now (the skew point still > 2x its floor): the layer's kernels at 8 / 64 tokens, both models.
+#   g -> f: the skew table's V4-Pro uniform 64 tokens ran below its 3.0 TB/s floor (0.96x): this GPU reads faster than
+#        its 2.77 TB/s copy rate suggests, so c's copy-rate floors are too low for read streams. The read rate: a
+#        torch sum over 4 GiB and probe_stream.py's read kernels, read flush.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -89,5 +92,19 @@ e)
 f)
   timeout 300 python benchmarks/probe_moe_decode.py --configs v4-flash,v4-pro --tokens 8,64 --row-interleave 4 \
     --routing all-on-k --out "$OUT" --tag f_all_on_k 2>&1 | tail -4
+  ;;
+g)
+  timeout 60 python - <<'PY'
+import sys, torch
+sys.path.insert(0, "benchmarks")
+from graph_timing import use_flush_mode
+use_flush_mode("read")
+from bench_attention import bench_graph
+x = torch.ones(1 << 30, dtype=torch.float32, device="cuda")
+out = torch.empty((), dtype=torch.float32, device="cuda")
+t = bench_graph(lambda: torch.sum(x, out=out))
+print(f"torch.sum over 4 GiB float32 (read flush): {t * 1e6:.1f} us, {4 * (1 << 30) / t / 1e12:.3f} TB/s read")
+PY
+  timeout 200 python benchmarks/probe_stream.py --out "$OUT/g_probe_stream.md" 2>&1 | tail -25
   ;;
 esac

@@ -16,7 +16,9 @@ and reports the memory floor: bytes of the rows actually read (window rows 1024 
 same shapes), as the N attention layers of one decode step would run, and reports the time per call: the graph's
 launch is then paid once per N calls, and every call still reads its own rows from HBM (the L2 is cleared before
 each replay and no two calls share data). ``--hbm copy`` measures this GPU's device-to-device copy rate in the same
-run (read + write bytes of a 2 GiB copy, graph replay) and uses it for the floors instead of 3.0 TB/s.
+run (read + write bytes of a 2 GiB copy, graph replay) and uses it for the floors instead of 3.0 TB/s. A copy mixes
+reads and writes: on the H200 of results/gpu_check_v38 it ran at 2.77 TB/s while read kernels streamed 2.9-3.4 TB/s,
+so the copy rate understates a read-bound kernel's floor there.
 
 Usage: python benchmarks/bench_attention.py [--quick] [--layers N] [--hbm copy] [--batches 32,64]
 [--contexts 32768] [--kinds csa,hca] [--out benchmarks/results/attention_v1]

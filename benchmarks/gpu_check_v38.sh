@@ -28,6 +28,9 @@
 #   g -> f: the skew table's V4-Pro uniform 64 tokens ran below its 3.0 TB/s floor (0.96x): this GPU reads faster than
 #        its 2.77 TB/s copy rate suggests, so c's copy-rate floors are too low for read streams. The read rate: a
 #        torch sum over 4 GiB and probe_stream.py's read kernels, read flush.
+#   h -> g: read kernels stream 2.9-3.4 TB/s here (the issue's 3.0 TB/s floor is fair on this GPU). Prefill sizes: the
+#        shared expert (route "dense-bf16", cuBLAS) beside the routed pipelined GEMMs at 1024 / 2048 / 4096 tokens,
+#        three routings, both models, against the default (apart above 512 tokens).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -106,5 +109,10 @@ t = bench_graph(lambda: torch.sum(x, out=out))
 print(f"torch.sum over 4 GiB float32 (read flush): {t * 1e6:.1f} us, {4 * (1 << 30) / t / 1e12:.3f} TB/s read")
 PY
   timeout 200 python benchmarks/probe_stream.py --out "$OUT/g_probe_stream.md" 2>&1 | tail -25
+  ;;
+h)
+  timeout 480 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1024,2048,4096 \
+    --flush read --rounds 2 --routings router,zipf,all-on-k --settings "base|layer.shared_overlap=True" --out "$OUT" \
+    --tag h_overlap_prefill 2>&1 | tail -36
   ;;
 esac

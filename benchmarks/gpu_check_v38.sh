@@ -31,6 +31,9 @@
 #   h -> g: read kernels stream 2.9-3.4 TB/s here (the 3.0 TB/s floor is fair on this GPU). Prefill sizes: the
 #        shared expert (route "dense-bf16", cuBLAS) beside the routed pipelined GEMMs at 1024 / 2048 / 4096 tokens,
 #        three routings, both models, against the default (apart above 512 tokens).
+#   i -> h: prefill sizes 0.94-1.04x with no consistent sign: the default stays 9-512. The overlap tests after their
+#        review refactor (one graph helper), and the model's decode graph == eager at 10 requests (the MoE layers fork
+#        the shared expert inside the captured step).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -114,5 +117,13 @@ h)
   timeout 480 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 1024,2048,4096 \
     --flush read --rounds 2 --routings router,zipf,all-on-k --settings "base|layer.shared_overlap=True" --out "$OUT" \
     --tag h_overlap_prefill 2>&1 | tail -36
+  ;;
+i)
+  timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/layers/test_moe_layer.py \
+    -k "overlap" > "$OUT/i_tests.log" 2>&1
+  tail -1 "$OUT/i_tests.log"
+  timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/models/test_v4_model.py \
+    -k "graph_replay_equals_eager" >> "$OUT/i_tests.log" 2>&1
+  tail -1 "$OUT/i_tests.log"
   ;;
 esac

@@ -168,6 +168,23 @@ def test_shared_overlap_is_the_separate_path_bit_for_bit():
         Nvfp4MoE(TINY, max_num_tokens=4, shared_overlap=1)
 
 
+# a shape whose shared expert takes the split-K route at 9-64 tokens (the overlap tests below)
+SMALL = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=8, top_k=2, shared_intermediate_size=256,
+                  scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="small")
+
+
+def _graph_matches(x, eager, layer, other):
+    """CUDA: ``layer.forward(x)`` runs without host syncs; its graph at x's batch size replays ``eager`` on x and
+    ``other``'s eager output on new inputs."""
+    torch.cuda.synchronize()
+    with no_host_syncs():
+        layer.forward(x)
+    replay = layer.capture(x.shape[0])
+    assert torch.equal(replay(x), eager)
+    x2 = torch.randn_like(x)
+    assert torch.equal(replay(x2), other.forward(x2))
+
+
 def test_shared_overlap_rule(monkeypatch):
     """shared_overlap=None (default): the side stream only on CUDA, in mode w4a16, at SHARED_OVERLAP_MIN_TOKENS..
     MAX_TOKENS tokens; a bool forces it either way; a layer without a shared expert never forks."""
@@ -193,24 +210,16 @@ def test_shared_overlap_rule(monkeypatch):
 def test_cuda_default_shared_overlap_same_bits(monkeypatch, tokens, overlapped):
     """The default layer (shared_overlap=None) forks the shared expert onto the side stream at 9-512 tokens only:
     the same bits as the layer with the overlap off, graph replay == eager with new inputs, no host syncs."""
-    cfg = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=8, top_k=2, shared_intermediate_size=256,
-                    scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="small")
-    auto = Nvfp4MoE.random(cfg, seed=7, max_num_tokens=tokens, device="cuda")
-    off = Nvfp4MoE.random(cfg, seed=7, max_num_tokens=tokens, device="cuda", shared_overlap=False)
+    auto = Nvfp4MoE.random(SMALL, seed=7, max_num_tokens=tokens, device="cuda")
+    off = Nvfp4MoE.random(SMALL, seed=7, max_num_tokens=tokens, device="cuda", shared_overlap=False)
     forks = []
     inner = auto._fork_shared
     monkeypatch.setattr(auto, "_fork_shared", lambda h: forks.append(h.shape[0]) or inner(h))
-    x = torch.randn(tokens, cfg.hidden_size, device="cuda").bfloat16()
+    x = torch.randn(tokens, SMALL.hidden_size, device="cuda").bfloat16()
     eager = auto.forward(x).clone()
     assert forks == ([tokens] if overlapped else [])
     assert torch.equal(eager, off.forward(x))
-    torch.cuda.synchronize()
-    with no_host_syncs():
-        auto.forward(x)
-    replay = auto.capture(tokens)
-    assert torch.equal(replay(x), eager)
-    x2 = torch.randn_like(x)
-    assert torch.equal(replay(x2), off.forward(x2))
+    _graph_matches(x, eager, auto, off)
 
 
 @pytest.mark.cuda
@@ -222,15 +231,13 @@ def test_cuda_shared_overlap_graph_sync_free_same_bits(monkeypatch, tokens):
     from megamoe.layers import moe as moe_mod
     from megamoe.ops import gemm as gemm_ops
 
-    cfg = MoEConfig(hidden_size=512, intermediate_size=256, num_experts=8, top_k=2, shared_intermediate_size=256,
-                    scoring_func="sqrtsoftplus", routed_scaling_factor=1.5, swiglu_limit=10.0, name="small")
     counters = gemm_ops.splitk_uses_tile_counters(tokens)
     assert counters == (tokens <= 8)
     if counters:  # for `separate`: the routes the side stream takes there
         monkeypatch.setattr(moe_mod, "SHARED_SPLITK", False)
-    overlap = Nvfp4MoE.random(cfg, seed=5, max_num_tokens=16, device="cuda", shared_overlap=True)
-    separate = Nvfp4MoE.random(cfg, seed=5, max_num_tokens=16, device="cuda", fuse_shared_expert=False)
-    x = torch.randn(tokens, cfg.hidden_size, device="cuda").bfloat16()
+    overlap = Nvfp4MoE.random(SMALL, seed=5, max_num_tokens=16, device="cuda", shared_overlap=True)
+    separate = Nvfp4MoE.random(SMALL, seed=5, max_num_tokens=16, device="cuda", fuse_shared_expert=False)
+    x = torch.randn(tokens, SMALL.hidden_size, device="cuda").bfloat16()
     # the shape takes split-K at 9-16 rows, so the test covers the side stream's split-K launches
     assert overlap.shared.dense_routes(x, "w4a16", not counters) == ((False, False) if counters else (True, True))
     seen = []
@@ -240,13 +247,7 @@ def test_cuda_shared_overlap_graph_sync_free_same_bits(monkeypatch, tokens):
     assert seen == [not counters]
     assert torch.equal(eager, separate.forward(x))
     assert overlap._side_stream is not None  # the shared expert went to the side stream
-    torch.cuda.synchronize()
-    with no_host_syncs():
-        overlap.forward(x)
-    replay = overlap.capture(tokens)
-    assert torch.equal(replay(x), eager)
-    x2 = torch.randn_like(x)
-    assert torch.equal(replay(x2), separate.forward(x2))
+    _graph_matches(x, eager, overlap, separate)
 
 
 @pytest.mark.cuda

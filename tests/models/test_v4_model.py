@@ -392,30 +392,37 @@ def test_fast_model_vs_official_numerics_bounded_cuda(selection):
 
 
 @pytest.mark.cuda
-def test_decode_graph_replay_equals_eager_and_is_sync_free():
+@pytest.mark.parametrize("num_prompts", [2, 10])
+def test_decode_graph_replay_equals_eager_and_is_sync_free(num_prompts):
+    """Greedy decode steps in the captured graph == eager, no host syncs; at 10 requests the MoE layers run their
+    shared expert on the side stream (Nvfp4MoE.overlaps_shared), inside the graph too."""
     cfg = V4_TINY_MODEL
     dev = torch.device("cuda")
     sd = random_state_dict(cfg, seed=7, device=dev)
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4]]
+    prompts += [[(5 * i + 3 * j) % 40 + 1 for j in range(4 + i)] for i in range(num_prompts - 2)]
+    slots = list(range(num_prompts))
     models = []
     for _ in range(2):
-        m = V4Model(cfg, max_batch=2, max_prefill_tokens=16, max_context=64, device=dev)
+        m = V4Model(cfg, max_batch=num_prompts, max_prefill_tokens=16, max_context=64, device=dev)
         m.load_weights(sd)
         first = [int(torch.argmax(m.prefill(s, torch.tensor(p, device=dev)))) for s, p in enumerate(prompts)]
         models.append((m, first))
     (eager, first), (graphed, _) = models
-    step = graphed.capture_decode(2)
+    moe = graphed.layers[0].moe
+    assert moe.overlaps_shared(num_prompts) == (num_prompts >= 9)
+    step = graphed.capture_decode(num_prompts)
     step.tokens.copy_(torch.tensor(first))
     from megamoe.kvcache import DecodeBatch
     from megamoe.ops.sampling import sample
 
-    batch = DecodeBatch.allocate(2, dev)
+    batch = DecodeBatch.allocate(num_prompts, dev)
     tokens = torch.tensor(first, device=dev)
     for _ in range(20):
-        eager.prepare_decode(batch, [0, 1])
+        eager.prepare_decode(batch, slots)
         with no_host_syncs():
             tokens = sample(eager.decode(batch, tokens), step.params)  # greedy (capture_decode's default)
-        got = step([0, 1])
+        got = step(slots)
         assert torch.equal(got, tokens)
 
 

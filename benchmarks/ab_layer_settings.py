@@ -2,7 +2,7 @@
 
 Each setting is Python run in a namespace holding ``gemm`` (``megamoe.ops.gemm``), ``mma``
 (``megamoe.kernels.gemm.nvfp4_mma_decode``), ``pdl`` (``megamoe.kernels.pdl``), ``moe`` (``megamoe.layers.moe``),
-``rd`` (``megamoe.kernels.moe_route_dispatch``) and
+``rd`` (``megamoe.kernels.moe_route_dispatch``), ``pipe`` (``megamoe.kernels.gemm.nvfp4_wgmma_pipe``) and
 ``layer`` (the layer), e.g.
 ``gemm.DECODE_SPLITK=None`` (planned decode split-K), ``mma.MMA_DECODE_CONFIGS[4]=(8,64,256,4)``,
 ``pdl.PDL_ENABLED=True``, ``moe.PAIRED_X_MAX_TOKENS=0`` or ``layer.shared_overlap=True``; "base" runs nothing. Per config and token count the layer
@@ -42,17 +42,19 @@ _SAVED = ("gemm.DECODE_SPLITK", "mma.MMA_DECODE_CONFIGS", "mma.INTERLEAVED_MAXNR
           "mma.MMA_DECODE_ONE_WAVE_CONFIG", "mma.MMA_X_PAIRED", "moe.PAIRED_X_MIN_TOKENS",
           "moe.PAIRED_X_MAX_TOKENS", "gemm.ONE_EXPERT_SPLITK_MAX_ROWS", "moe.SHARED_SPLITK",
           "gemm.PIPE_ABOVE_MMA_ROWS", "gemm.PIPE_ABOVE_WIDE_N", "pdl.PDL_PROLOGUE", "pdl.PDL_LAUNCH",
-          "pdl.PDL_EARLY_READS", "rd.SMALL_T_BLOCK_E", "gemm.BANDS_OVERLAP", "moe.SHARED_OVERLAP_SPLITK")
+          "pdl.PDL_EARLY_READS", "rd.SMALL_T_BLOCK_E", "gemm.BANDS_OVERLAP", "moe.SHARED_OVERLAP_SPLITK",
+          "pipe.PIPE_BAND_CONFIGS", "pipe.PIPE_BAND64_NARROW_CONFIG")
 
 
 def _namespace():
     from megamoe.kernels import moe_route_dispatch as rd
     from megamoe.kernels import pdl
     from megamoe.kernels.gemm import nvfp4_mma_decode as mma
+    from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
     from megamoe.layers import moe
     from megamoe.ops import gemm
 
-    return dict(gemm=gemm, mma=mma, pdl=pdl, moe=moe, rd=rd)
+    return dict(gemm=gemm, mma=mma, pdl=pdl, moe=moe, rd=rd, pipe=pipe)
 
 
 def _snapshot(ns):

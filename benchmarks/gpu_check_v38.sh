@@ -34,6 +34,11 @@
 #   i -> h: prefill sizes 0.94-1.04x with no consistent sign: the default stays 9-512. The overlap tests after their
 #        review refactor (one graph helper), and the model's decode graph == eager at 10 requests (the MoE layers fork
 #        the shared expert inside the captured step).
+#   j -> i: 8 + 2 passed. Issue 10's all-on-k 64-token point: f showed the pipelined 64-row band streaming ~1.3 TB/s.
+#        Its ring keeps STAGES - 2 steps in flight, ~32 KB of weights per SM in every 64-row config (the x tile is as
+#        large as the weights'), which at ~3 us of loaded latency is ~1.4 TB/s: the ring depth, not the program
+#        count. The 256-column 64-row band with 6 stages (209 KB, compiles offline) for both models, and a 1-program
+#        8-stage 128-column band, against the defaults at 48 / 64 tokens, three routings.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -125,5 +130,11 @@ i)
   timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/models/test_v4_model.py \
     -k "graph_replay_equals_eager" >> "$OUT/i_tests.log" 2>&1
   tail -1 "$OUT/i_tests.log"
+  ;;
+j)
+  S="base|gemm.PIPE_ABOVE_WIDE_N=4096|pipe.PIPE_BAND_CONFIGS[64]=(64,256,128,8,6);gemm.PIPE_ABOVE_WIDE_N=4096"
+  S="$S|pipe.PIPE_BAND64_NARROW_CONFIG=(64,128,128,4,8,1)"
+  timeout 200 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 48,64 --flush read \
+    --rounds 2 --routings all-on-k,zipf,router --settings "$S" --out "$OUT" --tag j_band64_ring 2>&1 | tail -48
   ;;
 esac

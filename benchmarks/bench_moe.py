@@ -148,8 +148,7 @@ def bench_config(config, token_counts, progress, seed=0, fuse_shared_max_tokens=
             "config": c.name, "mode": mode, "tokens": t, "experts_touched": touched,
             "nvfp4_eager_us": eager_ms * 1e3, "nvfp4_graph_us": graph_ms * 1e3, "bf16_graph_us": bf16_ms * 1e3,
             "route_dispatch_combine_graph_us": overhead_ms * 1e3,
-            "shared_expert_fused": (layer.fused_shared and t <= layer.fuse_shared_max_tokens
-                                    and not layer.overlaps_shared(t)),
+            "shared_expert_fused": layer.fuses_shared(t),
             "shared_overlap": layer.overlaps_shared(t),
             "hbm_roofline_us": hbm_us, "tc_roofline_us": tc_us,
             "pct_of_roofline": 100.0 * roof_us / (graph_ms * 1e3),

@@ -598,8 +598,7 @@ class Nvfp4MoE:
         _check_hidden(hidden_states, c.hidden_size, self.max_num_tokens, self.device)
         t = hidden_states.shape[0]
         token_ids = self._token_ids(token_ids, t)
-        overlap = self.overlaps_shared(t)
-        fuse = self.fused_shared and t <= self.fuse_shared_max_tokens and not overlap
+        overlap, fuse = self.overlaps_shared(t), self.fuses_shared(t)
         pairs = t * (self._slots if fuse else c.top_k)
         out = self._out[:t]
         if t == 0:
@@ -683,7 +682,7 @@ class Nvfp4MoE:
     def _use_fused_decode(self, hidden_states: torch.Tensor, fuse: bool) -> bool:
         """Host rule (shapes only): the single-launch decode MoE takes this batch (see ``fused_decode``)."""
         return (self.fused_decode and self._fused_ws is not None and self.mode == "w4a16"
-                and not self.overlaps_shared(hidden_states.shape[0]) and (fuse or self.shared is None)
+                and (fuse or self.shared is None)  # neither forks the shared expert (overlaps_shared)
                 and hidden_states.shape[0] <= self._fused_ws["max_tokens"]
                 and fused_ops.fused_decode_supported(hidden_states, self._w13_kernel, self._w2_kernel))
 
@@ -697,6 +696,11 @@ class Nvfp4MoE:
             return self.shared_overlap
         return (self.device.type == "cuda" and self.mode == "w4a16"
                 and SHARED_OVERLAP_MIN_TOKENS <= num_tokens <= SHARED_OVERLAP_MAX_TOKENS)
+
+    def fuses_shared(self, num_tokens: int) -> bool:
+        """Whether a batch of ``num_tokens`` runs the shared expert inside the routed GEMMs (as group E): a shared
+        expert as wide as the routed ones, at most ``fuse_shared_max_tokens`` tokens, and not on the side stream."""
+        return self.fused_shared and num_tokens <= self.fuse_shared_max_tokens and not self.overlaps_shared(num_tokens)
 
     def _fork_shared(self, hidden_states: torch.Tensor):
         """Start the shared expert on the side stream (CUDA; graph-capturable fork). Returns the handle for
@@ -740,7 +744,7 @@ class Nvfp4MoE:
         mode, shared_mode = self.mode, None
         if mode == "w4a8":  # the same host rule as forward's GEMMs (w4a16 kernels at decode sizes on CUDA)
             t = hidden_states.shape[0]
-            fuse = self.fused_shared and t <= self.fuse_shared_max_tokens and not self.overlaps_shared(t)
+            fuse = self.fuses_shared(t)
             pairs = t * (self._slots if fuse else self.config.top_k)
             mode = gemm_ops.w4a8_kernel_mode(hidden_states, pairs, self._groups)  # the stacked weights' groups
             shared_mode = mode if fuse or self.shared is None else self.shared.effective_mode(hidden_states)

@@ -782,7 +782,7 @@ def splitk_uses_tile_counters(num_rows: int) -> bool:
     (``nvfp4_splitk.splitk_counters``), which two concurrent split-K launches would share (host shapes only)."""
     from ..kernels.gemm import nvfp4_splitk
 
-    return num_rows <= nvfp4_splitk.FUSED_MAX_ROWS
+    return nvfp4_splitk.default_single_launch(num_rows)
 
 
 def bf16_linear_fp32_error_units(k: int) -> int:

@@ -192,6 +192,13 @@ def select_splitk_config(m: int, interpreter: bool, gluon_ok: bool, n: int | Non
     return config
 
 
+def default_single_launch(num_rows: int) -> bool:
+    """Whether a launch of ``num_rows`` rows reduces in one launch by default (``fused=None``): the last program of a
+    tile sums the splits, drawing tickets on the device's tile counters (:func:`splitk_counters`), which concurrent
+    split-K launches would share. Above :data:`FUSED_MAX_ROWS` rows the reduction is a second launch, no counters."""
+    return num_rows <= FUSED_MAX_ROWS
+
+
 def splitk_counters(device) -> torch.Tensor | None:
     """The (COUNTER_SLOTS,) int32 tile counters of ``device`` (zeros; every launch leaves them zero).
 
@@ -759,7 +766,7 @@ def launch_nvfp4_splitk(
     if swiglu:
         fused = False  # the SwiGLU runs in the two-launch reduction
     elif fused is None:
-        fused = m <= FUSED_MAX_ROWS
+        fused = default_single_launch(m)
     if not direct and fused and m_tiles * n_tiles <= COUNTER_SLOTS:
         counters = splitk_counters(x.device)
     fused_launch = counters is not None

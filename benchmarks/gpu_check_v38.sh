@@ -46,6 +46,13 @@ OUT=${OUT:-benchmarks/results/gpu_check_v38}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=index,name,clocks.max.sm,memory.total --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+# the MoE layer's and the V4 model's CUDA tests into LOG (calls b, e)
+layer_and_model_tests() {
+  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/layers/test_moe_layer.py > "$1" 2>&1
+  tail -1 "$1"
+  timeout 160 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/models/test_v4_model.py >> "$1" 2>&1
+  tail -1 "$1"
+}
 case "$1" in
 a)
   timeout 150 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/layers/test_moe_layer.py \
@@ -57,12 +64,7 @@ a)
     2>&1 | tail -40
   ;;
 b)
-  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/layers/test_moe_layer.py \
-    > "$OUT/b_tests.log" 2>&1
-  tail -1 "$OUT/b_tests.log"
-  timeout 160 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/models/test_v4_model.py \
-    >> "$OUT/b_tests.log" 2>&1
-  tail -1 "$OUT/b_tests.log"
+  layer_and_model_tests "$OUT/b_tests.log"
   timeout 220 python benchmarks/ab_layer_settings.py --configs v4-flash,v4-pro --tokens 9,16,32,64,128 \
     --flush read --rounds 3 --routings router,zipf,all-on-k --settings "base|layer.shared_overlap=False" --out "$OUT" \
     --tag b_overlap_default 2>&1 | tail -3
@@ -92,12 +94,7 @@ PY
     --tag d_overlap_large 2>&1 | tail -36
   ;;
 e)
-  timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/layers/test_moe_layer.py \
-    > "$OUT/e_tests.log" 2>&1
-  tail -1 "$OUT/e_tests.log"
-  timeout 160 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/models/test_v4_model.py \
-    >> "$OUT/e_tests.log" 2>&1
-  tail -1 "$OUT/e_tests.log"
+  layer_and_model_tests "$OUT/e_tests.log"
   timeout 220 python -m megamoe generate > "$OUT/e_generate.log" 2>&1; tail -14 "$OUT/e_generate.log"
   ;;
 f)

@@ -490,3 +490,90 @@ def test_cuda_tile_list_same_bits_as_bands(monkeypatch, interleave):
         listed = ops_gemm.nvfp4_grouped_mm(x, w, offsets, **kwargs)
         assert torch.equal(listed, bands)
     assert rel_err(listed, grouped_f32(x, w, offsets_of(counts, "cpu"))) < 4e-3
+
+
+def test_work_splits_rule():
+    """The K splits a ``split_max`` band launch takes (host mirror of the kernel's rule, 132 SMs): the split count
+    whose items fill the last round best, none for launches with enough tiles, bounded by the K steps and the
+    workspace."""
+    sms, ws = 132, pipe.SPLIT_WS_ROUNDS * 132
+    # all-on-k 64 tokens: six V4-Flash experts of 32 x 128-column tiles: 2 rounds -> 3 half rounds
+    assert pipe.work_splits(192, sms, 32, ws, 2) == 2
+    assert pipe.work_splits(192, sms, 32, ws, 4) == 2  # 4 splits fill no better: fewer splits on a tie
+    # V4-Pro gate_up, 6 x 24 wide tiles: 4 splits would fill better (2 rounds -> 5 quarter rounds), but 4 x 144
+    # partial tiles pass the workspace
+    assert pipe.work_splits(144, sms, 56, ws, 4) == 2
+    assert pipe.work_splits(144, sms, 56, 4 * 144, 4) == 4
+    assert pipe.work_splits(32, sms, 32, ws, 4) == 4  # one hot expert
+    assert pipe.work_splits(132, sms, 32, ws, 4) == 1  # exactly one round
+    assert pipe.work_splits(1000, sms, 32, ws, 4) == 1  # prefill-sized launches: the workspace bound
+    assert pipe.work_splits(32, sms, 3, ws, 4) == 2  # at most one split per K step
+    assert pipe.work_splits(192, sms, 32, ws, 1) == 1
+
+
+def test_split_max_argument_is_checked():
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    args = (x, torch.zeros(1, 8, 128, dtype=torch.uint8), None, None, torch.empty(4, 8, dtype=torch.bfloat16))
+    for bad in (0, 3, 8, True, 2.0):
+        with pytest.raises(ValueError, match="split_max"):
+            pipe.launch_nvfp4_wgmma_pipe(*args, expert_offsets=torch.tensor([4], dtype=torch.int32), split_max=bad)
+    for config, tile_list in (((96, 256, 128, 8, 4), False), (None, True)):
+        with pytest.raises(ValueError, match="split_max"):
+            pipe.launch_nvfp4_wgmma_pipe(*args, expert_offsets=torch.tensor([4], dtype=torch.int32), split_max=2,
+                                         config=config, tile_list=tile_list)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("interleave", [1, 4])
+@pytest.mark.parametrize("config,counts,split_max,expect", [
+    # the narrow 64-row band (128 columns): 12 hot experts x 16 tiles = 192 -> 2 splits; one hot expert -> 4
+    (pipe.PIPE_BAND64_NARROW_CONFIG, [0, 5] + [64] * 12, 4, 2),
+    (pipe.PIPE_BAND64_NARROW_CONFIG, [3, 0, 41, 0, 0, 0, 0, 0], 4, 4),
+    # the wide one (256 columns) with tails and an empty expert; many tiles -> no split (the same bits as unsplit)
+    (pipe.PIPE_BAND_CONFIGS[64], [0, 33, 64, 50, 0, 17, 64, 64], 2, 2),
+    (pipe.PIPE_BAND64_NARROW_CONFIG, [64] * 40, 4, 1),
+])
+def test_cuda_pipe_k_splits(interleave, config, counts, split_max, expect):
+    """``split_max``: each tile's K range in S splits chosen on the device (S = ``work_splits``'s), the last split
+    of a tile summing the fp32 partials in a fixed order: within the float32 bound, SwiGLU + row gather + padding
+    rows, the same bits on every run, different bits from the unsplit launch only where S > 1, the tile counters
+    left zero; sync-free, and a graph replay after the routing moved equals eager."""
+    from megamoe.kernels.gemm import nvfp4_splitk
+    from megamoe.kernels.gemm.nvfp4_gemm import _num_sms
+
+    device = torch.device("cuda")
+    e, n, k = len(counts), 2048, 2048
+    w = random_weight((e, n, k), device, scale_shape=(e, 1, 1))
+    data, scale = (w.data, w.block_scale) if interleave == 1 else (w.interleave_rows(4).data,
+                                                                   w.interleave_rows(4).block_scale)
+    t = sum(counts) + 3
+    x = torch.randn(t, k, device=device).bfloat16()
+    row_index = torch.randperm(t, device=device).to(torch.int32)
+    offsets = offsets_of(counts, device)
+    kwargs = dict(expert_offsets=offsets, row_index=row_index, swiglu=True, swiglu_limit=7.0, config=config,
+                  weight_interleave=interleave, row_lo=32, row_hi=64)
+    tiles = sum(-(-c // 64) for c in counts if 32 < c <= 64) * -(-n // config[1])
+    sms = _num_sms(device.index or 0)
+    splits = pipe.work_splits(tiles, sms, k // 128, pipe.SPLIT_WS_ROUNDS * sms, split_max)
+    assert splits == expect or sms != 132  # the cases are chosen for H100 / H200's 132 SMs
+
+    def launch(out, **extra):
+        pipe.launch_nvfp4_wgmma_pipe(x, data, scale, w.global_scale, out, **kwargs, **extra)
+        return out
+
+    out = launch(torch.full((t, n // 2), float("nan"), dtype=torch.bfloat16, device=device), split_max=split_max)
+    unsplit = launch(torch.full_like(out, float("nan")))
+    band = [i for i, c in enumerate(counts) if 32 < c <= 64]
+    offs = [0] + offsets_of(counts, "cpu").tolist()
+    rows = torch.cat([torch.arange(offs[i], offs[i + 1]) for i in band])
+    ref = swiglu_reference(grouped_f32(x, w, offsets_of(counts, "cpu"), row_index), 7.0)
+    assert rel_err(out[rows.to(device)], ref[rows]) < 4e-3
+    assert (out[sum(counts):] == 0).all()  # padding rows
+    band_rows = rows.to(device)  # the rows outside the band stay NaN (untouched)
+    again = launch(torch.full_like(out, float("nan")), split_max=split_max)
+    assert torch.equal(again[band_rows], out[band_rows])
+    assert torch.equal(out[band_rows], unsplit[band_rows]) == (splits == 1)
+    assert not nvfp4_splitk.splitk_counters(device, "pipe").any()
+
+    buf = torch.zeros_like(out)
+    check_sync_free_and_graph(lambda: launch(buf, split_max=split_max), x, offsets, sum(counts))

@@ -1,14 +1,14 @@
-"""The pipelined 64-row band alone under all-on-k routing (issue 10's skew point): kernel time and K splits.
+"""The pipelined 64-row band alone under all-on-k routing (issue 10's skew point): kernel time.
 
 In the MoE layer at 33-64 tokens where every token picks the same experts, the hot experts run the pipelined
 64-row band (``megamoe.ops.gemm.PIPE_ABOVE_MMA_ROWS``): V4-Flash's six experts as 192 tiles of 128 columns, V4-Pro's
 as 144 / 168 tiles of 256. This times that one launch (gate_up + SwiGLU, and down) as the layer plans it (its config,
-row-interleaved weights, x in the MMA K order, a row gather), in CUDA-graph replay with a read flush, for each
-``--splits`` value (the launcher's ``split_max``), and reports the weight stream rate. ``--ncu``: two eager launches
-per case and nothing else, for ``ncu --launch-skip 1`` (one profiled launch per case).
+row-interleaved weights, x in the MMA K order, a row gather), in CUDA-graph replay with a read flush, and reports
+the weight stream rate. ``--ncu``: two eager launches per case and nothing else, for ``ncu --launch-skip 1`` (one
+profiled launch per case). Part 28 used it with the K-split experiment's ``--splits`` (commit 034fd65, reverted:
+``results/gpu_check_v39/b_band64*``).
 
-Run (GPU): ``python benchmarks/probe_band64.py [--configs v4-flash,v4-pro] [--experts 6] [--rows 64] [--splits 1,2,4]
-[--out FILE.md]``.
+Run (GPU): ``python benchmarks/probe_band64.py [--configs v4-flash,v4-pro] [--experts 6] [--rows 64] [--out FILE.md]``.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "tests"))
 
 
 def _case(config, gemm: str, experts: int, rows: int, device):
-    """(launch(split_max), weight bytes) of one band launch: ``experts`` hot experts of ``rows`` rows among 8."""
+    """(launch(), weight bytes, band config) of one band launch: ``experts`` hot experts of ``rows`` rows among 8."""
     from gemm_helpers import random_codes_weight
     from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
     from megamoe.kernels.gemm.mma_k_order import launch_to_mma_k_order
@@ -45,11 +45,11 @@ def _case(config, gemm: str, experts: int, rows: int, device):
     out = torch.empty(t, width, dtype=torch.bfloat16, device=device)
     band = pipe.PIPE_BAND_CONFIGS[64] if n >= gemm_ops.PIPE_ABOVE_WIDE_N else pipe.PIPE_BAND64_NARROW_CONFIG
 
-    def launch(split_max: int):
+    def launch():
         return pipe.launch_nvfp4_wgmma_pipe(
             x, w.data, w.block_scale, w.global_scale, out, expert_offsets=offsets, row_index=row_index,
             swiglu=gemm == "gate_up", swiglu_limit=config.swiglu_limit if gemm == "gate_up" else None, config=band,
-            row_lo=32, row_hi=64, x_in_mma_order=True, weight_interleave=4, split_max=split_max)
+            row_lo=32, row_hi=64, x_in_mma_order=True, weight_interleave=4)
 
     return launch, experts * n * k * 9 // 16, band
 
@@ -62,37 +62,29 @@ def main() -> None:
     p.add_argument("--configs", default="v4-flash,v4-pro")
     p.add_argument("--experts", type=int, default=6)
     p.add_argument("--rows", type=int, default=64)
-    p.add_argument("--splits", default="1,2,4")
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--out", default=None)
     add_flush_argument(p, "read")
     args = p.parse_args()
     use_flush_mode(args.flush)
     device = torch.device("cuda")
-    splits = [int(s) for s in args.splits.split(",")]
     lines = [f"# The pipelined 64-row band alone, {args.experts} hot experts of {args.rows} rows",
              "", f"{datetime.datetime.now().isoformat(timespec='seconds')} | {torch.cuda.get_device_name()} | torch "
              f"{torch.__version__} | `python {' '.join(sys.argv)}`", "",
              "CUDA-graph replay medians, L2 cleared before each replay; rate = weight bytes / time.", "",
-             "| config | GEMM | band config | split_max | us | TB/s | same bits as split_max 1 |", "|---|---|---|---|---|---|---|"]
+             "| config | GEMM | band config | us | TB/s |", "|---|---|---|---|---|"]
     for name in args.configs.split(","):
         config = PRESETS[name]
         for gemm in ("gate_up", "down"):
             launch, nbytes, band = _case(config, gemm, args.experts, args.rows, device)
             if args.ncu:
-                for s in splits:
-                    launch(s)
-                    launch(s)
+                launch()
+                launch()
                 torch.cuda.synchronize()
                 continue
-            base = None
-            for s in splits:
-                us = graph_replay_us(lambda: launch(s))
-                out = launch(s).clone()
-                base = out if base is None else base
-                lines.append(f"| {name} | {gemm} | {band} | {s} | {us:.1f} | {nbytes / us / 1e6:.2f} | "
-                             f"{'yes' if torch.equal(out, base) else 'no'} |")
-                print(lines[-1], flush=True)
+            us = graph_replay_us(launch)
+            lines.append(f"| {name} | {gemm} | {band} | {us:.1f} | {nbytes / us / 1e6:.2f} |")
+            print(lines[-1], flush=True)
     if args.out and not args.ncu:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

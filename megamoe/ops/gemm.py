@@ -144,12 +144,6 @@ PIPE_AFTER_DECODE = os.environ.get("MEGAMOE_PIPE_AFTER_DECODE", "0").strip() not
 # MEGAMOE_PIPE_ABOVE_MMA_ROWS (read at import): 0 off.
 PIPE_ABOVE_MMA_ROWS = int(os.environ.get("MEGAMOE_PIPE_ABOVE_MMA_ROWS", "32").strip() or 0)
 PIPE_ABOVE_WIDE_N = 6144
-# K splits of that 64-row band (the launcher's ``split_max``: 1, 2 or 4): few hot experts give it fewer tiles than the
-# GPU has SMs for (all 64 tokens on the same six V4-Flash experts: 192 tiles of 128 columns on 132 SMs, i.e. a second
-# round on 60 SMs), so the kernel cuts each tile's K range into up to this many splits when that fills the last round
-# better (decided on the device from the tile count; the tile's last split sums the fp32 partials in a fixed order).
-# MEGAMOE_PIPE_ABOVE_SPLIT (read at import): 1 off.
-PIPE_ABOVE_SPLIT = int(os.environ.get("MEGAMOE_PIPE_ABOVE_SPLIT", "1").strip() or 1)
 
 # The banded route's launches on side streams (:func:`_launch_banded`), for plans without a decode band (prefill
 # sizes): each band is a persistent launch that ends in a partial wave; run concurrently, the next band's tiles fill
@@ -422,10 +416,7 @@ def plan_row_bands(num_rows: int, num_experts: int, k: int, max_rows_per_expert:
         bands.append(("mma", dict(config=wide, row_band=(lo, hi))))
         lo = hi
     if above_config:  # (PIPE_ABOVE_MMA_ROWS, 64] in 64-row tiles; above, the final band as without it
-        added = len(bands)
         lo = add_pipe_bands(lo, [(64, above_config)])
-        if len(bands) > added and PIPE_ABOVE_SPLIT > 1:
-            bands[-1][1]["split_max"] = PIPE_ABOVE_SPLIT
     if most > lo:
         bands.append(("pipe" if pipe_ok else "ws" if WS_BANDED else "wgmma", dict(row_lo=lo)))
     for i, (route, kwargs) in enumerate(bands):

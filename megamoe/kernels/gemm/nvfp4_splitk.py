@@ -199,24 +199,22 @@ def default_single_launch(num_rows: int) -> bool:
     return num_rows <= FUSED_MAX_ROWS
 
 
-def splitk_counters(device, role: str = "splitk") -> torch.Tensor | None:
-    """The (COUNTER_SLOTS,) int32 tile counters of ``device`` for ``role`` (zeros; every launch leaves them zero).
+def splitk_counters(device) -> torch.Tensor | None:
+    """The (COUNTER_SLOTS,) int32 tile counters of ``device`` (zeros; every launch leaves them zero).
 
-    ``role`` keeps the users apart: "splitk" (this module's single-launch reduction and the mma.sync decode
-    kernel's split-K) and "pipe" (the pipelined wgmma kernel's K splits, ``nvfp4_wgmma_pipe``), so a launch of one
-    never draws tickets on the other's counters. Allocated on first use and cached per (device, role) for the life
-    of the process. While the current stream is capturing a CUDA graph and no counters exist yet, returns None (a
-    zero-fill recorded in the graph would not run for eager calls): the launcher then does without them.
+    Allocated on first use and cached per device for the life of the process. While the current stream
+    is capturing a CUDA graph and no counters exist yet, returns None (a zero-fill recorded in the graph
+    would not run for eager calls): the launcher then uses the two-launch reduction.
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    counters = _COUNTERS.get((device, role))
+    counters = _COUNTERS.get(device)
     if counters is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-        _COUNTERS[(device, role)] = counters
+        _COUNTERS[device] = counters
     return counters
 
 

@@ -93,10 +93,6 @@ PIPE_LIST_EDGES = (64, 96, 128, 192)
 # List B's kernel starts on the SMs that list A's programs free (programmatic dependent launch; the list kernel's
 # OVERLAP) instead of after list A's last program: env MEGAMOE_PIPE_LIST_OVERLAP (read at import), "1" (default) on.
 PIPE_LIST_OVERLAP = os.environ.get("MEGAMOE_PIPE_LIST_OVERLAP", "1").strip() not in ("", "0")
-# K splits of the band kernel (launcher ``split_max``): the fp32 workspace holds SPLIT_WS_ROUNDS x (SM count) tiles, so
-# a launch splits only while S x (its tiles) fits, i.e. few tiles (a few hot experts at decode sizes), and the
-# partials stay in L2 (V4-Pro's 256 x 64 tiles: 64 KB each, 34 MB on 132 SMs at most).
-SPLIT_WS_ROUNDS = 4
 SUB_K = 32  # K per wgmma of the chain: one packed word per lane
 # Sub-steps (each 4 wgmmas: 2 m64 tiles x 2 k16) left in flight when the next one is decoded: 1 (default) waits for
 # the one before; 2 / 3 keep one / two more A operand sets live (16 registers each). Offline sm_90 (2026-11-26): all
@@ -203,52 +199,6 @@ if GLUON_AVAILABLE:
         return acc, acc_t, a_prev, a_prev2, a_prev3
 
     @gluon.jit
-    def _split_sum(acc, ws_ptr, cnt_ptr, slot, split, splits, mma_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                   BLOCK_M: gl.constexpr, SPLIT: gl.constexpr):
-        """K splits of one tile: every split stores its fp32 accumulator (in its own register layout: the same
-        threads read the same elements back) to workspace tile ``slot * splits + split``, then draws a ticket on
-        counter ``slot`` (acq_rel, gpu scope). The last of the ``splits`` sums the workspace tiles in split order
-        (its own from registers: the same value), resets the counter to 0 and returns (sum, True); the others
-        return (acc, False). The sum order does not depend on which split came last: the same bits every run."""
-        if splits == 1:
-            total = acc
-            last = splits == 1
-        else:
-            rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_layout))
-            cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
-            offs = rows[:, None] * BLOCK_M + cols[None, :]
-            tile_base = ws_ptr + (slot * splits).to(gl.int64) * (BLOCK_N * BLOCK_M)
-            gl.store(tile_base + split * (BLOCK_N * BLOCK_M) + offs, acc)
-            gl.thread_barrier()  # every thread's partial stores precede the (release) ticket
-            ticket = gl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
-            last = ticket == splits - 1
-            total = acc
-            if last:
-                total = gl.load(tile_base + offs, cache_modifier=".cg")
-                for s in gl.static_range(1, SPLIT):
-                    if s < splits:
-                        total += gl.load(tile_base + s * (BLOCK_N * BLOCK_M) + offs, cache_modifier=".cg")
-                gl.store(cnt_ptr + slot, 0)  # every split of this tile has drawn its ticket
-        return total, last
-
-    @gluon.jit
-    def _work_splits(total_work, num_sms, k_tiles, ws_tiles, SPLIT: gl.constexpr):
-        """K splits per tile for a launch of ``total_work`` tiles (runtime): the power of two S <= SPLIT (and <= the
-        K steps, with S x total_work <= ``ws_tiles``) whose items fill the SMs' last round best, i.e. with the least
-        ``ceil(S * total_work / num_sms) / S`` (ties: fewer splits). 1 for large launches."""
-        best = total_work * 0 + 1
-        best_cost = (total_work + num_sms - 1) // num_sms * SPLIT
-        cost2 = (2 * total_work + num_sms - 1) // num_sms * (SPLIT // 2)
-        ok2 = (cost2 < best_cost) & (2 <= k_tiles) & (2 * total_work <= ws_tiles)
-        best = gl.where(ok2, 2, best)
-        best_cost = gl.where(ok2, cost2, best_cost)
-        if SPLIT >= 4:
-            cost4 = (4 * total_work + num_sms - 1) // num_sms
-            ok4 = (cost4 < best_cost) & (4 <= k_tiles) & (4 * total_work <= ws_tiles)
-            best = gl.where(ok4, 4, best)
-        return best
-
-    @gluon.jit
     def _store_zeros(out_ptr, row_start, row_end, n_start, N, stride_om, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, SWIGLU: gl.constexpr, num_warps: gl.constexpr):
         """Zeros into a padding tile's output (rows ``[row_start, row_end)``, this n-tile's columns)."""
@@ -283,18 +233,13 @@ if GLUON_AVAILABLE:
                    BLOCK_K: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
                    SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
                    STAGES: gl.constexpr, WAIT_DEPTH: gl.constexpr, W_IL: gl.constexpr, X_ROW0: gl.constexpr = 0,
-                   X_ROWS: gl.constexpr = 0, T_ROW0: gl.constexpr = 0, T_ROWS: gl.constexpr = 0,
-                   SPLIT: gl.constexpr = 1, ws_ptr=None, cnt_ptr=None, slot=0, split=0, splits=1, step0=0, n_steps=0):
+                   X_ROWS: gl.constexpr = 0, T_ROW0: gl.constexpr = 0, T_ROWS: gl.constexpr = 0):
         """One tile: token rows ``[row_start, row_start + BLOCK_M + BLOCK_M_TAIL)`` (those below ``row_end``) of
         ``expert`` (``num_experts`` and up: padding, zeros without weight traffic) x weight rows ``[n_start,
         n_start + BLOCK_N)``, through the ring (``x_ring``: the head's ``[STAGES, BLOCK_M, BLOCK_K]`` x slots, or rows
         ``[X_ROW0, X_ROW0 + X_ROWS)`` of larger slots when X_ROWS > 0; ``xt_ring`` / T_ROW0 / T_ROWS: the tail's,
         read when BLOCK_M_TAIL > 0). Returns how many of its rows had a ``row_index`` value
-        outside ``[0, num_src_rows)`` (0 when ERR_FLAG is 0).
-
-        SPLIT > 1 (the band kernel's K splits; head-only tiles): this program computes K steps ``[step0, step0 +
-        n_steps)`` of the tile, split ``split`` of ``splits`` (runtime; 1: the whole K, as with SPLIT 1), and
-        :func:`_split_sum` gives the epilogue to the last of the tile's splits (work ``slot``)."""
+        outside ``[0, num_src_rows)`` (0 when ERR_FLAG is 0)."""
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
@@ -313,11 +258,7 @@ if GLUON_AVAILABLE:
         xr_cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, xr_layout))
         wr_cols = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, wr_layout))
         sr_cols = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, sr_layout))
-        if SPLIT > 1:
-            gl.static_assert(BLOCK_M_TAIL == 0)
-            k_tiles = n_steps
-        else:
-            k_tiles = K // BLOCK_K
+        k_tiles = K // BLOCK_K
         bad_rows = 0
         is_real = expert < num_experts
         expert_c = gl.minimum(expert, num_experts - 1).to(gl.int64)
@@ -359,11 +300,6 @@ if GLUON_AVAILABLE:
         else:
             xt_ptrs = xr_ptrs  # not read
             xt_mask = xr_mask
-        if SPLIT > 1:  # this split's first K step (x is in the MMA K order, permuted within each 128-K step)
-            xr_ptrs += step0 * BLOCK_K
-            xt_ptrs = xr_ptrs
-            wr_ptrs += step0 * (W_IL * BLOCK_K // 8)
-            sr_ptrs += step0 * (W_IL * BLOCK_K // 16)
         if is_real:
             # (a path from the accumulator's zeroing to the final wait that skips every wgmma, e.g. a
             # zero-trip K loop, makes ptxas serialise all wgmmas: C7515)
@@ -397,16 +333,9 @@ if GLUON_AVAILABLE:
                 acc = warpgroup_mma_wait(0, deps=[acc, a_prev])[0]
             else:
                 acc = warpgroup_mma_wait(0, deps=[acc, a_prev, a_prev2, a_prev3])[0]
-            if SPLIT > 1:
-                acc, last = _split_sum(acc, ws_ptr, cnt_ptr, slot, split, splits, mma_layout, BLOCK_N, BLOCK_M, SPLIT)
-                if last:
-                    _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
-                                stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS,
-                                SWIGLU, HAS_LIMIT, num_warps)
-            else:
-                _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
-                            stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU,
-                            HAS_LIMIT, num_warps)
+            _store_tile(acc, row_start, row_end, is_real, n_start, N, global_scale_ptr, expert_c, stride_ge,
+                        stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, SWIGLU,
+                        HAS_LIMIT, num_warps)
             if BLOCK_M_TAIL > 0:
                 _store_tile(acc_t, row_start + BLOCK_M, row_end, is_real, n_start, N, global_scale_ptr, expert_c,
                             stride_ge, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M_TAIL,
@@ -423,12 +352,11 @@ if GLUON_AVAILABLE:
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, err_ptr,
         num_rows, N, K, num_experts, num_src_rows, swiglu_limit, num_programs, row_lo, own_pad,
         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om, row_hi,
-        ws_ptr, cnt_ptr, num_sms, ws_tiles,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_E: gl.constexpr,
         GROUPED: gl.constexpr, HAS_ROW_INDEX: gl.constexpr, HAS_BIAS: gl.constexpr,
         SWIGLU: gl.constexpr, HAS_LIMIT: gl.constexpr, ERR_FLAG: gl.constexpr, num_warps: gl.constexpr,
         STAGES: gl.constexpr = 4, WAIT_DEPTH: gl.constexpr = 1, BLOCK_M_TAIL: gl.constexpr = 0, W_IL: gl.constexpr = 1,
-        AFTER_BAND: gl.constexpr = False, SPLIT: gl.constexpr = 1,
+        AFTER_BAND: gl.constexpr = False,
     ):
         """Grouped NVFP4 GEMM, x in the MMA K order: one cp.async ring for x, weights and scales, and a
         32-K-grained async wgmma chain (module docstring). A tile holds BLOCK_M + BLOCK_M_TAIL token rows: the
@@ -436,10 +364,7 @@ if GLUON_AVAILABLE:
         part and accumulator, fed by the same decoded weights (tiles of 96 = 64 + 32 rows, say, where shapes
         must be powers of two). AFTER_BAND (launched with PDL; launcher ``after_band``): a later band of one banded
         GEMM, inputs final before the previous band started, rows disjoint from it: lets the next kernel launch at
-        once, computes beside the previous band and waits for it only before exiting. SPLIT > 1 (launcher
-        ``split_max``): each tile's K range is cut into S <= SPLIT splits, S chosen per launch on the device from the
-        tile count (:func:`_work_splits`; ``ws_ptr`` / ``ws_tiles``: the fp32 workspace and its size in tiles,
-        ``cnt_ptr``: zeroed tile counters, ``num_sms``), so that a few hot experts' tiles spread over every SM."""
+        once, computes beside the previous band and waits for it only before exiting."""
         if AFTER_BAND:
             gl_launch_dependents()
         gl.static_assert(BLOCK_K == 128)
@@ -463,39 +388,19 @@ if GLUON_AVAILABLE:
             offsets_ptr, num_rows, num_experts, row_lo, row_hi, own_pad, TILE_M, BLOCK_E, 1, num_warps)
         total_work = total_tiles * n_tiles
 
+        work = gl.program_id(0)
         bad_rows = 0  # row_index values outside [0, num_src_rows) (flagged once)
-        if SPLIT > 1:
-            k_total = K // BLOCK_K
-            splits = _work_splits(total_work, num_sms, k_total, ws_tiles, SPLIT)
-            item = gl.program_id(0)
-            while item < total_work * splits:
-                work = item // splits  # the splits of one tile are consecutive items: they run at the same time
-                split = item % splits
-                tile = work // n_tiles
-                n_start = (work % n_tiles) * BLOCK_N
-                row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, TILE_M)
-                step0 = split * k_total // splits
-                bad_rows += _pipe_tile(
-                    x_bf16, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, x_ring, xt_ring,
-                    w_ring, s_ring, row_start, row_end, expert, n_start, N, K, num_experts, num_src_rows,
-                    swiglu_limit, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn,
-                    stride_om, BLOCK_M, BLOCK_M_TAIL, BLOCK_N, BLOCK_K, HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT,
-                    ERR_FLAG, num_warps, STAGES, WAIT_DEPTH, W_IL, 0, 0, 0, 0, SPLIT, ws_ptr, cnt_ptr, work, split,
-                    splits, step0, (split + 1) * k_total // splits - step0)
-                item += num_programs
-        else:
-            work = gl.program_id(0)
-            while work < total_work:
-                tile = work // n_tiles
-                n_start = (work % n_tiles) * BLOCK_N
-                row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, TILE_M)
-                bad_rows += _pipe_tile(
-                    x_bf16, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, x_ring, xt_ring,
-                    w_ring, s_ring, row_start, row_end, expert, n_start, N, K, num_experts, num_src_rows,
-                    swiglu_limit, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn,
-                    stride_om, BLOCK_M, BLOCK_M_TAIL, BLOCK_N, BLOCK_K, HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT,
-                    ERR_FLAG, num_warps, STAGES, WAIT_DEPTH, W_IL)
-                work += num_programs
+        while work < total_work:
+            tile = work // n_tiles
+            n_start = (work % n_tiles) * BLOCK_N
+            row_start, row_end, expert = locate_tile(tile, lane, starts, ends, tiles, tile_ends, TILE_M)
+            bad_rows += _pipe_tile(
+                x_bf16, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, x_ring, xt_ring, w_ring,
+                s_ring, row_start, row_end, expert, n_start, N, K, num_experts, num_src_rows, swiglu_limit, stride_xm,
+                stride_we, stride_wn, stride_se, stride_sn, stride_ge, stride_gn, stride_om, BLOCK_M, BLOCK_M_TAIL,
+                BLOCK_N, BLOCK_K, HAS_ROW_INDEX, HAS_BIAS, SWIGLU, HAS_LIMIT, ERR_FLAG, num_warps, STAGES,
+                WAIT_DEPTH, W_IL)
+            work += num_programs
         if HAS_ROW_INDEX:
             if ERR_FLAG != 0:
                 gl.atomic_or(err_ptr, ERR_FLAG, mask=bad_rows > 0)
@@ -657,23 +562,19 @@ def split_tile_rows(tile_m: int) -> tuple[int, int]:
 
 
 def compile_for_sm90(config=PIPE_CONFIG, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True,
-                     wait_depth=None, after_band=False, split_max=1):
+                     wait_depth=None, after_band=False):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
-    ``after_band``: its AFTER_BAND build; ``split_max``: its SPLIT build."""
+    ``after_band``: its AFTER_BAND build."""
     scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we",
-               "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om", "row_hi", "num_sms",
-               "ws_tiles"]
+               "stride_wn", "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om", "row_hi"]
     head, tail = split_tile_rows(config[0])
     extra = dict(STAGES=config[4], WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH, **({"AFTER_BAND": True} if after_band
                                                                                  else {}))
     if tail:  # the default build keeps its constants (and its cache key) as before the tail existed
         extra["BLOCK_M_TAIL"] = tail
-    if split_max > 1:
-        extra["SPLIT"] = split_max
     return compile_sm90(_nvfp4_wgmma_pipe_kernel, scalars, (head,) + tuple(config[1:3]), config[3], grouped=True,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
-                        extra_signature={"ws_ptr": "*fp32", "cnt_ptr": "*i32"}, extra_constants=extra,
-                        maxnreg=config[6] if len(config) > 6 else None)
+                        extra_constants=extra)
 
 
 def compile_list_for_sm90(kinds: int, *, row_index=True, bias=False, swiglu=False, swiglu_limit=True,
@@ -737,19 +638,6 @@ def launch_tile_lists(expert_offsets: torch.Tensor, num_rows: int, num_experts: 
     return lists[0], lists[1]
 
 
-def work_splits(total_work: int, num_sms: int, k_steps: int, ws_tiles: int, split_max: int) -> int:
-    """Host mirror of the kernel's ``_work_splits`` (tests): the K splits per tile a ``split_max`` launch of
-    ``total_work`` tiles chooses, the power of two S <= split_max (S <= ``k_steps``, S x total_work <= ``ws_tiles``)
-    with the least ``ceil(S * total_work / num_sms) / S``, ties to fewer splits."""
-    best, best_cost = 1, -(-total_work // num_sms) * split_max
-    for s in (2, 4):
-        if s <= split_max:
-            cost = -(-s * total_work // num_sms) * (split_max // s)
-            if cost < best_cost and s <= k_steps and s * total_work <= ws_tiles:
-                best, best_cost = s, cost
-    return best
-
-
 def pipe_supported(k: int, config=PIPE_CONFIG) -> bool:
     """Host-shape rule: K a multiple of 256 (the 128-K step, and scale rows of K / 16 bytes that the compiler can
     prove 16-byte aligned, which the 8-byte scale copies need: K = 384 fails to lower). Every V4 shape qualifies."""
@@ -779,7 +667,6 @@ def launch_nvfp4_wgmma_pipe(
     weight_interleave: int = 1,
     tile_list: bool = False,
     after_band: bool = False,
-    split_max: int = 1,
 ) -> torch.Tensor:
     """Launch the pipelined wgmma grouped GEMM (contract of
     :func:`megamoe.kernels.gemm.nvfp4_wgmma.launch_nvfp4_wgmma`, grouped only).
@@ -802,12 +689,6 @@ def launch_nvfp4_wgmma_pipe(
     fixed then.
     ``after_band`` (band launches only, ``x_in_mma_order``): a later band of one banded GEMM whose inputs were final
     before the previous band started: launched with PDL where supported, beside the previous band (the same bits).
-    ``split_max`` (1, 2 or 4; band launches of head-only tiles): up to that many K splits per tile, chosen on the device
-    from the launch's tile count so that few tiles still fill the SMs (kernel ``SPLIT``; :data:`SPLIT_WS_ROUNDS`). The
-    splits' fp32 partials are summed by the tile's last split in a fixed order (the same bits every run, within fp32
-    summation rounding of ``split_max=1``); they use the device's "pipe" tile counters
-    (``nvfp4_splitk.splitk_counters``), so two such launches must not run at the same time. Without counters (a
-    capture before any eager call) the launch runs unsplit.
     """
     if interpreter:
         raise ValueError("interpreter: the Gluon kernels run on sm_90 GPUs only")
@@ -824,11 +705,6 @@ def launch_nvfp4_wgmma_pipe(
     if tile_list and (config is not None or row_hi is not None or wait_depth not in (None, 1)):
         raise ValueError("tile_list: the tile-list launch takes no config, row_hi or wait_depth other than 1 "
                          f"(got config={config!r}, row_hi={row_hi!r}, wait_depth={wait_depth!r})")
-    if type(split_max) is not int or split_max not in (1, 2, 4):
-        raise ValueError(f"split_max: expected 1, 2 or 4, got {split_max!r}")
-    if split_max > 1 and (tile_list or split_tile_rows((config or PIPE_CONFIG)[0])[1]):
-        raise ValueError("split_max: K splits are for band launches of head-only tiles (no tile_list, no 96-row "
-                         f"tiles), got tile_list={tile_list!r}, config={config!r}")
     if after_band and (tile_list or not x_in_mma_order):
         raise ValueError("after_band: only a band launch of x already in the MMA K order (no copy kernel between "
                          "the bands)")
@@ -864,27 +740,11 @@ def launch_nvfp4_wgmma_pipe(
                 **({"OVERLAP": role, "launch_pdl": role == 2} if overlap else {}))
         return out
     overlap = after_band and pdl_supported(x)
-    num_sms = _num_sms(x.device.index or 0)
-    ws = cnt = out
-    ws_tiles = 0
-    if split_max > 1:
-        from .nvfp4_splitk import COUNTER_SLOTS, splitk_counters
-
-        counters = splitk_counters(x.device, "pipe")
-        ws_tiles = min(SPLIT_WS_ROUNDS * num_sms, COUNTER_SLOTS)
-        if counters is None:
-            split_max = 1
-        else:
-            cnt = counters
-            ws = torch.empty((ws_tiles, block_n * block_m), dtype=torch.float32, device=x.device)
-            programs = min(work_bound * split_max, num_sms * per_sm)
     _nvfp4_wgmma_pipe_kernel[(programs,)](
-        *head, programs, row_lo, int(own_pad), *strides, row_hi, ws, cnt, num_sms, ws_tiles,
-        BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        *head, programs, row_lo, int(own_pad), *strides, row_hi, BLOCK_M=head_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)), num_warps=num_warps, STAGES=stages,
         WAIT_DEPTH=wait_depth or PIPE_WAIT_DEPTH, **flags, **({"BLOCK_M_TAIL": tail_m} if tail_m else {}),
         **({"maxnreg": maxnreg} if maxnreg else {}), **({"W_IL": weight_interleave} if weight_interleave > 1 else {}),
         **({"AFTER_BAND": True, "launch_pdl": True} if overlap else {}),
-        **({"SPLIT": split_max} if split_max > 1 else {}),
     )
     return out

@@ -414,8 +414,7 @@ def test_cuda_swiglu_through_the_op(n, k, m):
 def test_cuda_capture_before_any_eager_call_falls_back():
     """No counters yet while capturing: the two-launch reduction is captured, with the same bits."""
     device = torch.device("cuda")
-    key = (device.__class__("cuda", torch.cuda.current_device()), "splitk")
-    saved = sk._COUNTERS.pop(key, None)
+    saved = sk._COUNTERS.pop(device.__class__("cuda", torch.cuda.current_device()), None)
     try:
         n, k, m = 1024, 4096, 8
         w = random_weight((n, k), device, scale_shape=(n, 1))
@@ -432,4 +431,4 @@ def test_cuda_capture_before_any_eager_call_falls_back():
         assert torch.equal(out, _launch(x, w, torch.empty_like(out)))
     finally:
         if saved is not None:
-            sk._COUNTERS[key] = saved
+            sk._COUNTERS[device.__class__("cuda", torch.cuda.current_device())] = saved

@@ -9,6 +9,11 @@
 #        Zipf 0.97-1.05x, routers unchanged; the new CUDA test had a host-index bug (fixed). Why: the band alone
 #        (probe_band64.py: graph replay per split_max) and ncu of it (stall reasons, per-SM active cycles min / avg /
 #        max, DRAM rate) at split_max 1 / 2, V4-Flash.
+#   c -> b: split K's per-item fixed costs outweigh the balance (the band alone 1.3-1.5x slower on V4-Flash), reverted.
+#        Next, the decode step as a whole: PDL (MEGAMOE_PDL=1: every kernel with the prologue launched early) has only
+#        been measured inside the MoE layer, never on the model step (~27 kernels per layer, latency-bound at batch 1).
+#        The V4-Flash decode step (4 layers) timed (median of 40 whole steps) and profiled with PDL off / on at batch
+#        1 / 8 / 64; the V4 model's CUDA tests with MEGAMOE_PDL=1 (graph == eager, sync-free).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -44,5 +49,14 @@ b)
     --page raw python benchmarks/probe_band64.py --configs v4-flash --splits 1,2 --ncu > "$OUT/b_band64_ncu.csv" \
     2> "$OUT/b_band64_ncu.err"
   echo "ncu: $(grep -c . "$OUT/b_band64_ncu.csv") lines"; tail -2 "$OUT/b_band64_ncu.err"
+  ;;
+c)
+  for pdl in 0 1; do
+    MEGAMOE_PDL=$pdl timeout 200 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8,64 --replays 5 \
+      --time 40 --top 12 --tag "c_pdl$pdl" --out "$OUT" 2>&1 | grep "^## batch"
+  done
+  MEGAMOE_PDL=1 timeout 200 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda \
+    tests/models/test_v4_model.py > "$OUT/c_tests_pdl1.log" 2>&1
+  tail -1 "$OUT/c_tests_pdl1.log"; grep -E "^(FAILED|ERROR)" "$OUT/c_tests_pdl1.log" | head -5
   ;;
 esac

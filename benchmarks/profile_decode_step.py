@@ -6,7 +6,10 @@ profiles ``--replays`` replays with torch.profiler (CUPTI sees the kernels of a 
 size, the kernels per step, the GPU busy time per step and the top kernels by time, so the latency of the step
 can be split into launch-bound small kernels and bandwidth-bound large ones.
 
-Usage: python benchmarks/profile_decode_step.py [--layers 4] [--batch 1,64] [--replays 10] [--out DIR]
+``--time N``: also the wall time of a whole step (host page allocation + one graph replay), the median over N steps
+timed with CUDA events, without the profiler (for A/B runs of module settings, e.g. ``MEGAMOE_PDL=1``).
+
+Usage: python benchmarks/profile_decode_step.py [--layers 4] [--batch 1,64] [--replays 10] [--time 50] [--out DIR]
 """
 from __future__ import annotations
 
@@ -32,19 +35,22 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--time", type=int, default=0, help="also time N whole steps (median, CUDA events)")
+    ap.add_argument("--tag", default="", help="suffix of the output file name")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
     batches = [int(b) for b in args.batch.split(",")]
     cfg = V4_FLASH_MODEL
     model = V4Model(cfg, num_layers=args.layers, max_batch=max(batches), max_prefill_tokens=args.prompt_len,
-                    max_slots=max(batches), max_context=args.prompt_len + 4 * args.replays + 8, device=dev)
+                    max_slots=max(batches), max_context=args.prompt_len + 4 * args.replays + args.time + 8, device=dev)
     for i, layer in enumerate(model.layers):
         layer.load_weights(random_state_dict(cfg, seed=0, device=dev, layers=[i]))
     model.load_weights_top(random_state_dict(cfg, seed=0, device=dev, layers=[]))
+    env = " ".join(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MEGAMOE_") and k != "MEGAMOE_PEERS")
     lines = [f"{datetime.datetime.now().isoformat(timespec='seconds')} | {torch.cuda.get_device_name()} | "
              f"torch {torch.__version__} | layers {args.layers} ({cfg.compress_ratios[:args.layers]}) | "
-             f"`python benchmarks/profile_decode_step.py --layers {args.layers} --batch {args.batch}`"]
+             f"`{env + ' ' if env else ''}python {' '.join(sys.argv)}`"]
     gen = torch.Generator().manual_seed(0)
     for B in batches:
         prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=gen).to(dev)
@@ -54,6 +60,17 @@ def main():
         for _ in range(3):
             step(list(range(B)))
         torch.cuda.synchronize()
+        step_us = None
+        if args.time:
+            times = []
+            for _ in range(args.time):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step(list(range(B)))
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3)
+            step_us = sorted(times)[len(times) // 2]
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -69,7 +86,8 @@ def main():
         n = sum(v[0] for v in stats.values()) / args.replays
         busy = sum(v[1] for v in stats.values()) / args.replays
         lines.append(f"\n## batch {B}: {n:.0f} kernels per step, GPU busy {busy:.0f} us per step "
-                     f"({busy / args.layers:.0f} us per layer incl. embed/head share)\n")
+                     f"({busy / args.layers:.0f} us per layer incl. embed/head share)"
+                     + (f"; step {step_us:.1f} us (median of {args.time})" if step_us is not None else "") + "\n")
         lines.append("| kernel | per step | us per step | us each |")
         lines.append("|---|---|---|---|")
         for name, (c, t) in sorted(stats.items(), key=lambda kv: -kv[1][1])[:args.top]:
@@ -80,7 +98,7 @@ def main():
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "profile_decode_step.md"), "w") as f:
+        with open(os.path.join(args.out, f"profile_decode_step{'_' + args.tag if args.tag else ''}.md"), "w") as f:
             f.write(text + "\n")
 
 

@@ -8,7 +8,8 @@ the weight stream rate. ``--ncu``: two eager launches per case and nothing else,
 profiled launch per case). Part 28 used it with the K-split experiment's ``--splits`` (commit 034fd65, reverted:
 ``results/gpu_check_v39/b_band64*``).
 
-Run (GPU): ``python benchmarks/probe_band64.py [--configs v4-flash,v4-pro] [--experts 6] [--rows 64] [--out FILE.md]``.
+Run (GPU): ``python benchmarks/probe_band64.py [--configs v4-flash,v4-pro] [--experts 6] [--rows 64] [--narrow CONFIG]
+[--out FILE.md]``.
 """
 from __future__ import annotations
 
@@ -62,11 +63,17 @@ def main() -> None:
     p.add_argument("--configs", default="v4-flash,v4-pro")
     p.add_argument("--experts", type=int, default=6)
     p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--narrow", default=None, help="override nvfp4_wgmma_pipe.PIPE_BAND64_NARROW_CONFIG, e.g. "
+                   "64,64,128,4,3,3,168")
     p.add_argument("--ncu", action="store_true")
     p.add_argument("--out", default=None)
     add_flush_argument(p, "read")
     args = p.parse_args()
     use_flush_mode(args.flush)
+    if args.narrow:
+        from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
+
+        pipe.PIPE_BAND64_NARROW_CONFIG = tuple(int(v) for v in args.narrow.split(","))
     device = torch.device("cuda")
     lines = [f"# The pipelined 64-row band alone, {args.experts} hot experts of {args.rows} rows",
              "", f"{datetime.datetime.now().isoformat(timespec='seconds')} | {torch.cuda.get_device_name()} | torch "

@@ -33,6 +33,8 @@
 #        (offline sm_90 on the interleaved layout: 168 registers, 8 B of stack outside the K loop, 329 SASS per step):
 #        six hot V4-Flash experts become 384 tiles on 396 slots (every SM 2-3 tiles of 64 columns instead of 1-2 of
 #        128), with no split items; 48 / 64 tokens, three routings, V4-Flash (V4-Pro's shapes take the wide band).
+# Calls a and b ran the experiment's tree (commit 034fd65: gemm.PIPE_ABOVE_SPLIT, probe_band64.py --splits), reverted
+# in dcf8025: check that commit out to repeat them.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "tests"))
 
 def _case(config, gemm: str, experts: int, rows: int, device):
     """(launch(), weight bytes, band config) of one band launch: ``experts`` hot experts of ``rows`` rows among 8."""
-    from gemm_helpers import random_codes_weight
+    from gemm_helpers import offsets_of, random_codes_weight
     from megamoe.kernels.gemm import nvfp4_wgmma_pipe as pipe
     from megamoe.kernels.gemm.mma_k_order import launch_to_mma_k_order
     from megamoe.ops import gemm as gemm_ops
@@ -39,7 +39,7 @@ def _case(config, gemm: str, experts: int, rows: int, device):
     w = random_codes_weight((e, n, k), device, scale_shape=(e, 1, 1)).interleave_rows(4)
     counts = [rows] * experts + [0] * (e - experts)
     t = sum(counts)
-    offsets = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    offsets = offsets_of(counts, device)
     x = launch_to_mma_k_order(torch.randn(t, k, device=device).bfloat16())
     row_index = torch.randperm(t, device=device).to(torch.int32)
     width = n // 2 if gemm == "gate_up" else n

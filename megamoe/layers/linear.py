@@ -51,7 +51,10 @@ class DenseLinear:
         weights, float32 for float32 weights. out: optional (M, out) tensor of that dtype on x's device."""
         self._check_call(x, out)
         if self.nvfp4:
-            return gemm_ops.nvfp4_linear(x.to(torch.bfloat16), self.weight, out=out, host_scale=self.host_scale)
+            # the weight is this module's parameter, final long before the call: split-K launches with PDL may
+            # read it before their wait (``nvfp4_linear(weight_settled=True)``)
+            return gemm_ops.nvfp4_linear(x.to(torch.bfloat16), self.weight, out=out, host_scale=self.host_scale,
+                                         weight_settled=True)
         if self.fp32_out:
             return gemm_ops.bf16_linear_fp32(x, self.weight, out=out)
         if self.weight.dtype == torch.float32:

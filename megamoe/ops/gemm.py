@@ -679,7 +679,7 @@ def _launcher(route: str):
 
 
 def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
-                 host_scale=None, activation=None, swiglu_limit=None) -> torch.Tensor:
+                 host_scale=None, activation=None, swiglu_limit=None, weight_settled=False) -> torch.Tensor:
     """``x @ dequant(weight).T (+ bias)`` with NVFP4 weights.
 
     x: (M, K) bf16.  weight: NVFP4Tensor of logical shape (N, K): data (N, K//2)
@@ -696,8 +696,15 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
     ``swiglu_limit`` is None), as :func:`nvfp4_grouped_mm`'s; no bias with it. At the split-K route's sizes the
     SwiGLU runs in its reduction, on route "dense-bf16" (with ``host_scale``) after cuBLAS's float32 product;
     elsewhere the GEMM runs as a grouped GEMM of one expert.
+    weight_settled: the caller's promise that ``weight`` was final before the kernel that precedes this call on the
+        stream started (a model's parameters: ``DenseLinear`` passes True). A split-K launch with PDL (kernel name
+        "splitk" in :mod:`megamoe.kernels.pdl`'s settings) may then read its first weights before its PDL wait
+        (``nvfp4_splitk.splitk_early_reads``); the same bits either way. A wrong promise is a race: leave it False
+        for a weight written by the kernel just before.
     Returns (M, N) bf16 (float32 accumulation, one final rounding).
     """
+    if not isinstance(weight_settled, bool):
+        raise TypeError(f"weight_settled: expected a bool, got {type(weight_settled).__name__}")
     _check_x(x, None)
     _check_weight(weight, 2, x)
     n, k = weight.shape
@@ -766,6 +773,7 @@ def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None,
         bias=bias.contiguous() if bias is not None else None,
         interpreter=not x.is_cuda,
         **(dict(swiglu=True, swiglu_limit=swiglu_limit) if swiglu else {}),
+        **({"weight_settled": True} if weight_settled and route == "splitk" else {}),
     )
 
 

@@ -182,6 +182,13 @@ def build(name: str, pdl: bool):
         return nvfp4_gluon_jit.compile_sm90(m._nvfp4_mma_decode_kernel, m.COMPILE_SCALARS, blocks, 4, swiglu=swiglu,
                                             extra_signature=m.COMPILE_EXTRA_POINTERS,
                                             extra_constants=dict(SPLIT=0, STAGES=0, PDL=pdl, **extra))
+    if name.startswith("splitk_"):  # the dense split-K GEMM: "_early" loads its first weight step before the wait
+        from megamoe.kernels.gemm import nvfp4_splitk as m
+        kind, early = name[len("splitk_"):].split("_")[0], name.endswith("_early")
+        if kind == "fma":
+            return m.compile_partial_for_sm90(m.SPLITK_CONFIGS[1], pdl=pdl, early_reads=early and pdl)
+        config = {"mma": m.SPLITK_CONFIGS[8], "wgmma": m.SPLITK_CONFIGS[64]}[kind]
+        return m.compile_for_sm90(config, pdl=pdl, early_reads=early and pdl)
     if name == "pipe_after_band":
         from megamoe.kernels.gemm import nvfp4_wgmma_pipe as m
         return m.compile_for_sm90(m.PIPE_BAND64_NARROW_CONFIG, swiglu=True, after_band=pdl)

@@ -29,7 +29,7 @@ DECODE_MODULES = ["megamoe.kernels.moe_route_dispatch", "megamoe.kernels.moe_rou
                   "megamoe.kernels.moe_combine", "megamoe.kernels.topk", "megamoe.kernels.kvcache.indexer",
                   "megamoe.kernels.sparse_attention", "megamoe.kernels.sparse_attention_ws",
                   "megamoe.kernels.hyper_connection", "megamoe.kernels.v4_elementwise", "megamoe.kernels.sampling",
-                  "megamoe.kernels.gemm.nvfp4_mma_decode"]
+                  "megamoe.kernels.gemm.nvfp4_mma_decode", "megamoe.kernels.gemm.nvfp4_splitk"]
 
 
 def test_pdl_is_off_on_cpu_and_in_the_interpreter(monkeypatch):
@@ -70,7 +70,7 @@ def _is_jit(decorator) -> bool:
 def test_every_kernel_waits_first_and_every_launch_passes_the_flag(module):
     """Source check: each ``*_kernel`` jit function has a ``PDL`` constexpr and the prologue as its first statement
     (after the docstring; or, for an ``EARLY_READS`` / ``AFTER_BAND`` kernel, under ``if not EARLY_READS and not
-    AFTER_BAND:`` with a later wait); each launch ``name_kernel[grid](...)`` (or the WS launcher) passes ``PDL=pdl,
+    AFTER_BAND:`` or ``if not EARLY_READS:`` with a later wait); each launch ``name_kernel[grid](...)`` (or the WS launcher) passes ``PDL=pdl,
     launch_pdl=pdl`` (or ``launch_pdl=launch_pdl``); each launching function takes them from ``pdl_enabled`` /
     ``pdl_flags`` (or ``pdl`` as its caller's argument)."""
     tree = ast.parse(inspect.getsource(importlib.import_module(module)))
@@ -83,10 +83,10 @@ def test_every_kernel_waits_first_and_every_launch_passes_the_flag(module):
             body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) \
                 else fn.body
             first = body[0]
-            if isinstance(first, ast.If) and ast.unparse(first.test) == "not EARLY_READS and (not AFTER_BAND)" \
-                    and not first.orelse:
+            if isinstance(first, ast.If) and ast.unparse(first.test) in ("not EARLY_READS and (not AFTER_BAND)",
+                                                                          "not EARLY_READS") and not first.orelse:
                 first = first.body[0]  # the documented exceptions (kernels/pdl.py): the wait comes later
-                assert "EARLY_READS" in names and ast.unparse(fn).count("gl_grid_dependency_prologue(PDL)") >= 2, \
+                assert "EARLY_READS" in names and ast.unparse(fn).count("grid_dependency_prologue(PDL)") >= 2, \
                     f"{module}.{fn.name}: EARLY_READS without a later wait"
             assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Call), f"{module}.{fn.name}"
             call = first.value
@@ -269,7 +269,7 @@ def test_interpreter_forced_on_launches_with_pdl_and_same_bits(monkeypatch, case
 SM90_BUILDS = ["moe_dispatch", "moe_router", "moe_combine", "topk_split_max", "topk_split_rank", "topk_sort",
                "indexer_scores", "attention_combine", "attention_v1", "attention_ws", "hc_partial", "hc_finish",
                "hc_post", "v4_rms_norm", "v4_q_kv", "v4_index_q", "v4_output", "v4_post_pool", "sample_partial",
-               "sample_merge", "mma_decode"]
+               "sample_merge", "mma_decode", "splitk_fma", "splitk_mma", "splitk_wgmma"]
 
 
 @pytest.mark.slow
@@ -345,8 +345,13 @@ DEFAULT_PROLOGUE, DEFAULT_LAUNCH, DEFAULT_EARLY_READS = pdl.PDL_PROLOGUE, pdl.PD
 def _pdl_setting(monkeypatch, setting):
     """True: PDL for every kernel (the switch); False: for none (the per-kernel sets emptied too); "default": the
     per-kernel defaults of megamoe.kernels.pdl (switch off; the down GEMM's early reads included); "no-early": those
-    without the early reads (PDL_EARLY_READS empty)."""
-    monkeypatch.setattr(pdl, "PDL_EARLY_READS", DEFAULT_EARLY_READS if setting == "default" else frozenset())
+    without the early reads (PDL_EARLY_READS empty); "all-early": the switch on, and the early reads of the defaults
+    plus the dense split-K GEMMs' first weights ("splitk": ``DenseLinear``'s settled weights)."""
+    if setting == "all-early":
+        monkeypatch.setattr(pdl, "PDL_EARLY_READS", DEFAULT_EARLY_READS | {"splitk"})
+        setting = True
+    else:
+        monkeypatch.setattr(pdl, "PDL_EARLY_READS", DEFAULT_EARLY_READS if setting == "default" else frozenset())
     if setting in ("default", "no-early"):
         monkeypatch.setattr(pdl, "PDL_ENABLED", False)
         monkeypatch.setattr(pdl, "PDL_PROLOGUE", DEFAULT_PROLOGUE)
@@ -507,7 +512,9 @@ def test_cuda_tiny_model_decode_step_pdl_equals_plain(monkeypatch):
     _, graph_tokens = run(True, True)
     default_logits, _ = run("default", False)
     _, default_graph_tokens = run("default", True)
-    for a, b, c in zip(plain_logits, on_logits, default_logits):
-        assert torch.equal(a, b) and torch.equal(a, c)
-    for a, b, c, d in zip(plain_tokens, on_tokens, graph_tokens, default_graph_tokens):
+    early_logits, _ = run("all-early", False)
+    _, early_graph_tokens = run("all-early", True)
+    for a, b, c, d in zip(plain_logits, on_logits, default_logits, early_logits):
         assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
+    for a, b, c, d, e in zip(plain_tokens, on_tokens, graph_tokens, default_graph_tokens, early_graph_tokens):
+        assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d) and torch.equal(a, e)

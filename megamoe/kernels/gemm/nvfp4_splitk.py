@@ -73,6 +73,7 @@ from .nvfp4_gemm import _load_weight_step, _mma_step, global_scale_strides, swig
 from .nvfp4_gemv import _fma_step, _load_step
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, gluon_supports
 from ..nvfp4_jit import round_to_bf16
+from ..pdl import grid_dependency_prologue, pdl_early_reads, pdl_flags
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -88,6 +89,7 @@ if GLUON_AVAILABLE:
         x_split_layout,
     )
     from .nvfp4_mma_decode import _mma_step as _gluon_mma_step
+    from ..pdl import gl_grid_dependency_prologue
 
 # ---------------------------------------------------------------------------
 # Tile configurations. Key: upper bound on M (the first key >= M wins).
@@ -287,20 +289,56 @@ def _last_program_reduces(ws_ptr, cnt_ptr, slot, splits, num_rows, cols, col_mas
         tl.store(cnt_ptr + slot, 0)  # every program of this tile has drawn its ticket: ready for the next launch
 
 
+@triton.jit
+def _fma_x_ptrs(x_ptr, rows, stride_xm, k_begin, offs_w, offs_q):
+    """x as int32 bf16 pairs, (ROWS, 1, BLOCK_K // 8, 4): weight word j pairs with x words 4j..4j+3 (nvfp4_gemv)."""
+    return (x_ptr + rows.to(tl.int64)[:, None, None, None] * stride_xm
+            + (k_begin // 2 + 4 * offs_w)[None, None, :, None] + offs_q[None, None, None, :])
+
+
+@triton.jit
+def _fma_rows_pass(words, scale_bytes, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, k_len, k_steps, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
+    """The CUDA-core K loop of one row pass, given step 0's loads (words, scale bytes, x pairs): hand
+    double-buffering as nvfp4_gemv (step i+1's loads are issued before step i's FMAs). Returns (BLOCK_M, BLOCK_N)
+    fp32 partial sums (the weights carry 2**-8)."""
+    acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+    if INTERPRET:
+        i = 0
+        while i < k_steps:
+            nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
+            words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, k_len, BLOCK_K, EVEN_K)
+            acc3 = _fma_step(acc3, words, scale_bytes, xt, BLOCK_N, BLOCK_K, True)
+            words, scale_bytes, xt = words_n, scale_n, xt_n
+            i += 1
+    else:
+        for i in range(0, k_steps):
+            nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
+            words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, k_len, BLOCK_K, EVEN_K)
+            acc3 = _fma_step(acc3, words, scale_bytes, xt, BLOCK_N, BLOCK_K, False)
+            words, scale_bytes, xt = words_n, scale_n, xt_n
+    return tl.sum(acc3, axis=2)
+
+
 @triton.jit(do_not_specialize=["num_rows"])
 def _splitk_partial_kernel(
     x_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
     num_rows, N, K, chunk_steps, splits, stride_xm, stride_wn, stride_sn, stride_gn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
     DIRECT: tl.constexpr, FUSED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, PDL: tl.constexpr = False, EARLY_READS: tl.constexpr = False,
 ):
     """Partial sums of weight rows [pid_n*BLOCK_N, +BLOCK_N) over the K range of split pid_k; with FUSED
     the last of the ``splits`` programs of the column tile also reduces them (counter ``cnt_ptr[pid_n]``).
 
     USE_DOT False: x_ptr / w_ptr are int32 views (bf16 pairs, 4 packed bytes), stride_xm / stride_wn in
     words; BLOCK_M is the ROWS of the CUDA-core step. USE_DOT True: bf16 x and uint8 packed weights.
+    PDL: the prologue (megamoe/kernels/pdl.py). EARLY_READS (launcher: CUDA-core step, EVEN_K, num_rows <= BLOCK_M,
+    so one row pass; the caller vouched that the weights were final before the previous kernel started): the first
+    weight step is loaded before the PDL wait, x and everything else after it.
     """
+    if not EARLY_READS:
+        grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     # k_begin as a multiple of the constexpr BLOCK_K, so that the compiler can prove the
@@ -328,52 +366,49 @@ def _splitk_partial_kernel(
         w_ptrs = w_ptr + w_cols[None, :, None] * stride_wn + (k_begin // 8 + offs_w)[None, None, :]
         s_ptrs = scale_ptr + w_cols[None, :, None] * stride_sn + (k_begin // 16 + offs_g)[None, None, :]
 
-    r0 = pid_n * 0  # a tensor: loop-carried below
-    while r0 < num_rows:
-        rows = r0 + offs_r
-        row_mask = rows < num_rows
-        if USE_DOT:
-            x_ptrs = x_ptr + rows.to(tl.int64)[None, :] * stride_xm + (k_begin + offs_k)[:, None]
-            acc_nm = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            if INTERPRET:
-                kt = 0
-                while kt < k_steps:
-                    pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, k_len, BLOCK_K, EVEN_K, True)
-                    acc_nm = _mma_step(acc_nm, pa, sa, kt, x_ptrs, row_mask, k_len, BLOCK_N, BLOCK_K, True, EVEN_K,
-                                       True)
-                    kt += 1
-            else:
-                for kt in range(0, k_steps):
-                    pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, k_len, BLOCK_K, EVEN_K, True)
-                    acc_nm = _mma_step(acc_nm, pa, sa, kt, x_ptrs, row_mask, k_len, BLOCK_N, BLOCK_K, True, EVEN_K,
-                                       False)
-            acc = tl.trans(acc_nm)
-        else:
-            # x as int32 bf16 pairs; weight word j pairs with x words 4j..4j+3 (see nvfp4_gemv)
-            x_ptrs = (x_ptr + rows.to(tl.int64)[:, None, None, None] * stride_xm
-                      + (k_begin // 2 + 4 * offs_w)[None, None, :, None] + offs_q[None, None, None, :])
-            x_mask = row_mask[:, None, None, None]
-            acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-            # hand double-buffering (nvfp4_gemv): step i+1's loads are issued before step i's FMAs
-            words, scale_bytes, xt = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, 0, k_len, BLOCK_K, EVEN_K)
-            if INTERPRET:
-                i = 0
-                while i < k_steps:
-                    nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
-                    words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, k_len, BLOCK_K, EVEN_K)
-                    acc3 = _fma_step(acc3, words, scale_bytes, xt, BLOCK_N, BLOCK_K, True)
-                    words, scale_bytes, xt = words_n, scale_n, xt_n
-                    i += 1
-            else:
-                for i in range(0, k_steps):
-                    nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
-                    words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, k_len, BLOCK_K, EVEN_K)
-                    acc3 = _fma_step(acc3, words, scale_bytes, xt, BLOCK_N, BLOCK_K, False)
-                    words, scale_bytes, xt = words_n, scale_n, xt_n
-            acc = tl.sum(acc3, axis=2)
-        _store_partial(acc, rows, row_mask, cols, col_mask, pid_k, num_rows, N, global_scale_ptr, stride_gn,
+    if EARLY_READS:
+        tl.static_assert(not USE_DOT and EVEN_K, "EARLY_READS: the CUDA-core step with K % BLOCK_K == 0")
+        words_e = tl.load(w_ptrs)
+        scale_e = tl.load(s_ptrs)
+        grid_dependency_prologue(PDL)  # x, the workspace, the counters and out only after the wait
+        row_mask = offs_r < num_rows
+        x_ptrs = _fma_x_ptrs(x_ptr, offs_r, stride_xm, k_begin, offs_w, offs_q)
+        x_mask = row_mask[:, None, None, None]
+        xt = tl.load(x_ptrs, mask=x_mask, other=0)
+        acc = _fma_rows_pass(words_e, scale_e, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, k_len, k_steps, BLOCK_M, BLOCK_N,
+                             BLOCK_K, EVEN_K, INTERPRET)
+        _store_partial(acc, offs_r, row_mask, cols, col_mask, pid_k, num_rows, N, global_scale_ptr, stride_gn,
                        bias_ptr, out_ptr, stride_om, ws_ptr, DIRECT, HAS_BIAS, INTERPRET)
-        r0 += BLOCK_M
+    else:
+        r0 = pid_n * 0  # a tensor: loop-carried below
+        while r0 < num_rows:
+            rows = r0 + offs_r
+            row_mask = rows < num_rows
+            if USE_DOT:
+                x_ptrs = x_ptr + rows.to(tl.int64)[None, :] * stride_xm + (k_begin + offs_k)[:, None]
+                acc_nm = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                if INTERPRET:
+                    kt = 0
+                    while kt < k_steps:
+                        pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, k_len, BLOCK_K, EVEN_K, True)
+                        acc_nm = _mma_step(acc_nm, pa, sa, kt, x_ptrs, row_mask, k_len, BLOCK_N, BLOCK_K, True,
+                                           EVEN_K, True)
+                        kt += 1
+                else:
+                    for kt in range(0, k_steps):
+                        pa, sa = _load_weight_step(w_ptrs, s_ptrs, kt, col_mask, k_len, BLOCK_K, EVEN_K, True)
+                        acc_nm = _mma_step(acc_nm, pa, sa, kt, x_ptrs, row_mask, k_len, BLOCK_N, BLOCK_K, True,
+                                           EVEN_K, False)
+                acc = tl.trans(acc_nm)
+            else:
+                x_ptrs = _fma_x_ptrs(x_ptr, rows, stride_xm, k_begin, offs_w, offs_q)
+                x_mask = row_mask[:, None, None, None]
+                words, scale_bytes, xt = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, 0, k_len, BLOCK_K, EVEN_K)
+                acc = _fma_rows_pass(words, scale_bytes, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, k_len, k_steps, BLOCK_M,
+                                     BLOCK_N, BLOCK_K, EVEN_K, INTERPRET)
+            _store_partial(acc, rows, row_mask, cols, col_mask, pid_k, num_rows, N, global_scale_ptr, stride_gn,
+                           bias_ptr, out_ptr, stride_om, ws_ptr, DIRECT, HAS_BIAS, INTERPRET)
+            r0 += BLOCK_M
     if FUSED:
         _last_program_reduces(ws_ptr, cnt_ptr, pid_n, splits, num_rows, cols, col_mask, N, global_scale_ptr,
                               stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, HAS_BIAS, INTERPRET)
@@ -403,11 +438,13 @@ def _swiglu_epilogue_store(acc, rows, row_mask, col_start, N, global_scale_ptr, 
 @triton.jit(do_not_specialize=["num_rows"])
 def _splitk_reduce_kernel(ws_ptr, global_scale_ptr, bias_ptr, out_ptr, num_rows, N, stride_gn, stride_om,
                           swiglu_limit, SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERPRET: tl.constexpr):
+                          SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERPRET: tl.constexpr,
+                          PDL: tl.constexpr = False):
     """Two-launch fallback: out[m, cols] = bf16(sum over s = 0, 1, .., SPLITS-1 (in this order) of
     ws[s, m, cols] * global_scale * 2**8 + bias) -- the operations of the single-launch reduction. ``SWIGLU``:
     the same sum, then the SwiGLU of each (gate, up) column pair into out[m, cols // 2]
-    (:func:`_swiglu_epilogue_store`)."""
+    (:func:`_swiglu_epilogue_store`). PDL: the prologue (megamoe/kernels/pdl.py)."""
+    grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     rows = tl.program_id(1) + tl.arange(0, 1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     col_mask = cols < N
@@ -473,19 +510,52 @@ if GLUON_AVAILABLE:
                 r0 += BLOCK_M
             gl.store(cnt_ptr + slot, 0)  # every program of this tile has drawn its ticket
 
+    @gluon.jit
+    def _mma_rows_pass(words, scale_bytes, r0, num_rows, x_ptr, x_cols, stride_xm, w_ptrs, s_ptrs, k_steps, last,
+                       n_start, N, pid_k, global_scale_ptr, stride_gn, bias_ptr, out_ptr, stride_om, swiglu_limit,
+                       ws_ptr, mma_layout: gl.constexpr, a_layout: gl.constexpr, b_layout: gl.constexpr,
+                       x_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                       DIRECT: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr):
+        """One pass of the mma.sync kind over token rows [r0, r0 + BLOCK_M), given its first weight step (words,
+        scale bytes): the K loop (register double-buffering as in nvfp4_mma_decode; the load past the end re-reads
+        the last step), then bf16 out (DIRECT) or workspace[pid_k]."""
+        rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
+        x_mask = (rows < num_rows)[:, None]
+        x_ptrs = x_ptr + rows.to(gl.int64)[:, None] * stride_xm + x_cols[None, :]
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+        x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
+        for step in range(0, k_steps):
+            nxt = gl.minimum((step + 1) * BLOCK_K, last)
+            words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
+            x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
+            acc = _gluon_mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M, BLOCK_K)
+            words, scale_bytes, x_pairs = words_n, scale_n, x_next
+        if DIRECT:
+            store_epilogue(acc, r0, num_rows, k_steps > 0, n_start, N, global_scale_ptr, 0, 0, stride_gn,
+                           bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, False, False,
+                           num_warps)
+        else:
+            _gluon_store_partial(acc, r0, num_rows, num_rows, n_start, N, pid_k, ws_ptr, BLOCK_M, BLOCK_N, num_warps)
+
     @gluon.jit(do_not_specialize=["num_rows", "splits"])
     def _splitk_mma_kernel(
         x_ptr, row_index_ptr, w_ptr, scale_ptr, global_scale_ptr, offsets_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
         num_rows, N, K, chunk_steps, splits, swiglu_limit,
         stride_xm, stride_wn, stride_sn, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, DIRECT: gl.constexpr,
-        FUSED: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr,
+        FUSED: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+        EARLY_READS: gl.constexpr = False,
     ):
         """Gluon mma.sync partial sums (dense): program (pid_n, pid_k) decodes its K slice into
         A-operand registers (nvfp4_mma_decode's step) for BLOCK_M token rows per pass; with FUSED the
         last program of column tile pid_n reduces (counter ``cnt_ptr[pid_n]``).
         ``row_index_ptr`` / ``offsets_ptr`` / ``swiglu_limit`` are unused (the shared compile helper's
-        argument set). K is a multiple of BLOCK_K; each split takes ``chunk_steps`` steps."""
+        argument set). K is a multiple of BLOCK_K; each split takes ``chunk_steps`` steps.
+        PDL: the prologue (megamoe/kernels/pdl.py). EARLY_READS (launcher: num_rows <= BLOCK_M, one row pass; the
+        caller vouched that the weights were final before the previous kernel started): the first weight step is
+        loaded before the PDL wait, x and everything else after it."""
+        if not EARLY_READS:
+            gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
@@ -508,30 +578,22 @@ if GLUON_AVAILABLE:
         x_cols = k_begin // 2 + gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_layout))
         last = gl.maximum(k_steps - 1, 0) * BLOCK_K
 
-        r0 = pid_n * 0
-        while r0 < num_rows:
-            rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
-            x_mask = (rows < num_rows)[:, None]
-            x_ptrs = x_ptr + rows.to(gl.int64)[:, None] * stride_xm + x_cols[None, :]
-            acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-            # register double-buffering as in nvfp4_mma_decode (the load past the end re-reads the last step)
+        if EARLY_READS:
             words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
-            x_pairs = gl.load(x_ptrs, mask=x_mask, other=0)
-            for step in range(0, k_steps):
-                nxt = gl.minimum((step + 1) * BLOCK_K, last)
-                words_n, scale_n = load_weights(w_ptrs, s_ptrs, nxt)
-                x_next = gl.load(x_ptrs + nxt // 2, mask=x_mask, other=0)
-                acc = _gluon_mma_step(acc, words, scale_bytes, x_pairs, a_layout, b_layout, BLOCK_N, BLOCK_M,
-                                      BLOCK_K)
-                words, scale_bytes, x_pairs = words_n, scale_n, x_next
-            if DIRECT:
-                store_epilogue(acc, r0, num_rows, k_steps > 0, n_start, N, global_scale_ptr, 0, 0, stride_gn,
-                               bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK_M, BLOCK_N, HAS_BIAS, False, False,
-                               num_warps)
-            else:
-                _gluon_store_partial(acc, r0, num_rows, num_rows, n_start, N, pid_k, ws_ptr, BLOCK_M, BLOCK_N,
-                                     num_warps)
-            r0 += BLOCK_M
+            gl_grid_dependency_prologue(PDL)  # x, the workspace, the counters and out only after the wait
+            _mma_rows_pass(words, scale_bytes, pid_n * 0, num_rows, x_ptr, x_cols, stride_xm, w_ptrs, s_ptrs, k_steps,
+                           last, n_start, N, pid_k, global_scale_ptr, stride_gn, bias_ptr, out_ptr, stride_om,
+                           swiglu_limit, ws_ptr, mma_layout, a_layout, b_layout, x_layout, BLOCK_M, BLOCK_N, BLOCK_K,
+                           DIRECT, HAS_BIAS, num_warps)
+        else:
+            r0 = pid_n * 0
+            while r0 < num_rows:
+                words, scale_bytes = load_weights(w_ptrs, s_ptrs, 0)
+                _mma_rows_pass(words, scale_bytes, r0, num_rows, x_ptr, x_cols, stride_xm, w_ptrs, s_ptrs, k_steps,
+                               last, n_start, N, pid_k, global_scale_ptr, stride_gn, bias_ptr, out_ptr, stride_om,
+                               swiglu_limit, ws_ptr, mma_layout, a_layout, b_layout, x_layout, BLOCK_M, BLOCK_N,
+                               BLOCK_K, DIRECT, HAS_BIAS, num_warps)
+                r0 += BLOCK_M
         if FUSED:
             _gluon_last_program_reduces(ws_ptr, cnt_ptr, pid_n, splits, pid_n * 0, num_rows, num_rows, n_start, N,
                                         global_scale_ptr, stride_gn, bias_ptr, out_ptr, stride_om, BLOCK_M, BLOCK_N,
@@ -543,14 +605,16 @@ if GLUON_AVAILABLE:
         num_rows, N, K, chunk_steps, splits, swiglu_limit,
         stride_xm, stride_wn, stride_sn, stride_gn, stride_om,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, DIRECT: gl.constexpr,
-        FUSED: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr,
+        FUSED: gl.constexpr, HAS_BIAS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
     ):
         """Gluon wgmma partial sums (dense, swap-AB, the step of ``nvfp4_wgmma.py``): program
         (pid_m, pid_n, pid_k) computes token rows [pid_m*BLOCK_M, +BLOCK_M) x weight rows
         [pid_n*BLOCK_N, +BLOCK_N) over the K slice of split pid_k, the weight tile decoded into the
         wgmma A registers and the x^T tile staged in shared memory. With FUSED the last program of the
         (pid_m, pid_n) tile reduces (counter ``cnt_ptr[pid_m * cdiv(N, BLOCK_N) + pid_n]``). Unused
-        arguments as in ``_splitk_mma_kernel``. BLOCK_N = 16 * num_warps, BLOCK_M >= 8 * num_warps."""
+        arguments as in ``_splitk_mma_kernel``. BLOCK_N = 16 * num_warps, BLOCK_M >= 8 * num_warps. PDL: the
+        prologue (megamoe/kernels/pdl.py)."""
+        gl_grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
@@ -593,9 +657,10 @@ if GLUON_AVAILABLE:
                                             out_ptr, stride_om, BLOCK_M, BLOCK_N, HAS_BIAS, num_warps)
 
 
-def compile_for_sm90(config=SPLITK_CONFIGS[8], *, direct=False, bias=False, fused=True):
+def compile_for_sm90(config=SPLITK_CONFIGS[8], *, direct=False, bias=False, fused=True, pdl=False, early_reads=False):
     """Compile a Gluon split-K kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as
-    :data:`SPLITK_CONFIGS` ("mma" or "wgmma" rows)."""
+    :data:`SPLITK_CONFIGS` ("mma" or "wgmma" rows); ``pdl`` / ``early_reads``: the ``PDL`` / ``EARLY_READS``
+    constexprs ("mma" only for the latter) and the launch option."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -605,7 +670,9 @@ def compile_for_sm90(config=SPLITK_CONFIGS[8], *, direct=False, bias=False, fuse
     scalars = ["num_rows", "N", "K", "chunk_steps", "splits", "stride_xm", "stride_wn", "stride_sn", "stride_gn",
                "stride_om"]
     constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=direct, FUSED=fused and not direct,
-                     HAS_BIAS=bias, num_warps=num_warps)
+                     HAS_BIAS=bias, num_warps=num_warps, PDL=pdl)
+    if kind != "wgmma":
+        constants["EARLY_READS"] = early_reads
     kernel = _splitk_wgmma_kernel if kind == "wgmma" else _splitk_mma_kernel
     pointers = {name: kind for name, kind in POINTER_ARGS.items() if name in kernel.arg_names}  # no err_ptr here
     signature = dict(pointers, ws_ptr="*fp32", cnt_ptr="*i32", **{name: "i32" for name in scalars},
@@ -614,11 +681,14 @@ def compile_for_sm90(config=SPLITK_CONFIGS[8], *, direct=False, bias=False, fuse
     aligned = [a for a in ALIGNED_ARGS if a in kernel.arg_names] + ["ws_ptr"]
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                             "launch_pdl": pdl})
 
 
-def compile_partial_for_sm90(config=SPLITK_CONFIGS[1], *, direct=False, bias=False, even_k=True, fused=True):
-    """Compile the Triton partial kernel for sm_90 without a GPU ("fma" / "dot" configs)."""
+def compile_partial_for_sm90(config=SPLITK_CONFIGS[1], *, direct=False, bias=False, even_k=True, fused=True,
+                             pdl=False, early_reads=False):
+    """Compile the Triton partial kernel for sm_90 without a GPU ("fma" / "dot" configs); ``pdl`` /
+    ``early_reads`` as :func:`compile_for_sm90`'s."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -629,14 +699,15 @@ def compile_partial_for_sm90(config=SPLITK_CONFIGS[1], *, direct=False, bias=Fal
                      num_rows="i32", N="i32", K="i32", chunk_steps="i32", splits="i32", stride_xm="i32",
                      stride_wn="i32", stride_sn="i32", stride_gn="i32", stride_om="i32")
     constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=dot, DIRECT=direct,
-                     FUSED=fused and not direct, HAS_BIAS=bias, EVEN_K=even_k, INTERPRET=False)
+                     FUSED=fused and not direct, HAS_BIAS=bias, EVEN_K=even_k, INTERPRET=False, PDL=pdl,
+                     EARLY_READS=early_reads)
     signature.update({name: "constexpr" for name in constants})
     kernel = _splitk_partial_kernel
     aligned = ["x_ptr", "w_ptr", "scale_ptr", "global_scale_ptr", "bias_ptr", "out_ptr", "ws_ptr", "N", "K",
                "stride_xm", "stride_wn", "stride_sn", "stride_om"]
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = ASTSource(kernel, signature=signature, constexprs=constants, attrs=attrs)
-    options = {"num_warps": num_warps}
+    options = {"num_warps": num_warps, "launch_pdl": pdl}
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
@@ -703,6 +774,15 @@ def splitk_supports(x: torch.Tensor, data: torch.Tensor) -> bool:
             and data.dim() == 2 and data.is_contiguous() and data.data_ptr() % 4 == 0 and data.shape[-1] % 8 == 0)
 
 
+def splitk_early_reads(weight_settled: bool, kind: str, num_rows: int, block_m: int, even_k: bool) -> bool:
+    """Whether a split-K launch (built with the PDL prologue) loads its first weight step before its PDL wait: the
+    caller vouched for the weights (``weight_settled``), "splitk" is in :data:`megamoe.kernels.pdl.PDL_EARLY_READS`,
+    and each program makes one row pass of the mma.sync or CUDA-core kind (``num_rows <= block_m``; the CUDA-core
+    kind also needs K % BLOCK_K == 0). Host values only."""
+    return (weight_settled and pdl_early_reads("splitk") and kind in ("mma", "fma") and num_rows <= block_m
+            and (even_k or kind == "mma"))
+
+
 def launch_nvfp4_splitk(
     x: torch.Tensor,
     data: torch.Tensor,
@@ -719,6 +799,7 @@ def launch_nvfp4_splitk(
     row_index=None,
     swiglu: bool = False,
     swiglu_limit=None,
+    weight_settled: bool = False,
 ) -> torch.Tensor:
     """Launch the dense split-K NVFP4 GEMM (inputs validated by ``megamoe.ops.gemm``).
 
@@ -731,6 +812,10 @@ def launch_nvfp4_splitk(
     ``swiglu``: the weight rows are in the interleaved gate/up layout (N even) and out is (M, N // 2) bf16 = the
     SwiGLU of the float32 sums (clamped at ``swiglu_limit`` unless None), computed by the two-launch reduction
     (always taken then, also with one split), so the float32 gate/up values are never rounded before the SwiGLU.
+    ``weight_settled``: the caller's promise that data / block_scale were final before the kernel that precedes this
+    launch on the stream started (a model's parameters); with PDL (:func:`megamoe.kernels.pdl.pdl_flags` for
+    "splitk", and ``pdl_early_reads("splitk")``) a one-pass launch of the mma.sync or CUDA-core kind then loads its
+    first weight step before its PDL wait (:func:`splitk_early_reads`). The same bits either way.
     Returns ``out``; bit-identical across runs for the same inputs and config.
     """
     if expert_offsets is not None or row_index is not None:
@@ -774,6 +859,10 @@ def launch_nvfp4_splitk(
     _, stride_gn = global_scale_strides(global_scale, False)
     scale_u8 = block_scale.view(torch.uint8)
     bias_arg = bias if bias is not None else out
+    # the grid is planned as one wave (SMs x programs_per_sm programs, the "wgmma" row tiles included), so a PDL
+    # launch leaves no program of it still to come when its waiting dependents take free SM slots (kernels/pdl.py)
+    pdl, launch_pdl = pdl_flags(x, "splitk")
+    early = pdl and splitk_early_reads(weight_settled, kind, m, block_m, k % block_k == 0)
     if kind in ("mma", "wgmma"):
         x32, data32 = x.view(torch.int32), data.view(torch.int32)
         kernel = _splitk_wgmma_kernel if kind == "wgmma" else _splitk_mma_kernel
@@ -783,7 +872,8 @@ def launch_nvfp4_splitk(
             m, n, k, k_chunk // block_k, splits, 0.0, x32.stride(0), data32.stride(0), scale_u8.stride(0),
             stride_gn, out.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DIRECT=direct, FUSED=fused_launch,
-            HAS_BIAS=bias is not None, num_warps=num_warps,
+            HAS_BIAS=bias is not None, num_warps=num_warps, PDL=pdl, launch_pdl=launch_pdl,
+            **({} if kind == "wgmma" else {"EARLY_READS": early}),
         )
     else:
         dot = kind == "dot"
@@ -795,7 +885,8 @@ def launch_nvfp4_splitk(
             out.stride(0),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=dot, DIRECT=direct, FUSED=fused_launch,
             HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, INTERPRET=interpreter,
-            num_warps=num_warps, num_stages=3 if dot else 1, **extra,
+            num_warps=num_warps, num_stages=3 if dot else 1, PDL=pdl, launch_pdl=launch_pdl, EARLY_READS=early,
+            **extra,
         )
     if not direct and not fused_launch:
         block = max(2, min(1024, triton.next_power_of_2(n)))  # even: a SwiGLU pair never straddles two programs
@@ -803,6 +894,7 @@ def launch_nvfp4_splitk(
             ws, global_scale, bias_arg, out, m, n, stride_gn, out.stride(0),
             float(swiglu_limit) if swiglu_limit is not None else 0.0,
             SPLITS=splits, BLOCK=block, HAS_BIAS=bias is not None, SWIGLU=swiglu,
-            HAS_LIMIT=swiglu and swiglu_limit is not None, INTERPRET=interpreter, num_warps=4,
+            HAS_LIMIT=swiglu and swiglu_limit is not None, INTERPRET=interpreter, num_warps=4, PDL=pdl,
+            launch_pdl=launch_pdl,
         )
     return out

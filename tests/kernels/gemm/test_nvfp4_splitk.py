@@ -432,3 +432,126 @@ def test_cuda_capture_before_any_eager_call_falls_back():
     finally:
         if saved is not None:
             sk._COUNTERS[device.__class__("cuda", torch.cuda.current_device())] = saved
+
+
+# --- PDL and early weight reads (kernels/pdl.py; ``weight_settled``) -------------------------------------------------
+
+def test_early_reads_rule(monkeypatch):
+    """Early weight reads only where the caller vouched for the weights, "splitk" is in PDL_EARLY_READS and each
+    program makes one row pass of the mma.sync or CUDA-core kind (the latter with K % BLOCK_K == 0)."""
+    from megamoe.kernels import pdl
+
+    monkeypatch.setattr(pdl, "PDL_EARLY_READS", frozenset({"splitk"}))
+    assert sk.splitk_early_reads(True, "fma", 1, 1, True)
+    assert sk.splitk_early_reads(True, "mma", 8, 8, True)
+    assert not sk.splitk_early_reads(False, "mma", 8, 8, True), "no promise, no early reads"
+    assert not sk.splitk_early_reads(True, "mma", 9, 8, True), "two row passes"
+    assert not sk.splitk_early_reads(True, "fma", 1, 1, False), "ragged K on the CUDA-core kind"
+    assert not sk.splitk_early_reads(True, "wgmma", 32, 32, True)
+    assert not sk.splitk_early_reads(True, "dot", 16, 16, True)
+    monkeypatch.setattr(pdl, "PDL_EARLY_READS", frozenset())
+    assert not sk.splitk_early_reads(True, "fma", 1, 1, True)
+
+
+class _LaunchSpy:
+    """Wraps a jit kernel: records the constexprs of each launch and runs it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append({k: v for k, v in kwargs.items() if k in ("PDL", "EARLY_READS", "launch_pdl")})
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("m,n,k,splits", [(1, 40, 256, 3), (2, 33, 384, None), (2, 40, 192, 1)])
+def test_interpreter_early_reads_same_bits(monkeypatch, m, n, k, splits):
+    """The CUDA-core kind built with PDL and EARLY_READS (forced on: the interpreter has no PDL; its wait is a no-op)
+    gives the bits of the plain build: split, single-launch reduction and one-split direct epilogue."""
+    from megamoe.kernels import pdl
+
+    w = random_weight((n, k), "cpu", scale_shape=(n, 1))
+    x = torch.randn(m, k).bfloat16()
+    bias = torch.randn(n).bfloat16()
+    plain = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16), bias=bias, config=FMA, splits=splits)
+    spy = _LaunchSpy(sk._splitk_partial_kernel)
+    monkeypatch.setattr(sk, "_splitk_partial_kernel", spy)
+    monkeypatch.setattr(sk, "pdl_flags", lambda t, kernel, single_pass=True: (True, False))
+    monkeypatch.setattr(pdl, "PDL_EARLY_READS", frozenset({"splitk"}))
+    early = _launch(x, w, torch.empty(m, n, dtype=torch.bfloat16), bias=bias, config=FMA, splits=splits,
+                    weight_settled=True)
+    assert spy.calls == [dict(PDL=True, EARLY_READS=True, launch_pdl=False)]
+    assert torch.equal(early, plain)
+    assert rel_err(early, _f32(x, w, bias)) < 4e-3
+
+
+def test_weight_settled_must_be_a_bool():
+    from megamoe.ops.gemm import nvfp4_linear
+
+    w = random_weight((16, 64), "cpu")
+    with pytest.raises(TypeError, match="weight_settled"):
+        nvfp4_linear(torch.randn(1, 64).bfloat16(), w, weight_settled=1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GLUON_AVAILABLE, reason="needs Triton with Gluon")
+def test_sm90_early_reads_builds_wait_before_writes():
+    """Offline sm_90 builds of the CUDA-core and mma.sync kinds with EARLY_READS: a weight load before the
+    ``griddepcontrol.wait`` but no path to a global store or atomic before it; the wgmma kind waits first."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    names = ["splitk_fma_early", "splitk_mma_early", "splitk_wgmma"]
+    script = pathlib.Path(__file__).resolve().parents[1] / "pdl_sm90_compile.py"
+    run = subprocess.run([sys.executable, str(script), *names], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    for name in names:
+        off, on = report[name]["off"], report[name]["on"]
+        assert off["wait"] == 0 and off["launch"] == 0 and not off["metadata_pdl"], (name, off)
+        assert on["wait"] == 1 and on["launch"] == 1 and on["wait_before_writes"] and on["metadata_pdl"], (name, on)
+        assert on["wait_first"] == (name == "splitk_wgmma"), (name, on)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("setting", ["pdl", "early"])
+def test_cuda_pdl_chain_equals_plain_and_sync_free(monkeypatch, setting):
+    """A chain of dense linears where each one's x is the previous one's output (the race an early x read would
+    lose), at every split-K kind and row count from 1 to 64, launched with PDL (and with early weight reads):
+    graph replay == eager == the plain launches, bit for bit, with no host sync; counters left zero."""
+    from megamoe.kernels import pdl
+    from megamoe.ops.gemm import nvfp4_linear
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    dims = [4096, 4096, 1024, 4096, 7168, 1536, 7168]  # 4096x4096, 1024x4096, 4096x1024, 7168x4096, ...
+    weights = [random_weight((dims[i + 1], dims[i]), device, scale_shape=(dims[i + 1], 1))
+               for i in range(len(dims) - 1)]
+    for m in (1, 2, 4, 8, 12, 16, 32, 64):
+        x = torch.randn(m, dims[0], device=device).bfloat16()
+        outs = [torch.empty(m, d, dtype=torch.bfloat16, device=device) for d in dims[1:]]
+
+        def chain():
+            h = x
+            for w, out in zip(weights, outs):
+                h = nvfp4_linear(h, w, out=out, weight_settled=True)
+            return [o.clone() for o in outs]
+
+        with monkeypatch.context() as mp:
+            mp.setattr(pdl, "PDL_LAUNCH", frozenset())
+            mp.setattr(pdl, "PDL_PROLOGUE", frozenset())
+            plain = chain()
+        monkeypatch.setattr(pdl, "PDL_LAUNCH", frozenset({"splitk"}))
+        monkeypatch.setattr(pdl, "PDL_EARLY_READS", frozenset({"splitk"} if setting == "early" else set()))
+        eager = chain()
+        graph, _ = sync_free_graph(chain)
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, (a, b, c) in enumerate(zip(plain, eager, outs)):
+            assert torch.equal(a, b), f"M={m} link {i}: PDL eager differs from plain"
+            assert torch.equal(a, c), f"M={m} link {i}: PDL graph replay differs from plain"
+        assert not sk.splitk_counters(device).any(), "tile counters not reset"

@@ -1,0 +1,38 @@
+#!/bin/bash
+# GPU checks of 2026-11-28 (session part 29). Calls:
+#   a -> issue 11's dense linears: the split-K kernel gained a PDL prologue (all kinds) and, for a one-pass launch of
+#        the mma.sync / CUDA-core kind whose caller vouches for the weights (nvfp4_linear(weight_settled=True), which
+#        DenseLinear passes), early reads: the first weight step is loaded before the PDL wait. Off by default ("splitk"
+#        is in no PDL set). CUDA tests (split-K, PDL incl. the tiny model with the switch on + split-K early reads);
+#        bench_dense_pdl.py: plain / pdl / pdl+early / bf16 per call, 32 calls per graph, the issue's five shapes.
+#   b -> the V4-Flash decode step (4 layers) at batch 1 / 8, whole-step medians, settings alternated twice.
+# At most 8 output files (the device tool's limit).
+export PYTHONUNBUFFERED=1
+export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
+OUT=${OUT:-benchmarks/results/gpu_check_v40}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=index,name,clocks.max.sm,memory.total --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+git log -1 --format="tree: %h %s" 2>/dev/null; git status --short 2>/dev/null | head -5
+case "$1" in
+a)
+  timeout 300 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/gemm/test_nvfp4_splitk.py \
+    tests/kernels/test_pdl.py -k "splitk or pdl_chain or tiny_model or sync_free_and_graph or issue_shapes" \
+    > "$OUT/a_tests.log" 2>&1
+  tail -1 "$OUT/a_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/a_tests.log" | head -8
+  timeout 240 python benchmarks/bench_dense_pdl.py --rows 1,2,4,8,16,64 --out "$OUT" --tag a 2>&1 | tail -32
+  ;;
+b)
+  S0="MEGAMOE_PDL=0"
+  S1="MEGAMOE_PDL=0 MEGAMOE_PDL_LAUNCH=mma_decode,combine,splitk MEGAMOE_PDL_EARLY_READS=mma_decode,splitk"
+  S2="MEGAMOE_PDL=1"
+  S3="MEGAMOE_PDL=1 MEGAMOE_PDL_EARLY_READS=mma_decode,splitk"
+  for run in 1 2; do
+    for s in 0 1 2 3; do
+      v="S$s"
+      env ${!v} timeout 100 python benchmarks/profile_decode_step.py --layers 4 --batch 1,8 --replays 1 --time 60 \
+        --top 8 --tag "b_s${s}_run$run" --out /tmp/profiles 2>&1 | grep "^## batch" | sed "s/^/s$s run$run /"
+    done
+  done
+  ;;
+esac

@@ -5,7 +5,12 @@
 #        DenseLinear passes), early reads: the first weight step is loaded before the PDL wait. Off by default ("splitk"
 #        is in no PDL set). CUDA tests (split-K, PDL incl. the tiny model with the switch on + split-K early reads);
 #        bench_dense_pdl.py: plain / pdl / pdl+early / bf16 per call, 32 calls per graph, the five shapes.
-#   b -> the V4-Flash decode step (4 layers) at batch 1 / 8, whole-step medians, settings alternated twice.
+#   b -> a: tests 124 passed. Per call, pdl+early against plain: 1024x4096 / 4096x4096 M = 1 6.1 -> 4.7 / 8.5 -> 7.2 us,
+#        but 18432x7168 M = 1-8 30.4-38.5 -> 33.1-41.3 (its plan is 432 programs on 396 slots: two waves) and the wgmma
+#        kind at M = 64 (two launches) 14.7-20.1 -> 19.1-28.7. So the PDL launch now needs one launch of one wave.
+#        bench_dense_pdl.py again (M = 1 / 8 / 16 / 64, the run-to-run spread), then the V4-Flash decode step (4 layers)
+#        at batch 1 / 8, whole-step medians, four settings alternated twice: S0 today; S1 split-K launched with PDL
+#        and early reads (per-kernel sets); S2 MEGAMOE_PDL=1 (every kernel); S3 S2 + split-K early reads.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -23,6 +28,7 @@ a)
   timeout 240 python benchmarks/bench_dense_pdl.py --rows 1,2,4,8,16,64 --out "$OUT" --tag a 2>&1 | tail -32
   ;;
 b)
+  timeout 150 python benchmarks/bench_dense_pdl.py --rows 1,8,16,64 --out "$OUT" --tag b 2>&1 | tail -20
   S0="MEGAMOE_PDL=0"
   S1="MEGAMOE_PDL=0 MEGAMOE_PDL_LAUNCH=mma_decode,combine,splitk MEGAMOE_PDL_EARLY_READS=mma_decode,splitk"
   S2="MEGAMOE_PDL=1"

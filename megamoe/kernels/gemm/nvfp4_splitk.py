@@ -859,9 +859,13 @@ def launch_nvfp4_splitk(
     _, stride_gn = global_scale_strides(global_scale, False)
     scale_u8 = block_scale.view(torch.uint8)
     bias_arg = bias if bias is not None else out
-    # the grid is planned as one wave (SMs x programs_per_sm programs, the "wgmma" row tiles included), so a PDL
-    # launch leaves no program of it still to come when its waiting dependents take free SM slots (kernels/pdl.py)
-    pdl, launch_pdl = pdl_flags(x, "splitk")
+    # launched with PDL (per-kernel settings) only as one launch whose grid fits in one wave of its config's programs
+    # per SM: then no program of it is still to come when its waiting dependents take free SM slots (kernels/pdl.py).
+    # The plan can exceed a wave (split counts are rounded: 18432x7168 at M = 1 is 432 programs on 396 slots), and a
+    # second (reduction) launch would wait behind the first's dependents: measured slower with PDL (H200,
+    # results/gpu_check_v40/bench_dense_pdl_a.md: 18432x7168 M = 1-8 and M = 64 on the wgmma kind 1.05-1.4x slower)
+    one_wave = m_tiles * n_tiles * splits <= target
+    pdl, launch_pdl = pdl_flags(x, "splitk", single_pass=one_wave and (direct or fused_launch))
     early = pdl and splitk_early_reads(weight_settled, kind, m, block_m, k % block_k == 0)
     if kind in ("mma", "wgmma"):
         x32, data32 = x.view(torch.int32), data.view(torch.int32)

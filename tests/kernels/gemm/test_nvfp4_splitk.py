@@ -555,3 +555,25 @@ def test_cuda_pdl_chain_equals_plain_and_sync_free(monkeypatch, setting):
             assert torch.equal(a, b), f"M={m} link {i}: PDL eager differs from plain"
             assert torch.equal(a, c), f"M={m} link {i}: PDL graph replay differs from plain"
         assert not sk.splitk_counters(device).any(), "tile counters not reset"
+
+
+@pytest.mark.parametrize("n,splits,fused,single_pass", [
+    (40, 4, None, True),    # 3 column tiles x 4 splits = 12 programs <= 12, the single-launch reduction
+    (40, 4, False, False),  # a second (reduction) launch
+    (80, 4, None, False),   # 5 x 4 = 20 programs > one wave of 12
+    (40, 1, None, True),    # one split: the direct epilogue
+])
+def test_pdl_launch_only_for_one_launch_of_one_wave(monkeypatch, n, splits, fused, single_pass):
+    """The launcher asks for a PDL launch (``single_pass``) only where the grid is one launch that fits in one wave of
+    the config's programs per SM (the interpreter plans for INTERPRETER_PROGRAMS)."""
+    asked = []
+
+    def flags(t, kernel, single_pass=True):
+        asked.append((kernel, single_pass))
+        return False, False
+
+    monkeypatch.setattr(sk, "pdl_flags", flags)
+    w = random_weight((n, 256), "cpu")
+    x = torch.randn(1, 256).bfloat16()
+    _launch(x, w, torch.empty(1, n, dtype=torch.bfloat16), config=FMA, splits=splits, fused=fused)
+    assert asked == [("splitk", single_pass)]

@@ -11,6 +11,10 @@
 #        bench_dense_pdl.py again (M = 1 / 8 / 16 / 64, the run-to-run spread), then the V4-Flash decode step (4 layers)
 #        at batch 1 / 8, whole-step medians, four settings alternated twice: S0 today; S1 split-K launched with PDL
 #        and early reads (per-kernel sets); S2 MEGAMOE_PDL=1 (every kernel); S3 S2 + split-K early reads.
+#   c -> b: the one-wave rule holds (18432x7168 and M = 64 now equal to plain); 4096x8192 M = 1 / 8 still 0.6-1.9 us
+#        slower with PDL, the small shapes 0.6-1.4 us faster; the decode step's medians moved within their own
+#        run-to-run spread (batch 8: 1875-2032 us for the same setting). Default stays off. The final tree's CUDA
+#        tests: split-K, PDL (all), the dense layer.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -40,5 +44,10 @@ b)
         --top 8 --tag "b_s${s}_run$run" --out /tmp/profiles 2>&1 | grep "^## batch" | sed "s/^/s$s run$run /"
     done
   done
+  ;;
+c)
+  timeout 500 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/gemm/test_nvfp4_splitk.py \
+    tests/kernels/test_pdl.py tests/layers/test_fused_projections.py tests/ops/test_gemm_dense_bf16.py > "$OUT/c_tests.log" 2>&1
+  tail -1 "$OUT/c_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/c_tests.log" | head -8
   ;;
 esac

@@ -77,6 +77,10 @@ PDL_LAUNCH = _env_names("MEGAMOE_PDL_LAUNCH", "mma_decode,combine")
 #: weight step while gate_up finishes). Measured (H100, the layer, read flush, same bits): V4-Flash 1 token 60.6 ->
 #: 58.2 us, V4-Pro 124.7 -> 124.2; 2 tokens (no PDL launch of down) unchanged. (env MEGAMOE_PDL_EARLY_READS, a comma
 #: list, read at import; "" off)
+#: "splitk" (the dense split-K GEMM, ``nvfp4_linear(weight_settled=True)``: its first weight step) is not in the
+#: default: per call in a chain of 32 (H200, results/gpu_check_v40/bench_dense_pdl_b.md) it saved 0.6-1.4 us on the
+#: small shapes (1024x4096 M = 1 6.2 -> 4.8 us) but cost 0.6-1.9 us on 4096x8192 at M = 1 / 8, and the V4-Flash decode
+#: step moved within its run-to-run spread (NOTES_gemm.md v35).
 PDL_EARLY_READS = _env_names("MEGAMOE_PDL_EARLY_READS", "mma_decode")
 
 
@@ -88,7 +92,7 @@ def pdl_early_reads(kernel: str) -> bool:
 
 def pdl_flags(t: torch.Tensor, kernel: str, single_pass: bool = True) -> tuple[bool, bool]:
     """(the ``PDL`` constexpr, ``launch_pdl``) of one launch of ``kernel`` ("route_dispatch", "mma_decode",
-    "combine") on ``t``'s device: both True with the switch :data:`PDL_ENABLED` on; with it off, the prologue for
+    "combine", "splitk") on ``t``'s device: both True with the switch :data:`PDL_ENABLED` on; with it off, the prologue for
     the kernels of :data:`PDL_PROLOGUE` and both for those of :data:`PDL_LAUNCH` whose launch is ``single_pass``
     (the launcher's host answer). Neither where :func:`pdl_supported` is False (CPU, the interpreter, pre-sm_90)."""
     if not (PDL_ENABLED or PDL_PROLOGUE or PDL_LAUNCH) or not pdl_supported(t):

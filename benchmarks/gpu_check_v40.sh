@@ -47,7 +47,8 @@ b)
   ;;
 c)
   timeout 500 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda tests/kernels/gemm/test_nvfp4_splitk.py \
-    tests/kernels/test_pdl.py tests/layers/test_fused_projections.py tests/ops/test_gemm_dense_bf16.py > "$OUT/c_tests.log" 2>&1
+    tests/kernels/test_pdl.py tests/layers/test_fused_projections.py tests/ops/test_gemm_dense_bf16.py \
+    > "$OUT/c_tests.log" 2>&1
   tail -1 "$OUT/c_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/c_tests.log" | head -8
   ;;
 esac

@@ -70,9 +70,9 @@ def _is_jit(decorator) -> bool:
 def test_every_kernel_waits_first_and_every_launch_passes_the_flag(module):
     """Source check: each ``*_kernel`` jit function has a ``PDL`` constexpr and the prologue as its first statement
     (after the docstring; or, for an ``EARLY_READS`` / ``AFTER_BAND`` kernel, under ``if not EARLY_READS and not
-    AFTER_BAND:`` or ``if not EARLY_READS:`` with a later wait); each launch ``name_kernel[grid](...)`` (or the WS launcher) passes ``PDL=pdl,
-    launch_pdl=pdl`` (or ``launch_pdl=launch_pdl``); each launching function takes them from ``pdl_enabled`` /
-    ``pdl_flags`` (or ``pdl`` as its caller's argument)."""
+    AFTER_BAND:`` or ``if not EARLY_READS:`` with a later wait); each launch ``name_kernel[grid](...)`` (or the WS
+    launcher) passes ``PDL=pdl, launch_pdl=pdl`` (or ``launch_pdl=launch_pdl``); each launching function takes them
+    from ``pdl_enabled`` / ``pdl_flags`` (or ``pdl`` as its caller's argument)."""
     tree = ast.parse(inspect.getsource(importlib.import_module(module)))
     kernels, launches = [], 0
     for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:

@@ -15,6 +15,9 @@
 #        slower with PDL, the small shapes 0.6-1.4 us faster; the decode step's medians moved within their own
 #        run-to-run spread (batch 8: 1875-2032 us for the same setting). Default stays off. The final tree's CUDA
 #        tests: split-K, PDL (all), the dense layer.
+#   d -> c: 149 passed. The decode-step A/B in ONE process (ab_decode_step.py: one graph per setting, replays
+#        interleaved by rounds), so that a ~1% effect can show: V4-Flash 4 layers, batch 1 / 8 / 64; base, PDL on every
+#        kernel, that + split-K early reads, split-K with PDL + early reads alone.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -50,5 +53,10 @@ c)
     tests/kernels/test_pdl.py tests/layers/test_fused_projections.py tests/ops/test_gemm_dense_bf16.py \
     > "$OUT/c_tests.log" 2>&1
   tail -1 "$OUT/c_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/c_tests.log" | head -8
+  ;;
+d)
+  S="base|pdl=1|pdl=1,early+=splitk|launch+=splitk,early+=splitk"
+  timeout 400 python benchmarks/ab_decode_step.py --layers 4 --batch 1,8,64 --settings "$S" --rounds 10 --steps 30 \
+    --out "$OUT" --tag d 2>&1 | tail -30
   ;;
 esac

@@ -1,0 +1,140 @@
+"""A/B of module settings on the whole V4 decode step, in one process: one graph per setting, replays interleaved.
+
+``profile_decode_step.py --time`` times one setting per process, and the same setting moved 5-8% between two processes
+(results/gpu_check_v39 h, gpu_check_v40 b), more than the settings it was meant to compare. Here one model (V4-Flash
+dimensions, the first ``--layers`` layers, random NVFP4 weights) captures one decode graph per setting (the settings
+are module globals read at launch, so each graph keeps its own), then times whole steps (host page allocation + one
+replay, CUDA events) in ``--rounds`` rounds; each round runs ``--steps`` steps of every setting, the settings' order
+rotating from round to round. All graphs decode the same caches, one step after another.
+
+Settings: ``--settings "base|pdl=1|launch+=splitk,early+=splitk"``: ``|`` between settings, ``,`` between changes of
+``megamoe.kernels.pdl``: ``pdl=1`` (``PDL_ENABLED``), ``launch+=NAME`` / ``prologue+=NAME`` / ``early+=NAME`` (add a
+kernel name to ``PDL_LAUNCH`` / ``PDL_PROLOGUE`` / ``PDL_EARLY_READS``), ``launch-=NAME`` etc.; ``base`` is no change.
+
+Reports per batch size and setting the median step (us) over all rounds, each round's median, and the ratio to the
+first setting. Run: ``python benchmarks/ab_decode_step.py [--layers 4] [--batch 1,8] [--settings S] [--rounds 6]
+[--steps 20] [--tag T] --out DIR`` -> DIR/ab_decode_step[_T].md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from megamoe.kernels import pdl  # noqa: E402
+from megamoe.models.config import V4_FLASH_MODEL  # noqa: E402
+from megamoe.models.model import V4Model  # noqa: E402
+from megamoe.models.v4_weights import random_state_dict  # noqa: E402
+
+_SETS = {"launch": "PDL_LAUNCH", "prologue": "PDL_PROLOGUE", "early": "PDL_EARLY_READS"}
+
+
+def apply_setting(spec: str) -> dict:
+    """Apply one setting's changes to ``megamoe.kernels.pdl``; returns the previous values (for :func:`restore`)."""
+    saved = {name: getattr(pdl, name) for name in ("PDL_ENABLED", *_SETS.values())}
+    for change in [c.strip() for c in spec.split(",") if c.strip() and c.strip() != "base"]:
+        if change.startswith("pdl="):
+            pdl.PDL_ENABLED = change[4:] == "1"
+            continue
+        for key, attr in _SETS.items():
+            if change.startswith(key + "+=") or change.startswith(key + "-="):
+                name = change[len(key) + 2:]
+                current = getattr(pdl, attr)
+                setattr(pdl, attr, current | {name} if change[len(key)] == "+" else current - {name})
+                break
+        else:
+            raise ValueError(f"--settings: unknown change {change!r}")
+    return saved
+
+
+def restore(saved: dict) -> None:
+    for name, value in saved.items():
+        setattr(pdl, name, value)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--settings", default="base|pdl=1")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    settings = [s.strip() for s in args.settings.split("|")]
+    for spec in settings:  # parse errors before the model is built
+        restore(apply_setting(spec))
+    dev = torch.device("cuda")
+    batches = [int(b) for b in args.batch.split(",")]
+    cfg = V4_FLASH_MODEL
+    total_steps = args.rounds * args.steps * len(settings) + 4 * len(settings)
+    model = V4Model(cfg, num_layers=args.layers, max_batch=max(batches), max_prefill_tokens=args.prompt_len,
+                    max_slots=max(batches), max_context=args.prompt_len + total_steps + 8, device=dev)
+    for i, layer in enumerate(model.layers):
+        layer.load_weights(random_state_dict(cfg, seed=0, device=dev, layers=[i]))
+    model.load_weights_top(random_state_dict(cfg, seed=0, device=dev, layers=[]))
+    lines = [f"# Decode step A/B in one process ({datetime.datetime.now().isoformat(timespec='seconds')}, "
+             f"{torch.cuda.get_device_name()}, torch {torch.__version__})", "",
+             f"Command: `python {' '.join(sys.argv)}`. V4-Flash dimensions, {args.layers} layers "
+             f"({cfg.compress_ratios[:args.layers]}); {args.rounds} rounds x {args.steps} steps per setting, the order "
+             "rotating; us per whole step (host step + one replay, CUDA events).", ""]
+    gen = torch.Generator().manual_seed(0)
+    for B in batches:
+        prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=gen).to(dev)
+        first = [int(torch.argmax(model.prefill(s, prompts[s]))) for s in range(B)]
+        steps = []
+        for spec in settings:
+            saved = apply_setting(spec)
+            try:
+                step = model.capture_decode(B)
+            finally:
+                restore(saved)
+            step.tokens.copy_(torch.tensor(first, dtype=torch.int64))
+            steps.append(step)
+        slots = list(range(B))
+        for step in steps:  # warm up
+            for _ in range(2):
+                step(slots)
+        torch.cuda.synchronize()
+        times = [[] for _ in settings]
+        rounds = [[] for _ in settings]
+        for r in range(args.rounds):
+            for j in range(len(settings)):
+                s = (j + r) % len(settings)
+                block = []
+                for _ in range(args.steps):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    steps[s](slots)
+                    end.record()
+                    end.synchronize()
+                    block.append(start.elapsed_time(end) * 1e3)
+                times[s] += block
+                rounds[s].append(statistics.median(block))
+        base = statistics.median(times[0])
+        lines += [f"## batch {B}", "", "| setting | median us | vs first | round medians |", "|---|---|---|---|"]
+        for spec, t, rm in zip(settings, times, rounds):
+            med = statistics.median(t)
+            lines.append(f"| `{spec}` | {med:.1f} | {base / med:.3f}x | {' / '.join(f'{v:.0f}' for v in rm)} |")
+        lines.append("")
+        print("\n".join(lines[-len(settings) - 4:]), flush=True)
+        for slot in range(B):
+            model.leave(slot)
+        model.release_graphs()
+        del steps
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"ab_decode_step{'_' + args.tag if args.tag else ''}.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

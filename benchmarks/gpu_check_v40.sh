@@ -18,6 +18,10 @@
 #   d -> c: 149 passed. The decode-step A/B in ONE process (ab_decode_step.py: one graph per setting, replays
 #        interleaved by rounds), so that a ~1% effect can show: V4-Flash 4 layers, batch 1 / 8 / 64; base, PDL on every
 #        kernel, that + split-K early reads, split-K with PDL + early reads alone.
+#   e -> d: one process resolves ~1.5%: PDL on every kernel +1.8% at batch 1 but -1.5% at batch 8; split-K early
+#        reads nothing. The batch-8 loss fits the MoE layer's (looping decode GEMMs launched early lose 5%): with
+#        pdl.PDL_ALL_GRIDS False the switch launches plainly every grid whose launcher says it loops. A/B: base,
+#        PDL on every kernel, PDL on single-pass grids only; batch 1 / 8 / 32 / 64.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -58,5 +62,10 @@ d)
   S="base|pdl=1|pdl=1,early+=splitk|launch+=splitk,early+=splitk"
   timeout 400 python benchmarks/ab_decode_step.py --layers 4 --batch 1,8,64 --settings "$S" --rounds 10 --steps 30 \
     --out "$OUT" --tag d 2>&1 | tail -30
+  ;;
+e)
+  S="base|pdl=1|pdl=1,allgrids=0"
+  timeout 400 python benchmarks/ab_decode_step.py --layers 4 --batch 1,8,32,64 --settings "$S" --rounds 10 --steps 30 \
+    --out "$OUT" --tag e 2>&1 | tail -30
   ;;
 esac

@@ -8,9 +8,8 @@ replay, CUDA events) in ``--rounds`` rounds; each round runs ``--steps`` steps o
 rotating from round to round. All graphs decode the same caches, one step after another.
 
 Settings: ``--settings "base|pdl=1|launch+=splitk,early+=splitk"``: ``|`` between settings, ``,`` between changes of
-``megamoe.kernels.pdl``: ``pdl=1`` (``PDL_ENABLED``), ``allgrids=0`` (``PDL_ALL_GRIDS``), ``launch+=NAME`` /
-``prologue+=NAME`` / ``early+=NAME`` (add a kernel name to ``PDL_LAUNCH`` / ``PDL_PROLOGUE`` / ``PDL_EARLY_READS``),
-``launch-=NAME`` etc.; ``base`` is no change.
+``megamoe.kernels.pdl``: ``pdl=1`` (``PDL_ENABLED``), ``launch+=NAME`` / ``prologue+=NAME`` / ``early+=NAME`` (add a
+kernel name to ``PDL_LAUNCH`` / ``PDL_PROLOGUE`` / ``PDL_EARLY_READS``), ``launch-=NAME`` etc.; ``base`` is no change.
 
 Reports per batch size and setting the median step (us) over all rounds, each round's median, and the ratio to the
 first setting. Run: ``python benchmarks/ab_decode_step.py [--layers 4] [--batch 1,8] [--settings S] [--rounds 6]
@@ -38,13 +37,10 @@ _SETS = {"launch": "PDL_LAUNCH", "prologue": "PDL_PROLOGUE", "early": "PDL_EARLY
 
 def apply_setting(spec: str) -> dict:
     """Apply one setting's changes to ``megamoe.kernels.pdl``; returns the previous values (for :func:`restore`)."""
-    saved = {name: getattr(pdl, name) for name in ("PDL_ENABLED", "PDL_ALL_GRIDS", *_SETS.values())}
+    saved = {name: getattr(pdl, name) for name in ("PDL_ENABLED", *_SETS.values())}
     for change in [c.strip() for c in spec.split(",") if c.strip() and c.strip() != "base"]:
         if change.startswith("pdl="):
             pdl.PDL_ENABLED = change[4:] == "1"
-            continue
-        if change.startswith("allgrids="):
-            pdl.PDL_ALL_GRIDS = change[9:] == "1"
             continue
         for key, attr in _SETS.items():
             if change.startswith(key + "+=") or change.startswith(key + "-="):

@@ -21,7 +21,8 @@
 #   e -> d: one process resolves ~1.5%: PDL on every kernel +1.8% at batch 1 but -1.5% at batch 8; split-K early
 #        reads nothing. The batch-8 loss fits the MoE layer's (looping decode GEMMs launched early lose 5%): with
 #        pdl.PDL_ALL_GRIDS False the switch launches plainly every grid whose launcher says it loops. A/B: base,
-#        PDL on every kernel, PDL on single-pass grids only; batch 1 / 8 / 32 / 64.
+#        PDL on every kernel, PDL on single-pass grids only; batch 1 / 8 / 32 / 64. (PDL_ALL_GRIDS and the script's
+#        allgrids=0 were removed after this call: no gain. Check out 1a3101d to repeat it.)
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}

@@ -90,13 +90,6 @@ def pdl_early_reads(kernel: str) -> bool:
     return kernel in PDL_EARLY_READS
 
 
-#: With the switch on, whether a launch whose launcher says it is not ``single_pass`` (a decode GEMM whose programs loop
-#: over several chunks, a split-K plan beyond one wave or ahead of a reduction launch) is still launched with PDL.
-#: True: every launch (the switch's meaning so far); False: those launch plainly (their prologue stays: they still
-#: let the next kernel start early). Kernels that ask :func:`pdl_enabled` are unaffected.
-PDL_ALL_GRIDS = True
-
-
 def pdl_flags(t: torch.Tensor, kernel: str, single_pass: bool = True) -> tuple[bool, bool]:
     """(the ``PDL`` constexpr, ``launch_pdl``) of one launch of ``kernel`` ("route_dispatch", "mma_decode",
     "combine", "splitk") on ``t``'s device: both True with the switch :data:`PDL_ENABLED` on; with it off, the
@@ -106,7 +99,7 @@ def pdl_flags(t: torch.Tensor, kernel: str, single_pass: bool = True) -> tuple[b
     if not (PDL_ENABLED or PDL_PROLOGUE or PDL_LAUNCH) or not pdl_supported(t):
         return False, False
     if PDL_ENABLED:
-        return True, single_pass or PDL_ALL_GRIDS
+        return True, True
     launch = kernel in PDL_LAUNCH and single_pass
     return launch or kernel in PDL_PROLOGUE, launch
 

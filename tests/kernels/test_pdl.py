@@ -55,10 +55,6 @@ def test_pdl_flags_per_kernel(monkeypatch):
     assert pdl.pdl_flags(t, "mma_decode", single_pass=False) == (True, False)  # still triggers its dependents
     monkeypatch.setattr(pdl, "PDL_ENABLED", True)
     assert pdl.pdl_flags(t, "route_dispatch") == (True, True)
-    assert pdl.pdl_flags(t, "mma_decode", single_pass=False) == (True, True)  # every grid (PDL_ALL_GRIDS)
-    monkeypatch.setattr(pdl, "PDL_ALL_GRIDS", False)
-    assert pdl.pdl_flags(t, "mma_decode", single_pass=False) == (True, False)  # a looping grid launches plainly
-    assert pdl.pdl_flags(t, "mma_decode") == (True, True)
     monkeypatch.setattr(pdl, "PDL_ENABLED", False)
     monkeypatch.setattr(pdl, "PDL_PROLOGUE", frozenset())
     monkeypatch.setattr(pdl, "PDL_LAUNCH", frozenset())

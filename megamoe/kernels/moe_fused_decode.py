@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from .gemm.nvfp4_gemm import _num_sms, global_scale_strides
-from .gemm.nvfp4_gemv import _fma_step, _load_step
+from .gemm.nvfp4_gemv import _fma_k_loop, _load_step
 from .gemm.nvfp4_mma_decode import compiled_residency
 from .nvfp4_jit import round_to_bf16
 
@@ -114,23 +114,9 @@ def _gemv_pass(w_ptrs, s_ptrs, x_ptrs, x_mask, K, ROWS: tl.constexpr, BLOCK_N: t
                BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, X_CACHE: tl.constexpr, INTERPRET: tl.constexpr):
     """(ROWS, BLOCK_N) fp32: sum over K of x * W (W carries 2**-8), nvfp4_gemv's steps, hand double-buffered."""
     k_steps = (K + BLOCK_K - 1) // BLOCK_K
-    acc = tl.zeros((ROWS, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
     words, scale_bytes, xt = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, 0, K, BLOCK_K, EVEN_K, X_CACHE)
-    if INTERPRET:
-        i = 0
-        while i < k_steps:
-            nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
-            words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, K, BLOCK_K, EVEN_K, X_CACHE)
-            acc = _fma_step(acc, words, scale_bytes, xt, BLOCK_N, BLOCK_K, True)
-            words, scale_bytes, xt = words_n, scale_n, xt_n
-            i += 1
-    else:
-        for i in range(0, k_steps):
-            nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
-            words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, K, BLOCK_K, EVEN_K, X_CACHE)
-            acc = _fma_step(acc, words, scale_bytes, xt, BLOCK_N, BLOCK_K, False)
-            words, scale_bytes, xt = words_n, scale_n, xt_n
-    return tl.sum(acc, axis=2)
+    return _fma_k_loop(words, scale_bytes, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, K, k_steps, ROWS, BLOCK_N, BLOCK_K,
+                       EVEN_K, INTERPRET, X_CACHE)
 
 
 @triton.jit

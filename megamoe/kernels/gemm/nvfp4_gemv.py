@@ -252,28 +252,9 @@ def _nvfp4_gemv_kernel(
         x_ptrs = (x32_ptr + src_rows[:, None, None, None] * stride_xm
                   + 4 * offs_w[None, None, :, None] + offs_q[None, None, None, :])
         x_mask = row_mask_x[:, None, None, None]
-        # fp32 partial sums per (row, feature, K word): FFMA chains in the loop, one
-        # reduction over K per row group
-        acc = tl.zeros((ROWS, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-        # Hand double-buffering: the loads of step i+1 are issued before the FMAs of step i
-        # (Triton's pipeliner only stages loads that feed tl.dot). The step past the end
-        # re-loads the last step (always in bounds) and is discarded.
         words, scale_bytes, xt = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, 0, K, BLOCK_K, EVEN_K)
-        if INTERPRET:
-            i = 0
-            while i < k_steps:
-                nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
-                words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, K, BLOCK_K, EVEN_K)
-                acc = _fma_step(acc, words, scale_bytes, xt, BLOCK_N, BLOCK_K, True)
-                words, scale_bytes, xt = words_n, scale_n, xt_n
-                i += 1
-        else:
-            for i in range(0, k_steps):
-                nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
-                words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, K, BLOCK_K, EVEN_K)
-                acc = _fma_step(acc, words, scale_bytes, xt, BLOCK_N, BLOCK_K, False)
-                words, scale_bytes, xt = words_n, scale_n, xt_n
-        acc = tl.sum(acc, axis=2) * gscale[None, :]
+        acc = _fma_k_loop(words, scale_bytes, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, K, k_steps, ROWS, BLOCK_N, BLOCK_K,
+                          EVEN_K, INTERPRET) * gscale[None, :]
         if HAS_BIAS:
             acc = acc + bias[None, :]
         acc = tl.where(k_len > 0, acc, 0.0)  # padding rows (the bias included) are zeros
@@ -317,6 +298,34 @@ def _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, k0, K, BLOCK_K: tl.constexpr, EVE
         words = tl.load(w_ptrs + k0 // 8, mask=word_ok[None, None, :], other=0)
         scale_bytes = tl.load(s_ptrs + k0 // 16, mask=((k0 // 16 + offs_g) < K // 16)[None, None, :], other=0)
     return words, scale_bytes, xt
+
+
+@triton.jit
+def _fma_k_loop(words, scale_bytes, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, K, k_steps, ROWS: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr,
+                X_CACHE: tl.constexpr = None):
+    """The CUDA-core K loop of one row group, given step 0's loads (:func:`_load_step`: words, scale bytes, x pairs)
+    -> (ROWS, BLOCK_N) fp32 sums of x * W (W carries 2**-8). fp32 partial sums per (row, feature, K word): FFMA
+    chains in the loop, one reduction over K at the end. Hand double-buffering: the loads of step i+1 are issued
+    before the FMAs of step i (Triton's pipeliner only stages loads that feed tl.dot); the step past the end re-loads
+    the last step (always in bounds) and is discarded. K: the K bound of the loads' masks; X_CACHE as
+    :func:`_load_step`'s."""
+    acc = tl.zeros((ROWS, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+    if INTERPRET:
+        i = 0
+        while i < k_steps:
+            nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
+            words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, K, BLOCK_K, EVEN_K, X_CACHE)
+            acc = _fma_step(acc, words, scale_bytes, xt, BLOCK_N, BLOCK_K, True)
+            words, scale_bytes, xt = words_n, scale_n, xt_n
+            i += 1
+    else:
+        for i in range(0, k_steps):
+            nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
+            words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, K, BLOCK_K, EVEN_K, X_CACHE)
+            acc = _fma_step(acc, words, scale_bytes, xt, BLOCK_N, BLOCK_K, False)
+            words, scale_bytes, xt = words_n, scale_n, xt_n
+    return tl.sum(acc, axis=2)
 
 
 @triton.jit

@@ -70,7 +70,7 @@ import triton
 import triton.language as tl
 
 from .nvfp4_gemm import _load_weight_step, _mma_step, global_scale_strides, swiglu_clamped
-from .nvfp4_gemv import _fma_step, _load_step
+from .nvfp4_gemv import _fma_k_loop, _load_step
 from .nvfp4_gluon_jit import GLUON_AVAILABLE, gluon_supports
 from ..nvfp4_jit import round_to_bf16
 from ..pdl import grid_dependency_prologue, pdl_early_reads, pdl_flags
@@ -296,30 +296,6 @@ def _fma_x_ptrs(x_ptr, rows, stride_xm, k_begin, offs_w, offs_q):
             + (k_begin // 2 + 4 * offs_w)[None, None, :, None] + offs_q[None, None, None, :])
 
 
-@triton.jit
-def _fma_rows_pass(words, scale_bytes, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, k_len, k_steps, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
-    """The CUDA-core K loop of one row pass, given step 0's loads (words, scale bytes, x pairs): hand
-    double-buffering as nvfp4_gemv (step i+1's loads are issued before step i's FMAs). Returns (BLOCK_M, BLOCK_N)
-    fp32 partial sums (the weights carry 2**-8)."""
-    acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-    if INTERPRET:
-        i = 0
-        while i < k_steps:
-            nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
-            words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, k_len, BLOCK_K, EVEN_K)
-            acc3 = _fma_step(acc3, words, scale_bytes, xt, BLOCK_N, BLOCK_K, True)
-            words, scale_bytes, xt = words_n, scale_n, xt_n
-            i += 1
-    else:
-        for i in range(0, k_steps):
-            nxt = tl.minimum(i + 1, k_steps - 1) * BLOCK_K
-            words_n, scale_n, xt_n = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, nxt, k_len, BLOCK_K, EVEN_K)
-            acc3 = _fma_step(acc3, words, scale_bytes, xt, BLOCK_N, BLOCK_K, False)
-            words, scale_bytes, xt = words_n, scale_n, xt_n
-    return tl.sum(acc3, axis=2)
-
-
 @triton.jit(do_not_specialize=["num_rows"])
 def _splitk_partial_kernel(
     x_ptr, w_ptr, scale_ptr, global_scale_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
@@ -375,7 +351,7 @@ def _splitk_partial_kernel(
         x_ptrs = _fma_x_ptrs(x_ptr, offs_r, stride_xm, k_begin, offs_w, offs_q)
         x_mask = row_mask[:, None, None, None]
         xt = tl.load(x_ptrs, mask=x_mask, other=0)
-        acc = _fma_rows_pass(words_e, scale_e, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, k_len, k_steps, BLOCK_M, BLOCK_N,
+        acc = _fma_k_loop(words_e, scale_e, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, k_len, k_steps, BLOCK_M, BLOCK_N,
                              BLOCK_K, EVEN_K, INTERPRET)
         _store_partial(acc, offs_r, row_mask, cols, col_mask, pid_k, num_rows, N, global_scale_ptr, stride_gn,
                        bias_ptr, out_ptr, stride_om, ws_ptr, DIRECT, HAS_BIAS, INTERPRET)
@@ -404,7 +380,7 @@ def _splitk_partial_kernel(
                 x_ptrs = _fma_x_ptrs(x_ptr, rows, stride_xm, k_begin, offs_w, offs_q)
                 x_mask = row_mask[:, None, None, None]
                 words, scale_bytes, xt = _load_step(w_ptrs, s_ptrs, x_ptrs, x_mask, 0, k_len, BLOCK_K, EVEN_K)
-                acc = _fma_rows_pass(words, scale_bytes, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, k_len, k_steps, BLOCK_M,
+                acc = _fma_k_loop(words, scale_bytes, xt, w_ptrs, s_ptrs, x_ptrs, x_mask, k_len, k_steps, BLOCK_M,
                                      BLOCK_N, BLOCK_K, EVEN_K, INTERPRET)
             _store_partial(acc, rows, row_mask, cols, col_mask, pid_k, num_rows, N, global_scale_ptr, stride_gn,
                            bias_ptr, out_ptr, stride_om, ws_ptr, DIRECT, HAS_BIAS, INTERPRET)

@@ -7,9 +7,11 @@ are module globals read at launch, so each graph keeps its own), then times whol
 replay, CUDA events) in ``--rounds`` rounds; each round runs ``--steps`` steps of every setting, the settings' order
 rotating from round to round. All graphs decode the same caches, one step after another.
 
-Settings: ``--settings "base|pdl=1|launch+=splitk,early+=splitk"``: ``|`` between settings, ``,`` between changes of
-``megamoe.kernels.pdl``: ``pdl=1`` (``PDL_ENABLED``), ``launch+=NAME`` / ``prologue+=NAME`` / ``early+=NAME`` (add a
-kernel name to ``PDL_LAUNCH`` / ``PDL_PROLOGUE`` / ``PDL_EARLY_READS``), ``launch-=NAME`` etc.; ``base`` is no change.
+Settings: as ``ab_layer_settings.py``'s (its namespace and its snapshot of the settings it knows, restored after each
+capture): Python run before that setting's capture, e.g. ``--settings "base|pdl.PDL_ENABLED=True|pdl.PDL_LAUNCH=
+pdl.PDL_LAUNCH.union({'splitk'}); pdl.PDL_EARLY_READS=pdl.PDL_EARLY_READS.union({'splitk'})"`` (``|`` between
+settings, so none may contain one; ``base`` runs nothing). The namespace also holds ``model``; only the module
+settings listed in ``ab_layer_settings._SAVED`` are restored after a capture, changes to ``model`` are not.
 
 Reports per batch size and setting the median step (us) over all rounds, each round's median, and the ratio to the
 first setting. Run: ``python benchmarks/ab_decode_step.py [--layers 4] [--batch 1,8] [--settings S] [--rounds 6]
@@ -26,36 +28,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from megamoe.kernels import pdl  # noqa: E402
+from ab_layer_settings import _namespace, _restore, _snapshot  # noqa: E402
 from megamoe.models.config import V4_FLASH_MODEL  # noqa: E402
 from megamoe.models.model import V4Model  # noqa: E402
 from megamoe.models.v4_weights import random_state_dict  # noqa: E402
-
-_SETS = {"launch": "PDL_LAUNCH", "prologue": "PDL_PROLOGUE", "early": "PDL_EARLY_READS"}
-
-
-def apply_setting(spec: str) -> dict:
-    """Apply one setting's changes to ``megamoe.kernels.pdl``; returns the previous values (for :func:`restore`)."""
-    saved = {name: getattr(pdl, name) for name in ("PDL_ENABLED", *_SETS.values())}
-    for change in [c.strip() for c in spec.split(",") if c.strip() and c.strip() != "base"]:
-        if change.startswith("pdl="):
-            pdl.PDL_ENABLED = change[4:] == "1"
-            continue
-        for key, attr in _SETS.items():
-            if change.startswith(key + "+=") or change.startswith(key + "-="):
-                name = change[len(key) + 2:]
-                current = getattr(pdl, attr)
-                setattr(pdl, attr, current | {name} if change[len(key)] == "+" else current - {name})
-                break
-        else:
-            raise ValueError(f"--settings: unknown change {change!r}")
-    return saved
-
-
-def restore(saved: dict) -> None:
-    for name, value in saved.items():
-        setattr(pdl, name, value)
 
 
 def main():
@@ -63,15 +41,15 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--settings", default="base|pdl=1")
+    ap.add_argument("--settings", default="base|pdl.PDL_ENABLED=True")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     settings = [s.strip() for s in args.settings.split("|")]
-    for spec in settings:  # parse errors before the model is built
-        restore(apply_setting(spec))
+    for spec in settings:  # syntax errors before the model is built
+        compile(spec, "--settings", "exec")
     dev = torch.device("cuda")
     batches = [int(b) for b in args.batch.split(",")]
     cfg = V4_FLASH_MODEL
@@ -81,6 +59,8 @@ def main():
     for i, layer in enumerate(model.layers):
         layer.load_weights(random_state_dict(cfg, seed=0, device=dev, layers=[i]))
     model.load_weights_top(random_state_dict(cfg, seed=0, device=dev, layers=[]))
+    ns = dict(_namespace(), model=model)
+    defaults = _snapshot(ns)
     lines = [f"# Decode step A/B in one process ({datetime.datetime.now().isoformat(timespec='seconds')}, "
              f"{torch.cuda.get_device_name()}, torch {torch.__version__})", "",
              f"Command: `python {' '.join(sys.argv)}`. V4-Flash dimensions, {args.layers} layers "
@@ -92,11 +72,12 @@ def main():
         first = [int(torch.argmax(model.prefill(s, prompts[s]))) for s in range(B)]
         steps = []
         for spec in settings:
-            saved = apply_setting(spec)
+            if spec != "base":
+                exec(spec, ns)
             try:
                 step = model.capture_decode(B)
             finally:
-                restore(saved)
+                _restore(ns, defaults)
             step.tokens.copy_(torch.tensor(first, dtype=torch.int64))
             steps.append(step)
         slots = list(range(B))

@@ -58,9 +58,12 @@ def _namespace():
 
 
 def _snapshot(ns):
+    """The values of :data:`_SAVED` whose module name is in ``ns`` (``layer`` only where a script has one)."""
     out = {}
     for name in _SAVED:
         mod, attr = name.split(".")
+        if mod not in ns:
+            continue
         value = getattr(ns[mod], attr)
         out[name] = dict(value) if isinstance(value, dict) else value
     return out

@@ -60,12 +60,14 @@ c)
   tail -1 "$OUT/c_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/c_tests.log" | head -8
   ;;
 d)
-  S="base|pdl=1|pdl=1,early+=splitk|launch+=splitk,early+=splitk"
+  # (as run, in the script's first syntax at 9c7fd54: "base|pdl=1|pdl=1,early+=splitk|launch+=splitk,early+=splitk")
+  E="pdl.PDL_EARLY_READS=pdl.PDL_EARLY_READS.union({'splitk'})"
+  S="base|pdl.PDL_ENABLED=True|pdl.PDL_ENABLED=True; $E|pdl.PDL_LAUNCH=pdl.PDL_LAUNCH.union({'splitk'}); $E"
   timeout 400 python benchmarks/ab_decode_step.py --layers 4 --batch 1,8,64 --settings "$S" --rounds 10 --steps 30 \
     --out "$OUT" --tag d 2>&1 | tail -30
   ;;
 e)
-  S="base|pdl=1|pdl=1,allgrids=0"
+  S="base|pdl=1|pdl=1,allgrids=0"  # the first syntax and pdl.PDL_ALL_GRIDS: run it at 1a3101d
   timeout 400 python benchmarks/ab_decode_step.py --layers 4 --batch 1,8,32,64 --settings "$S" --rounds 10 --steps 30 \
     --out "$OUT" --tag e 2>&1 | tail -30
   ;;

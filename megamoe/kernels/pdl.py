@@ -79,8 +79,8 @@ PDL_LAUNCH = _env_names("MEGAMOE_PDL_LAUNCH", "mma_decode,combine")
 #: list, read at import; "" off)
 #: "splitk" (the dense split-K GEMM, ``nvfp4_linear(weight_settled=True)``: its first weight step) is not in the
 #: default: per call in a chain of 32 (H200, results/gpu_check_v40/bench_dense_pdl_b.md) it saved 0.6-1.4 us on the
-#: small shapes (1024x4096 M = 1 6.2 -> 4.8 us) but cost 0.6-1.9 us on 4096x8192 at M = 1 / 8, and the V4-Flash decode
-#: step moved within its run-to-run spread (NOTES_gemm.md v35).
+#: small shapes (1024x4096 M = 1 6.2 -> 4.8 us) but cost 0.6-1.9 us on 4096x8192 at M = 1 / 8, and it did not move the
+#: V4-Flash decode step (1.002x / 0.997x / 0.994x at batch 1 / 8 / 64, one process: NOTES_gemm.md v35, NOTES_model.md).
 PDL_EARLY_READS = _env_names("MEGAMOE_PDL_EARLY_READS", "mma_decode")
 
 

@@ -123,12 +123,13 @@ def _finish(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
 
 
 def nvfp4_linear(x, weight: NVFP4Tensor, bias=None, *, mode="w4a16", out=None, host_scale=None, activation=None,
-                 swiglu_limit=None) -> torch.Tensor:
+                 swiglu_limit=None, weight_settled=False) -> torch.Tensor:
     """Reference ``x @ dequant(weight).T (+ bias)``.
 
     x: (M, K) bf16.  weight: NVFP4Tensor (N, K) (data (N, K//2) uint8, block_scale
     (N, K//16) e4m3, global_scale 0-d or (N, 1) fp32).  bias: None or (N,).
     host_scale: the op's route hint (a host copy of the global scale); the reference reads the device scale.
+    weight_settled: the op's launch hint (PDL early weight reads); no effect here.
     activation: None, or "swiglu" (weight rows in the interleaved gate/up layout): the float32 product's
     :func:`swiglu_reference`, (M, N // 2).
     Returns (M, N) bf16 (written into ``out`` when given).

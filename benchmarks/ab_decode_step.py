@@ -32,8 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ab_layer_settings import _namespace, _restore, _snapshot  # noqa: E402
 from megamoe.models.config import V4_FLASH_MODEL  # noqa: E402
-from megamoe.models.model import V4Model  # noqa: E402
-from megamoe.models.v4_weights import random_state_dict  # noqa: E402
+from profile_decode_step import prefill_random, random_flash_model, step_us  # noqa: E402
 
 
 def main():
@@ -54,11 +53,7 @@ def main():
     batches = [int(b) for b in args.batch.split(",")]
     cfg = V4_FLASH_MODEL
     total_steps = args.rounds * args.steps * len(settings) + 4 * len(settings)
-    model = V4Model(cfg, num_layers=args.layers, max_batch=max(batches), max_prefill_tokens=args.prompt_len,
-                    max_slots=max(batches), max_context=args.prompt_len + total_steps + 8, device=dev)
-    for i, layer in enumerate(model.layers):
-        layer.load_weights(random_state_dict(cfg, seed=0, device=dev, layers=[i]))
-    model.load_weights_top(random_state_dict(cfg, seed=0, device=dev, layers=[]))
+    model = random_flash_model(args.layers, max(batches), args.prompt_len, args.prompt_len + total_steps + 8, dev)
     ns = dict(_namespace(), model=model)
     defaults = _snapshot(ns)
     lines = [f"# Decode step A/B in one process ({datetime.datetime.now().isoformat(timespec='seconds')}, "
@@ -68,8 +63,7 @@ def main():
              "rotating; us per whole step (host step + one replay, CUDA events).", ""]
     gen = torch.Generator().manual_seed(0)
     for B in batches:
-        prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=gen).to(dev)
-        first = [int(torch.argmax(model.prefill(s, prompts[s]))) for s in range(B)]
+        first = prefill_random(model, B, args.prompt_len, gen)
         steps = []
         for spec in settings:
             if spec != "base":
@@ -90,14 +84,7 @@ def main():
         for r in range(args.rounds):
             for j in range(len(settings)):
                 s = (j + r) % len(settings)
-                block = []
-                for _ in range(args.steps):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    steps[s](slots)
-                    end.record()
-                    end.synchronize()
-                    block.append(start.elapsed_time(end) * 1e3)
+                block = [step_us(steps[s], slots) for _ in range(args.steps)]
                 times[s] += block
                 rounds[s].append(statistics.median(block))
         base = statistics.median(times[0])

@@ -23,6 +23,8 @@
 #        pdl.PDL_ALL_GRIDS False the switch launches plainly every grid whose launcher says it loops. A/B: base,
 #        PDL on every kernel, PDL on single-pass grids only; batch 1 / 8 / 32 / 64. (PDL_ALL_GRIDS and the script's
 #        allgrids=0 were removed after this call: no gain. Check out 1a3101d to repeat it.)
+#   f -> after the review: ab_decode_step.py and profile_decode_step.py share the model build, the prefill and the
+#        step timer (profile_decode_step's random_flash_model, prefill_random, step_us): both run once, small.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -70,5 +72,9 @@ e)
   S="base|pdl=1|pdl=1,allgrids=0"  # the first syntax and pdl.PDL_ALL_GRIDS: run it at 1a3101d
   timeout 400 python benchmarks/ab_decode_step.py --layers 4 --batch 1,8,32,64 --settings "$S" --rounds 10 --steps 30 \
     --out "$OUT" --tag e 2>&1 | tail -30
+  ;;
+f)
+  timeout 250 python benchmarks/profile_decode_step.py --layers 1 --batch 1 --replays 1 --time 5 --top 3 2>&1 | tail -6
+  timeout 250 python benchmarks/ab_decode_step.py --layers 1 --batch 1 --rounds 2 --steps 3 2>&1 | tail -6
   ;;
 esac

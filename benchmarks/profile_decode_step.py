@@ -28,6 +28,34 @@ from megamoe.models.model import V4Model  # noqa: E402
 from megamoe.models.v4_weights import random_state_dict  # noqa: E402
 
 
+def random_flash_model(num_layers: int, max_batch: int, prompt_len: int, max_context: int, device) -> V4Model:
+    """V4-Flash dimensions with the first ``num_layers`` layers and random NVFP4 weights (seed 0), room for
+    ``max_batch`` requests of ``prompt_len`` prompt tokens and ``max_context`` tokens each."""
+    cfg = V4_FLASH_MODEL
+    model = V4Model(cfg, num_layers=num_layers, max_batch=max_batch, max_prefill_tokens=prompt_len,
+                    max_slots=max_batch, max_context=max_context, device=device)
+    for i, layer in enumerate(model.layers):
+        layer.load_weights(random_state_dict(cfg, seed=0, device=device, layers=[i]))
+    model.load_weights_top(random_state_dict(cfg, seed=0, device=device, layers=[]))
+    return model
+
+
+def prefill_random(model: V4Model, batch: int, prompt_len: int, gen: torch.Generator) -> list:
+    """Prefill slots 0..batch-1 with random prompts of ``prompt_len`` tokens; returns each slot's greedy first token."""
+    prompts = torch.randint(0, model.cfg.vocab_size, (batch, prompt_len), generator=gen).to(model.device)
+    return [int(torch.argmax(model.prefill(s, prompts[s]))) for s in range(batch)]
+
+
+def step_us(step, slots) -> float:
+    """Wall time of one whole decode step (host step + one replay) in us, CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    step(slots)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=4)
@@ -42,35 +70,24 @@ def main():
     dev = torch.device("cuda")
     batches = [int(b) for b in args.batch.split(",")]
     cfg = V4_FLASH_MODEL
-    model = V4Model(cfg, num_layers=args.layers, max_batch=max(batches), max_prefill_tokens=args.prompt_len,
-                    max_slots=max(batches), max_context=args.prompt_len + 4 * args.replays + args.time + 8, device=dev)
-    for i, layer in enumerate(model.layers):
-        layer.load_weights(random_state_dict(cfg, seed=0, device=dev, layers=[i]))
-    model.load_weights_top(random_state_dict(cfg, seed=0, device=dev, layers=[]))
+    model = random_flash_model(args.layers, max(batches), args.prompt_len, args.prompt_len + 4 * args.replays
+                               + args.time + 8, dev)
     env = " ".join(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MEGAMOE_") and k != "MEGAMOE_PEERS")
     lines = [f"{datetime.datetime.now().isoformat(timespec='seconds')} | {torch.cuda.get_device_name()} | "
              f"torch {torch.__version__} | layers {args.layers} ({cfg.compress_ratios[:args.layers]}) | "
              f"`{env + ' ' if env else ''}python {' '.join(sys.argv)}`"]
     gen = torch.Generator().manual_seed(0)
     for B in batches:
-        prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=gen).to(dev)
-        first = [int(torch.argmax(model.prefill(s, prompts[s]))) for s in range(B)]
+        first = prefill_random(model, B, args.prompt_len, gen)
         step = model.capture_decode(B)
         step.tokens.copy_(torch.tensor(first, dtype=torch.int64))
         for _ in range(3):
             step(list(range(B)))
         torch.cuda.synchronize()
-        step_us = None
+        median_us = None
         if args.time:
-            times = []
-            for _ in range(args.time):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                step(list(range(B)))
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-            step_us = sorted(times)[len(times) // 2]
+            times = [step_us(step, list(range(B))) for _ in range(args.time)]
+            median_us = sorted(times)[len(times) // 2]
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -87,7 +104,7 @@ def main():
         busy = sum(v[1] for v in stats.values()) / args.replays
         lines.append(f"\n## batch {B}: {n:.0f} kernels per step, GPU busy {busy:.0f} us per step "
                      f"({busy / args.layers:.0f} us per layer incl. embed/head share)"
-                     + (f"; step {step_us:.1f} us (median of {args.time})" if step_us is not None else "") + "\n")
+                     + (f"; step {median_us:.1f} us (median of {args.time})" if median_us is not None else "") + "\n")
         lines.append("| kernel | per step | us per step | us each |")
         lines.append("|---|---|---|---|")
         for name, (c, t) in sorted(stats.items(), key=lambda kv: -kv[1][1])[:args.top]:

@@ -25,6 +25,9 @@
 #        allgrids=0 were removed after this call: no gain. Check out 1a3101d to repeat it.)
 #   f -> after the review: ab_decode_step.py and profile_decode_step.py share the model build, the prefill and the
 #        step timer (profile_decode_step's random_flash_model, prefill_random, step_us): both run once, small.
+#   g -> f: both failed to build the window-step kernel at --batch 1: a model of one slot passes num_slots = 1, which
+#        Triton specialized into a constexpr int (no .to()). Fixed with do_not_specialize; the window-step tests
+#        (new: one slot) with the fix and with it removed (a deliberate break), then ab_decode_step.py at batch 1.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -76,5 +79,12 @@ e)
 f)
   timeout 250 python benchmarks/profile_decode_step.py --layers 1 --batch 1 --replays 1 --time 5 --top 3 2>&1 | tail -6
   timeout 250 python benchmarks/ab_decode_step.py --layers 1 --batch 1 --rounds 2 --steps 3 2>&1 | tail -6
+  ;;
+g)
+  timeout 60 python -m pytest -q -p no:cacheprovider tests/kvcache/test_decode_glue.py -k "matches_formula" 2>&1 | tail -1
+  timeout 100 python benchmarks/ab_decode_step.py --layers 1 --batch 1 --rounds 2 --steps 3 2>&1 | tail -5
+  sed -i 's/^@triton.jit(do_not_specialize=\["num_slots"\]).*/@triton.jit/' megamoe/kernels/attention_glue.py
+  echo "deliberate break (do_not_specialize removed):"
+  timeout 60 python -m pytest -q -p no:cacheprovider tests/kvcache/test_decode_glue.py -k "matches_formula" 2>&1 | tail -1
   ;;
 esac

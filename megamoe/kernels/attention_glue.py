@@ -37,7 +37,7 @@ def _floor_div(a, r):
     return tl.where(q * r > a, q - 1, q)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])  # an int argument of 1 would become a constexpr (a model of one slot)
 def _window_step_kernel(
     kv_ptr,                        # (B, D) int16 (bf16 bits)
     slots_ptr, pos_ptr,            # (B,) int32

@@ -57,6 +57,8 @@ def _window_case(B, S, W, D, ratio, n_ent, device):
 
 @pytest.mark.parametrize("B,S,W,D,ratio,n_ent", [
     (1, 2, 8, 64, 0, 0),        # window-only layer, batch 1
+    (2, 1, 8, 64, 4, 0),        # one slot (a model of max_batch 1: Triton specialized num_slots = 1 and the GPU
+                                # build failed)
     (5, 3, 8, 144, 4, 0),       # CSA: counts, no list
     (7, 4, 16, 128, 16, 9),     # HCA: odd batch, entry list
     (3, 2, 8, 64, 128, 1),      # HCA: ratio > window

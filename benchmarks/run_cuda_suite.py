@@ -37,6 +37,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=520.0, help="seconds per shard")
     parser.add_argument("--marker", default="cuda")
     parser.add_argument("--out", default="cuda_suite")
+    parser.add_argument("--ids-from", help="a file of test ids, one per line (e.g. a summary's tests not reached)")
+    parser.add_argument("--durations", type=int, default=10, help="pytest --durations per shard")
+    parser.add_argument("--alone", help="a regex: each matching test id gets a shard of its own (slow tests)")
     parser.add_argument("paths", nargs="*", default=["tests"])
     args = parser.parse_args()
 
@@ -46,17 +49,24 @@ def main() -> int:
         raise SystemExit("no CUDA device")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ids = collect(args.marker, args.paths)
-    num_shards = min(len(ids), num_gpus * args.procs_per_gpu)
-    bounds = [len(ids) * s // num_shards for s in range(num_shards + 1)]
-    shards = [ids[bounds[s]:bounds[s + 1]] for s in range(num_shards)]
+    if args.ids_from:
+        ids = [line.strip() for line in open(args.ids_from) if "::" in line]
+    else:
+        ids = collect(args.marker, args.paths)
+    alone = [i for i in ids if args.alone and re.search(args.alone, i)]
+    rest = [i for i in ids if i not in alone]
+    num_shards = max(1, min(len(rest), num_gpus * args.procs_per_gpu - len(alone)))
+    bounds = [len(rest) * s // num_shards for s in range(num_shards + 1)]
+    shards = [[i] for i in alone] + [rest[bounds[s]:bounds[s + 1]] for s in range(num_shards)]
+    num_shards = len(shards)
 
     start = time.time()
     running = []
     for s, shard in enumerate(shards):
         log = open(out / f"shard{s}.log", "w")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(s % num_gpus))
-        command = [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider", *shard]
+        command = [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider",
+                   f"--durations={args.durations}", *shard]
         running.append((s, shard, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)))
 
     rows, all_ok = [], True

@@ -19,7 +19,7 @@ a)
   ;;
 b)
   python benchmarks/run_cuda_suite.py --procs-per-gpu "${PROCS:-4}" --timeout "${SUITE_TIMEOUT:-540}" --out "$OUT/b_suite" \
-    --ids-from "$OUT/a_not_reached.txt" --alone "official_numerics_bounded" > "$OUT/b_suite.txt" 2>&1
+    --ids-from benchmarks/results/gpu_check_v41/a_not_reached.txt --alone "official_numerics_bounded" > "$OUT/b_suite.txt" 2>&1
   tail -40 "$OUT/b_suite.txt"
   ;;
 esac

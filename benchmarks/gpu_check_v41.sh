@@ -4,6 +4,13 @@
 #        the machine (4 processes per GPU, 530 s). 512 tests ran, none failed; 242 were not reached (a shard whose
 #        first test, the sparse official-numerics model test, did not end in time, and shards of slow files).
 #   b -> the 242 tests a did not reach (a_not_reached.txt), the two official-numerics model tests in shards of their own.
+#        239 passed, none failed; the two official-numerics tests did not end in 450 s (24 processes on 64 cores, the
+#        float64 reference on the CPU).
+#   c -> issue 15: the sparse attention's main kernel and split combine launched with PDL by kernel name ("attention",
+#        "attention_combine" in pdl.PDL_LAUNCH; before, only under the global switch). GPU 0: bench_attention.py
+#        --layers 8 at batch 32 / 64, 32k / 128k, CSA / HCA, default and with the names, alternated twice (two
+#        processes each); then ab_decode_step.py (one process) base vs the names, V4-Flash 4 layers, batch 1 / 32.
+#        GPU 1 at the same time: the two official-numerics model tests, one process each.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -21,5 +28,27 @@ b)
   python benchmarks/run_cuda_suite.py --procs-per-gpu "${PROCS:-4}" --timeout "${SUITE_TIMEOUT:-540}" --out "$OUT/b_suite" \
     --ids-from benchmarks/results/gpu_check_v41/a_not_reached.txt --alone "official_numerics_bounded" > "$OUT/b_suite.txt" 2>&1
   tail -40 "$OUT/b_suite.txt"
+  ;;
+c)
+  ( for sel in dense sparse; do
+      CUDA_VISIBLE_DEVICES=1 OMP_NUM_THREADS=8 timeout 480 python -m pytest -q -rfE --tb=short -p no:cacheprovider \
+        --durations=3 "tests/models/test_v4_model.py::test_fast_model_vs_official_numerics_bounded_cuda[$sel]" \
+        > "/tmp/official_$sel.log" 2>&1 &
+    done; wait; cat /tmp/official_dense.log /tmp/official_sparse.log > "$OUT/c_official_tests.log" ) &
+  ATTN="pdl.PDL_LAUNCH=pdl.PDL_LAUNCH.union({'attention','attention_combine'})"
+  NAMES="mma_decode,combine,attention,attention_combine"
+  for round in 1 2; do
+    for setting in default names; do
+      if [ $setting = names ]; then export MEGAMOE_PDL_LAUNCH=$NAMES; else unset MEGAMOE_PDL_LAUNCH; fi
+      CUDA_VISIBLE_DEVICES=0 timeout 150 python benchmarks/bench_attention.py --layers 8 --flush read \
+        --batches 32,64 --contexts 32768,131072 --out "/tmp/attn_${setting}_$round" 2>&1 | grep -v "^{" | tail -1
+      cp "/tmp/attn_${setting}_$round.md" "$OUT/c_attention_${setting}_$round.md"
+    done
+  done
+  unset MEGAMOE_PDL_LAUNCH
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/ab_decode_step.py --layers 4 --batch 1,32 --rounds 6 \
+    --steps 20 --settings "base|$ATTN" --tag c_attention_pdl --out "$OUT" 2>&1 | tail -8
+  wait
+  tail -4 "$OUT/c_official_tests.log"
   ;;
 esac

@@ -92,10 +92,10 @@ def pdl_early_reads(kernel: str) -> bool:
 
 def pdl_flags(t: torch.Tensor, kernel: str, single_pass: bool = True) -> tuple[bool, bool]:
     """(the ``PDL`` constexpr, ``launch_pdl``) of one launch of ``kernel`` ("route_dispatch", "mma_decode",
-    "combine", "splitk") on ``t``'s device: both True with the switch :data:`PDL_ENABLED` on; with it off, the
-    prologue for the kernels of :data:`PDL_PROLOGUE` and both for those of :data:`PDL_LAUNCH` whose launch is
-    ``single_pass`` (the launcher's host answer). Neither where :func:`pdl_supported` is False (CPU, the
-    interpreter, pre-sm_90)."""
+    "combine", "splitk", "attention" (the sparse attention's main kernel), "attention_combine" (its split combine))
+    on ``t``'s device: both True with the switch :data:`PDL_ENABLED` on; with it off, the prologue for the kernels
+    of :data:`PDL_PROLOGUE` and both for those of :data:`PDL_LAUNCH` whose launch is ``single_pass`` (the launcher's
+    host answer). Neither where :func:`pdl_supported` is False (CPU, the interpreter, pre-sm_90)."""
     if not (PDL_ENABLED or PDL_PROLOGUE or PDL_LAUNCH) or not pdl_supported(t):
         return False, False
     if PDL_ENABLED:

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from .nvfp4_jit import e4m3_decode
-from .pdl import grid_dependency_prologue, pdl_enabled
+from .pdl import grid_dependency_prologue, pdl_flags
 
 # sm_90 tiles. BLOCK_H = 64: the wgmma M of one warpgroup; the 64 x 512 fp32 accumulator at 8 warps is 128
 # registers per thread (2 warpgroups split D). BLOCK_N = 32 gathered rows per iteration: the staged K tile is
@@ -451,33 +451,38 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
     else:
         ws_acc = ws_ml = attn_sink  # never touched
     word = error_word if error_word is not None else errors.error_word(q.device)
-    pdl = pdl_enabled(q)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
+    # PDL per kernel name (kernels/pdl.py): the main kernel early only as one wave of its one-program-per-SM grid
+    one_wave = q.is_cuda and math.prod(grid) <= torch.cuda.get_device_properties(q.device).multi_processor_count
+    pdl, launch_pdl = pdl_flags(q, "attention", single_pass=one_wave)
     if kernel == "ws3":
         sparse_attention_ws3.launch_ws3(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,
                                         entries_rope, block_table, slots, entry_idx, out, splits=splits, per=per,
-                                        ws_acc=ws_acc, ws_ml=ws_ml, error_word=word, pdl=pdl)
+                                        ws_acc=ws_acc, ws_ml=ws_ml, error_word=word, pdl=pdl,
+                                        launch_pdl=launch_pdl)
     elif kernel == "ws":
         sparse_attention_ws.launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,
                                       entries_rope, block_table, slots, entry_idx, out, splits=splits, per=per,
-                                      ws_acc=ws_acc, ws_ml=ws_ml, error_word=word, pdl=pdl)
+                                      ws_acc=ws_acc, ws_ml=ws_ml, error_word=word, pdl=pdl,
+                                      launch_pdl=launch_pdl)
     else:
         _launch_v1(grid, q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,
                    entries_rope, block_table, slots, entry_idx, out, ws_acc, ws_ml, word, splits, per, split, c,
-                   nc_p2, cfg, interpreter, pdl)
+                   nc_p2, cfg, interpreter, pdl, launch_pdl)
     if split:
+        pdl, launch_pdl = pdl_flags(q, "attention_combine")
         bd = min(combine_cfg["BLOCK_D"], triton.next_power_of_2(D))
         _combine_kernel[(N, triton.cdiv(H, combine_cfg["BLOCK_H"]), triton.cdiv(D, bd))](
             attn_sink, ws_acc, ws_ml, out, H,
             NUM_SPLITS=splits, D=D, BLOCK_H=combine_cfg["BLOCK_H"], BLOCK_D=bd, INTERPRET=interpreter,
-            num_warps=combine_cfg["num_warps"], PDL=pdl, launch_pdl=pdl,
+            num_warps=combine_cfg["num_warps"], PDL=pdl, launch_pdl=launch_pdl,
         )
     return out
 
 
 def _launch_v1(grid, q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
                block_table, slots, entry_idx, out, ws_acc, ws_ml, word, splits, per, split, c, nc_p2, cfg,
-               interpreter, pdl):
+               interpreter, pdl, launch_pdl):
     N, H, D = q.shape
     W, K = window_idx.shape[1], entry_idx.shape[1]
     P, EPB, nope = entries_fp8.shape
@@ -491,7 +496,8 @@ def _launch_v1(grid, q, attn_sink, softmax_scale, window_kv, window_idx, entries
         float(softmax_scale) * LOG2E,
         D=D, NOPE=nope, ROPE=rope, EPB=EPB, NSC=nsc, SB=sb, C=c, NC_P2=nc_p2,
         BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], SPLIT=split, INTERPRET=interpreter,
-        **error_flags(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], PDL=pdl, launch_pdl=pdl,
+        **error_flags(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], PDL=pdl,
+        launch_pdl=launch_pdl,
     )
 
 

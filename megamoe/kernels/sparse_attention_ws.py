@@ -398,10 +398,12 @@ def _constants(nope, rope, scale_block, entries_per_block, split, warp_spec, con
 
 def launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
               block_table, slots, entry_idx, out, *, splits: int, per: int, ws_acc, ws_ml, error_word,
-              warp_spec: bool | None = None, compile_only: bool = False, pdl: bool | None = None):
+              warp_spec: bool | None = None, compile_only: bool = False, pdl: bool | None = None,
+              launch_pdl: bool | None = None):
     """Launch the v2 main kernel (v1's launcher calls this with its split layout and workspace).
     ``compile_only``: compile (``warmup``) without launching (benchmarks/validate_attention_ws.py). ``pdl``:
-    programmatic dependent launch (None: ``megamoe.kernels.pdl.pdl_enabled(q)``)."""
+    programmatic dependent launch: the build with the prologue (None: ``megamoe.kernels.pdl.pdl_enabled(q)``);
+    ``launch_pdl``: whether it is launched with PDL (None: as ``pdl``)."""
     N, H, D = q.shape
     W, K = window_idx.shape[1], entry_idx.shape[1]
     P, EPB, nope = entries_fp8.shape
@@ -411,13 +413,14 @@ def launch_ws(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, e
     cfg, constants = _constants(nope, rope, sb, EPB, splits > 1, ws)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
     pdl = pdl_enabled(q) if pdl is None else pdl
+    launch_pdl = pdl if launch_pdl is None else launch_pdl
     launcher = functools.partial(_sparse_mqa_ws_kernel.warmup, grid=grid) if compile_only else \
         _sparse_mqa_ws_kernel[grid]
     launcher(
         q, attn_sink, window_kv, window_idx, entries_fp8.view(torch.uint8), entries_scale, entries_rope,
         block_table, slots, entry_idx, out, ws_acc, ws_ml, error_word,
         H, window_kv.shape[0], W, K, P, block_table.shape[0], block_table.shape[1], per, splits,
-        float(softmax_scale) * v1.LOG2E, **constants, num_warps=cfg["num_warps"], PDL=pdl, launch_pdl=pdl)
+        float(softmax_scale) * v1.LOG2E, **constants, num_warps=cfg["num_warps"], PDL=pdl, launch_pdl=launch_pdl)
 
 
 def compile_gluon_sm90(kernel, constants: dict, num_warps: int, pdl: bool, extra_pointers: dict | None = None):

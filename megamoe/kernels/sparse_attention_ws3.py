@@ -613,13 +613,14 @@ def _constants(nope, rope, scale_block, entries_per_block, split, config=None, t
 def launch_ws3(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale, entries_rope,
                block_table, slots, entry_idx, out, *, splits: int, per: int, ws_acc, ws_ml, error_word,
                compile_only: bool = False, pdl: bool | None = None, times: torch.Tensor | None = None,
-               config: dict | None = None):
+               config: dict | None = None, launch_pdl: bool | None = None):
     """Launch the v3 main kernel (v1's launcher calls this with a split layout in ``WS3_CONFIG["BLOCK_N"]``-row
     blocks and its workspace). ``compile_only``: compile without launching. ``pdl``: programmatic dependent
-    launch (None: ``megamoe.kernels.pdl.pdl_enabled(q)``). ``times``: a probe build that writes 9 global-timer
-    stamps per program into this int64 tensor of >= 16 x programs elements (``_stamp``'s slots: 0 entry, 1 Q in
-    shared memory, 2 first block ready, 3 / 4 score loop / epilogue end, 5 / 6 value loop / epilogue end,
-    7 first block produced, 8 producer end). ``config``: overrides of ``WS3_CONFIG`` (experiments)."""
+    launch: the build with the prologue (None: ``megamoe.kernels.pdl.pdl_enabled(q)``); ``launch_pdl``: whether it is
+    launched with PDL (None: as ``pdl``; launched plainly, the prologue's wait is a no-op). ``times``: a probe build
+    that writes 9 global-timer stamps per program into this int64 tensor of >= 16 x programs elements (``_stamp``'s
+    slots: 0 entry, 1 Q in shared memory, 2 first block ready, 3 / 4 score loop / epilogue end, 5 / 6 value loop /
+    epilogue end, 7 first block produced, 8 producer end). ``config``: overrides of ``WS3_CONFIG`` (experiments)."""
     N, H, D = q.shape
     W, K = window_idx.shape[1], entry_idx.shape[1]
     P, EPB, nope = entries_fp8.shape
@@ -628,13 +629,14 @@ def launch_ws3(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, 
     cfg, constants = _constants(nope, rope, sb, EPB, splits > 1, config, times=times is not None)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
     pdl = pdl_enabled(q) if pdl is None else pdl
+    launch_pdl = pdl if launch_pdl is None else launch_pdl
     launcher = functools.partial(_sparse_mqa_ws3_kernel.warmup, grid=grid) if compile_only else \
         _sparse_mqa_ws3_kernel[grid]
     launcher(
         q, attn_sink, window_kv, window_idx, entries_fp8.view(torch.uint8), entries_scale, entries_rope,
         block_table, slots, entry_idx, out, ws_acc, ws_ml, error_word, times if times is not None else error_word,
         H, window_kv.shape[0], W, K, P, block_table.shape[0], block_table.shape[1], per, splits,
-        float(softmax_scale) * v1.LOG2E, **constants, num_warps=cfg["num_warps"], PDL=pdl, launch_pdl=pdl)
+        float(softmax_scale) * v1.LOG2E, **constants, num_warps=cfg["num_warps"], PDL=pdl, launch_pdl=launch_pdl)
 
 
 def compile_sm90(*, head_dim: int = 512, rope_dim: int = 64, scale_block: int = 64, entries_per_block: int = 64,

@@ -255,7 +255,7 @@ def test_interpreter_forced_on_launches_with_pdl_and_same_bits(monkeypatch, case
             if hasattr(mod, "pdl_enabled"):
                 monkeypatch.setattr(mod, "pdl_enabled", lambda t, s=setting: s)
             if hasattr(mod, "pdl_flags"):
-                monkeypatch.setattr(mod, "pdl_flags", lambda t, kernel, s=setting: (s, s))
+                monkeypatch.setattr(mod, "pdl_flags", lambda t, kernel, single_pass=True, s=setting: (s, s))
         launches.clear()
         torch.manual_seed(1234)
         results[setting] = _CASES[case]()
@@ -346,7 +346,14 @@ def _pdl_setting(monkeypatch, setting):
     """True: PDL for every kernel (the switch); False: for none (the per-kernel sets emptied too); "default": the
     per-kernel defaults of megamoe.kernels.pdl (switch off; the down GEMM's early reads included); "no-early": those
     without the early reads (PDL_EARLY_READS empty); "all-early": the switch on, and the early reads of the defaults
-    plus the dense split-K GEMMs' first weights ("splitk": ``DenseLinear``'s settled weights)."""
+    plus the dense split-K GEMMs' first weights ("splitk": ``DenseLinear``'s settled weights); "attention": the
+    defaults plus the sparse attention's main kernel and split combine launched with PDL."""
+    if setting == "attention":
+        monkeypatch.setattr(pdl, "PDL_ENABLED", False)
+        monkeypatch.setattr(pdl, "PDL_EARLY_READS", DEFAULT_EARLY_READS)
+        monkeypatch.setattr(pdl, "PDL_PROLOGUE", DEFAULT_PROLOGUE)
+        monkeypatch.setattr(pdl, "PDL_LAUNCH", DEFAULT_LAUNCH | {"attention", "attention_combine"})
+        return
     if setting == "all-early":
         monkeypatch.setattr(pdl, "PDL_EARLY_READS", DEFAULT_EARLY_READS | {"splitk"})
         setting = True
@@ -362,13 +369,14 @@ def _pdl_setting(monkeypatch, setting):
     monkeypatch.setattr(pdl, "PDL_LAUNCH", frozenset())
 
 
-def _on_off_graph(monkeypatch, fn, *, capture=True):
-    """fn() -> list of tensors (launches only; no host syncs). Returns (off, eager_on, graph_on) clones."""
+def _on_off_graph(monkeypatch, fn, *, capture=True, on=True):
+    """fn() -> list of tensors (launches only; no host syncs). Returns (off, eager_on, graph_on) clones; ``on``: the
+    :func:`_pdl_setting` of the last two."""
     from megamoe.ops import errors
 
     _pdl_setting(monkeypatch, False)
     off = [t.clone() for t in fn()]
-    _pdl_setting(monkeypatch, True)
+    _pdl_setting(monkeypatch, on)
     fn()  # compile outside the sync check
     torch.cuda.synchronize()
     with no_host_syncs():
@@ -439,10 +447,12 @@ def test_cuda_topk_pdl_equals_plain_graph_and_sync_free(monkeypatch, B, T, k):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("N", [1, 32])
-@pytest.mark.parametrize("impl", ["v1", "ws"])
-def test_cuda_sparse_attention_pdl_equals_plain_graph_and_sync_free(monkeypatch, N, impl):
-    """V4-Flash sparse attention (main kernel + split combine) with PDL: same bits as without, graph == eager."""
+@pytest.mark.parametrize("N,impl,setting", [(n, impl, s) for n in (1, 32) for impl in ("v1", "ws", "ws3")
+                                            for s in (True, "attention")] + [(256, "ws3", "attention")])
+def test_cuda_sparse_attention_pdl_equals_plain_graph_and_sync_free(monkeypatch, N, impl, setting):
+    """V4-Flash sparse attention (main kernel + split combine) with PDL, by the switch or by the per-kernel names
+    ("attention": at 256 queries the main grid is more than one wave, so only the combine is launched early): same
+    bits as without, graph == eager."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from test_sparse_attention import _v4_inputs
 
@@ -458,7 +468,7 @@ def test_cuda_sparse_attention_pdl_equals_plain_graph_and_sync_free(monkeypatch,
                                     i["slots"], i["entry_idx"], out, impl=impl)
         return [out]
 
-    off, eager, graphed = _on_off_graph(monkeypatch, fn)
+    off, eager, graphed = _on_off_graph(monkeypatch, fn, on=setting)
     assert torch.equal(off[0], eager[0]) and torch.equal(off[0], graphed[0])
 
 

@@ -10,7 +10,8 @@
 #        "attention_combine" in pdl.PDL_LAUNCH; before, only under the global switch). GPU 0: bench_attention.py
 #        --layers 8 at batch 32 / 64, 32k / 128k, CSA / HCA, default and with the names, alternated twice (two
 #        processes each); then ab_decode_step.py (one process) base vs the names, V4-Flash 4 layers, batch 1 / 32.
-#        GPU 1 at the same time: the two official-numerics model tests, one process each.
+#        GPU 1 at the same time: the two official-numerics model tests, one process each, and the PDL CUDA tests of
+#        the attention (v1 / v2 / v3, the switch and the names) and of the tiny model.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -34,7 +35,10 @@ c)
       CUDA_VISIBLE_DEVICES=1 OMP_NUM_THREADS=8 timeout 480 python -m pytest -q -rfE --tb=short -p no:cacheprovider \
         --durations=3 "tests/models/test_v4_model.py::test_fast_model_vs_official_numerics_bounded_cuda[$sel]" \
         > "/tmp/official_$sel.log" 2>&1 &
-    done; wait; cat /tmp/official_dense.log /tmp/official_sparse.log > "$OUT/c_official_tests.log" ) &
+    done
+    CUDA_VISIBLE_DEVICES=1 timeout 400 python -m pytest -q -rfE --tb=short -p no:cacheprovider -m cuda \
+      tests/kernels/test_pdl.py -k "sparse_attention or tiny_model" > /tmp/pdl_tests.log 2>&1
+    wait; cat /tmp/pdl_tests.log /tmp/official_dense.log /tmp/official_sparse.log > "$OUT/c_tests.log" ) &
   ATTN="pdl.PDL_LAUNCH=pdl.PDL_LAUNCH.union({'attention','attention_combine'})"
   NAMES="mma_decode,combine,attention,attention_combine"
   for round in 1 2; do
@@ -49,6 +53,6 @@ c)
   CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/ab_decode_step.py --layers 4 --batch 1,32 --rounds 6 \
     --steps 20 --settings "base|$ATTN" --tag c_attention_pdl --out "$OUT" 2>&1 | tail -8
   wait
-  tail -4 "$OUT/c_official_tests.log"
+  grep -E "passed|failed|error" "$OUT/c_tests.log"
   ;;
 esac

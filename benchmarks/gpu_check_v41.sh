@@ -12,6 +12,11 @@
 #        processes each); then ab_decode_step.py (one process) base vs the names, V4-Flash 4 layers, batch 1 / 32.
 #        GPU 1 at the same time: the two official-numerics model tests, one process each, and the PDL CUDA tests of
 #        the attention (v1 / v2 / v3, the switch and the names) and of the tiny model.
+#        PDL for the attention measured no gain (per call 0.95-1.02x; decode step 0.996x / 1.000x): default stays off.
+#        Official-numerics tests: 43 s / 47 s alone, passed. Attention PDL tests: 14 passed.
+#   d -> a pool past 2 GiB (tests/kvcache/test_large_pool.py, new): flush, indexer scores, gather and attention (op,
+#        v1, v2, v3) on the same contents at the top of a 2.2 GB FP8 pool give the bits of a small pool. Then a
+#        deliberate break: the flush kernel's page index left int32 (its byte offset wraps past 2 GiB).
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -54,5 +59,17 @@ c)
     --steps 20 --settings "base|$ATTN" --tag c_attention_pdl --out "$OUT" 2>&1 | tail -8
   wait
   grep -E "passed|failed|error" "$OUT/c_tests.log"
+  ;;
+d)
+  timeout 300 python -m pytest -q -rfE --tb=short -p no:cacheprovider --durations=5 tests/kvcache/test_large_pool.py \
+    > "$OUT/d_large_pool.log" 2>&1
+  tail -12 "$OUT/d_large_pool.log"
+  sed -i 's/dst = tl.where(valid, page, 0).to(tl.int64) \* EPB/dst = tl.where(valid, page, 0) * EPB/' \
+    megamoe/kernels/kvcache/flush.py
+  git diff --stat
+  timeout 200 python -m pytest -q -rfE --tb=line -p no:cacheprovider tests/kvcache/test_large_pool.py -k flush \
+    > "$OUT/d_large_pool_break.log" 2>&1
+  git checkout megamoe/kernels/kvcache/flush.py
+  tail -5 "$OUT/d_large_pool_break.log"
   ;;
 esac

@@ -17,6 +17,9 @@
 #   d -> a pool past 2 GiB (tests/kvcache/test_large_pool.py, new): flush, indexer scores, gather and attention (op,
 #        v1, v2, v3) on the same contents at the top of a 2.2 GB FP8 pool give the bits of a small pool. Then a
 #        deliberate break: the flush kernel's page index left int32 (its byte offset wraps past 2 GiB).
+#        6 passed in 15 s; with the break the flush fails (illegal address), so the test errors.
+#   e -> the 6 expert-parallel tests of world 2 / 4 that a skipped (each shard saw one GPU), in one shard that sees
+#        every GPU (run_cuda_suite.py --all-gpus, new), on 4 GPUs.
 # At most 8 output files (the device tool's limit).
 export PYTHONUNBUFFERED=1
 export MEGAMOE_PEERS=${MEGAMOE_PEERS:-$PWD/.peers}
@@ -71,5 +74,10 @@ d)
     > "$OUT/d_large_pool_break.log" 2>&1
   git checkout megamoe/kernels/kvcache/flush.py
   tail -5 "$OUT/d_large_pool_break.log"
+  ;;
+e)
+  python benchmarks/run_cuda_suite.py --timeout "${SUITE_TIMEOUT:-240}" --out "$OUT/e_suite" \
+    --ids-from benchmarks/results/gpu_check_v41/a_skipped.txt > "$OUT/e_suite.txt" 2>&1
+  tail -12 "$OUT/e_suite.txt"
   ;;
 esac

@@ -5,7 +5,9 @@ Usage (on a GPU machine, from the repository root):
 
 The test ids are collected once and cut into contiguous shards in collection order, so tests of one file (which
 share compiled kernels) mostly stay in one process; the Triton cache is shared on disk. Shard ``s`` runs on GPU
-``s % num_gpus``. Each shard has its own wall-clock limit; a shard that runs out reports the tests it did not reach.
+``s % num_gpus``, except one last shard of the tests matching ``--all-gpus`` (default: ``tests/distributed/``, the
+expert-parallel tests of world 2 / 4), which sees every GPU. Each shard has its own wall-clock limit; a shard that
+runs out reports the tests it did not reach.
 Writes ``summary.md`` (per shard: counts, time, failures, the tests not reached) and ``logs.txt`` (every shard's
 verbose log) into ``--out``. Exit status 0 only if every test ran and none failed.
 """
@@ -40,6 +42,8 @@ def main() -> int:
     parser.add_argument("--ids-from", help="a file of test ids, one per line (e.g. a summary's tests not reached)")
     parser.add_argument("--durations", type=int, default=10, help="pytest --durations per shard")
     parser.add_argument("--alone", help="a regex: each matching test id gets a shard of its own (slow tests)")
+    parser.add_argument("--all-gpus", default=r"^tests/distributed/",
+                        help="a regex: matching test ids run in one shard that sees every GPU (multi-GPU tests)")
     parser.add_argument("paths", nargs="*", default=["tests"])
     args = parser.parse_args()
 
@@ -53,11 +57,13 @@ def main() -> int:
         ids = [line.strip() for line in open(args.ids_from) if "::" in line]
     else:
         ids = collect(args.marker, args.paths)
-    alone = [i for i in ids if args.alone and re.search(args.alone, i)]
-    rest = [i for i in ids if i not in alone]
-    num_shards = max(1, min(len(rest), num_gpus * args.procs_per_gpu - len(alone)))
+    every_gpu = [i for i in ids if args.all_gpus and re.search(args.all_gpus, i)]
+    alone = [i for i in ids if i not in every_gpu and args.alone and re.search(args.alone, i)]
+    rest = [i for i in ids if i not in alone and i not in every_gpu]
+    num_shards = max(1, min(len(rest), num_gpus * args.procs_per_gpu - len(alone) - bool(every_gpu)))
     bounds = [len(rest) * s // num_shards for s in range(num_shards + 1)]
     shards = [[i] for i in alone] + [rest[bounds[s]:bounds[s + 1]] for s in range(num_shards)]
+    shards = [shard for shard in shards if shard] + ([every_gpu] if every_gpu else [])
     num_shards = len(shards)
 
     start = time.time()
@@ -65,6 +71,8 @@ def main() -> int:
     for s, shard in enumerate(shards):
         log = open(out / f"shard{s}.log", "w")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(s % num_gpus))
+        if every_gpu and shard is shards[-1]:
+            env.pop("CUDA_VISIBLE_DEVICES")  # the multi-GPU shard: every GPU of the machine
         command = [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider",
                    f"--durations={args.durations}", *shard]
         running.append((s, shard, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)))
@@ -92,7 +100,8 @@ def main() -> int:
              "| shard | GPU | tests | passed | failed | error | skipped | not reached | rc |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s, n, counts, rc, timed_out, bad, missing in rows:
-        lines.append(f"| {s} | {s % num_gpus} | {n} | {counts['PASSED']} | {counts['FAILED']} | {counts['ERROR']} | "
+        gpu = "all" if every_gpu and s == num_shards - 1 else s % num_gpus
+        lines.append(f"| {s} | {gpu} | {n} | {counts['PASSED']} | {counts['FAILED']} | {counts['ERROR']} | "
                      f"{counts['SKIPPED']} | {len(missing)} | {rc}{' (timed out)' if timed_out else ''} |")
     for s, n, counts, rc, timed_out, bad, missing in rows:
         for t in bad:

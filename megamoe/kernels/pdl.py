@@ -68,6 +68,9 @@ PDL_PROLOGUE = _env_names("MEGAMOE_PDL_PROLOGUE", "route_dispatch,mma_decode")
 #: come when its waiting dependents take free SM slots). Measured in the MoE layer (H100, read flush): with the route,
 #: both decode GEMMs and the combine early, 1 token 1.030x (V4-Flash) / 1.016x (V4-Pro); early GEMMs whose programs
 #: loop over several chunks (2-4 tokens) were 0.945-0.954x, hence the single-pass condition. (env MEGAMOE_PDL_LAUNCH)
+#: The sparse attention's main kernel and split combine ("attention", "attention_combine") are not in it: launched
+#: early by name (H200, results/gpu_check_v41 c) they were 0.95-1.02x per call at batch 32 / 64 (eight calls per graph)
+#: and 0.996x / 1.000x on the V4-Flash decode step at batch 1 / 32.
 PDL_LAUNCH = _env_names("MEGAMOE_PDL_LAUNCH", "mma_decode,combine")
 
 

@@ -451,8 +451,8 @@ def test_cuda_topk_pdl_equals_plain_graph_and_sync_free(monkeypatch, B, T, k):
                                             for s in (True, "attention")] + [(256, "ws3", "attention")])
 def test_cuda_sparse_attention_pdl_equals_plain_graph_and_sync_free(monkeypatch, N, impl, setting):
     """V4-Flash sparse attention (main kernel + split combine) with PDL, by the switch or by the per-kernel names
-    ("attention": at 256 queries the main grid is more than one wave, so only the combine is launched early): same
-    bits as without, graph == eager."""
+    ("attention"; at 256 queries there is no split and the main grid is two waves, so it launches plainly): same bits
+    as without, graph == eager."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from test_sparse_attention import _v4_inputs
 

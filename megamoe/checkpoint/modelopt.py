@@ -209,7 +209,8 @@ def quantize_model_weights(state_dict: dict, *, input_scales: dict | None = None
 
 
 def bf16_moe_state_dict(weights: dict, config: MoEConfig, prefix: str = "") -> dict:
-    """Per-expert HF-style bf16 state dict from stacked weights (as returned by ``Nvfp4MoE.random(return_bf16=True)``)."""
+    """Per-expert HF-style bf16 state dict from stacked weights (as returned by
+    ``Nvfp4MoE.random(return_bf16=True)``)."""
     c, sd = config, {}
     i = c.intermediate_size
     sd[f"{prefix}gate.weight"] = weights["gate_weight"]

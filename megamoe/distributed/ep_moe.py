@@ -160,7 +160,8 @@ class ExpertParallelMoE:
         c = config
         self.expert_start, self.expert_stop = expert_range(c.num_experts, self.world_size, self.rank)
         self.num_local_experts = self.expert_stop - self.expert_start
-        self.config, self.max_num_tokens, self.capacity_tokens, self.mode = config, max_num_tokens, capacity_tokens, mode
+        self.config, self.max_num_tokens, self.capacity_tokens, self.mode = (
+            config, max_num_tokens, capacity_tokens, mode)
         self.dispatch_backend, self.router_backend = dispatch_backend, router_backend
         self.fused_shared = bool(fuse_shared_expert and c.shared_intermediate_size == c.intermediate_size)
         self.fuse_shared_max_tokens = (FUSE_SHARED_MAX_TOKENS if fuse_shared_max_tokens is None

@@ -59,7 +59,8 @@ def from_swizzled_128x4(swizzled: torch.Tensor, rows: int, cols: int) -> torch.T
     _check_2d(swizzled, "swizzled")
     rows_p, cols_p = swizzled_128x4_shape(rows, cols)
     if tuple(swizzled.shape) != (rows_p, cols_p):
-        raise ValueError(f"swizzled: expected shape {(rows_p, cols_p)} for ({rows}, {cols}) scales, got {tuple(swizzled.shape)}")
+        raise ValueError(f"swizzled: expected shape {(rows_p, cols_p)} for ({rows}, {cols}) scales, "
+                         f"got {tuple(swizzled.shape)}")
     tiles = swizzled.contiguous().view(rows_p // 128, cols_p // 4, 32, 4, 4).permute(0, 3, 2, 1, 4)
     return tiles.reshape(rows_p, cols_p)[:rows, :cols].contiguous()
 

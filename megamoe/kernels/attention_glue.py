@@ -48,7 +48,8 @@ def _window_step_kernel(
     ent_ptr,                       # (B, N_ENT) int32 out (dummy unless HAS_ENTRIES)
     err_ptr,                       # (1,) int32 error word (megamoe/ops/errors.py)
     num_slots,
-    D: tl.constexpr, D_P2: tl.constexpr, WIN: tl.constexpr, WIN_P2: tl.constexpr, RATIO: tl.constexpr, N_ENT: tl.constexpr,
+    D: tl.constexpr, D_P2: tl.constexpr, WIN: tl.constexpr, WIN_P2: tl.constexpr, RATIO: tl.constexpr,
+    N_ENT: tl.constexpr,
     HAS_ROWS: tl.constexpr, HAS_ENTRIES: tl.constexpr, BLOCK: tl.constexpr,
     FLAG_SLOTS: tl.constexpr = 0, FLAG_POSITIONS: tl.constexpr = 0,
 ):
@@ -110,7 +111,8 @@ def launch_window_step(swa_rows: torch.Tensor, window: int, kv: torch.Tensor, sl
         entry_idx if entry_idx is not None else dummy,
         error_word if error_word is not None else errors.error_word(kv.device), num_slots,
         FLAG_SLOTS=errors.kernel_flag("swa_append", "slots"),
-        FLAG_POSITIONS=errors.kernel_flag("swa_append", "positions"), D=D, D_P2=triton.next_power_of_2(D), WIN=window, WIN_P2=triton.next_power_of_2(window), RATIO=ratio,
+        FLAG_POSITIONS=errors.kernel_flag("swa_append", "positions"), D=D, D_P2=triton.next_power_of_2(D),
+        WIN=window, WIN_P2=triton.next_power_of_2(window), RATIO=ratio,
         N_ENT=n_ent, HAS_ROWS=window_rows is not None, HAS_ENTRIES=entry_idx is not None,
         BLOCK=min(BLOCK_E, triton.next_power_of_2(max(n_ent, 1))), num_warps=WARPS)
 

@@ -840,7 +840,8 @@ def launch_quantize(
     grid = (triton.cdiv(grid_rows, block_m), triton.cdiv(k_loop, block_k))
     _quantize_tiles_kernel[grid](
         words, data, block_scale, swz, gs_in, partials, global_scale_out, M, K, rows_p, cols_p, num_partials,
-        GS_MODE=mode, IN_KIND=in_kind, BLOCK_M=block_m, BLOCK_K=block_k, PARTIALS_BLOCK=triton.next_power_of_2(max_partials),
+        GS_MODE=mode, IN_KIND=in_kind, BLOCK_M=block_m, BLOCK_K=block_k,
+        PARTIALS_BLOCK=triton.next_power_of_2(max_partials),
         SWIZZLE=swizzled is not None, num_warps=warps, **common, **kernel_flags,
     )
 

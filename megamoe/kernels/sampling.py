@@ -67,7 +67,8 @@ def _sample_partial_kernel(
     CHUNKS_PER_PART: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """Program (row, part): the best key over columns [part * CHUNKS_PER_PART * BLOCK_V, + CHUNKS_PER_PART * BLOCK_V)."""
+    """Program (row, part): the best key over columns
+    [part * CHUNKS_PER_PART * BLOCK_V, + CHUNKS_PER_PART * BLOCK_V)."""
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)

@@ -27,14 +27,14 @@ byte floor. v3 gives each warpgroup one role, as DeepSeek's FlashMLA sparse FP8 
   prefetched into L2 (``PREFETCH``).
 
 Two K/V buffers of 64 x 512 bf16 (128 KB) + Q (64 KB) + P (8 KB) + barriers = 206 KB of shared memory, one CTA
-per SM. ``WS3_CONFIG["KV_CHUNKS"] = 8`` (an experiment, not the default until measured: NOTES_attention.md "v3.1")
-stores each K/V buffer as 8 allocations of 64 columns, so that Triton's hazard pass stops serialising the
-producer's chunk stores with barriers; the MMAs then run per chunk with the same bits, and the default build is
-unchanged (its SASS is byte-identical to the one-allocation kernel's). Barriers (all mbarriers): ``ready[s]`` (producer -> both warpgroups), ``empty[s]`` (both warpgroups ->
-producer, count 2), ``p_ready`` / ``p_free`` (score <-> value warpgroup), ``ml_ready`` (the final m / l). The
-score warpgroup stages its bf16 output through its half of the dead Q buffer (16-byte global stores); the value
-warpgroup stores directly (its registers do not fit the staging). ``launch_ws3(times=...)`` builds a timeline
-probe (global-timer stamps per partition).
+per SM. ``WS3_CONFIG["KV_CHUNKS"] = 8`` (an option; measured 1% faster to 3% slower, so the default stays 1:
+NOTES_attention.md "v3.1") stores each K/V buffer as 8 allocations of 64 columns, so that Triton's hazard pass stops
+serialising the producer's chunk stores with barriers; the MMAs then run per chunk with the same bits, and the
+default build is unchanged (its SASS is byte-identical to the one-allocation kernel's). Barriers (all mbarriers):
+``ready[s]`` (producer -> both warpgroups), ``empty[s]`` (both warpgroups -> producer, count 2), ``p_ready`` /
+``p_free`` (score <-> value warpgroup), ``ml_ready`` (the final m / l). The score warpgroup stages its bf16 output
+through its half of the dead Q buffer (16-byte global stores); the value warpgroup stores directly (its registers
+do not fit the staging). ``launch_ws3(times=...)`` builds a timeline probe (global-timer stamps per partition).
 """
 from __future__ import annotations
 

@@ -493,7 +493,8 @@ def launch_post_pool(pooled: torch.Tensor, weight: torch.Tensor, freqs: torch.Te
         pdl = pdl_enabled(pooled)
         _post_pool_kernel[(N,)](pooled, weight, freqs, positions, out.view(torch.int16),
                                 _error_word(pooled.device, error_word), freqs.shape[0], float(eps),
-                                int(shift), FLAG=_kernel_flag("post_pool"), D=D, D_P2=triton.next_power_of_2(D), RD=2 * freqs.shape[1],
+                                int(shift), FLAG=_kernel_flag("post_pool"), D=D, D_P2=triton.next_power_of_2(D),
+                                RD=2 * freqs.shape[1],
                                 LOG2_D=D.bit_length() - 1, H_SCALE=D ** -0.5, ROTATE=bool(rotate),
                                 num_warps=POST_POOL_WARPS, PDL=pdl, launch_pdl=pdl, **_EXACT)
     return out
@@ -534,7 +535,8 @@ def compile_sm90(family: str, *, num_heads: int = 64, head_dim: int = 512, rope_
         "rms_norm": (dict(N=q_lora, N_P2=triton.next_power_of_2(q_lora), HAS_WEIGHT=True), RMS_NORM_WARPS),
         "q_kv": (dict(H=num_heads, D=head_dim, RD=rope_dim, D_P2=max(triton.next_power_of_2(head_dim), FP8_BLOCK),
                       FB=FP8_BLOCK, HAS_Q=True, HAS_KV=True, HB=q_heads_per_program), Q_KV_WARPS),
-        "index_q": (dict(NH=index_heads, DI=index_dim, LOG2_DI=index_dim.bit_length() - 1, RD=rope_dim, H_SCALE=index_dim ** -0.5, FB=FP4_BLOCK,
+        "index_q": (dict(NH=index_heads, DI=index_dim, LOG2_DI=index_dim.bit_length() - 1, RD=rope_dim,
+                         H_SCALE=index_dim ** -0.5, FB=FP4_BLOCK,
                          BLOCK_H=INDEX_BLOCK_H), INDEX_WARPS),
         "output": (dict(H=num_heads, D=head_dim, RD=rope_dim, G=groups, D_P2=triton.next_power_of_2(head_dim),
                         HB=q_heads_per_program), OUTPUT_WARPS),

@@ -85,7 +85,8 @@ from ..ops._dispatch import resolve_device
 from ..ops._validate import check_positive_finite
 import importlib
 
-quantize_ops = importlib.import_module("megamoe.ops.quantize")  # the module (ops/__init__ re-exports a function of that name)
+# the module (ops/__init__ re-exports a function of that name)
+quantize_ops = importlib.import_module("megamoe.ops.quantize")
 from ..reference import moe as moe_reference
 from ..reference.gemm import one_expert_weight
 
@@ -254,7 +255,8 @@ class Nvfp4SharedExpert:
 SHARED_SPLITK = os.environ.get("MEGAMOE_SHARED_SPLITK", "1").strip() not in ("", "0")
 # Up to this many tokens the shared expert's down GEMM runs on nvfp4_linear also above split-K's rows (the Triton
 # tensor-core route). H100, the shared expert alone (results/gpu_check_v34/h_shared_expert.md, against b / d with the
-# down grouped): V4-Flash 256 tokens 84.4 -> 66.6 us, V4-Pro 155.4 -> 137.7; at 384 tokens 0.93-0.94x of the grouped plan.
+# down grouped): V4-Flash 256 tokens 84.4 -> 66.6 us, V4-Pro 155.4 -> 137.7; at 384 tokens 0.93-0.94x of the
+# grouped plan.
 SHARED_DOWN_LINEAR_MAX_ROWS = 256
 # ... and from route "dense-bf16"'s row threshold (ops.gemm.dense_bf16_preferred: 512 rows, 1024 for N > 4096) as
 # that route: the weight dequantized exactly to bf16 without its global scale, cuBLAS (gate_up with float32 output and
@@ -726,7 +728,8 @@ class Nvfp4MoE:
         return shared
 
     def compiled_forward(self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """``forward`` through the ``megamoe::moe_layer_forward`` custom op (opaque to torch.compile; returns a copy)."""
+        """``forward`` through the ``megamoe::moe_layer_forward`` custom op
+        (opaque to torch.compile; returns a copy)."""
         return torch.ops.megamoe.moe_layer_forward(hidden_states, self._layer_id, token_ids)
 
     def reference_forward(self, hidden_states: torch.Tensor, routing=None,

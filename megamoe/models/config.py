@@ -128,7 +128,8 @@ class MoEConfig:
             )
         if self.shared_intermediate_size < 0 or self.shared_intermediate_size % 16:
             raise ValueError(
-                f"shared_intermediate_size: expected 0 or a positive multiple of 16, got {self.shared_intermediate_size}"
+                f"shared_intermediate_size: expected 0 or a positive multiple of 16, "
+                f"got {self.shared_intermediate_size}"
             )
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k: expected <= num_experts={self.num_experts}, got {self.top_k}")

@@ -92,7 +92,8 @@ def sparse_mqa_attention(q, attn_sink, softmax_scale, *, window_kv, window_idx, 
     "none" marker of window ids, entry ids, slots and pages. Otherwise a window id ``< -1`` or ``>= R`` sets
     ``("sparse_attention", "window_idx")``; an entry id ``< -1`` or whose logical page is ``>= L`` (of a query
     with a valid slot) ``("sparse_attention", "entry_idx")``; a slot ``< -1`` or ``>= S`` when K > 0 (without
-    entry ids the slot is not used: window-only layers pass a dummy table) ``("sparse_attention", "slots")``; a page id ``< -1`` or ``>= P`` looked up for a listed entry
+    entry ids the slot is not used: window-only layers pass a dummy table) ``("sparse_attention", "slots")``;
+    a page id ``< -1`` or ``>= P`` looked up for a listed entry
     ``("sparse_attention", "block_table")``. The flagged indices are skipped, as above; both backends agree.
     """
     _check(q, "q", torch.bfloat16, 3)

@@ -340,7 +340,8 @@ def route_dispatch(
                      or x_paired_out.device != hidden_states.device or not x_paired_out.is_contiguous()
                      or x_paired_out.shape[1] != hidden_states.shape[1] or hidden_states.shape[1] % 8
                      or x_paired_out.shape[0] < hidden_states.shape[0])):
-            raise ValueError(f"x_paired_out: expected a contiguous bf16 (>= T, H) buffer on {hidden_states.device} with "
+            raise ValueError(f"x_paired_out: expected a contiguous bf16 (>= T, H) buffer "
+                             f"on {hidden_states.device} with "
                              f"H % 8 == 0 for hidden states {tuple(hidden_states.shape)}, got "
                              f"{x_paired_out.dtype} {tuple(x_paired_out.shape)} on {x_paired_out.device}")
     _validate_route_args(hidden_states, gate_weight, correction_bias, top_k, scoring_func, n_group, topk_group,

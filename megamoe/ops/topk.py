@@ -7,7 +7,8 @@ indices, best first (semantics bit for bit ``megamoe.reference.topk.topk_indices
 Dispatch (``megamoe.ops._dispatch.use_triton``): CUDA tensors -> the bucket-select kernels of
 ``megamoe/kernels/topk.py`` (per-shape plan ``PLAN`` there: short rows sorted whole by one program;
 one program per row at large batch; at small batch each row split over several programs, three or four
-launches with an in-kernel last-arriving merge and a parallel rank finish); CPU tensors -> the reference, or the kernel through the
+launches with an in-kernel last-arriving merge and a parallel rank finish);
+CPU tensors -> the reference, or the kernel through the
 interpreter when ``TRITON_INTERPRET=1``. The Triton path is sync-free and CUDA-graph capturable: host
 decisions use shapes only; it allocates the output (unless ``out`` is given) and a zeroed scratch buffer of
 ``workspace_entries(T, k, batch=B)`` int32 per row (pass ``workspace=`` to reuse one: zero it once before its first

@@ -46,7 +46,8 @@ def _rope_inputs(freqs, positions, T: int, device, width: int, name: str) -> tup
     if rd < 2 or rd > width or (width - rd) % 2:
         raise ValueError(f"freqs: rope_dim {rd} must be even and fit the {width} dims of {name}")
     if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"positions: expected an int32/int64 tensor, got {getattr(positions, 'dtype', type(positions))}")
+        raise TypeError(f"positions: expected an int32/int64 tensor, "
+                        f"got {getattr(positions, 'dtype', type(positions))}")
     if tuple(positions.shape) != (T,) or positions.device != device:
         raise ValueError(f"positions: expected shape ({T},) on {device}, got {tuple(positions.shape)} on "
                          f"{positions.device}")

@@ -9,7 +9,8 @@ gives every row the same result whatever the number of rows only from enough row
 4 on AVX2; on AVX-512 (MKL 2024.2, measured 2026-11-27) 2 / 3 / 6 / 11 / 16 rows for K = 32 / 64 / 128 / 256 / >= 512.
 The matmuls whose rows the ranks split are the MoE block's (router, shared expert: K = hidden 128 or the shared
 width 64 in the tiny model), so the single-process oracle and the EP ranks see row-identical matmuls when each rank
-has 0 or >= :data:`MIN_ROWS_PER_RANK` tokens (the routed experts' segments are identical by construction). Elementwise ops must not depend on a row's
+has 0 or >= :data:`MIN_ROWS_PER_RANK` tokens (the routed experts' segments are identical by construction).
+Elementwise ops must not depend on a row's
 position either: ATen's CPU float32 softplus / sigmoid round a tensor's vectorised body and its scalar tail
 differently, which made ~3% of the random seeds route a prefill's last token differently on one rank until the
 router scored in float64 (``megamoe.reference.moe.score_function``); the expert MLPs' rows (I = 64 floats) are

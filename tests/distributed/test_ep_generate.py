@@ -67,7 +67,8 @@ def test_generate_cli_ep_two_ranks():
                             text=True, timeout=240, env={**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"})
     assert single.returncode == 0, single.stderr[-2000:]
     line = [ln for ln in out0.splitlines() if "tokens of request 0" in ln]
-    assert line and line == [ln for ln in single.stdout.splitlines() if "tokens of request 0" in ln], (out0, single.stdout)
+    assert line and line == [ln for ln in single.stdout.splitlines()
+                             if "tokens of request 0" in ln], (out0, single.stdout)
 
 
 def test_generate_cli_ep_errors(monkeypatch):

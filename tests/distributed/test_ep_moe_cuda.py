@@ -1,4 +1,5 @@
-"""ExpertParallelMoE over NCCL: world size 1 on one GPU, 2 and 4 when the machine has them (the lead runs these; they skip without CUDA or with too few GPUs)."""
+"""ExpertParallelMoE over NCCL: world size 1 on one GPU, 2 and 4 when the machine has them (the lead runs these;
+they skip without CUDA or with too few GPUs)."""
 import pytest
 import torch
 

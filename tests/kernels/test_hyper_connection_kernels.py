@@ -203,7 +203,8 @@ def test_non_finite_confined_to_token(device):
     assert torch.isnan(got[0][1]).all() and torch.isnan(got[0][3]).all()
     post_in = hc_ops.hc_post(got[0].nan_to_num(), bad, clean[1], clean[2])
     want = nx.hc_post(got[0].nan_to_num().cpu(), bad.cpu(), clean[1].cpu(), clean[2].cpu())
-    assert torch.equal(post_in.cpu().nan_to_num(), want.nan_to_num()) and torch.equal(post_in.isnan().cpu(), want.isnan())
+    assert (torch.equal(post_in.cpu().nan_to_num(), want.nan_to_num())
+            and torch.equal(post_in.isnan().cpu(), want.isnan()))
     assert torch.equal((~torch.isfinite(post_in.cpu())).flatten(1).any(-1),
                        torch.tensor([0, 1, 0, 1, 0, 0], dtype=torch.bool))  # Inf / NaN stay in tokens 1 and 3
 

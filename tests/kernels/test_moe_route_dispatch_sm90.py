@@ -16,7 +16,8 @@ SIG = dict(x_ptr="*bf16", stride_x="i32", w_ptr="*fp32", stride_g="i32", bias_pt
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tokens,experts,hidden,hashed", [(1, 384, 7168, False), (8, 384, 7168, False), (64, 256, 4096, True)])
+@pytest.mark.parametrize("tokens,experts,hidden,hashed",
+                         [(1, 384, 7168, False), (8, 384, 7168, False), (64, 256, 4096, True)])
 def test_route_dispatch_kernel_builds_for_sm90(tokens, experts, hidden, hashed):
     from sm90_compile import compile_sm90
 

@@ -86,7 +86,8 @@ def assert_close_to_reference(got, want):
         assert torch.equal(got, want)
         return
     max_err, fro = errors(got, want)
-    assert max_err <= MAX_TOL and fro <= FRO_TOL, f"max err {max_err:.2e} (tol {MAX_TOL}), fro {fro:.2e} (tol {FRO_TOL})"
+    assert max_err <= MAX_TOL and fro <= FRO_TOL, (
+        f"max err {max_err:.2e} (tol {MAX_TOL}), fro {fro:.2e} (tol {FRO_TOL})")
 
 
 def check(inputs, **kw):
@@ -310,7 +311,8 @@ def test_out_of_range_indices_are_skipped(device):
     slot = bad["slots"].long()[:, None].expand_as(e)
     slot_ok = (slot >= 0) & (slot < S)
     lp = torch.where(e >= 0, e // epb, 0)
-    page = torch.where(slot_ok & (e >= 0) & (lp < L), bad["block_table"].long()[slot.clamp(0, S - 1), lp.clamp(0, L - 1)],
+    page = torch.where(slot_ok & (e >= 0) & (lp < L),
+                       bad["block_table"].long()[slot.clamp(0, S - 1), lp.clamp(0, L - 1)],
                        torch.full_like(e, -1))
     clean["entry_idx"] = torch.where((page >= 0) & (page < P), e, -1).to(torch.int32)
     clean["block_table"] = inputs["block_table"]

@@ -35,7 +35,8 @@ def test_default_is_ws3_and_env_is_checked(monkeypatch):
         kernels.default_impl()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs CPU tensors (conftest sets it without a GPU)")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="the interpreter runs CPU tensors (conftest sets it without a GPU)")
 def test_ws_falls_back_to_v1_where_unsupported():
     """On the interpreter (or any non-sm_90 / D != 512 case) impl="ws" (v2) and "ws3" (v3) run v1: the same bits."""
     from megamoe.kernels import sparse_attention_ws3 as ws3_kernels
@@ -92,7 +93,8 @@ def compile_report(**kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("warp_spec", [True, False])
 def test_sm90_compile(warp_spec):
-    """V4 tiles compile for sm_90 without spills; cp.async gathers; wgmma for S (64 x 16 per warpgroup: the score tile split, not
+    """V4 tiles compile for sm_90 without spills; cp.async gathers; wgmma for S
+    (64 x 16 per warpgroup: the score tile split, not
     duplicated) and P.V (64 x 256 per warpgroup); the WS variant has mbarriers, register reallocation and
     partition-local named barriers; shared memory fits one CTA per SM."""
     import triton

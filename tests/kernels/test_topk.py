@@ -296,8 +296,8 @@ def test_sm90_compile_split_kernels(K):
 
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", _COMPILE_SPLIT, str(K), str(nw)], cwd=root, env=env, capture_output=True,
-                         text=True)
+    res = subprocess.run([sys.executable, "-c", _COMPILE_SPLIT, str(K), str(nw)], cwd=root, env=env,
+                         capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     info = json.loads(res.stdout.strip().splitlines()[-1])
     assert all(v["spills"] == 0 for v in info.values()), info

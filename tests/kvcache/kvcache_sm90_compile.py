@@ -17,7 +17,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from megamoe.kernels.kvcache import compress as kvcache_compress, flush as kvcache_flush, gather as kvcache_gather, indexer  # noqa: E402,E501
+from megamoe.kernels.kvcache import (compress as kvcache_compress, flush as kvcache_flush,  # noqa: E402
+                                     gather as kvcache_gather, indexer)
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 

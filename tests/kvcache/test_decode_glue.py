@@ -214,7 +214,8 @@ def test_sm90_compile_no_spills(tmp_path):
         "from megamoe.kernels import attention_glue as g, v4_elementwise as e\n"
         "r = {}\n"
         "for n, k in (('window_step_hca', g.compile_sm90()), ('window_step_csa', g.compile_sm90(ratio=4, entries=0)),\n"
-        "             ('post_pool', e.compile_sm90('post_pool')), ('post_pool_index', e.compile_sm90('post_pool_index'))):\n"
+        "             ('post_pool', e.compile_sm90('post_pool')), "
+        "('post_pool_index', e.compile_sm90('post_pool_index'))):\n"
         "    u = ptxas_usage(k)\n"
         "    r[n] = dict(regs=u['regs'], spills=u['spill_bytes'], fma='fma.rn.f32' in k.asm['ptx'])\n"
         "print(json.dumps(r))\n")
@@ -264,7 +265,8 @@ def test_cuda_window_step_post_pool_v4_flash_graph_replay_sync_free():
     ops.window_step_reference(want["swa"], W, kv, slots, positions, active, want["rows"], ratio=128,
                               n_entries=want["n"], entry_idx=want["ent"])
     assert torch.equal(eager_swa[:-1], want["swa"][:-1])
-    assert torch.equal(eager[0], want["rows"]) and torch.equal(eager[1], want["n"]) and torch.equal(eager[2], want["ent"])
+    assert (torch.equal(eager[0], want["rows"]) and torch.equal(eager[1], want["n"])
+            and torch.equal(eager[2], want["ent"]))
     _compare_bf16(eager[3], ew.post_pool_reference(pooled.cpu(), w.cpu(), freqs.cpu(), positions.cpu(), shift=-127,
                                                    eps=1e-6, rotate=False), 0.02)
     # graph replay == eager

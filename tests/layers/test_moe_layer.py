@@ -76,7 +76,8 @@ def test_constructor_arguments_are_validated():
                      (dict(fuse_shared_max_tokens="8"), "fuse_shared_max_tokens"),
                      (dict(fuse_shared_max_tokens=2.5), "fuse_shared_max_tokens"),
                      (dict(fuse_shared_max_tokens=True), "fuse_shared_max_tokens"),
-                     (dict(fuse_shared_expert="no"), "fuse_shared_expert"), (dict(max_num_tokens=True), "max_num_tokens"),
+                     (dict(fuse_shared_expert="no"), "fuse_shared_expert"),
+                     (dict(max_num_tokens=True), "max_num_tokens"),
                      (dict(device="nonsense"), "device")):
         with pytest.raises((TypeError, ValueError), match=name):
             Nvfp4MoE(TINY, **dict(dict(max_num_tokens=4), **kw))

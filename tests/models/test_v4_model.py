@@ -202,7 +202,8 @@ def _exact_tokens(cfg, device, prompts, steps, bound, **kwargs):
             problems.append(
                 f"prompt {r} (len {len(prompt)}): diverging steps {d['diverged']} of {steps}; first: fast token "
                 f"{toks[i]}, reference {j}; reference top-2 margin {float(d['margins'][i]):.3e}, fast - reference "
-                f"logit of the two: {float(got[i, toks[i]] - got[i, j]):.3e} vs {float(ref[i, toks[i]] - ref[i, j]):.3e}"
+                f"logit of the two: {float(got[i, toks[i]] - got[i, j]):.3e} "
+                f"vs {float(ref[i, toks[i]] - ref[i, j]):.3e}"
                 f"; logits rel err at that step {float(rel[i]):.3e}, before it max "
                 f"{float(rel[:i].max()) if i else 0.0:.3e}; decisions: {d['summary']}")
         elif float(rel.max()) > bound:

@@ -137,7 +137,8 @@ def test_dispatch_valid_ids_do_not_flag():
 
 def test_gather_entries_flags(monkeypatch):
     import importlib.util, pathlib
-    spec = importlib.util.spec_from_file_location("_kv_rel", pathlib.Path(__file__).parents[1] / "kvcache" / "test_kvcache_reliability.py")
+    spec = importlib.util.spec_from_file_location(
+        "_kv_rel", pathlib.Path(__file__).parents[1] / "kvcache" / "test_kvcache_reliability.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     _cache = mod._cache
@@ -452,7 +453,8 @@ def test_cuda_rope_and_swa_append_flag_without_sync_and_in_graph():
     cpp = ew.post_pool(pooled.cpu(), w.cpu(), freqs.cpu(), pp_pos.cpu(), torch.empty(T, D, dtype=torch.bfloat16),
                        shift=-3, eps=1e-6, rotate=False)
     cswa = torch.zeros(S * W + 1, D, dtype=torch.bfloat16)
-    kv_ops.window_step(cswa, W, kv.cpu(), slots.cpu(), swa_pos.cpu(), active.cpu(), torch.empty(T, W, dtype=torch.int32))
+    kv_ops.window_step(cswa, W, kv.cpu(), slots.cpu(), swa_pos.cpu(), active.cpu(),
+                       torch.empty(T, W, dtype=torch.int32))
     assert errors.peek_errors("cpu") == expected
     errors.clear_errors("cpu")
     for got, want in ((eager[0], cq), (eager[1], ckv), (eager[4], co), (eager[5], cpp)):

@@ -20,7 +20,8 @@ def test_interleave_layout_and_inverse():
     assert torch.equal(dense_i[:, 0::2], dense[:, :4])  # gate rows
     assert torch.equal(dense_i[:, 1::2], dense[:, 4:])  # up rows
     back = deinterleave_gate_up(wi)
-    assert torch.equal(back.data, w.data) and torch.equal(back.block_scale.view(torch.uint8), w.block_scale.view(torch.uint8))
+    assert (torch.equal(back.data, w.data)
+            and torch.equal(back.block_scale.view(torch.uint8), w.block_scale.view(torch.uint8)))
 
 
 def test_interleave_per_row_global_scale_follows_rows():
@@ -65,7 +66,8 @@ def test_reference_w4a4_quantizes_activations_per_row():
         (dict(activation="gelu"), ValueError, "activation"),
         (dict(swiglu_limit=1.0), ValueError, "swiglu_limit"),
         (dict(activation="swiglu", swiglu_limit=float("inf")), ValueError, "swiglu_limit"),
-        (dict(activation="swiglu", out=torch.empty(2, 16, dtype=torch.bfloat16)), ValueError, r"out: expected shape \(2, 8\)"),
+        (dict(activation="swiglu", out=torch.empty(2, 16, dtype=torch.bfloat16)), ValueError,
+         r"out: expected shape \(2, 8\)"),
         (dict(activation="swiglu", bias=torch.randn(16)), ValueError, "bias: not supported"),
         (dict(activation="swiglu", weight=_weight(15, 32)), ValueError, "even N"),
     ],
@@ -82,7 +84,8 @@ def test_linear_validation(kwargs, exc, needle):
     "kwargs,exc,needle",
     [
         (dict(expert_offsets=torch.tensor([1, 2, 3])), TypeError, "expert_offsets: expected int32"),
-        (dict(expert_offsets=torch.tensor([1, 2], dtype=torch.int32)), ValueError, r"expert_offsets: expected shape \(3,\)"),
+        (dict(expert_offsets=torch.tensor([1, 2], dtype=torch.int32)), ValueError,
+         r"expert_offsets: expected shape \(3,\)"),
         (dict(row_index=torch.tensor([0, 1])), TypeError, "row_index: expected int32"),
         (dict(activation="gelu"), ValueError, "activation"),
         (dict(swiglu_limit=1.0), ValueError, "swiglu_limit"),

@@ -499,7 +499,8 @@ def test_decode_band_takes_the_one_wave_config_only_where_its_items_fit_one_wave
 
 def test_one_expert_takes_split_k_chunks(monkeypatch):
     """ONE_EXPERT_SPLITK_MAX_ROWS: a grouped GEMM of one expert (the shared expert) with 9..max rows is one mma.sync
-    launch of 32-row chunks with planned split-K, on both layouts; 1-8 rows, more rows, or more experts keep the plan."""
+    launch of 32-row chunks with planned split-K, on both layouts;
+    1-8 rows, more rows, or more experts keep the plan."""
     monkeypatch.setattr(ops_gemm, "ONE_EXPERT_SPLITK_MAX_ROWS", 256)
     for t in (9, 64, 256):
         for interleave in (1, 4):

@@ -185,7 +185,8 @@ def test_cuda_dense_bf16_swiglu(monkeypatch, extra):
     assert torch.equal(out, y)
     calls.clear()
     fewer = x[: ops_gemm.DENSE_BF16_MIN_ROWS - 1]
-    assert rel_err(nvfp4_linear(fewer, w, activation="swiglu", swiglu_limit=limit, host_scale=hs), ref[: len(fewer)]) < 4e-3
+    assert rel_err(nvfp4_linear(fewer, w, activation="swiglu", swiglu_limit=limit, host_scale=hs),
+                   ref[: len(fewer)]) < 4e-3
     assert calls == []
     per_row = interleave_gate_up(_fused((768, 768), k, (0.002, 0.0035))).to(device)
     assert host_global_scale(per_row) is None  # alternating rows: more runs than HOST_SCALE_MAX_SEGMENTS

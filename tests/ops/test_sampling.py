@@ -187,7 +187,8 @@ def test_parameter_tensors_and_flags_are_validated():
     with pytest.raises(ValueError, match="step"):
         SamplingParams(ones, zeros_i, ones, zeros_l, torch.tensor([0, -3]))
     with pytest.raises(ValueError, match="temperature"):
-        SamplingParams(torch.ones(0), torch.zeros(0, dtype=torch.int32), torch.ones(0), torch.zeros(0, dtype=torch.long),
+        SamplingParams(torch.ones(0), torch.zeros(0, dtype=torch.int32), torch.ones(0),
+                       torch.zeros(0, dtype=torch.long),
                        torch.zeros(0, dtype=torch.long))
     p = SamplingParams.allocate(2)
     for bad in ("no", 1, 0.0):

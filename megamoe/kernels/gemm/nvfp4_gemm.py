@@ -405,7 +405,8 @@ def launch_nvfp4_gemm(
     if num_rows == 0 or n == 0:
         return out
     rows_per_expert = max(1, num_rows // num_experts) if grouped else num_rows
-    block_m, block_n, block_k, num_warps, num_stages, per_sm, split = config or select_config(rows_per_expert, interpreter)
+    block_m, block_n, block_k, num_warps, num_stages, per_sm, split = (
+        config or select_config(rows_per_expert, interpreter))
     m_tiles_bound = triton.cdiv(num_rows, block_m) + (num_experts + 1 if grouped else 0)
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
     if interpreter:
@@ -425,7 +426,8 @@ def launch_nvfp4_gemm(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=triton.next_power_of_2(num_experts + 1) if grouped else 1,
         GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
-        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, SPLIT_EVEN_ODD=split, EVEN_K=k % block_k == 0, EVEN_N=n % block_n == 0, INTERPRET=interpreter,
+        SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, SPLIT_EVEN_ODD=split, EVEN_K=k % block_k == 0,
+        EVEN_N=n % block_n == 0, INTERPRET=interpreter,
         ERR_FLAG=err_flag, num_warps=num_warps, num_stages=num_stages,
     )
     return out

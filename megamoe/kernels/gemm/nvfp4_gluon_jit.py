@@ -64,8 +64,8 @@ def gluon_supports(x: torch.Tensor, data: torch.Tensor, block_k: int = 128) -> b
 
 POINTER_ARGS = dict(x_ptr="*i32", row_index_ptr="*i32", w_ptr="*i32", scale_ptr="*u8", global_scale_ptr="*fp32",
                     offsets_ptr="*i32", bias_ptr="*bf16", out_ptr="*bf16", err_ptr="*i32")
-ALIGNED_ARGS = [name for name in POINTER_ARGS if name != "err_ptr"] + ["N", "K", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_sn",
-                                     "stride_om"]
+ALIGNED_ARGS = [name for name in POINTER_ARGS if name != "err_ptr"] + ["N", "K", "stride_xm", "stride_we", "stride_wn",
+                                                                       "stride_se", "stride_sn", "stride_om"]
 
 
 def _device_guard() -> bool:
@@ -364,9 +364,9 @@ if GLUON_AVAILABLE:
                            BLOCK_E: gl.constexpr, LANES_PER_THREAD: gl.constexpr, num_warps: gl.constexpr):
         """The grouped kernels' schedule, built in registers from ``expert_offsets`` (no host sync): per-"expert"
         row ranges, counts of BLOCK_M-row tiles (the mma.sync decode kernel's chunks) and their prefix sum over
-        BLOCK_E lanes (lane E = the padding pseudo-expert ``[offsets[E-1], T)``). Row band: only experts with ``row_lo < rows`` (and ``<= row_hi``
-        unless it is None); the padding lane only with ``own_pad``. Returns (lane, starts, ends, tiles,
-        tile_ends, total tiles)."""
+        BLOCK_E lanes (lane E = the padding pseudo-expert ``[offsets[E-1], T)``). Row band: only experts with
+        ``row_lo < rows`` (and ``<= row_hi`` unless it is None); the padding lane only with ``own_pad``. Returns
+        (lane, starts, ends, tiles, tile_ends, total tiles)."""
         lane_layout: gl.constexpr = gl.BlockedLayout([LANES_PER_THREAD], [32], [num_warps], [0])
         lane = gl.arange(0, BLOCK_E, layout=lane_layout)
         ends = gl.load(offsets_ptr + lane, mask=lane < num_experts, other=num_rows)

@@ -223,8 +223,8 @@ def splitk_counters(device) -> torch.Tensor | None:
 def plan_splitk(m: int, n: int, k: int, block_n: int, block_k: int, target_programs: int) -> tuple[int, int]:
     """(splits, k_chunk) from host shapes only: enough K splits that ``cdiv(N, BLOCK_N) * splits``
     reaches ``target_programs`` (one wave), at most one split per K step, and a workspace within
-    :data:`WORKSPACE_L2_BYTES` and :data:`WORKSPACE_WEIGHT_RATIO` times the weight bytes. ``k_chunk`` is a multiple of ``block_k``; every
-    split is non-empty (the last may be shorter)."""
+    :data:`WORKSPACE_L2_BYTES` and :data:`WORKSPACE_WEIGHT_RATIO` times the weight bytes. ``k_chunk`` is a
+    multiple of ``block_k``; every split is non-empty (the last may be shorter)."""
     n_tiles = triton.cdiv(n, block_n)
     k_steps = triton.cdiv(k, block_k)
     splits = max(1, min((2 * target_programs + n_tiles) // (2 * n_tiles), k_steps))  # round(target / n_tiles)
@@ -709,7 +709,8 @@ DENSE_SPLITK_MAX_ROWS = (
 # 54.9: one split, a short K loop per tile).
 DENSE_SPLITK_LONG_K = 4096
 DENSE_SPLITK_LONG_K_ROWS = 256
-# Above the class bound, up to DENSE_SPLITK_MID_K_ROWS rows where DENSE_SPLITK_MID_K <= K < DENSE_SPLITK_LONG_K: measured
+# Above the class bound, up to DENSE_SPLITK_MID_K_ROWS rows where
+# DENSE_SPLITK_MID_K <= K < DENSE_SPLITK_LONG_K: measured
 # (results/gpu_check_v34/c_dense_splitk.md, H100, graph replay, the shared experts' down shapes) split-K against the
 # route taken before ("tensor-core") at M = 96 / 128 / 192 / 256: 4096x2048 15.4 / 19.0 / 31.2 / 34.0 vs 32.1 / 31.3 /
 # 30.4 / 30.1 us; 7168x3072 23.6 / 25.7 / 42.7 / 47.2 vs 45.1 / 44.5 / 44.8 / 44.6 us: ahead up to 128 rows, even or
@@ -784,7 +785,8 @@ def launch_nvfp4_splitk(
     bias None or (N,) float; out (M, N) bf16 (row-major). K a multiple of 16 (:func:`splitk_supports`).
     ``config``: a :data:`SPLITK_CONFIGS` value (else :func:`select_splitk_config`); ``splits``:
     override the planned split count (benchmarks); ``fused``: None chooses the single-launch reduction for
-    M <= :data:`FUSED_MAX_ROWS`, True forces it, False the two-launch reduction (the same bits either way). Dense only: grouped arguments are refused.
+    M <= :data:`FUSED_MAX_ROWS`, True forces it, False the two-launch reduction (the same bits either way).
+    Dense only: grouped arguments are refused.
     ``swiglu``: the weight rows are in the interleaved gate/up layout (N even) and out is (M, N // 2) bf16 = the
     SwiGLU of the float32 sums (clamped at ``swiglu_limit`` unless None), computed by the two-launch reduction
     (always taken then, also with one split), so the float32 gate/up values are never rounded before the SwiGLU.

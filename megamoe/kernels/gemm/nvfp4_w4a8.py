@@ -358,7 +358,8 @@ def launch_nvfp4_w4a8(
     if num_rows == 0 or n == 0:
         return out
     rows_per_expert = max(1, num_rows // num_experts) if grouped else num_rows
-    block_m, block_n, split_m, num_warps, num_stages, per_sm = config or select_w4a8_config(rows_per_expert, interpreter)
+    block_m, block_n, split_m, num_warps, num_stages, per_sm = (
+        config or select_w4a8_config(rows_per_expert, interpreter))
     m_tiles_bound = triton.cdiv(num_rows, block_m) + (num_experts + 1 if grouped else 0)
     work_bound = m_tiles_bound * triton.cdiv(n, block_n)
     if interpreter:
@@ -376,7 +377,8 @@ def launch_nvfp4_w4a8(
         xq.shape[0],
         xq.stride(0), data.stride(0) if grouped else 0, data.stride(-2),
         scale_u8.stride(0) if grouped else 0, scale_u8.stride(-2), stride_ge, stride_gn, out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_M=split_m, BLOCK_E=triton.next_power_of_2(num_experts + 1) if grouped else 1,
+        BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_M=split_m,
+        BLOCK_E=triton.next_power_of_2(num_experts + 1) if grouped else 1,
         GROUPED=grouped, HAS_ROW_INDEX=row_index is not None, HAS_BIAS=bias is not None,
         SWIGLU=swiglu, HAS_LIMIT=swiglu_limit is not None, EVEN_N=n % block_n == 0, INTERPRET=interpreter,
         ERR_FLAG=err_flag, num_warps=num_warps, num_stages=num_stages,

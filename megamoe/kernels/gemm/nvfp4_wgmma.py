@@ -228,7 +228,8 @@ def compile_for_sm90(config=WGMMA_CONFIG, *, grouped=True, row_index=True, bias=
                      swiglu_limit=True, x_ring=0):
     """Compile the kernel for sm_90 without a GPU (tests, offline SASS); ``config`` as the launcher's;
     ``x_ring``: the x ring slots (0: today's kernel)."""
-    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad", "stride_xm", "stride_we", "stride_wn",
+    scalars = ["num_rows", "N", "K", "num_experts", "num_programs", "row_lo", "own_pad",
+               "stride_xm", "stride_we", "stride_wn",
                "stride_se", "stride_sn", "stride_ge", "stride_gn", "stride_om"]
     return compile_sm90(_nvfp4_wgmma_kernel, scalars, config[:3], config[3], grouped=grouped,
                         row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
@@ -298,7 +299,8 @@ def launch_nvfp4_wgmma(
                                             row_index=row_index, bias=bias, swiglu=swiglu, swiglu_limit=swiglu_limit,
                                             error_word=error_word)
     _nvfp4_wgmma_kernel[(programs,)](
-        *head, programs, row_lo if grouped else 0, int(own_pad), *strides, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        *head, programs, row_lo if grouped else 0, int(own_pad), *strides,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_E=max(32 * num_warps, triton.next_power_of_2(num_experts + 1)) if grouped else 32 * num_warps,
         num_warps=num_warps, X_RING=x_ring, **flags,
     )

@@ -1,7 +1,8 @@
 """Warp-specialized NVFP4 x bf16 grouped GEMM on Hopper (Gluon, async ``wgmma`` from shared memory).
 
 One kernel, one launcher (:func:`launch_nvfp4_wgmma_ws`). Issue 10 item 1; design and offline numbers in
-``benchmarks/NOTES_gemm.md`` (v14). Routed above 256 rows per expert by default: ``megamoe.ops.gemm.WS_ROUTE`` / ``WS_BANDED`` (see there).
+``benchmarks/NOTES_gemm.md`` (v14). Routed above 256 rows per expert by default:
+``megamoe.ops.gemm.WS_ROUTE`` / ``WS_BANDED`` (see there).
 
 Swap-AB as ``nvfp4_wgmma.py``: a program computes ``out^T`` tiles ``W (BLOCK_N weight rows) @ x^T
 (BLOCK_K x BLOCK_M tokens)`` with fp32 accumulation. Unlike ``nvfp4_wgmma.py`` both operands come

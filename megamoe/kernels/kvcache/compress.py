@@ -146,7 +146,8 @@ def launch_compress_step(kv, score, slots, positions, active_i8, tail_k, tail_z,
         tail_kb, tail_zb = tail_k, tail_z  # never read
     grid = (B, triton.cdiv(width, block_d))
     _compress_step_kernel[grid](
-        kv, score, ape if ape is not None else score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb, tail_len, pooled, flush_i8,
+        kv, score, ape if ape is not None else score, slots, positions, active_i8, tail_k, tail_z, tail_kb, tail_zb,
+        tail_len, pooled, flush_i8,
         error_word if error_word is not None else errors.error_word(kv.device),
         tail_len.shape[0], kv.stride(0), score.stride(0),
         M=ratio, D=width, OVERLAP=overlap, M_P2=triton.next_power_of_2(ratio), BLOCK_D=block_d,

@@ -78,7 +78,8 @@ def test_sm90_ring_k_loop(tmp_path, swiglu):
             f"c = compile_for_sm90({RING!r}, swiglu={swiglu}); open(sys.argv[1], 'wb').write(c.asm['cubin'])")
     subprocess.run([sys.executable, "-c", code, str(out)], env=_env(), cwd=_ROOT, check=True, timeout=600)
     sass = subprocess.run([_cuobjdump(), "-sass", str(out)], capture_output=True, text=True, check=True).stdout
-    code_lines = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    code_lines = [(int(m.group(1), 16), m.group(2).strip())
+                  for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     spans = [(int(t.group(1), 16), a) for a, txt in code_lines
              if (t := re.search(r"BRA (0x[0-9a-f]+)", txt)) and int(t.group(1), 16) < a]
     loops = []

@@ -164,7 +164,8 @@ def test_dense_route_table():
     assert sk.select_splitk_config(2, False, True, 1024, 4096) == sk.MMA_SMALL_M_CONFIG
     assert sk.select_splitk_config(8, False, True, 18432, 7168) == sk.SPLITK_CONFIGS[8]
     assert sk.select_splitk_config(8, False, False, 18432, 7168) == sk.DOT_FALLBACK
-    assert sk.select_splitk_config(64, False, True, 18432, 7168) == sk.select_splitk_config(64, False, True, 32768, 1024)
+    assert (sk.select_splitk_config(64, False, True, 18432, 7168)
+            == sk.select_splitk_config(64, False, True, 32768, 1024))
     for m in (17, 32, 64, 128, 256):
         config = sk.select_splitk_config(m, False, True)
         assert config[0] == "wgmma" and config[2] == 16 * config[4] and config[1] >= 8 * config[4], config

@@ -1,4 +1,5 @@
-"""The wgmma prefill kernel's x ring (NOTES_gemm.md v16, ``X_RING`` / ``MEGAMOE_WGMMA_X_RING``; megamoe/kernels/gemm/nvfp4_wgmma.py).
+"""The wgmma prefill kernel's x ring (NOTES_gemm.md v16, ``X_RING`` / ``MEGAMOE_WGMMA_X_RING``;
+megamoe/kernels/gemm/nvfp4_wgmma.py).
 
 x is put in the MMA K order once (megamoe/format/mma_order.py) and streamed by cp.async into a shared-memory ring;
 the wgmma chain is asynchronous. The MMAs, their K order and operands are those of today's loop, so the ``cuda``

@@ -10,7 +10,9 @@ The audit parses every ``@triton.jit`` / ``@gluon.jit`` function in ``megamoe/``
 helpers they are passed to (by position or keyword, to a fixed point). For every kernel that some module launches
 (``name[grid](...)``), it reports a non-constexpr argument that reaches ``.to`` / ``.dtype`` / ``.shape`` / ``.type``
 unless the argument is in ``do_not_specialize``. Arguments named ``*_ptr`` / ``*_desc`` are pointers or descriptors,
-never ints, and are skipped. Expressions (``(a * b).to(...)``) are not followed.
+never ints, and are skipped. In the kernel's own body it also reports an expression cast, ``(s * num_rows).to(...)``,
+made only of its arguments, constants and ``range`` / ``static_range`` loop variables (a constant too when the
+arguments are): no call or subscript, which would make a tensor. Such expressions passed to helpers are not followed.
 """
 from __future__ import annotations
 
@@ -80,6 +82,25 @@ def _tensor_only_params(functions) -> dict[tuple[str, int], set[str]]:
     return reach
 
 
+def _constant_expression_casts(fn: ast.FunctionDef) -> set[str]:
+    """Runtime arguments of ``fn`` inside a cast expression that holds nothing else but arguments, constants and loop
+    variables of ``range`` / ``static_range`` (so a constant when the arguments are specialized)."""
+    params = set(_params(fn))
+    loop_vars = {node.target.id for node in ast.walk(fn)
+                 if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call)
+                 and ast.unparse(node.iter.func).endswith("range")}
+    found = set()
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Attribute) and node.attr in TENSOR_ATTRS and not isinstance(node.value, ast.Name)):
+            continue
+        if any(isinstance(part, (ast.Call, ast.Subscript)) for part in ast.walk(node.value)):
+            continue
+        names = {part.id for part in ast.walk(node.value) if isinstance(part, ast.Name)}
+        if names <= params | loop_vars | {"tl", "gl"}:
+            found |= names & params
+    return found
+
+
 def specializable_casts(sources: dict[str, str]) -> list[str]:
     """``file:line kernel(arg)`` for each launched kernel argument that would break when Triton specializes it."""
     functions = _jit_functions(sources)
@@ -90,7 +111,7 @@ def specializable_casts(sources: dict[str, str]) -> list[str]:
         if not re.search(r"\b" + re.escape(name) + r"\s*\[", everything):
             continue  # a helper, never launched: its callers' arguments are what get specialized
         for i, (file, fn, unspecialized) in enumerate(versions):
-            for param in sorted(reach[(name, i)] & _runtime_params(fn)):
+            for param in sorted((reach[(name, i)] | _constant_expression_casts(fn)) & _runtime_params(fn)):
                 if param in unspecialized or param.endswith(("_ptr", "_desc")):
                     continue
                 problems.append(f"{file}:{fn.lineno} {name}({param})")
@@ -124,9 +145,33 @@ def launch(out, count):
 '''
 
 
+_SYNTHETIC_EXPRESSION = '''
+import triton
+import triton.language as tl
+
+@triton.jit{decorator_args}
+def _kernel(out_ptr, rows, cols, BLOCK: tl.constexpr):
+    for s in tl.static_range(2):
+        tl.store(out_ptr + (s * rows).to(tl.int64) + (tl.program_id(0) * cols).to(tl.int64), 1)
+
+def launch(out, rows, cols):
+    _kernel[(1,)](out, rows, cols, BLOCK=16)
+'''
+
+
 def test_audit_flags_a_cast_through_a_helper_and_accepts_do_not_specialize():
     """The audit must see the bug it exists for: the cast one helper deep, fixed only by ``do_not_specialize``."""
     flagged = specializable_casts({"synthetic.py": _SYNTHETIC.format(decorator_args="")})
     assert flagged == ["synthetic.py:10 _kernel(count)"]
     fixed = specializable_casts({"synthetic.py": _SYNTHETIC.format(decorator_args='(do_not_specialize=["count"])')})
+    assert fixed == []
+
+
+def test_audit_flags_a_constant_expression_cast():
+    """``(s * rows).to(...)`` over a ``static_range`` variable is a constant when ``rows`` is 1; the cast of an
+    expression holding ``tl.program_id`` is a tensor's and is not flagged."""
+    flagged = specializable_casts({"synthetic.py": _SYNTHETIC_EXPRESSION.format(decorator_args="")})
+    assert flagged == ["synthetic.py:6 _kernel(rows)"]
+    fixed = specializable_casts(
+        {"synthetic.py": _SYNTHETIC_EXPRESSION.format(decorator_args='(do_not_specialize=["rows"])')})
     assert fixed == []

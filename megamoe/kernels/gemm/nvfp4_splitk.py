@@ -421,15 +421,15 @@ def _splitk_reduce_kernel(ws_ptr, global_scale_ptr, bias_ptr, out_ptr, num_rows,
     the same sum, then the SwiGLU of each (gate, up) column pair into out[m, cols // 2]
     (:func:`_swiglu_epilogue_store`). PDL: the prologue (megamoe/kernels/pdl.py)."""
     grid_dependency_prologue(PDL)  # first: before any global access (kernels/pdl.py)
-    rows = tl.program_id(1) + tl.arange(0, 1)
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = tl.program_id(0) + tl.arange(0, 1)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     col_mask = cols < N
     ptrs = ws_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
     acc = tl.load(ptrs, mask=col_mask[None, :], other=0.0)
     for s in tl.static_range(1, SPLITS):
         acc += tl.load(ptrs + (s * num_rows).to(tl.int64) * N, mask=col_mask[None, :], other=0.0)
     if SWIGLU:
-        _swiglu_epilogue_store(acc, rows, rows < num_rows, tl.program_id(0) * BLOCK, N, global_scale_ptr, stride_gn,
+        _swiglu_epilogue_store(acc, rows, rows < num_rows, tl.program_id(1) * BLOCK, N, global_scale_ptr, stride_gn,
                                bias_ptr, out_ptr, stride_om, swiglu_limit, BLOCK, HAS_BIAS, HAS_LIMIT, INTERPRET)
     else:
         _epilogue_store(acc, rows, rows < num_rows, cols, col_mask, N, global_scale_ptr, stride_gn, bias_ptr,
@@ -872,7 +872,7 @@ def launch_nvfp4_splitk(
         )
     if not direct and not fused_launch:
         block = max(2, min(1024, triton.next_power_of_2(n)))  # even: a SwiGLU pair never straddles two programs
-        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+        _splitk_reduce_kernel[(m, triton.cdiv(n, block))](  # rows on the first axis (65535: the others' limit)
             ws, global_scale, bias_arg, out, m, n, stride_gn, out.stride(0),
             float(swiglu_limit) if swiglu_limit is not None else 0.0,
             SPLITS=splits, BLOCK=block, HAS_BIAS=bias is not None, SWIGLU=swiglu,

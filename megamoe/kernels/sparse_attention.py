@@ -54,6 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemm.nvfp4_gemm import _num_sms
 from .nvfp4_jit import e4m3_decode
 from .pdl import grid_dependency_prologue, pdl_flags
 
@@ -453,7 +454,7 @@ def launch_sparse_mqa_attention(q, attn_sink, softmax_scale: float, window_kv, w
     word = error_word if error_word is not None else errors.error_word(q.device)
     grid = (N, triton.cdiv(H, cfg["BLOCK_H"]), splits)
     # PDL per kernel name (kernels/pdl.py): the main kernel early only as one wave of its one-program-per-SM grid
-    one_wave = q.is_cuda and math.prod(grid) <= torch.cuda.get_device_properties(q.device).multi_processor_count
+    one_wave = q.is_cuda and math.prod(grid) <= _num_sms(q.device.index or 0)
     pdl, launch_pdl = pdl_flags(q, "attention", single_pass=one_wave)
     if kernel == "ws3":
         sparse_attention_ws3.launch_ws3(q, attn_sink, softmax_scale, window_kv, window_idx, entries_fp8, entries_scale,

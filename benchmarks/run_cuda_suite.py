@@ -65,14 +65,16 @@ def main() -> int:
     shards = [[i] for i in alone] + [rest[bounds[s]:bounds[s + 1]] for s in range(num_shards)]
     shards = [shard for shard in shards if shard] + ([every_gpu] if every_gpu else [])
     num_shards = len(shards)
+    # the GPU each shard sees (CUDA_VISIBLE_DEVICES); None: every GPU (the multi-GPU shard, last)
+    visible = [str(s % num_gpus) for s in range(num_shards - bool(every_gpu))] + ([None] if every_gpu else [])
 
     start = time.time()
     running = []
     for s, shard in enumerate(shards):
         log = open(out / f"shard{s}.log", "w")
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(s % num_gpus))
-        if every_gpu and shard is shards[-1]:
-            env.pop("CUDA_VISIBLE_DEVICES")  # the multi-GPU shard: every GPU of the machine
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        if visible[s] is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible[s]
         command = [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider",
                    f"--durations={args.durations}", *shard]
         running.append((s, shard, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)))
@@ -88,32 +90,32 @@ def main() -> int:
             timed_out = True
         log.close()
         text = (out / f"shard{s}.log").read_text(errors="replace")
+        (out / f"shard{s}.log").unlink()
         outcomes = dict(m.groups() for m in map(OUTCOME.match, text.splitlines()) if m)
         counts = {k: sum(v == k for v in outcomes.values()) for k in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
         bad = sorted(t for t, v in outcomes.items() if v in ("FAILED", "ERROR"))
         missing = [t for t in shard if t not in outcomes]
         all_ok &= not bad and not missing and proc.returncode in (0, 5) and not timed_out
-        rows.append((s, len(shard), counts, proc.returncode, timed_out, bad, missing))
+        rows.append((s, len(shard), counts, proc.returncode, timed_out, bad, missing, text))
 
     lines = [f"# CUDA suite (-m {args.marker}), {len(ids)} tests, {num_shards} shards on {num_gpus} GPU(s), "
              f"{time.time() - start:.0f} s", "",
              "| shard | GPU | tests | passed | failed | error | skipped | not reached | rc |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for s, n, counts, rc, timed_out, bad, missing in rows:
-        gpu = "all" if every_gpu and s == num_shards - 1 else s % num_gpus
-        lines.append(f"| {s} | {gpu} | {n} | {counts['PASSED']} | {counts['FAILED']} | {counts['ERROR']} | "
-                     f"{counts['SKIPPED']} | {len(missing)} | {rc}{' (timed out)' if timed_out else ''} |")
-    for s, n, counts, rc, timed_out, bad, missing in rows:
+    for s, n, counts, rc, timed_out, bad, missing, _ in rows:
+        lines.append(f"| {s} | {visible[s] or 'all'} | {n} | {counts['PASSED']} | {counts['FAILED']} | "
+                     f"{counts['ERROR']} | {counts['SKIPPED']} | {len(missing)} | {rc}"
+                     f"{' (timed out)' if timed_out else ''} |")
+    for s, n, counts, rc, timed_out, bad, missing, _ in rows:
         for t in bad:
             lines.append(f"- shard {s} failed: `{t}`")
         for t in missing:
             lines.append(f"- shard {s} not reached: `{t}`")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     with open(out / "logs.txt", "w") as merged:
-        for s, *_ in rows:
+        for s, *_, text in rows:
             merged.write(f"===== shard {s} =====\n")
-            merged.write((out / f"shard{s}.log").read_text(errors="replace"))
-            (out / f"shard{s}.log").unlink()
+            merged.write(text)
     print("\n".join(lines))
     return 0 if all_ok else 1
 
